@@ -1,0 +1,141 @@
+"""The contract between the coordinator (app/) and the stage actors (stages/).
+
+Plain frozen dataclasses, standard library only: both sides import this module and nothing
+else crosses the boundary. Plans are immutable once dispatched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """What the last stage needs to sample one request's tokens."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 or negative: disabled
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's plus top k
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    # Token ids that may not be sampled before min_tokens are out (EOS unless ignore_eos, and
+    # stop_token_ids); the coordinator resolves them.
+    min_tokens_banned: tuple[int, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """Sent once, in the first plan that names the request."""
+
+    req_id: str
+    slot: int  # index into stage 0's next_tokens buffer
+    sampling: SamplingSpec
+    # Only filled for the last stage, and only when repetition_penalty needs the prompt.
+    prompt_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request's contiguous tokens in a microbatch (a prefill chunk or one decode token)."""
+
+    req_id: str
+    slot: int
+    start: int  # position of the row's first token
+    num_tokens: int
+    # Input token ids; stage 0 only. None for a decode row that reads next_tokens[slot].
+    token_ids: tuple[int, ...] | None
+    # For a decode row reading its slot: the microbatch whose output wrote that slot.
+    input_from_mb: int | None = None
+    sample: bool = False  # the last stage samples at this row's last token
+    output_index: int = 0  # tokens the request generated before this row's sample
+    is_prefill: bool = True
+
+
+@dataclass(frozen=True)
+class MicrobatchPlan:
+    mb_id: int
+    rows: tuple[Row, ...]
+    new_requests: tuple[NewRequest, ...] = ()
+    # Block ids appended to each request's block table, as (req_id, (block ids...)).
+    block_updates: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # Requests whose tables the stages drop before running this plan.
+    finished: tuple[str, ...] = ()
+    # Whether the last stage sends the sampled ids to stage 0 over the output channel.
+    send_output: bool = True
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
+
+    def for_stage(self, stage: int, num_stages: int) -> "MicrobatchPlan":
+        """The view one stage receives: only stage 0 gets token ids, only the last prompt ids."""
+        rows = self.rows
+        if stage != 0:
+            rows = tuple(replace(r, token_ids=None) for r in rows)
+        news = self.new_requests
+        if stage != num_stages - 1:
+            news = tuple(replace(n, prompt_token_ids=()) for n in news)
+        return replace(self, rows=rows, new_requests=news)
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    req_id: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Returned by every stage for every plan; only the last stage fills `sampled`."""
+
+    mb_id: int
+    stage: int
+    sampled: tuple[SampledToken, ...] = ()
+    forward_s: float = 0.0  # this stage's compute for the microbatch (CUDA events on GPU)
+    sent_output: bool = False  # the last stage really put the output on the channel
+    output_sends: int = 0  # the channel's own count of output messages sent so far
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    stage_index: int
+    num_stages: int
+    layer_start: int
+    layer_end: int  # exclusive
+    model_path: str | None  # None: the built-in random model
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 64
+    max_running: int = 256  # slots in next_tokens
+    kv_cache_bytes: int | None = None  # CPU budget; None: from gpu_memory_utilization on GPU
+    gpu_memory_utilization: float = 0.9
+    channel_check: bool = False  # test mode: every message carries a checked header
+    output_post: str = "early"  # "early": recv posted at dispatch; "late": before its consumer
+    linear_backend: str = "auto"
+    attention_backend: str = "auto"
+    seed: int = 0  # the built-in random model's seed
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
