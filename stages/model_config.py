@@ -1,0 +1,131 @@
+"""Model architecture arguments read from a Hugging Face config.json (standard library only).
+
+Both transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) layouts are read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+# The built-in random model: byte-level vocabulary (0..255 bytes, 256 <bos>, 257 <eos>, rest unused).
+BUILTIN_CONFIG: dict = {
+    "model_type": "llama",
+    "vocab_size": 320,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 1048576,
+    "tie_word_embeddings": False,
+    "bos_token_id": 256,
+    "eos_token_id": 257,
+}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None  # None for plain RoPE; else {"rope_type": "llama3", "factor": ...}
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on q/k/v projections
+    o_proj_bias: bool  # Llama/Qwen3 put attention_bias on o_proj too; Qwen2 never does
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    mlp_bias: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "ModelArgs":
+        model_type = d.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unsupported model_type {model_type!r}; ppserve supports "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {d['hidden_act']!r} (only silu)")
+        if d.get("sliding_window") and d.get("use_sliding_window", model_type == "mistral"):
+            # Mistral v0.1 declares a 4K window; ppserve attends to the full prefix (as later
+            # Mistral releases do), so outputs differ from windowed attention past the window.
+            log.warning("ignoring sliding_window=%s: ppserve uses full attention",
+                        d["sliding_window"])
+        heads = int(d["num_attention_heads"])
+        head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads
+        theta, scaling = _rope(d)
+        if model_type == "qwen2":
+            attention_bias = bool(d.get("attention_bias", True))
+            o_proj_bias = False
+        else:
+            attention_bias = bool(d.get("attention_bias", False))
+            o_proj_bias = attention_bias
+        eos = d.get("eos_token_id")
+        eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=int(d["hidden_size"]),
+            intermediate_size=int(d["intermediate_size"]),
+            num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=attention_bias,
+            o_proj_bias=o_proj_bias,
+            qk_norm=model_type == "qwen3",
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _rope(d: dict) -> tuple[float, dict | None]:
+    """(rope_theta, scaling dict or None) from either config layout."""
+    params = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", d.get("rope_theta", 10000.0)))
+    rope_type = params.pop("rope_type", params.pop("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"unsupported rope type {rope_type!r}; supported: "
+                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    if rope_type == "default":
+        return theta, None
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        if key not in params:
+            raise ValueError(f"llama3 rope scaling needs {key!r}")
+    params.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
+    return theta, {"rope_type": rope_type, **params}
+
+
+def load_model_args(path: str | None) -> ModelArgs:
+    """ModelArgs of the checkpoint directory `path`, or of the built-in random model when None."""
+    if path is None:
+        return ModelArgs.from_hf_dict(BUILTIN_CONFIG)
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        raise FileNotFoundError(f"no config.json in model directory {path!r}")
+    with open(cfg, encoding="utf-8") as f:
+        return ModelArgs.from_hf_dict(json.load(f))
