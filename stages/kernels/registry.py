@@ -1,0 +1,78 @@
+"""Kernel backends per operation: a static table of lazy imports and an "auto" choice.
+
+Each backend is "module:attr" naming the op; its module may define `is_available(device)`.
+Nothing is imported until chosen, so optional GPU packages never load on CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+BACKENDS: dict[str, dict[str, str]] = {
+    "linear": {
+        "torch": "stages.kernels.torch_ref:linear",
+        "triton-persistent": "stages.kernels.triton_gemm:linear",
+        # Persistent grid of SM count - 1: leaves an SM free for the NCCL kernel (DESIGN §7).
+        "triton-persistent-sm1": "stages.kernels.triton_gemm:linear_sm1",
+    },
+    "attention": {
+        "torch": "stages.kernels.torch_ref:attention",
+    },
+}
+
+# "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it.
+PRIORITY: dict[str, tuple[str, ...]] = {
+    "linear": ("torch", "triton-persistent"),
+    "attention": ("torch",),
+}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    linear: Callable  # (x, weight, bias=None) -> x @ weight.T + bias
+    attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,D], scale) -> [t,Hq,D]
+    names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
+
+
+def _load(op: str, name: str, device: str) -> Callable | None:
+    """The backend's function if it imports and reports available on `device`, else None."""
+    module_name, attr = BACKENDS[op][name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+        fn = getattr(module, attr)
+        available = getattr(module, "is_available", lambda _d: True)(device)
+    except Exception as e:  # a missing or broken optional package only disqualifies it
+        log.debug("kernel backend %s/%s unusable: %r", op, name, e)
+        return None
+    return fn if available else None
+
+
+def _select(op: str, choice: str, device: str) -> tuple[str, Callable]:
+    table = BACKENDS[op]
+    if choice == "auto":
+        for name in PRIORITY[op]:
+            fn = _load(op, name, device)
+            if fn is not None:
+                return name, fn
+        return "torch", _load(op, "torch", device)
+    if choice not in table:
+        raise ValueError(f"unknown {op} backend {choice!r}; choose auto or "
+                         f"{', '.join(sorted(table))}")
+    fn = _load(op, choice, device)
+    if fn is None:
+        raise ValueError(f"{op} backend {choice!r} is not available on device {device!r}")
+    return choice, fn
+
+
+def select_kernels(device: str, linear: str = "auto", attention: str = "auto") -> Kernels:
+    """Pick one backend per op for `device`; an explicit name that cannot run is an error."""
+    lin_name, lin = _select("linear", linear, str(device))
+    att_name, att = _select("attention", attention, str(device))
+    names = {"linear": lin_name, "attention": att_name}
+    log.info("kernels on %s: %s", device, names)
+    return Kernels(linear=lin, attention=att, names=names)

@@ -1,0 +1,34 @@
+"""Torch reference kernels: what CPU runs and what every GPU backend is tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+
+def is_available(device: str) -> bool:
+    return True
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One row: q [t, Hq, D] (the row's new tokens), k/v [L, Hkv, D] (its whole prefix, t <= L).
+
+    Query i sits at position L - t + i and sees keys 0..L-t+i: the causal mask is aligned to the
+    bottom right. `is_causal=True` would align it top-left, wrong for every chunk after the first.
+    """
+    t, hq, _ = q.shape
+    length, hkv, _ = k.shape
+    if t > length:
+        raise ValueError(f"{t} queries attend to a prefix of only {length} keys")
+    if hq != hkv:  # GQA: each KV head serves hq // hkv query heads, in order
+        k = k.repeat_interleave(hq // hkv, dim=1)
+        v = v.repeat_interleave(hq // hkv, dim=1)
+    q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, seq, D]
+    mask = causal_lower_right(t, length) if t > 1 else None  # one query sees every key
+    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale)
+    return out[0].transpose(0, 1)

@@ -1,0 +1,66 @@
+"""Paged KV cache of one stage: its own layers, the same block ids as every other stage."""
+
+from __future__ import annotations
+
+import torch
+
+from stages.model_config import ModelArgs
+
+
+def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
+                    dtype: torch.dtype) -> int:
+    """Bytes one block costs on a stage holding `num_local_layers` layers (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_local_layers * block_size * args.num_key_value_heads * args.head_dim * elem
+
+
+class PagedKVCache:
+    """K/V for the stage's layers as one tensor [L, 2, num_blocks * block_size, Hkv, D].
+
+    A token at position p of a request lives in slot block_table[p // B] * B + p % B.
+    """
+
+    def __init__(self, args: ModelArgs, num_local_layers: int, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: str | torch.device):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got "
+                             f"{num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.kv = torch.zeros(num_local_layers, 2, num_blocks * block_size,
+                              args.num_key_value_heads, args.head_dim, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
+                        dtype: torch.dtype) -> int:
+        return bytes_per_block(args, num_local_layers, block_size, dtype)
+
+    @classmethod
+    def num_blocks_for_budget(cls, args: ModelArgs, num_local_layers: int, block_size: int,
+                              dtype: torch.dtype, budget_bytes: int) -> int:
+        return budget_bytes // bytes_per_block(args, num_local_layers, block_size, dtype)
+
+    def write(self, local_layer: int, k: torch.Tensor, v: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
+        """Store k, v [T, Hkv, D] at slots [T]."""
+        layer = self.kv[local_layer]
+        layer[0].index_copy_(0, slot_mapping, k.to(layer.dtype))
+        layer[1].index_copy_(0, slot_mapping, v.to(layer.dtype))
+
+    def slots(self, block_table: list[int], length: int) -> torch.Tensor:
+        """Slot ids of positions 0..length-1 for a request with this block table."""
+        b = self.block_size
+        needed = -(-length // b)
+        if needed > len(block_table):
+            raise ValueError(f"block table has {len(block_table)} blocks, {length} tokens "
+                             f"need {needed}")
+        blocks = torch.tensor(block_table[:needed], dtype=torch.long, device=self.kv.device)
+        offsets = torch.arange(b, dtype=torch.long, device=self.kv.device)
+        return (blocks[:, None] * b + offsets[None, :]).reshape(-1)[:length]
+
+    def gather(self, local_layer: int, block_table: list[int],
+               length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [length, Hkv, D] of positions 0..length-1, in order."""
+        idx = self.slots(block_table, length)
+        layer = self.kv[local_layer]
+        return layer[0].index_select(0, idx), layer[1].index_select(0, idx)

@@ -1,0 +1,106 @@
+"""Stage weights: only this stage's tensors from a HF safetensors checkpoint, or a seeded random
+init that gives every PP split the same weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import torch
+from safetensors import safe_open
+
+from stages.kernels.registry import Kernels
+from stages.model_config import ModelArgs
+from stages.models.llama import LlamaStage
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def checkpoint_name(param_name: str) -> str:
+    """Module parameter name -> checkpoint tensor name (modules drop the `model.` prefix)."""
+    return param_name if param_name.startswith("lm_head.") else "model." + param_name
+
+
+def _weight_files(path: str) -> dict[str, str]:
+    """Checkpoint tensor name -> file, from the shard index or the single file's header."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            return {k: os.path.join(path, v) for k, v in json.load(f)["weight_map"].items()}
+    single = os.path.join(path, "model.safetensors")
+    if not os.path.isfile(single):
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
+    with safe_open(single, framework="pt") as f:
+        return {k: single for k in f.keys()}
+
+
+def load_stage_weights(model: LlamaStage, path: str, args: ModelArgs, layer_start: int,
+                       layer_end: int, is_first: bool, is_last: bool) -> list[str]:
+    """Fill `model` from the checkpoint at `path`, reading only this stage's tensors.
+
+    Returns the checkpoint names read, sorted. With tied embeddings the last stage reads
+    `model.embed_tokens.weight` for its head (tied checkpoints usually omit `lm_head.weight`).
+    """
+    if (model.layer_start, model.layer_end, model.is_first, model.is_last) != (
+            layer_start, layer_end, is_first, is_last):
+        raise ValueError("model was built for another stage than the one being loaded")
+    wanted = {checkpoint_name(n): p for n, p in model.named_parameters()}
+    files = _weight_files(path)
+    missing = sorted(n for n in wanted if n not in files)
+    if missing:
+        raise KeyError(f"checkpoint {path!r} lacks {len(missing)} tensors this stage needs, "
+                       f"e.g. {missing[:5]}")
+    by_file: dict[str, list[str]] = {}
+    for n in wanted:
+        by_file.setdefault(files[n], []).append(n)
+    with torch.no_grad():
+        for file, names in sorted(by_file.items()):
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for n in names:
+                    t = f.get_tensor(n)
+                    p = wanted[n]
+                    if tuple(t.shape) != tuple(p.shape):
+                        raise ValueError(f"{n}: checkpoint shape {tuple(t.shape)}, model "
+                                         f"expects {tuple(p.shape)}")
+                    p.copy_(t)
+    return sorted(wanted)
+
+
+def random_init(model: torch.nn.Module, seed: int) -> None:
+    """Deterministic per global tensor name, so any PP split builds identical weights."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            global_name = checkpoint_name(name)
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                g = torch.Generator().manual_seed((seed + zlib.crc32(global_name.encode())) % 2**63)
+                # Drawn on CPU in fp32 so every device and dtype starts from the same numbers.
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.02)
+
+
+def build_stage_model(args: ModelArgs, model_path: str | None, layer_start: int, layer_end: int,
+                      is_first: bool, is_last: bool, kernels: Kernels,
+                      dtype: torch.dtype | str, device: str | torch.device,
+                      seed: int = 0) -> LlamaStage:
+    """The stage's module with its weights loaded (or seeded random when model_path is None)."""
+    model = LlamaStage(args, layer_start, layer_end, is_first, is_last, kernels,
+                       resolve_dtype(dtype), device)
+    if model_path is None:
+        random_init(model, seed)
+    else:
+        load_stage_weights(model, model_path, args, layer_start, layer_end, is_first, is_last)
+    model.requires_grad_(False)
+    return model.eval()

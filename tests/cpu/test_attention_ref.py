@@ -1,0 +1,51 @@
+"""The torch reference attention against a naive einsum with an explicit bottom-right mask."""
+
+import pytest
+import torch
+
+from stages.kernels import torch_ref
+from stages.kernels.registry import select_kernels
+
+
+def naive_attention(q, k, v, scale):
+    t, hq, _ = q.shape
+    length, hkv, _ = k.shape
+    k = k.repeat_interleave(hq // hkv, dim=1)
+    v = v.repeat_interleave(hq // hkv, dim=1)
+    scores = torch.einsum("thd,lhd->htl", q.double(), k.double()) * scale
+    # Query i is at position length - t + i and sees keys 0..length - t + i.
+    qpos = torch.arange(t)[:, None] + (length - t)
+    allowed = torch.arange(length)[None, :] <= qpos
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("htl,lhd->thd", scores.softmax(-1), v.double()).to(q.dtype)
+
+
+@pytest.mark.parametrize("t,length", [(1, 1), (1, 9), (5, 5), (5, 13), (4, 4), (3, 17)])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (6, 1)])
+def test_reference_matches_naive(t, length, hq, hkv):
+    g = torch.Generator().manual_seed(t * 100 + length)
+    q = torch.randn(t, hq, 16, generator=g)
+    k = torch.randn(length, hkv, 16, generator=g)
+    v = torch.randn(length, hkv, 16, generator=g)
+    out = torch_ref.attention(q, k, v, 16 ** -0.5)
+    assert out.shape == (t, hq, 16)
+    torch.testing.assert_close(out, naive_attention(q, k, v, 16 ** -0.5), atol=1e-5, rtol=1e-5)
+
+
+def test_chunk_differs_from_top_left_causal():
+    # The bug this guards against: is_causal=True on a chunk after the first.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 2, 8, generator=g), torch.randn(7, 2, 8, generator=g), \
+        torch.randn(7, 2, 8, generator=g)
+    wrong = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True).transpose(0, 1)
+    assert not torch.allclose(torch_ref.attention(q, k, v, 8 ** -0.5), wrong, atol=1e-3)
+
+
+def test_registry_auto_and_explicit():
+    kern = select_kernels("cpu")
+    assert kern.names == {"linear": "torch", "attention": "torch"}
+    with pytest.raises(ValueError, match="not available"):
+        select_kernels("cpu", linear="triton-persistent")
+    with pytest.raises(ValueError, match="unknown"):
+        select_kernels("cpu", attention="nope")

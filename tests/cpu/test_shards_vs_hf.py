@@ -1,0 +1,158 @@
+"""Stage shards chained == the whole Hugging Face model, on checkpoints transformers wrote."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import PagedKVCache
+from stages.loader import build_stage_model, load_stage_weights
+from stages.model_config import load_model_args
+from stages.models.llama import LlamaStage
+from stages.partition import layer_ranges
+from tests.cpu.conftest import ARCHS, hf_model, write_tiny_checkpoint
+
+PROMPT = [1, 17, 99, 3, 150, 42, 42, 7, 199, 0, 63, 88, 120, 5, 9, 31, 77, 140, 2, 18, 66, 101, 12]
+TOL = 1e-4
+
+
+class Pipeline:
+    """Stages of one checkpoint chained in process, each with its own paged KV cache."""
+
+    def __init__(self, path: str | None, num_stages: int, block_size: int = 4,
+                 num_blocks: int = 16, seed: int = 0):
+        self.args = load_model_args(path)
+        kernels = select_kernels("cpu")
+        self.block_size = block_size
+        self.stages, self.caches = [], []
+        for s, (a, b) in enumerate(layer_ranges(self.args.num_hidden_layers, num_stages)):
+            first, last = s == 0, s == num_stages - 1
+            m = build_stage_model(self.args, path, a, b, first, last, kernels, torch.float32,
+                                  "cpu", seed)
+            self.stages.append(m)
+            self.caches.append(PagedKVCache(self.args, b - a, num_blocks, block_size,
+                                            torch.float32, "cpu"))
+
+    @torch.no_grad()
+    def hidden(self, token_ids: list[int], rows) -> torch.Tensor:
+        batch = ForwardBatch.build(rows, self.block_size, "cpu")
+        x = torch.tensor(token_ids, dtype=torch.long)
+        for stage, cache in zip(self.stages, self.caches):
+            x = stage(x, batch, cache)
+        return x, batch
+
+    def logits(self, token_ids, rows, all_positions=False) -> torch.Tensor:
+        h, batch = self.hidden(token_ids, rows)
+        return self.stages[-1].compute_logits(h if all_positions else h[batch.sample_indices])
+
+
+@pytest.fixture(scope="module")
+def hf_logits():
+    """arch -> HF logits [len(PROMPT), V] (same seed as the checkpoints)."""
+    out = {}
+    with torch.no_grad():
+        for arch in ARCHS:
+            out[arch] = hf_model(arch)(torch.tensor([PROMPT])).logits[0].float()
+    return out
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_chained_stages_match_hf(tiny_checkpoints, hf_logits, arch, num_stages):
+    pipe = Pipeline(tiny_checkpoints[arch], num_stages)
+    n = len(PROMPT)
+    logits = pipe.logits(PROMPT, [(0, n, list(range(8)), True)], all_positions=True)
+    assert logits.dtype == torch.float32 and logits.shape == (n, 200)
+    assert (logits - hf_logits[arch]).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3"])
+def test_chunked_prefill_then_decode(tiny_checkpoints, hf_logits, arch):
+    pipe = Pipeline(tiny_checkpoints[arch], num_stages=2, block_size=4, num_blocks=12)
+    table = [7, 2, 9, 0, 5, 11, 3, 8]  # non-contiguous on purpose
+    for start in range(0, len(PROMPT), 5):
+        chunk = PROMPT[start:start + 5]
+        logits = pipe.logits(chunk, [(start, len(chunk), table, True)])
+    assert (logits[0] - hf_logits[arch][-1]).abs().max().item() <= TOL
+
+    nxt = int(logits[0].argmax())
+    decode = pipe.logits([nxt], [(len(PROMPT), 1, table, True)])
+    with torch.no_grad():
+        ref = hf_model(arch)(torch.tensor([PROMPT + [nxt]])).logits[0, -1]
+    assert (decode[0] - ref).abs().max().item() <= TOL
+
+
+def test_two_requests_in_one_batch(tiny_checkpoints, hf_logits):
+    # Request A prefills its whole prompt; request B (already holding 10 tokens) runs a chunk.
+    pipe = Pipeline(tiny_checkpoints["qwen2"], num_stages=2, block_size=4, num_blocks=16)
+    table_a, table_b = [0, 1, 2, 3, 4, 5], [15, 14, 13, 12, 11, 10]
+    pipe.logits(PROMPT[:10], [(0, 10, table_b, False)])
+    logits = pipe.logits(PROMPT + PROMPT[10:],
+                         [(0, len(PROMPT), table_a, True), (10, len(PROMPT) - 10, table_b, True)])
+    assert logits.shape == (2, 200)
+    for row in logits:
+        assert (row - hf_logits["qwen2"][-1]).abs().max().item() <= TOL
+
+
+def test_sharded_checkpoint_reads_only_own_tensors(tmp_path, hf_logits, monkeypatch):
+    path = write_tiny_checkpoint(tmp_path, "qwen2", max_shard_size="100KB")
+    assert len(list(tmp_path.glob("qwen2-sharded/*.safetensors"))) >= 3
+
+    import stages.loader as loader
+    read: list[str] = []
+    real_open = loader.safe_open
+
+    class Recording:
+        def __init__(self, *a, **kw):
+            self.f = real_open(*a, **kw)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def get_tensor(self, name):
+            read.append(name)
+            return self.f.get_tensor(name)
+
+        def keys(self):
+            return self.f.keys()
+
+    monkeypatch.setattr(loader, "safe_open", Recording)
+    args = load_model_args(path)
+    model = LlamaStage(args, 1, 3, False, False, select_kernels("cpu"), torch.float32, "cpu")
+    names = load_stage_weights(model, path, args, 1, 3, False, False)
+    assert sorted(read) == names
+    assert all(n.startswith(("model.layers.1.", "model.layers.2.")) for n in read)
+    assert len(read) == 2 * 12  # q/k/v weight+bias, o, gate/up/down, two norms
+
+    read.clear()
+    pipe = Pipeline(path, num_stages=3)
+    assert "lm_head.weight" in read and "model.embed_tokens.weight" in read
+    assert len(read) == len(set(read))  # every tensor read once, by its one stage
+    logits = pipe.logits(PROMPT, [(0, len(PROMPT), list(range(8)), True)], all_positions=True)
+    assert (logits - hf_logits["qwen2"]).abs().max().item() <= TOL
+
+
+def test_missing_tensor_is_a_clear_error(tiny_checkpoints):
+    # A tied checkpoint has no lm_head.weight; an untied model's last stage needs it.
+    args = load_model_args(tiny_checkpoints["llama"])
+    model = LlamaStage(args, 2, 4, False, True, select_kernels("cpu"), torch.float32, "cpu")
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        load_stage_weights(model, tiny_checkpoints["llama_tied"], args, 2, 4, False, True)
+
+
+def test_random_model_is_the_same_for_every_split():
+    prompt = [256, 72, 101, 108, 108, 111]
+    rows = [(0, len(prompt), [0, 1], True)]
+    ref = Pipeline(None, 1, block_size=4, num_blocks=4, seed=3).logits(prompt, rows)
+    assert ref.shape == (1, 320)
+    for s in (2, 4):
+        out = Pipeline(None, s, block_size=4, num_blocks=4, seed=3).logits(prompt, rows)
+        torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    other = Pipeline(None, 2, block_size=4, num_blocks=4, seed=4).logits(prompt, rows)
+    assert not torch.allclose(other, ref)
