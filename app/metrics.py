@@ -1,0 +1,129 @@
+"""Prometheus metrics of one pipeline, exported the Ray way (DESIGN §10).
+
+Ray prefixes every name with `ray_` and exports from each node's metrics export port every few
+seconds (RAY_metrics_report_interval_ms). Counters are named with `_total` here; Ray 2.60 keeps
+that suffix as is (it adds `_total` only to counters lacking it), so the scraped names are
+`ray_ppserve_..._total` either way. Labels are fixed per pipeline: request ids go to logs, never to
+labels. Across replicas the skip-hit ratio is a PromQL expression over the counters
+(SKIP_HIT_RATIO_PROMQL), since averaging per-pipeline gauges would weigh pipelines wrongly.
+"""
+
+from __future__ import annotations
+
+from ray.util.metrics import Counter, Gauge, Histogram
+
+# TTFT of a 1M-token prompt can take minutes: buckets reach 20 minutes.
+LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0]
+ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0]
+E2E_BUCKETS = LATENCY_BUCKETS + [2560.0, 3600.0]
+FORWARD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0, 60.0]
+
+PREFIX = "ray_ppserve_"
+_ALL = "sum by (model_name) (rate(ray_ppserve_pp_output_comm_total[5m]))"
+# A counter never incremented is never exported (Ray refuses inc(0)): `or 0 * _ALL` fills it in.
+_SKIPPED = ('(sum by (model_name) (rate(ray_ppserve_pp_output_comm_total{decision="skipped"}[5m]))'
+            f" or 0 * {_ALL})")
+_MISSED = f"(sum by (model_name) (rate(ray_ppserve_pp_output_comm_missed_total[5m])) or 0 * {_ALL})"
+SKIP_HIT_RATIO_PROMQL = f"{_SKIPPED} / ({_SKIPPED} + {_MISSED})"
+
+_TAGS = ("model_name", "pipeline")
+
+
+class EngineMetrics:
+    """Every metric of one pipeline; the coordinator calls the methods below."""
+
+    def __init__(self, model_name: str, pipeline_id: str, skip_mode: str):
+        self.skip_mode = skip_mode
+        self._skipped = 0
+        self._missed = 0
+        self._all: list = []
+        self.ttft = self._hist("time_to_first_token_seconds",
+                               "Arrival at the ingress to the first token out", LATENCY_BUCKETS)
+        self.itl = self._hist("inter_token_latency_seconds", "Time between two output tokens",
+                              ITL_BUCKETS)
+        self.e2e = self._hist("e2e_request_latency_seconds", "Arrival to the last token",
+                              E2E_BUCKETS)
+        self.queue = self._hist("request_queue_time_seconds",
+                                "Arrival to the first scheduled chunk", LATENCY_BUCKETS)
+        self.stage_forward = self._hist("stage_forward_seconds",
+                                        "One stage's compute for one microbatch",
+                                        FORWARD_BUCKETS, ("stage",))
+        self.running = self._gauge("num_requests_running", "Requests being prefilled or decoded")
+        self.waiting = self._gauge("num_requests_waiting", "Requests queued for admission")
+        self.kv_usage = self._gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)")
+        self.skip_ratio = self._gauge(
+            "pp_output_skip_hit_ratio", "This pipeline's skipped / (skipped + missed)")
+        self.prompt_tokens = self._counter("prompt_tokens_total", "Prompt tokens processed")
+        self.generation_tokens = self._counter("generation_tokens_total", "Tokens generated")
+        self.success = self._counter("request_success_total", "Finished requests",
+                                     ("finished_reason",))
+        self.comm = self._counter("pp_output_comm_total",
+                                  "Microbatches whose output was sent or skipped", ("decision",))
+        self.missed = self._counter("pp_output_comm_missed_total",
+                                    "Output sends the plan could have skipped at dispatch")
+        self.orphaned = self._counter("pp_output_comm_orphaned_total",
+                                      "Output sends whose consumer vanished after dispatch")
+        tags = {"model_name": model_name, "pipeline": pipeline_id}
+        for metric in self._all:
+            metric.set_default_tags(tags)
+
+    def _hist(self, name, desc, buckets, extra=()):
+        return self._keep(Histogram(f"ppserve_{name}", description=desc, boundaries=buckets,
+                                    tag_keys=_TAGS + extra))
+
+    def _gauge(self, name, desc):
+        return self._keep(Gauge(f"ppserve_{name}", description=desc, tag_keys=_TAGS))
+
+    def _counter(self, name, desc, extra=()):
+        return self._keep(Counter(f"ppserve_{name}", description=desc, tag_keys=_TAGS + extra))
+
+    def _keep(self, metric):
+        self._all.append(metric)
+        return metric
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(max(seconds, 0.0))
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl.observe(max(seconds, 0.0))
+
+    def observe_e2e(self, seconds: float) -> None:
+        self.e2e.observe(max(seconds, 0.0))
+
+    def observe_queue_time(self, seconds: float) -> None:
+        self.queue.observe(max(seconds, 0.0))
+
+    def observe_stage_forward(self, stage: int, seconds: float) -> None:
+        self.stage_forward.observe(max(seconds, 0.0), tags={"stage": str(stage)})
+
+    def set_load(self, running: int, waiting: int, kv_usage: float) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+
+    def add_tokens(self, prompt: int = 0, generation: int = 0) -> None:
+        if prompt > 0:
+            self.prompt_tokens.inc(prompt)
+        if generation > 0:
+            self.generation_tokens.inc(generation)
+
+    def request_finished(self, reason: str) -> None:
+        self.success.inc(1, tags={"finished_reason": reason or "unknown"})
+
+    def output_comm(self, sent: bool, missed: bool) -> None:
+        """One call per dispatched microbatch; `missed`: sent although it could be skipped."""
+        self.comm.inc(1, tags={"decision": "sent" if sent else "skipped"})
+        if not sent:
+            self._skipped += 1
+        elif missed:
+            self._missed += 1
+            self.missed.inc(1)
+        if self._skipped + self._missed:
+            self.skip_ratio.set(self._skipped / (self._skipped + self._missed))
+
+    def output_orphaned(self, n: int = 1) -> None:
+        if n > 0:
+            self.orphaned.inc(n)
