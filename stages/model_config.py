@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
-# The built-in random model: byte-level vocabulary (0..255 bytes, 256 <bos>, 257 <eos>, rest unused).
+# The built-in random model; byte-level vocabulary: 0..255 bytes, 256 <bos>, 257 <eos>, rest unused.
 BUILTIN_CONFIG: dict = {
     "model_type": "llama",
     "vocab_size": 320,
@@ -79,7 +79,7 @@ class ModelArgs:
             attention_bias = bool(d.get("attention_bias", False))
             o_proj_bias = attention_bias
         eos = d.get("eos_token_id")
-        eos_ids = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+        eos_list = [] if eos is None else eos if isinstance(eos, list) else [eos]
         return cls(
             model_type=model_type,
             vocab_size=int(d["vocab_size"]),
@@ -99,7 +99,7 @@ class ModelArgs:
             qk_norm=model_type == "qwen3",
             mlp_bias=bool(d.get("mlp_bias", False)),
             bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=eos_ids,
+            eos_token_ids=tuple(int(e) for e in eos_list),
         )
 
 

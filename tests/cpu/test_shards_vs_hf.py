@@ -7,9 +7,9 @@ import torch
 
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
-from stages.kv_cache import PagedKVCache
+from stages.kv_cache import PagedKVCache, bytes_per_block
 from stages.loader import build_stage_model, load_stage_weights
-from stages.model_config import load_model_args
+from stages.model_config import BUILTIN_CONFIG, ModelArgs, load_model_args
 from stages.models.llama import LlamaStage
 from stages.partition import layer_ranges
 from tests.cpu.conftest import ARCHS, hf_model, write_tiny_checkpoint
@@ -156,3 +156,29 @@ def test_random_model_is_the_same_for_every_split():
         torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
     other = Pipeline(None, 2, block_size=4, num_blocks=4, seed=4).logits(prompt, rows)
     assert not torch.allclose(other, ref)
+
+
+def test_model_args_from_both_config_layouts(tiny_checkpoints):
+    qwen2 = load_model_args(tiny_checkpoints["qwen2"])
+    qwen3 = load_model_args(tiny_checkpoints["qwen3"])
+    assert (qwen2.attention_bias, qwen2.o_proj_bias, qwen2.qk_norm) == (True, False, False)
+    assert (qwen3.attention_bias, qwen3.qk_norm, qwen3.head_dim) == (False, True, 16)
+    v5 = load_model_args(tiny_checkpoints["llama3"])  # transformers 5 writes rope_parameters
+    v4 = ModelArgs.from_hf_dict({  # what Llama 3.1's config.json on the Hub looks like
+        "model_type": "llama", "vocab_size": 200, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        "bos_token_id": 1, "eos_token_id": [2, 5]})
+    assert v4.rope_scaling == v5.rope_scaling and v4.rope_theta == v5.rope_theta == 500000.0
+    assert v4.eos_token_ids == (2, 5) and v5.eos_token_ids == (2,)
+    builtin = load_model_args(None)
+    assert (builtin.vocab_size, builtin.num_hidden_layers) == (320, 4)
+    assert builtin.eos_token_ids == (257,) and builtin.bos_token_id == 256
+    assert bytes_per_block(builtin, 2, 64, torch.bfloat16) == 2 * 2 * 64 * 2 * 32 * 2
+    with pytest.raises(ValueError, match="model_type"):
+        ModelArgs.from_hf_dict({"model_type": "gpt2"})
+    with pytest.raises(ValueError, match="rope"):
+        ModelArgs.from_hf_dict({**BUILTIN_CONFIG, "rope_scaling": {"type": "yarn", "factor": 4.0}})
+
