@@ -1,0 +1,44 @@
+"""Scheduler configuration: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SKIP_MODES = ("off", "sglang", "auto")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Knobs of the chunked-prefill microbatch scheduler (names follow vLLM where they match).
+
+    chunk_size: most prompt tokens of one request in one microbatch.
+    max_num_batched_tokens: token budget of one microbatch (decode rows count 1 each).
+    max_num_seqs: most running requests; also the number of slots in stage 0's next_tokens.
+    max_inflight: most microbatches dispatched and not yet retired (usually the stage count).
+    block_size / num_blocks: the paged KV cache the block pool hands out.
+    skip_mode: the output-channel skip rule of DESIGN §5 ("off", "sglang", "auto").
+    max_model_len: a request's prompt + max_tokens may not exceed this.
+    """
+
+    chunk_size: int = 2048
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 64
+    max_inflight: int = 2
+    block_size: int = 64
+    num_blocks: int = 1024
+    skip_mode: str = "auto"
+    max_model_len: int = 131072
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_size", "max_num_batched_tokens", "max_num_seqs", "max_inflight",
+                     "block_size", "num_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
+        if self.skip_mode not in SKIP_MODES:
+            raise ValueError(f"SchedulerConfig.skip_mode must be one of {SKIP_MODES}, "
+                             f"got {self.skip_mode!r}")
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` positions."""
+        return -(-num_tokens // self.block_size)

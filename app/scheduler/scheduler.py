@@ -1,0 +1,259 @@
+"""The microbatch scheduler: chunked prefill + decode under a token budget (DESIGN §3, §5, §6).
+
+Driven by the coordinator: `add` requests, `schedule` plans (dispatch bookkeeping happens
+there), `retire` them in dispatch order with the sampled tokens, `finish` requests.
+
+No preemption, by construction: a request is admitted (FCFS, strictly in arrival order) only
+once the pool can reserve every block it can ever need, ceil((prompt + max_tokens) / block_size),
+so every admitted request always finds its next block and the pipeline never deadlocks on
+memory; a request that can never fit is refused by `add`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from stages.protocol import MicrobatchPlan, NewRequest, Row
+
+from .block_pool import BlockPool
+from .config import SchedulerConfig
+from .skip import ReqInfo, decide_send, needed_req_ids
+from .state import OutputLedger, ReqState, SchedRequest, TokenEvent, check
+
+
+class _Inflight:
+    __slots__ = ("plan", "blocks", "req_ids")
+
+    def __init__(self, plan: MicrobatchPlan, blocks: list[int], req_ids: tuple[str, ...]):
+        self.plan, self.blocks, self.req_ids = plan, blocks, req_ids
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_blocks)
+        self._waiting: dict[str, SchedRequest] = {}  # FCFS: dicts keep insertion order
+        self._running: dict[str, ReqState] = {}  # live admitted requests, admission order
+        self._states: dict[str, ReqState] = {}  # admitted and not yet released (finished too)
+        self._free_slots: deque[int] = deque(range(config.max_num_seqs))
+        self._inflight: deque[_Inflight] = deque()
+        self._finished_unannounced: list[str] = []
+        self._ledger = OutputLedger()
+        self._next_mb = 0
+
+    # -- reading ------------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def inflight_mb_ids(self) -> tuple[int, ...]:
+        return tuple(r.plan.mb_id for r in self._inflight)
+
+    def inflight_req_ids(self) -> frozenset[str]:
+        return frozenset(rid for r in self._inflight for rid in r.req_ids)
+
+    def comm_stats(self) -> dict[str, int]:
+        return self._ledger.as_dict()
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self._inflight)
+
+    def is_known(self, req_id: str) -> bool:
+        return req_id in self._waiting or req_id in self._running
+
+    # -- requests -----------------------------------------------------------------------------
+    def add(self, req: SchedRequest) -> None:
+        cfg = self.config
+        if req.req_id in self._waiting or req.req_id in self._states \
+                or req.req_id in self._finished_unannounced:
+            raise ValueError(f"request {req.req_id!r} is already known to the scheduler")
+        if req.prompt_len < 1:
+            raise ValueError(f"request {req.req_id!r}: empty prompt")
+        if req.max_tokens < 1:
+            raise ValueError(f"request {req.req_id!r}: max_tokens must be >= 1, "
+                             f"got {req.max_tokens}")
+        total = req.prompt_len + req.max_tokens
+        if total > cfg.max_model_len:
+            raise ValueError(f"request {req.req_id!r}: prompt ({req.prompt_len} tokens) + "
+                             f"max_tokens ({req.max_tokens}) = {total} exceeds max_model_len "
+                             f"({cfg.max_model_len})")
+        need = cfg.blocks_for(total)
+        if need > cfg.num_blocks:
+            raise ValueError(f"request {req.req_id!r}: needs {need} KV blocks of "
+                             f"{cfg.block_size} tokens, the pool has {cfg.num_blocks}")
+        self._waiting[req.req_id] = req
+
+    def finish(self, req_id: str, reason: str) -> bool:
+        """End a request (stop, abort, length...). Its owner block refs and unused reservation
+        go back now; its slot once no in-flight microbatch names it. The next plan lists it in
+        `finished`. Returns False if the request is unknown or already finished."""
+        if self._waiting.pop(req_id, None) is not None:
+            return True  # never planned: the stages never heard of it
+        st = self._running.pop(req_id, None)
+        if st is None:
+            return False
+        st.finished, st.finish_reason = True, reason
+        self.pool.release(st.blocks)
+        self.pool.cancel_reservation(req_id)
+        self._ledger.vanish(st.source_mb, req_id)
+        st.source_mb = None
+        self._finished_unannounced.append(req_id)
+        if st.inflight == 0:
+            self._release(st)
+        return True
+
+    def _release(self, st: ReqState) -> None:
+        del self._states[st.req_id]
+        self._free_slots.append(st.slot)
+
+    # -- planning -----------------------------------------------------------------------------
+    def schedule(self) -> MicrobatchPlan | None:
+        """The next microbatch plan, already counted as dispatched; None when max_inflight
+        plans are in flight or nothing can run now."""
+        cfg = self.config
+        if len(self._inflight) >= cfg.max_inflight:
+            return None
+        budget = cfg.max_num_batched_tokens
+        rows: list[Row] = []
+        named: list[ReqState] = []
+        news: list[NewRequest] = []
+        for st in self._running.values():  # decode rows first
+            if budget == 0:
+                break
+            if st.decode_ready:
+                rows.append(self._decode_row(st))
+                named.append(st)
+                budget -= 1
+        for st in self._running.values():  # then the next chunk of prompts under way
+            if budget == 0:
+                break
+            if st.prefill_left > 0:
+                rows.append(self._chunk_row(st, budget))
+                named.append(st)
+                budget -= rows[-1].num_tokens
+        while budget > 0 and self._waiting and self._free_slots:  # then admit, FCFS
+            req = next(iter(self._waiting.values()))
+            need = cfg.blocks_for(req.prompt_len + req.max_tokens)
+            if not self.pool.can_reserve(need):
+                break  # strict FCFS: nobody overtakes the head of the queue
+            st = self._admit(req, need)
+            news.append(NewRequest(req.req_id, st.slot, req.sampling, self._prompt_for(req)))
+            rows.append(self._chunk_row(st, budget))
+            named.append(st)
+            budget -= rows[-1].num_tokens
+        if not rows:
+            return None
+        return self._dispatch(rows, named, news)
+
+    def _admit(self, req: SchedRequest, need: int) -> ReqState:
+        del self._waiting[req.req_id]
+        self.pool.reserve(req.req_id, need)
+        st = ReqState(req, self._free_slots.popleft())
+        self._running[req.req_id] = st
+        self._states[req.req_id] = st
+        return st
+
+    @staticmethod
+    def _prompt_for(req: SchedRequest) -> tuple[int, ...]:
+        # The last stage needs the prompt only for the repetition penalty (protocol.NewRequest).
+        return req.prompt_token_ids if req.sampling.repetition_penalty != 1.0 else ()
+
+    def _decode_row(self, st: ReqState) -> Row:
+        check(st.last_mb is not None and st.source_mb == st.last_mb,
+              f"{st.req_id!r}: decode input mb {st.last_mb} is not the pending source "
+              f"{st.source_mb}")
+        self._ledger.consume(st.last_mb, st.req_id)
+        st.source_mb = None
+        return Row(st.req_id, st.slot, st.req.prompt_len + st.generated - 1, 1, None,
+                   input_from_mb=st.last_mb, sample=True, output_index=st.generated,
+                   is_prefill=False)
+
+    def _chunk_row(self, st: ReqState, budget: int) -> Row:
+        n = min(self.config.chunk_size, st.prefill_left, budget)
+        start = st.prefill_pos
+        st.prefill_pos += n
+        last = st.prefill_left == 0
+        return Row(st.req_id, st.slot, start, n, st.req.prompt_token_ids[start:start + n],
+                   sample=last, output_index=0, is_prefill=True)
+
+    def _dispatch(self, rows: list[Row], named: list[ReqState],
+                  news: list[NewRequest]) -> MicrobatchPlan:
+        mb_id = self._next_mb
+        self._next_mb += 1
+        updates = []
+        retained: list[int] = []
+        for row, st in zip(rows, named):
+            have = len(st.blocks)
+            want = self.config.blocks_for(row.start + row.num_tokens)
+            if want > have:
+                new_ids = self.pool.allocate(st.req_id, want - have)
+                st.blocks.extend(new_ids)
+                updates.append((st.req_id, new_ids))
+            retained.extend(st.blocks)
+            st.inflight += 1
+        self.pool.retain(retained)
+        info = {st.req_id: ReqInfo(st.req.prompt_len, st.req.max_tokens, st.req.wants_logprobs)
+                for st in named}
+        send = decide_send(self.config.skip_mode, rows, info)
+        needed = needed_req_ids(rows, info)
+        self._ledger.record(mb_id, send, needed)
+        for rid in needed:
+            self._states[rid].source_mb = mb_id
+        plan = MicrobatchPlan(mb_id, tuple(rows), tuple(news), tuple(updates),
+                              tuple(self._finished_unannounced), send)
+        self._finished_unannounced.clear()
+        self._inflight.append(_Inflight(plan, retained, tuple(st.req_id for st in named)))
+        return plan
+
+    # -- retiring -----------------------------------------------------------------------------
+    def retire(self, mb_id: int, sampled: Iterable) -> list[TokenEvent]:
+        """Retire the oldest in-flight microbatch with its sampled tokens, given as
+        (req_id, token_id) pairs or objects with .req_id/.token_id (protocol.SampledToken).
+        Returns the accepted tokens; tokens of requests already finished are dropped."""
+        if not self._inflight:
+            raise ValueError(f"retire({mb_id}): no microbatch in flight")
+        rec = self._inflight[0]
+        if rec.plan.mb_id != mb_id:
+            raise ValueError(f"retire({mb_id}) out of order: the oldest in flight is "
+                             f"{rec.plan.mb_id}; retire in dispatch order")
+        samplers = {r.req_id: r for r in rec.plan.rows if r.sample}
+        tokens: dict[str, int] = {}
+        for item in sampled:
+            req_id, tok = (item.req_id, item.token_id) if hasattr(item, "req_id") else item
+            if req_id not in samplers:
+                raise ValueError(f"retire({mb_id}): {req_id!r} sampled no token in this mb")
+            if req_id in tokens:
+                raise ValueError(f"retire({mb_id}): two tokens for {req_id!r}")
+            tokens[req_id] = int(tok)
+        for req_id in samplers:
+            if req_id not in tokens and not self._states[req_id].finished:
+                raise ValueError(f"retire({mb_id}): no token for live request {req_id!r}")
+        self._inflight.popleft()
+        self.pool.release(rec.blocks)
+        events: list[TokenEvent] = []
+        for row in rec.plan.rows:
+            st = self._states[row.req_id]
+            st.inflight -= 1
+            if row.sample and not st.finished:
+                check(row.output_index == st.generated,
+                      f"{row.req_id!r}: retiring output {row.output_index}, "
+                      f"expected {st.generated}")
+                st.generated += 1
+                st.last_mb = mb_id
+                events.append(TokenEvent(row.req_id, tokens[row.req_id], row.output_index))
+            if st.finished and st.inflight == 0:
+                self._release(st)
+        return events

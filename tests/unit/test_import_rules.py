@@ -1,0 +1,75 @@
+"""The layering rules of DESIGN §2, checked on the source with `ast` (nothing is imported)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PURE = ["app/scheduler", "app/request.py", "stages/protocol.py", "stages/partition.py",
+        "stages/model_config.py"]
+MAX_LINES = 500
+
+
+def py_files(rel):
+    p = ROOT / rel
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        return sorted(f for f in p.rglob("*.py") if "__pycache__" not in f.parts)
+    return []
+
+
+def top_imports(path):
+    """Top-level package names a file imports (relative imports are resolved to their package)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    rel_pkg = path.relative_to(ROOT).parts[0]
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add(rel_pkg if node.level else (node.module or "").split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("rel", PURE)
+def test_pure_modules_import_no_torch_or_ray(rel):
+    files = py_files(rel)
+    if not files:
+        pytest.skip(f"{rel} does not exist yet")
+    for f in files:
+        bad = top_imports(f) & {"torch", "ray"}
+        assert not bad, f"{f.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_stages_never_import_app_and_only_the_actor_imports_ray():
+    for f in py_files("stages"):
+        names = top_imports(f)
+        rel = f.relative_to(ROOT).as_posix()
+        assert "app" not in names, f"{rel} imports app/"
+        if rel != "stages/actor.py":
+            assert "ray" not in names, f"{rel} imports ray (only stages/actor.py may)"
+
+
+def test_no_file_over_the_line_limit():
+    for f in py_files("app") + py_files("stages"):
+        n = len(f.read_text().splitlines())
+        assert n <= MAX_LINES, f"{f.relative_to(ROOT)} has {n} lines (limit {MAX_LINES})"
+
+
+def test_scheduler_imports_only_the_standard_library():
+    import sys
+
+    allowed = set(sys.stdlib_module_names) | {"app", "stages", "__future__"}
+    for f in py_files("app/scheduler"):
+        extra = top_imports(f) - allowed
+        assert not extra, f"{f.relative_to(ROOT)} imports {sorted(extra)}"
+
+
+def test_scheduler_reaches_stages_only_through_the_protocol():
+    for f in py_files("app/scheduler"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                if node.module.split(".")[0] == "stages":
+                    assert node.module == "stages.protocol", f"{f.name} imports {node.module}"
