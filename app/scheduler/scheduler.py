@@ -219,6 +219,17 @@ class Scheduler:
         return plan
 
     # -- retiring -----------------------------------------------------------------------------
+    def abort_inflight(self, reason: str = "error") -> list[str]:
+        """A stage failed: finish every live request an in-flight microbatch names, then retire
+        those microbatches with no tokens. Returns the finished req_ids (dispatch order)."""
+        victims = list(dict.fromkeys(rid for rec in self._inflight for rid in rec.req_ids
+                                     if rid in self._running))
+        for rid in victims:
+            self.finish(rid, reason)
+        while self._inflight:
+            self.retire(self._inflight[0].plan.mb_id, [])
+        return victims
+
     def retire(self, mb_id: int, sampled: Iterable) -> list[TokenEvent]:
         """Retire the oldest in-flight microbatch with its sampled tokens, given as
         (req_id, token_id) pairs or objects with .req_id/.token_id (protocol.SampledToken).

@@ -190,3 +190,19 @@ def test_max_num_seqs_and_budget_limit_admission():
 def test_config_validation(kw):
     with pytest.raises(ValueError):
         SchedulerConfig(**kw)
+
+
+def test_abort_inflight_after_a_stage_failure():
+    s = make(chunk_size=4, max_num_batched_tokens=8, max_inflight=2)
+    s.add(req("a", 8))
+    s.add(req("b", 4))
+    s.add(req("c", 4))
+    p0, p1 = s.schedule(), s.schedule()
+    with pytest.raises(ValueError, match="no token"):
+        s.retire(p0.mb_id, [])  # live requests sampled here: finish them first
+    assert s.abort_inflight() == ["a", "b", "c"]
+    assert s.inflight == 0 and s.num_running == 0 and not s.has_work()
+    assert s.pool.num_free == 64
+    assert s.schedule() is None
+    s.add(req("d", 4))
+    assert s.schedule().finished == ("a", "b", "c")
