@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP surface: request schemas, response framing, the ingress deployment."""

@@ -1,0 +1,199 @@
+"""The OpenAI ingress: parses and validates, checks the API key, stamps the arrival time, and
+streams a PipelineServer's deltas back as OpenAI bodies or SSE. It owns no model state."""
+
+# No `from __future__ import annotations` here: FastAPI must see the real Request type on the
+# class-based routes that serve.ingress rewrites.
+
+import hmac
+import json
+import logging
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from ray import serve
+
+from app.openai.protocol import ChatCompletionRequest, CompletionRequest
+from app.openai.responses import (SSE_DONE, ResponseBuilder, chat_logprobs, completion_logprobs,
+                                  error_body, error_response, sse, usage)
+from app.request import InvalidRequest
+
+log = logging.getLogger("ppserve.ingress")
+
+
+def _validation_message(e: ValidationError) -> tuple[str, str | None]:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()) if not isinstance(x, int)) or None
+    if err.get("type") == "missing":
+        return f"Missing required field '{loc}'.", loc
+    return f"Invalid value for '{loc}': {err.get('msg')}.", loc
+
+
+class _Stream:
+    """One request's deltas, merged for a whole body or framed chunk by chunk."""
+
+    def __init__(self, builder: ResponseBuilder, header: dict, include_usage: bool):
+        self.b = builder
+        self.header = header
+        self.include_usage = include_usage
+        self.prompt_tokens = header["prompt_tokens"]
+        self.completion_tokens = 0
+        self.offset = len(header.get("echo_text") or "")
+
+    def logprobs(self, out, pieces):
+        if out.logprobs is None:
+            return None
+        if self.b.chat:
+            return chat_logprobs(out.logprobs, pieces)
+        lp = completion_logprobs(out.logprobs, pieces, self.offset)
+        self.offset += sum(len(t) for t in lp["tokens"])
+        return lp
+
+    def usage(self) -> dict:
+        return usage(self.prompt_tokens, self.completion_tokens)
+
+
+def make_ingress(model_name: str, api_key: str | None):
+    """The ingress deployment class; FastAPI routes need an app object, built here per call."""
+    fastapi_app = FastAPI(title="ppserve", docs_url=None, redoc_url=None)
+
+    @serve.ingress(fastapi_app)
+    class OpenAIIngress:
+        def __init__(self, server):
+            self.server = server  # DeploymentHandle of the PipelineServer
+            self.model = model_name
+            self._info: dict | None = None
+
+        def _auth(self, request: Request) -> JSONResponse | None:
+            if not api_key:
+                return None
+            given = request.headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else ""
+            if hmac.compare_digest(token.encode(), api_key.encode()):
+                return None
+            return error_response("Incorrect or missing API key.", 401, code="invalid_api_key")
+
+        @fastapi_app.get("/health")
+        async def health(self):
+            try:
+                await self.server.health.remote()
+            except Exception as e:  # the pipeline is down or restarting
+                return error_response(f"unhealthy: {e}", 503)
+            return JSONResponse({"status": "ok"})
+
+        @fastapi_app.get("/v1/models")
+        async def models(self, request: Request):
+            if (denied := self._auth(request)) is not None:
+                return denied
+            if self._info is None:
+                self._info = await self.server.info.remote()
+            card = {"id": self.model, "object": "model", "created": int(time.time()),
+                    "owned_by": "ppserve", "root": self._info.get("root") or self.model,
+                    "max_model_len": self._info["max_model_len"]}
+            return JSONResponse({"object": "list", "data": [card]})
+
+        @fastapi_app.post("/v1/completions")
+        async def completions(self, request: Request):
+            return await self._serve(request, CompletionRequest, "completion")
+
+        @fastapi_app.post("/v1/chat/completions")
+        async def chat_completions(self, request: Request):
+            return await self._serve(request, ChatCompletionRequest, "chat")
+
+        async def _serve(self, request: Request, schema, kind: str):
+            arrival = time.time()  # TTFT counts from here (wall clock: crosses processes)
+            if (denied := self._auth(request)) is not None:
+                return denied
+            try:
+                body = json.loads(await request.body())
+            except (ValueError, UnicodeDecodeError) as e:
+                return error_response(f"Invalid JSON in the request body: {e}", 400)
+            if not isinstance(body, dict):
+                return error_response("The request body must be a JSON object.", 400)
+            try:
+                req = schema.model_validate(body)
+            except ValidationError as e:
+                message, param = _validation_message(e)
+                return error_response(message, 400, param)
+            if req.model is not None and req.model != self.model:
+                return error_response(f"The model `{req.model}` does not exist.", 404,
+                                      "model", code="model_not_found")
+            try:
+                params = req.sampling_params()
+                payload = {"params": params, "arrival_time": arrival}
+                if kind == "chat":
+                    payload["messages"] = req.message_dicts()
+                    payload["add_generation_prompt"] = req.add_generation_prompt
+                else:
+                    payload["prompt"] = req.single_prompt()
+                    payload["echo"] = req.echo
+            except InvalidRequest as e:
+                return error_response(str(e), e.status, e.param)
+            prefix = "chatcmpl" if kind == "chat" else "cmpl"
+            payload["request_id"] = f"{prefix}-{uuid.uuid4().hex}"
+            gen = self.server.options(stream=True).generate.remote(payload)
+            try:
+                header = await gen.__anext__()  # validation errors arrive before any token
+            except Exception as e:
+                gen.cancel()
+                log.exception("pipeline call failed")
+                return error_response(f"The pipeline failed: {e}", 503)
+            if "error" in header:
+                return error_response(header["error"], header.get("status", 400),
+                                      header.get("param"))
+            state = _Stream(ResponseBuilder(kind, payload["request_id"], self.model), header,
+                            req.include_usage)
+            if req.stream:
+                return StreamingResponse(_sse(gen, state), media_type="text/event-stream")
+            return await _collect(gen, state)
+
+    return OpenAIIngress
+
+
+async def _collect(gen, state: _Stream):
+    text = [state.header.get("echo_text") or ""]
+    lps, finish_reason = None, None
+    async for item in gen:
+        out = item["out"]
+        if out.error:
+            return error_response(out.error, 500)
+        text.append(out.text)
+        lp = state.logprobs(out, item["pieces"])
+        if lp is not None:
+            lps = lp if lps is None else _merge_logprobs(lps, lp)
+        state.completion_tokens = out.completion_tokens
+        finish_reason = out.finish_reason
+    return JSONResponse(state.b.full("".join(text), lps, finish_reason, state.usage()))
+
+
+def _merge_logprobs(a: dict, b: dict) -> dict:
+    return {k: a[k] + b[k] for k in a}
+
+
+async def _sse(gen, state: _Stream):
+    """SSE frames; a client that goes away cancels `gen`, which aborts the request upstream."""
+    done = False
+    try:
+        b = state.b
+        if b.chat:
+            yield sse(b.chunk("", None, None, first=True))
+        elif state.header.get("echo_text"):
+            yield sse(b.chunk(state.header["echo_text"], None, None))
+        async for item in gen:
+            out = item["out"]
+            if out.error:
+                yield sse(error_body(out.error, 500))
+                break
+            state.completion_tokens = out.completion_tokens
+            lp = state.logprobs(out, item["pieces"])
+            if out.text or out.finished or lp is not None:
+                yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None))
+        if state.include_usage:
+            yield sse(b.usage_chunk(state.usage()))
+        yield SSE_DONE
+        done = True
+    finally:
+        if not done:
+            gen.cancel()

@@ -1,0 +1,151 @@
+"""OpenAI request schemas (pydantic) and their mapping to SamplingParams.
+
+Field names and defaults follow OpenAI, plus vLLM's extra sampling fields (top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos, stop_token_ids, ...). Unknown fields are ignored, as
+OpenAI clients send newer ones freely.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.request import InvalidRequest, SamplingParams
+
+TokenIds = list[int]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def _check_common(self) -> None:
+        if self.n != 1:
+            raise InvalidRequest("only n=1 is supported.", param="n")
+        if self.logit_bias:
+            raise InvalidRequest("logit_bias is not supported.", param="logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("stream_options is only allowed when stream is true.",
+                                 param="stream_options")
+
+    def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        stop = self.stop if self.stop is not None else ()
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0, min_p=self.min_p or 0.0, seed=self.seed,
+            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop=stop,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=(1.0 if self.repetition_penalty is None
+                                else self.repetition_penalty),
+            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, TokenIds, list[str], list[TokenIds]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise InvalidRequest("only one prompt per request is supported.",
+                                     param="prompt")
+            p = p[0]
+        if isinstance(p, list) and not p:
+            raise InvalidRequest("the prompt is empty.", param="prompt")
+        return p
+
+    def sampling_params(self) -> SamplingParams:
+        self._check_common()
+        if self.suffix:
+            raise InvalidRequest("suffix is not supported.", param="suffix")
+        if self.best_of not in (None, 1):
+            raise InvalidRequest("only best_of=1 is supported.", param="best_of")
+        if self.echo and self.logprobs is not None:
+            raise InvalidRequest("echo with logprobs (prompt logprobs) is not supported.",
+                                 param="echo")
+        return self._params(self.max_tokens, self.logprobs)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str = "text"
+    text: str = ""
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+    def as_dict(self) -> dict:
+        content = self.content
+        if isinstance(content, list):
+            if any(p.type != "text" for p in content):
+                raise InvalidRequest("only text content parts are supported.",
+                                     param="messages")
+            content = "".join(p.text for p in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    tools: list[dict] | None = None
+
+    def sampling_params(self) -> SamplingParams:
+        self._check_common()
+        if self.tools:
+            raise InvalidRequest("tools are not supported.", param="tools")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs=true.", param="top_logprobs")
+        max_tokens = (self.max_completion_tokens if self.max_completion_tokens is not None
+                      else self.max_tokens)
+        return self._params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+
+    def message_dicts(self) -> list[dict]:
+        return [m.as_dict() for m in self.messages]

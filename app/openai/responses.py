@@ -1,0 +1,116 @@
+"""OpenAI response bodies, stream chunks, SSE framing and error JSON.
+
+Bodies are built as plain dicts in OpenAI's exact shapes (what the official client parses).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi.responses import JSONResponse
+
+SSE_DONE = "data: [DONE]\n\n"
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+                404: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_exceeded", 503: "server_error", 500: "server_error"}
+
+
+def error_body(message: str, status: int = 400, param: str | None = None,
+               code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
+                      "param": param, "code": code if code is not None else status}}
+
+
+def error_response(message: str, status: int = 400, param: str | None = None,
+                   code: str | int | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param, code), status_code=status)
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _token_bytes(piece: str) -> list[int]:
+    if piece.startswith("bytes:"):  # "bytes:\\xe2": the raw byte of a partial character
+        return [int(h, 16) for h in piece[len("bytes:"):].split("\\x") if h]
+    return list(piece.encode("utf-8"))
+
+
+def chat_logprobs(lps, pieces: dict) -> dict | None:
+    """OpenAI chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}."""
+    if lps is None:
+        return None
+
+    def entry(tid, lp):
+        piece = pieces.get(tid, "")
+        return {"token": piece, "logprob": max(lp, -9999.0), "bytes": _token_bytes(piece)}
+
+    return {"content": [{**entry(t.token_id, t.logprob),
+                         "top_logprobs": [entry(i, v) for i, v in t.top]} for t in lps]}
+
+
+def completion_logprobs(lps, pieces: dict, text_offset: int) -> dict | None:
+    """Legacy completions shape: parallel lists tokens / token_logprobs / top_logprobs."""
+    if lps is None:
+        return None
+    tokens, offsets, offset = [], [], text_offset
+    for t in lps:
+        piece = pieces.get(t.token_id, "")
+        tokens.append(piece)
+        offsets.append(offset)
+        offset += len(piece)
+    return {"tokens": tokens, "token_logprobs": [max(t.logprob, -9999.0) for t in lps],
+            "top_logprobs": [{pieces.get(i, ""): max(v, -9999.0) for i, v in t.top}
+                             for t in lps],
+            "text_offset": offsets}
+
+
+class ResponseBuilder:
+    """Frames one request's deltas as completion or chat bodies / chunks."""
+
+    def __init__(self, kind: str, request_id: str, model: str):
+        self.chat = kind == "chat"
+        self.id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self.object = "chat.completion" if self.chat else "text_completion"
+
+    def _envelope(self, choices: list, chunk: bool, usage_: dict | None = None) -> dict:
+        obj = self.object + (".chunk" if chunk and self.chat else "")
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+        if usage_ is not None or not chunk:
+            body["usage"] = usage_
+        return body
+
+    def chunk(self, text: str, logprobs: dict | None, finish_reason: str | None,
+              first: bool = False, usage_: dict | None = None) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else (
+                {"content": text} if text or not finish_reason else {})
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+        return self._envelope([choice], chunk=True, usage_=usage_)
+
+    def usage_chunk(self, usage_: dict) -> dict:
+        return self._envelope([], chunk=True, usage_=usage_)
+
+    def full(self, text: str, logprobs: dict | None, finish_reason: str | None,
+             usage_: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs,
+                      "finish_reason": finish_reason}
+        return self._envelope([choice], chunk=False, usage_=usage_)

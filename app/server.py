@@ -1,0 +1,146 @@
+"""The Ray Serve application (DESIGN §3): a thin OpenAI ingress in front of PipelineServer
+replicas, each the coordinator of one whole pipeline.
+
+`build_app(args)` is the entry point of `serve run deploy/serve_config.yaml`, of KubeRay's
+serveConfigV2 and of `ppserve serve`. `args` holds EngineConfig options (dashes or underscores)
+plus the server options in SERVER_KEYS.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import uuid
+from contextlib import aclosing
+
+from ray import serve
+from ray.serve import Application
+
+from app.config import EngineConfig
+from app.metrics import EngineMetrics
+from app.openai.ingress import make_ingress
+from app.request import InvalidRequest
+
+log = logging.getLogger("ppserve.server")
+
+SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
+               "ingress_num_cpus", "coordinator_cls")
+DEFAULT_COORDINATOR = "app.coordinator:Coordinator"
+
+
+def _import(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _pipeline_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside a replica (direct use in tests)
+        return uuid.uuid4().hex[:8]
+
+
+class PipelineServer:
+    """One pipeline: the coordinator, its stage actors (in this replica's placement group), the
+    tokenizer and chat template. Streams dicts to the ingress: first a header (or an error),
+    then {"out": RequestOutput, "pieces": {token id: text}} per delta."""
+
+    async def __init__(self, engine_args: dict, coordinator_cls: str = DEFAULT_COORDINATOR):
+        self.config = EngineConfig.from_dict(engine_args)
+        self.metrics = EngineMetrics(self.config.model_name, _pipeline_id(),
+                                     self.config.pp_output_skip)
+        self.coordinator = _import(coordinator_cls)(self.config, self.metrics)
+        await self.coordinator.start()
+        self.tokenizer = self.coordinator.tokenizer
+
+    def _prompt(self, payload: dict):
+        if "messages" in payload:
+            try:
+                return self.tokenizer.apply_chat_template(
+                    payload["messages"], add_generation_prompt=payload["add_generation_prompt"])
+            except Exception as e:  # a template that raises on these messages
+                raise InvalidRequest(f"cannot apply the chat template: {e}",
+                                     param="messages") from e
+        return payload["prompt"]
+
+    def _pieces(self, out) -> dict:
+        if not out.logprobs:
+            return {}
+        ids = {t.token_id for t in out.logprobs} | {i for t in out.logprobs for i, _ in t.top}
+        return {i: self.tokenizer.id_to_piece(i) for i in ids}
+
+    async def generate(self, payload: dict):
+        try:
+            prompt = self._prompt(payload)
+        except InvalidRequest as e:
+            yield {"error": str(e), "status": e.status, "param": e.param}
+            return
+        agen = self.coordinator.generate(prompt, payload["params"], payload.get("request_id"),
+                                         payload.get("arrival_time"))
+        # Closing the coordinator's generator (also on cancellation) aborts the request.
+        async with aclosing(agen):
+            try:
+                first = await agen.__anext__()
+            except InvalidRequest as e:
+                yield {"error": str(e), "status": e.status, "param": e.param}
+                return
+            header = {"prompt_tokens": first.prompt_tokens}
+            if payload.get("echo"):
+                p = payload["prompt"]
+                header["echo_text"] = p if isinstance(p, str) else self.tokenizer.decode(p)
+            yield header
+            yield {"out": first, "pieces": self._pieces(first)}
+            if first.finished:
+                return
+            async for out in agen:
+                yield {"out": out, "pieces": self._pieces(out)}
+                if out.finished:
+                    return
+
+    async def info(self) -> dict:
+        return {"model": self.config.model_name, "root": self.config.model,
+                "max_model_len": self.coordinator.max_model_len}
+
+    async def stats(self) -> dict:
+        return self.coordinator.stats()
+
+    async def health(self) -> bool:
+        self.coordinator.stats()  # raises when the coordinator is broken
+        return True
+
+    async def check_health(self) -> None:  # Serve's periodic replica health check
+        self.coordinator.stats()
+
+    def __del__(self):
+        coordinator = getattr(self, "coordinator", None)
+        if coordinator is not None:
+            try:
+                coordinator.shutdown()
+            except Exception:  # the stage actors may already be gone with the cluster
+                pass
+
+
+def build_app(args: dict | None = None) -> Application:
+    """The Serve application for `args` (engine options + SERVER_KEYS)."""
+    args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
+    server = {k: args.pop(k) for k in SERVER_KEYS if k in args}
+    config = EngineConfig.from_dict(args)  # validates early, in the driver
+    coordinator_cls = _import(server.get("coordinator_cls", DEFAULT_COORDINATOR))
+    bundles = coordinator_cls.placement_bundles(config)
+    # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
+    ongoing = int(server.get("max_ongoing_requests") or max(4 * config.max_num_seqs, 128))
+    scaling = {"autoscaling_config": server["autoscaling_config"]} \
+        if "autoscaling_config" in server else {"num_replicas": server.get("num_replicas", 1)}
+    pipeline = serve.deployment(
+        PipelineServer, name="PipelineServer", max_ongoing_requests=ongoing,
+        ray_actor_options={"num_cpus": bundles[0].get("CPU", 0),
+                           "num_gpus": bundles[0].get("GPU", 0)},
+        placement_group_bundles=bundles, placement_group_strategy=config.placement_strategy,
+        **scaling,
+    ).bind(config.to_dict(), server.get("coordinator_cls", DEFAULT_COORDINATOR))
+    ingress_cls = make_ingress(config.model_name, server.get("api_key") or None)
+    ingress = serve.deployment(
+        ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
+        ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},
+    )
+    return ingress.bind(pipeline)
