@@ -1,0 +1,36 @@
+# ppserve: `make serve` runs the demo endpoint, `make test` runs the CI suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test test-unit test-gpu bench clean
+
+install: $(STAMP)
+
+# Idempotent: re-runs only when pyproject.toml changes. torch goes first and pinned to the
+# CPU wheel, so no dependency can pull a CUDA build of several GB.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/ppserve serve $(ARGS)
+
+test: install
+	$(PY) -m pytest tests -m "not gpu" -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest tests/unit -q
+
+test-gpu:
+	python3 -m pytest tests/gpu -q -m gpu
+
+bench: install
+	$(VENV)/bin/ppserve bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

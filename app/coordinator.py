@@ -1,0 +1,267 @@
+"""The coordinator of one pipeline: admits requests, runs the scheduler, dispatches plans to the
+stages, applies results, streams tokens back, owns the metrics.
+
+It is a plain class with an asyncio API: the Serve PipelineServer holds one, and the Python
+Engine runs one inside a Ray actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from typing import AsyncIterator
+
+from app.config import EngineConfig
+from app.pipeline import Pipeline, placement_bundles
+from app.request import InvalidRequest, RequestOutput, SamplingParams
+from app.request_stream import RequestStream
+from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.tokenizer import load_tokenizer
+from stages.model_config import load_model_args
+from stages.protocol import SamplingSpec
+
+log = logging.getLogger("ppserve.coordinator")
+
+
+class Coordinator:
+    placement_bundles = staticmethod(placement_bundles)
+
+    def __init__(self, config: EngineConfig, metrics=None, placement_group=None):
+        self.config = config
+        self.metrics = metrics
+        self.args = load_model_args(config.model)
+        self.tokenizer = load_tokenizer(config.model)
+        self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
+                                 self.args.max_position_embeddings)
+        # A checkpoint without tokenizer.json still stops on its own config's EOS ids.
+        self.eos_token_ids = tuple(dict.fromkeys(
+            (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
+        self.pipeline = Pipeline(config, self.args, placement_group)
+        self.scheduler: Scheduler | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._inflight: deque = deque()  # (plan, asyncio.Future of all stages' results)
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._ids = itertools.count()
+        self._channel_sends = 0
+        self._stage_forward = [0.0] * config.pp_size
+        self._failures = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        num_blocks = await self.pipeline.start()
+        c = self.config
+        self.scheduler = Scheduler(SchedulerConfig(
+            chunk_size=c.chunk_size, max_num_batched_tokens=c.token_budget,
+            max_num_seqs=c.max_num_seqs, max_inflight=c.inflight, block_size=c.block_size,
+            num_blocks=num_blocks, skip_mode=c.pp_output_skip, max_model_len=self.max_model_len))
+        self._loop_task = asyncio.create_task(self._run())
+
+    def shutdown(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        self.pipeline.kill()
+
+    # -- requests --------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.args.vocab_size]
+            if bad:
+                raise InvalidRequest(f"token id {bad[0]} is out of range for a vocabulary of "
+                                     f"{self.args.vocab_size}.", param="prompt")
+        if not ids:
+            raise InvalidRequest("the prompt is empty.", param="prompt")
+        return ids
+
+    def _sampling_spec(self, p: SamplingParams) -> SamplingSpec:
+        banned = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.eos_token_ids)
+        return SamplingSpec(
+            temperature=p.temperature, top_k=p.top_k if p.top_k > 0 else 0, top_p=p.top_p,
+            min_p=p.min_p, seed=p.seed, logprobs=p.logprobs,
+            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty, min_tokens=p.min_tokens,
+            min_tokens_banned=tuple(sorted(set(banned))) if p.min_tokens else ())
+
+    def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
+                    arrival_time: float | None = None) -> RequestStream:
+        """Validate and queue; raises InvalidRequest before anything is queued."""
+        if self.scheduler is None:
+            raise RuntimeError("the coordinator is not started")
+        ids = self._prompt_ids(prompt)
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt has {len(ids)} tokens; no room is left for a completion.",
+                param="prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if max_tokens > room:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
+                f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
+                param="max_tokens")
+        req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        if req_id in self._streams:
+            raise InvalidRequest(f"request id {req_id!r} is already in use.")
+        spec = self._sampling_spec(params)
+        try:
+            self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
+                                            params.logprobs is not None))
+        except ValueError as e:
+            raise InvalidRequest(str(e), param="prompt") from e
+        stream = RequestStream(req_id, ids, params, max_tokens, self.tokenizer,
+                               self.eos_token_ids, arrival_time or time.time())
+        self._streams[req_id] = stream
+        if self.metrics:
+            self.metrics.add_tokens(prompt=len(ids))
+        self._wakeup.set()
+        return stream
+
+    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
+                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+        stream = self.add_request(prompt, params, request_id, arrival_time)
+        try:
+            while True:
+                out = await stream.queue.get()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not stream.finished:  # the consumer went away: abort and free its blocks
+                self.abort(stream.req_id)
+
+    def abort(self, req_id: str) -> None:
+        stream = self._streams.get(req_id)
+        if stream is None or stream.finished:
+            return
+        self._finish(stream, "abort")
+
+    # -- the loop: schedule -> dispatch -> retire -------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            self._dispatch_ready()
+            self._report_load()
+            if not self._inflight:
+                self._wakeup.clear()
+                # Nothing runnable: sleep until a request arrives (or poll briefly if work waits).
+                timeout = 0.05 if self.scheduler.has_work() else None
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            plan, fut = self._inflight[0]
+            waits = {fut}
+            if len(self._inflight) < self.config.inflight:
+                self._wakeup.clear()
+                waits.add(asyncio.ensure_future(self._wakeup.wait()))
+            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for p in pending:
+                if p is not fut:
+                    p.cancel()
+            if fut not in done:
+                continue  # woken by a new request: dispatch it before retiring
+            self._inflight.popleft()
+            try:
+                results = fut.result()
+            except Exception as e:  # a stage failed: channels are out of step
+                await self._recover(plan, e)
+                continue
+            self._retire(plan, results)
+
+    def _dispatch_ready(self) -> None:
+        while True:
+            before = self.scheduler.comm_stats()
+            plan = self.scheduler.schedule()
+            if plan is None:
+                return
+            after = self.scheduler.comm_stats()
+            if self.metrics:
+                self.metrics.output_comm(sent=after["sent"] > before["sent"],
+                                         missed=after["missed"] > before["missed"])
+            now = time.time()
+            for row in plan.rows:
+                stream = self._streams.get(row.req_id)
+                if stream is not None and stream.scheduled_time is None:
+                    stream.scheduled_time = now
+                    if self.metrics:
+                        self.metrics.observe_queue_time(now - stream.arrival_time)
+            refs = self.pipeline.dispatch(plan)
+            self._inflight.append((plan, asyncio.ensure_future(asyncio.gather(*refs))))
+
+    def _retire(self, plan, results) -> None:
+        last = results[-1]
+        for r in results:
+            self._stage_forward[r.stage] += r.forward_s
+            if self.metrics:
+                self.metrics.observe_stage_forward(r.stage, r.forward_s)
+        self._channel_sends = max(self._channel_sends, last.output_sends)
+        by_req = {s.req_id: s for s in last.sampled}
+        events = self.scheduler.retire(plan.mb_id, [(s.req_id, s.token_id) for s in last.sampled])
+        for req_id, token_id, _index in events:
+            stream = self._streams.get(req_id)
+            if stream is None or stream.finished:
+                continue
+            reason = stream.append(token_id, by_req[req_id], self.metrics)
+            if reason is not None:
+                self._finish(stream, reason)
+
+    def _finish(self, stream: RequestStream, reason: str, error: str | None = None) -> None:
+        orphaned_before = self.scheduler.comm_stats().get("orphaned", 0)
+        self.scheduler.finish(stream.req_id, reason)
+        stream.close(reason, error, self.metrics)
+        self._streams.pop(stream.req_id, None)
+        if self.metrics:
+            orphaned = self.scheduler.comm_stats().get("orphaned", 0) - orphaned_before
+            if orphaned > 0:
+                self.metrics.output_orphaned(orphaned)
+        self._wakeup.set()
+
+    async def _recover(self, failed_plan, error: Exception) -> None:
+        """Fail what was in flight with a clear error, rebuild the pipeline, carry on."""
+        self._failures += 1
+        log.error("stage failure in microbatch %d: %s; rebuilding the pipeline",
+                  failed_plan.mb_id, error)
+        for _plan, fut in self._inflight:
+            fut.cancel()
+        self._inflight.clear()
+        msg = f"the pipeline failed while running this request and was restarted: {error}"
+        for req_id in self.scheduler.abort_inflight("error"):
+            stream = self._streams.pop(req_id, None)
+            if stream is not None:
+                stream.close("error", msg, self.metrics)
+        # Requests part-way through (their KV lived on the old stages) cannot continue either;
+        # requests still waiting lose nothing.
+        for stream in list(self._streams.values()):
+            if stream.scheduled_time is not None:
+                self._finish(stream, "error", msg)
+        await self.pipeline.rebuild()
+
+    def _report_load(self) -> None:
+        if self.metrics:
+            s = self.scheduler
+            self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = self.scheduler
+        return {
+            "pp_output_comm": dict(s.comm_stats()),
+            "channel_output_sends": self._channel_sends,
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting,
+            "inflight_microbatches": s.inflight,
+            "kv_cache_usage": s.kv_usage,
+            "kv_blocks_total": self.pipeline.num_blocks,
+            "stage_forward_seconds": list(self._stage_forward),
+            "pipeline_failures": self._failures,
+            "max_model_len": self.max_model_len,
+        }

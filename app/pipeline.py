@@ -1,0 +1,105 @@
+"""Creates one pipeline's stage actors in a placement group, joins their channels, sizes the KV
+cache, and rebuilds everything when a stage fails."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import ray
+from ray.util.placement_group import PlacementGroup, get_current_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from app.config import EngineConfig
+from stages.actor import StageActor
+from stages.model_config import ModelArgs
+from stages.partition import layer_ranges
+from stages.protocol import MicrobatchPlan, StageSpec
+
+log = logging.getLogger("ppserve.pipeline")
+
+# Passed to every stage: NVLink multicast stays off on shared hosts (DESIGN, GPU host notes).
+_STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+              "NVSHMEM_DISABLE_NVLS": "1"}
+COORDINATOR_CPUS = 0.1
+
+
+def placement_bundles(config: EngineConfig) -> list[dict]:
+    """Bundle 0 holds the coordinator (or the Serve replica); bundles 1..S one stage each."""
+    if config.device == "cuda":
+        stage = {"GPU": 1, "CPU": 1}
+    else:
+        stage = {"CPU": config.stage_num_cpus}
+    return [{"CPU": COORDINATOR_CPUS}] + [dict(stage) for _ in range(config.pp_size)]
+
+
+class Pipeline:
+    def __init__(self, config: EngineConfig, args: ModelArgs,
+                 placement_group: PlacementGroup | None = None):
+        self.config = config
+        self.args = args
+        self.pg = placement_group or get_current_placement_group()
+        self.stages: list = []
+        self.num_blocks = 0
+        self.generation = 0  # bumped on every rebuild
+
+    def _specs(self) -> list[StageSpec]:
+        c = self.config
+        ranges = layer_ranges(self.args.num_hidden_layers, c.pp_size)
+        return [StageSpec(
+            stage_index=i, num_stages=c.pp_size, layer_start=lo, layer_end=hi,
+            model_path=c.model, device=c.device, dtype=c.resolved_dtype,
+            block_size=c.block_size, max_running=c.max_num_seqs,
+            kv_cache_bytes=c.kv_cache_memory_bytes,
+            gpu_memory_utilization=c.gpu_memory_utilization, channel_check=c.channel_check,
+            output_post=c.output_post, linear_backend=c.linear_backend,
+            attention_backend=c.attention_backend, seed=c.seed)
+            for i, (lo, hi) in enumerate(ranges)]
+
+    async def start(self) -> int:
+        """Create the actors, join the channels, agree on the KV size. Returns the block count."""
+        if self.pg is None:
+            raise RuntimeError("the pipeline needs a placement group (see placement_bundles)")
+        c = self.config
+        gpu = c.device == "cuda"
+        self.stages = [
+            StageActor.options(
+                num_cpus=0 if gpu else c.stage_num_cpus, num_gpus=1 if gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=i + 1),
+                runtime_env={"env_vars": dict(_STAGE_ENV)},
+            ).remote(spec, c.torch_threads)
+            for i, spec in enumerate(self._specs())]
+        if c.pp_size > 1:
+            host, port = await self.stages[0].open_store.remote()
+            await asyncio.gather(*[s.connect.remote(host, port) for s in self.stages])
+        caps = await asyncio.gather(*[s.kv_capacity.remote() for s in self.stages])
+        self.num_blocks = c.num_kv_blocks or min(caps)
+        if self.num_blocks < 1:
+            raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
+        await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
+        log.info("pipeline up: %d stages, %d KV blocks of %d tokens", c.pp_size,
+                 self.num_blocks, c.block_size)
+        return self.num_blocks
+
+    def dispatch(self, plan: MicrobatchPlan) -> list:
+        n = len(self.stages)
+        return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
+
+    async def describe(self) -> list[dict]:
+        return await asyncio.gather(*[s.describe.remote() for s in self.stages])
+
+    def kill(self) -> None:
+        for s in self.stages:
+            ray.kill(s, no_restart=True)
+        self.stages = []
+
+    async def rebuild(self) -> None:
+        """A stage failed mid-microbatch: every channel may be out of step. Start afresh."""
+        self.kill()
+        self.generation += 1
+        blocks = self.num_blocks
+        await self.start()
+        if self.num_blocks != blocks:  # the scheduler's pool was sized for the old count
+            self.num_blocks = blocks
+            await asyncio.gather(*[s.allocate_kv.remote(blocks) for s in self.stages])

@@ -1,0 +1,101 @@
+"""Requests as users state them (pure Python, standard library only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class InvalidRequest(ValueError):
+    """Bad input: the API answers 400 with this message, and nothing is queued."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """vLLM's sampling parameters, same names and defaults where they mean the same."""
+
+    max_tokens: int | None = 16  # None: up to max_model_len
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None  # top logprobs per token; None: none
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        # Accept lists from JSON / callers but keep the object hashable and immutable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(msg: str, param: str):
+            raise InvalidRequest(msg, param=param)
+
+        if self.max_tokens is not None and self.max_tokens < 1:
+            bad(f"max_tokens must be at least 1, got {self.max_tokens}.", "max_tokens")
+        if self.temperature < 0:
+            bad(f"temperature must be non-negative, got {self.temperature}.", "temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            bad(f"top_p must be in (0, 1], got {self.top_p}.", "top_p")
+        if self.top_k < -1:
+            bad(f"top_k must be -1 (disable), 0 (disable) or positive, got {self.top_k}.", "top_k")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad(f"min_p must be in [0, 1], got {self.min_p}.", "min_p")
+        if self.min_tokens < 0:
+            bad(f"min_tokens must be non-negative, got {self.min_tokens}.", "min_tokens")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
+                f"({self.max_tokens}).", "min_tokens")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.",
+                "presence_penalty")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.",
+                "frequency_penalty")
+        if self.repetition_penalty <= 0.0:
+            bad(f"repetition_penalty must be positive, got {self.repetition_penalty}.",
+                "repetition_penalty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            bad(f"logprobs must be between 0 and 20, got {self.logprobs}.", "logprobs")
+        if any(not s for s in self.stop):
+            bad("stop strings must be non-empty.", "stop")
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    """One streamed delta (or, from Engine.generate, the whole result)."""
+
+    request_id: str
+    token_ids: list[int]  # new tokens in this delta
+    text: str  # new text in this delta
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # so far
+    logprobs: list[TokenLogprob] | None = None
+    error: str | None = None
+    prompt_token_ids: list[int] | None = None  # on the first delta only

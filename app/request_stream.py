@@ -1,0 +1,95 @@
+"""One request's text side on the coordinator: tokens in, detokenized deltas out, stop checks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from app.request import RequestOutput, SamplingParams, TokenLogprob
+from app.tokenizer import IncrementalDetokenizer, StopStringMatcher
+
+
+class RequestStream:
+    def __init__(self, req_id: str, prompt_ids: list[int], params: SamplingParams,
+                 max_tokens: int, tokenizer, eos_token_ids: tuple[int, ...],
+                 arrival_time: float):
+        self.req_id = req_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.max_tokens = max_tokens
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.arrival_time = arrival_time
+        self.scheduled_time: float | None = None
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.output_ids: list[int] = []
+        self.finished = False
+        self._detok = IncrementalDetokenizer(tokenizer, params.skip_special_tokens)
+        self._stops = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+        self._last_token_time: float | None = None
+        self._held: tuple[list[int], str, list[TokenLogprob]] = ([], "", [])
+        self._sent_prompt = False
+
+    def _stop_reason(self, token_id: int) -> str | None:
+        if token_id in self.params.stop_token_ids:
+            return "stop"
+        if not self.params.ignore_eos and token_id in self.eos_token_ids:
+            return "stop"
+        return None
+
+    def append(self, token_id: int, sampled, metrics=None) -> str | None:
+        """Take one sampled token. Returns a finish reason, or None to carry on."""
+        now = time.time()
+        if metrics:
+            if self._last_token_time is None:
+                metrics.observe_ttft(now - self.arrival_time)
+            else:
+                metrics.observe_itl(now - self._last_token_time)
+            metrics.add_tokens(generation=1)
+        self._last_token_time = now
+        self.output_ids.append(token_id)
+        lp = None
+        if self.params.logprobs is not None and sampled.logprob is not None:
+            lp = TokenLogprob(token_id, sampled.logprob, list(sampled.top_logprobs))
+        reason = self._stop_reason(token_id)
+        text = ""
+        if reason is None:
+            text, stopped = self._stops.feed(self._detok.add([token_id]))
+            if stopped:
+                reason = "stop"
+        if reason is None and len(self.output_ids) >= self.max_tokens:
+            reason = "length"
+        ids, held_text, lps = self._held
+        ids, held_text = ids + [token_id], held_text + text
+        lps = lps + ([lp] if lp else [])
+        if reason is not None:
+            self._held = (ids, held_text, lps)  # the final delta goes out with close()
+            return reason
+        self._held = ([], "", [])
+        self._push(ids, held_text, lps)
+        return None
+
+    def _push(self, ids, text, lps, finished=False, reason=None, error=None) -> None:
+        out = RequestOutput(
+            request_id=self.req_id, token_ids=ids, text=text, finished=finished,
+            finish_reason=reason, prompt_tokens=len(self.prompt_ids),
+            completion_tokens=len(self.output_ids),
+            logprobs=lps if self.params.logprobs is not None else None, error=error)
+        if not self._sent_prompt:
+            out.prompt_token_ids = list(self.prompt_ids)
+            self._sent_prompt = True
+        self.queue.put_nowait(out)
+
+    def close(self, reason: str, error: str | None = None, metrics=None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        ids, text, lps = self._held
+        if not self._stops.stopped:  # the tail held back for stop strings and partial chars
+            tail, stopped = self._stops.feed(self._detok.flush())
+            text += tail if stopped else tail + self._stops.flush()
+        self._held = ([], "", [])
+        self._push(ids, text, lps, finished=True, reason=reason, error=error)
+        if metrics:
+            metrics.observe_e2e(time.time() - self.arrival_time)
+            metrics.request_finished(reason)

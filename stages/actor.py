@@ -1,0 +1,62 @@
+"""The Ray actor of one pipeline stage: a thin shell over StageRunner.
+
+Ray runs an actor's calls one at a time, in the order one caller submitted them, so every stage
+sees the plans in dispatch order, which is what keeps the channels in step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+from stages.protocol import MicrobatchPlan, StageSpec, StepResult
+
+
+@ray.remote
+class StageActor:
+    def __init__(self, spec: StageSpec, torch_threads: int = 1):
+        import torch
+
+        logging.basicConfig(level=logging.INFO)
+        if spec.device == "cpu":
+            torch.set_num_threads(max(1, torch_threads))
+        from stages.runner import StageRunner
+
+        self.spec = spec
+        self.runner = StageRunner(spec)
+        self._store = None  # stage 0 keeps the rendezvous store alive
+
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def open_store(self) -> tuple[str, int]:
+        from stages.channels import open_store
+
+        host = ray.util.get_node_ip_address()
+        self._store, port = open_store(host)
+        return host, port
+
+    def connect(self, host: str, port: int) -> bool:
+        self.runner.connect(host, port, self._store)
+        return True
+
+    def kv_capacity(self) -> int:
+        return self.runner.kv_capacity()
+
+    def allocate_kv(self, num_blocks: int) -> bool:
+        self.runner.allocate_kv(num_blocks)
+        return True
+
+    def step(self, plan: MicrobatchPlan) -> StepResult:
+        return self.runner.step(plan)
+
+    def describe(self) -> dict:
+        return {"stage": self.spec.stage_index, "layers": [self.spec.layer_start,
+                self.spec.layer_end], "kernels": dict(self.runner.kernels.names),
+                "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address()}
+
+    def close(self) -> bool:
+        self.runner.close()
+        return True

@@ -1,0 +1,148 @@
+"""Point-to-point channels between the stages of one pipeline (DESIGN §4).
+
+All stages form one torch.distributed world (rank = stage index). Every *directed* link gets its
+own group: hidden i -> i+1 for each i, and output last -> 0. Hidden and output never share a
+group: on one NCCL group an early output recv would sit ahead of the next hidden send on the same
+stream and deadlock. Sender and receiver decide from the same plan; shapes come from the plan.
+
+In check mode every message is preceded by a header (microbatch id, sequence number, byte count)
+that the receiver verifies: gloo honours tags, so CPU tests would otherwise miss an ordering bug
+that NCCL turns into garbage.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+_TIMEOUT = datetime.timedelta(minutes=30)  # a 1M-token chunk on a slow stage is not a hang
+
+
+class ChannelError(RuntimeError):
+    """A message arrived out of step with the plan: the pipeline must be rebuilt."""
+
+
+@dataclass
+class _Link:
+    src: int
+    dst: int
+    group: object
+    seq: int = 0  # messages so far, counted on both ends
+
+
+@dataclass
+class PendingRecv:
+    """A posted recv: wait() before touching `buf`."""
+
+    mb_id: int
+    buf: torch.Tensor
+    works: list
+    header: torch.Tensor | None
+    link: _Link
+    seq: int
+
+    def wait(self) -> torch.Tensor:
+        for w in self.works:
+            w.wait()
+        if self.header is not None:
+            _check_header(self.header, self.mb_id, self.seq, self.buf)
+        return self.buf
+
+
+def _header(mb_id: int, seq: int, t: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([mb_id, seq, t.numel() * t.element_size()], dtype=torch.int64,
+                        device=t.device)
+
+
+def _check_header(header: torch.Tensor, mb_id: int, seq: int, buf: torch.Tensor) -> None:
+    got = header.tolist()  # check mode only: a host sync is acceptable there
+    want = [mb_id, seq, buf.numel() * buf.element_size()]
+    if got != want:
+        raise ChannelError(f"channel out of step: header (mb, seq, bytes) = {got}, "
+                           f"plan expects {want}")
+
+
+def open_store(host: str) -> tuple[dist.TCPStore, int]:
+    """Stage 0 opens the rendezvous store on its node IP with an OS-chosen port."""
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
+    return store, store.port
+
+
+class PipelineChannels:
+    """This rank's ends of the pipeline's links."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, check: bool):
+        self.rank = rank
+        self.world = world
+        self.device = device
+        self.check = check
+        self.hidden_links: list[_Link] = []
+        self.output_link: _Link | None = None
+        self.output_sends = 0  # the channel's own count, compared with the plan's in tests
+
+    def connect(self, host: str, port: int, store: dist.TCPStore | None = None) -> None:
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if store is None:
+            store = dist.TCPStore(host, port, is_master=False, timeout=_TIMEOUT)
+        kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
+                                timeout=_TIMEOUT, **kwargs)
+        # Every rank creates every group, in the same order.
+        for i in range(self.world - 1):
+            self.hidden_links.append(_Link(i, i + 1, dist.new_group([i, i + 1])))
+        last = self.world - 1
+        self.output_link = _Link(last, 0, dist.new_group([last, 0]))
+        self._warm()
+
+    def _warm(self) -> None:
+        """One element over each link in link order: a first NCCL send otherwise blocks until
+        its peer joins, in the middle of real work."""
+        for link in [*self.hidden_links, self.output_link]:
+            t = torch.ones(1, device=self.device)
+            if self.rank == link.src:
+                dist.send(t, dst=link.dst, group=link.group)
+            elif self.rank == link.dst:
+                dist.recv(t, src=link.src, group=link.group)
+
+    # -- hidden states, i -> i+1 ---------------------------------------------------------------
+    def send_hidden(self, t: torch.Tensor, mb_id: int) -> list:
+        return self._isend(self.hidden_links[self.rank], t, mb_id)
+
+    def recv_hidden(self, shape, dtype, mb_id: int) -> torch.Tensor:
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        return self._irecv(self.hidden_links[self.rank - 1], buf, mb_id).wait()
+
+    # -- sampled ids, last -> 0 ------------------------------------------------------------------
+    def send_output(self, t: torch.Tensor, mb_id: int) -> list:
+        self.output_sends += 1
+        return self._isend(self.output_link, t, mb_id)
+
+    def post_output_recv(self, buf: torch.Tensor, mb_id: int) -> PendingRecv:
+        return self._irecv(self.output_link, buf, mb_id)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _isend(self, link: _Link, t: torch.Tensor, mb_id: int) -> list:
+        works = []
+        if self.check:
+            hdr = _header(mb_id, link.seq, t)
+            works.append((dist.isend(hdr, dst=link.dst, group=link.group), hdr))
+        works.append((dist.isend(t.contiguous(), dst=link.dst, group=link.group), t))
+        link.seq += 1
+        return works  # (work, tensor) pairs: the tensor must live until the work is waited
+
+    def _irecv(self, link: _Link, buf: torch.Tensor, mb_id: int) -> PendingRecv:
+        works, header = [], None
+        if self.check:
+            header = torch.empty(3, dtype=torch.int64, device=self.device)
+            works.append(dist.irecv(header, src=link.src, group=link.group))
+        works.append(dist.irecv(buf, src=link.src, group=link.group))
+        pending = PendingRecv(mb_id, buf, works, header, link, link.seq)
+        link.seq += 1
+        return pending
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

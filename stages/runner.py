@@ -1,0 +1,224 @@
+"""One stage's work for one microbatch: plan -> tensors -> forward -> (sample) -> channels.
+
+The Ray actor (stages/actor.py) is a thin shell over this class, so it runs without Ray too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import torch
+
+from stages.channels import ChannelError, PendingRecv, PipelineChannels
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import PagedKVCache, bytes_per_block
+from stages.loader import build_stage_model
+from stages.model_config import load_model_args
+from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
+from stages.sampler import RowToSample, Sampler
+from stages.timing import StageTimer
+
+log = logging.getLogger("ppserve.stage")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class StageRunner:
+    def __init__(self, spec: StageSpec):
+        self.spec = spec
+        self.device = torch.device(spec.device)
+        self.dtype = _DTYPES[spec.dtype]
+        self.args = load_model_args(spec.model_path)
+        self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)
+        self.model = build_stage_model(
+            self.args, spec.model_path, spec.layer_start, spec.layer_end, spec.is_first,
+            spec.is_last, self.kernels, self.dtype, self.device, spec.seed)
+        self.kv: PagedKVCache | None = None
+        self.channels: PipelineChannels | None = None
+        self.timer = StageTimer(self.device)
+        # Per-request state the plans only send once.
+        self.block_tables: dict[str, list[int]] = {}
+        self.sampling: dict[str, object] = {}
+        self.prompt_ids: dict[str, tuple[int, ...]] = {}
+        self.output_ids: dict[str, list[int]] = {}
+        # Stage 0: where decode rows read their input token (DESIGN §3 step 5).
+        self.next_tokens = torch.zeros(spec.max_running, dtype=torch.long, device=self.device)
+        self.slot_writer = [-1] * spec.max_running  # mb whose output last wrote each slot
+        self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | None]] = deque()
+        self.pending_sends: list = []  # (work, tensor) pairs not yet waited
+        self.sampler = Sampler(self.device, spec.seed) if spec.is_last else None
+
+    # -- setup -----------------------------------------------------------------------------------
+    @property
+    def num_local_layers(self) -> int:
+        return self.spec.layer_end - self.spec.layer_start
+
+    def kv_capacity(self) -> int:
+        per_block = bytes_per_block(self.args, self.num_local_layers, self.spec.block_size,
+                                    self.dtype)
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = int(total * self.spec.gpu_memory_utilization) - used
+        else:
+            budget = self.spec.kv_cache_bytes or (1 << 30)
+        return max(0, budget // max(per_block, 1))
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        self.kv = PagedKVCache(self.args, self.num_local_layers, num_blocks,
+                               self.spec.block_size, self.dtype, self.device)
+
+    def connect(self, host: str, port: int, store=None) -> None:
+        self.channels = PipelineChannels(self.spec.stage_index, self.spec.num_stages,
+                                         self.device, self.spec.channel_check)
+        self.channels.connect(host, port, store)
+
+    # -- one microbatch --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, plan: MicrobatchPlan) -> StepResult:
+        self._apply_deltas(plan)
+        self._wait_sends()
+        rows = [(r.start, r.num_tokens, self.block_tables[r.req_id], r.sample) for r in plan.rows]
+        batch = ForwardBatch.build(rows, self.spec.block_size, self.device)
+        if self.spec.is_first:
+            inputs = self._input_ids(plan)
+        else:
+            inputs = self.channels.recv_hidden((plan.num_tokens, self.args.hidden_size),
+                                               self.dtype, plan.mb_id)
+        self.timer.start(plan.mb_id)
+        hidden = self.model(inputs, batch, self.kv)
+        if not self.spec.is_last:
+            self.timer.stop()
+            self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
+            if self.spec.is_first and self.channels is not None:
+                self._post_outputs(plan)
+            return StepResult(plan.mb_id, self.spec.stage_index,
+                              forward_s=self.timer.last_elapsed())
+        sampled = self._sample(plan, hidden, batch)
+        self.timer.stop()
+        if self.spec.is_first:  # PP=1: the "channel" is a local scatter
+            self._scatter_local(plan, sampled)
+        return StepResult(plan.mb_id, self.spec.stage_index, sampled=tuple(sampled),
+                          forward_s=self.timer.last_elapsed(),
+                          sent_output=plan.send_output and self.channels is not None,
+                          output_sends=self.channels.output_sends if self.channels else 0)
+
+    def _apply_deltas(self, plan: MicrobatchPlan) -> None:
+        for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them
+            for table in (self.block_tables, self.sampling, self.prompt_ids, self.output_ids):
+                table.pop(req_id, None)
+        for new in plan.new_requests:
+            self.block_tables[new.req_id] = []
+            self.sampling[new.req_id] = new.sampling
+            self.prompt_ids[new.req_id] = new.prompt_token_ids
+            self.output_ids[new.req_id] = []
+        for req_id, blocks in plan.block_updates:
+            self.block_tables[req_id].extend(blocks)
+
+    def _wait_sends(self) -> None:
+        # Waited one step later, never right after the send: waiting at once would make the
+        # last stage's output send block until stage 0 posts its recv.
+        for work, _tensor in self.pending_sends:
+            work.wait()
+        self.pending_sends = []
+
+    # -- stage 0: inputs and the output channel ---------------------------------------------------
+    def _input_ids(self, plan: MicrobatchPlan) -> torch.Tensor:
+        host_ids, decode_pos, decode_slots = [], [], []
+        for r in plan.rows:
+            if r.token_ids is not None:
+                host_ids.extend(r.token_ids)
+                continue
+            self._ensure_output(r.input_from_mb)
+            if self.slot_writer[r.slot] != r.input_from_mb:
+                raise ChannelError(
+                    f"decode row of {r.req_id} reads slot {r.slot} expecting mb "
+                    f"{r.input_from_mb}, but its last write came from mb "
+                    f"{self.slot_writer[r.slot]} (a skipped output must never be read)")
+            decode_pos.append(len(host_ids))
+            decode_slots.append(r.slot)
+            host_ids.append(0)
+        ids = torch.tensor(host_ids, dtype=torch.long)
+        ids = ids.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" \
+            else ids
+        if decode_pos:
+            pos = torch.tensor(decode_pos, device=self.device)
+            slots = torch.tensor(decode_slots, device=self.device)
+            ids[pos] = self.next_tokens[slots]
+        return ids
+
+    def _post_outputs(self, plan: MicrobatchPlan) -> None:
+        """Queue this plan's output recv: posted now ("early") or just before it is needed or
+        after the next plan's compute ("late")."""
+        late = self.spec.output_post == "late"
+        if late:  # post the earlier plans' recvs behind this plan's compute
+            self._post_queued()
+        if plan.send_output:
+            self.pending_outputs.append((plan, None))
+            if not late:
+                self._post_queued()
+
+    def _post_queued(self) -> None:
+        for i, (plan, pending) in enumerate(self.pending_outputs):
+            if pending is None:
+                buf = torch.empty(len(plan.rows), dtype=torch.long, device=self.device)
+                self.pending_outputs[i] = (plan, self.channels.post_output_recv(buf, plan.mb_id))
+
+    def _ensure_output(self, mb_id: int | None) -> None:
+        """Complete output recvs in order up to the one carrying mb_id."""
+        if mb_id is None:
+            return
+        while self.pending_outputs and self.pending_outputs[0][0].mb_id <= mb_id:
+            self._post_queued()
+            plan, pending = self.pending_outputs.popleft()
+            buf = pending.wait()
+            rows = [i for i, r in enumerate(plan.rows) if r.sample]
+            if rows:
+                idx = torch.tensor(rows, device=self.device)
+                slots = torch.tensor([plan.rows[i].slot for i in rows], device=self.device)
+                self.next_tokens[slots] = buf[idx]
+                for i in rows:
+                    self.slot_writer[plan.rows[i].slot] = plan.mb_id
+
+    def _scatter_local(self, plan: MicrobatchPlan, sampled: list[SampledToken]) -> None:
+        if not plan.send_output or not sampled:
+            return
+        slots = [r.slot for r in plan.rows if r.sample]
+        self.next_tokens[torch.tensor(slots, device=self.device)] = torch.tensor(
+            [s.token_id for s in sampled], device=self.device)
+        for s in slots:
+            self.slot_writer[s] = plan.mb_id
+
+    # -- last stage: sample and send ---------------------------------------------------------------
+    def _sample(self, plan, hidden, batch) -> list[SampledToken]:
+        sample_rows = [r for r in plan.rows if r.sample]
+        if not sample_rows:
+            if plan.send_output and self.channels is not None:
+                self._send_output(plan, [])
+            return []
+        logits = self.model.compute_logits(hidden[batch.sample_indices])
+        to_sample = [RowToSample(self.sampling[r.req_id], r.output_index,
+                                 self.prompt_ids[r.req_id], self.output_ids[r.req_id])
+                     for r in sample_rows]
+        picked = self.sampler.sample(logits, to_sample)
+        for r, p in zip(sample_rows, picked):
+            self.output_ids[r.req_id].append(p.token_id)
+        if plan.send_output and self.channels is not None:
+            self._send_output(plan, [p.token_id for p in picked])
+        return [SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
+                for r, p in zip(sample_rows, picked)]
+
+    def _send_output(self, plan: MicrobatchPlan, token_ids: list[int]) -> None:
+        # One entry per row, -1 where the row sampled nothing (the fixed-size `off` message).
+        out, it = [], iter(token_ids)
+        for r in plan.rows:
+            out.append(next(it) if r.sample else -1)
+        t = torch.tensor(out, dtype=torch.long).to(self.device)
+        self.pending_sends += self.channels.send_output(t, plan.mb_id)
+
+    def close(self) -> None:
+        if self.channels is not None:
+            self.channels.close()

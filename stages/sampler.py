@@ -1,0 +1,116 @@
+"""Sampling on the last stage, one row per request that samples.
+
+Each seeded row draws from its own generator, seeded from (seed, output index): a request with a
+seed yields the same tokens whatever the PP size, chunk size or batch it lands in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stages.protocol import SamplingSpec
+
+_MASK63 = (1 << 63) - 1
+
+
+@dataclass
+class RowToSample:
+    spec: SamplingSpec
+    output_index: int
+    prompt_ids: tuple[int, ...]  # for repetition penalty
+    output_ids: list[int]  # tokens this request sampled so far
+
+
+@dataclass
+class Sampled:
+    token_id: int
+    logprob: float | None
+    top_logprobs: tuple[tuple[int, float], ...]
+
+
+def _row_seed(seed: int, output_index: int) -> int:
+    # A fixed mix (splitmix-like) so that neighbouring indices give unrelated streams.
+    z = (seed * 0x9E3779B97F4A7C15 + output_index * 0xBF58476D1CE4E5B9 + 1) & _MASK63
+    z = ((z ^ (z >> 31)) * 0x94D049BB133111EB) & _MASK63
+    return z ^ (z >> 29)
+
+
+def _apply_penalties(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
+    spec = row.spec
+    if spec.repetition_penalty != 1.0:
+        seen = list(row.prompt_ids) + row.output_ids
+        if seen:
+            idx = torch.tensor(sorted(set(seen)), device=logits.device)
+            vals = logits[idx]
+            vals = torch.where(vals > 0, vals / spec.repetition_penalty,
+                               vals * spec.repetition_penalty)
+            logits = logits.index_copy(0, idx, vals)
+    if (spec.presence_penalty or spec.frequency_penalty) and row.output_ids:
+        counts = torch.bincount(torch.tensor(row.output_ids, device=logits.device),
+                                minlength=logits.shape[0]).to(logits.dtype)
+        logits = logits - spec.frequency_penalty * counts
+        logits = logits - spec.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def _filter(probs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
+    """top-k, then top-p, then min-p, on a probability vector (renormalised by the caller)."""
+    if spec.top_k and spec.top_k > 0 and spec.top_k < probs.shape[0]:
+        kth = torch.topk(probs, spec.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if spec.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        cum = torch.cumsum(sorted_p, 0) / sorted_p.sum()
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        drop = (cum - sorted_p / sorted_p.sum()) >= spec.top_p
+        sorted_p = torch.where(drop, torch.zeros_like(sorted_p), sorted_p)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+    if spec.min_p > 0.0:
+        probs = torch.where(probs >= spec.min_p * probs.max(), probs, torch.zeros_like(probs))
+    return probs
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0):
+        self.device = device
+        self._unseeded = torch.Generator(device=device)
+        self._unseeded.manual_seed(seed ^ 0x5EED)
+
+    def sample(self, logits: torch.Tensor, rows: list[RowToSample]) -> list[Sampled]:
+        """logits: float32 [R, V]. Returns one Sampled per row, in order."""
+        out: list[Sampled] = []
+        raw_logprobs = torch.log_softmax(logits, dim=-1)  # logprobs of the model's own output
+        chosen = []
+        for i, row in enumerate(rows):
+            spec = row.spec
+            lg = _apply_penalties(logits[i], row)
+            if spec.min_tokens_banned and row.output_index < spec.min_tokens:
+                banned = torch.tensor(spec.min_tokens_banned, device=lg.device)
+                lg = lg.index_fill(0, banned, float("-inf"))
+            if spec.greedy:
+                chosen.append(torch.argmax(lg))
+                continue
+            probs = _filter(torch.softmax(lg / spec.temperature, dim=-1), spec)
+            if spec.seed is not None:
+                gen = torch.Generator(device=lg.device)
+                gen.manual_seed(_row_seed(spec.seed, row.output_index))
+            else:
+                gen = self._unseeded
+            # Exponential race (= sampling from probs) with this row's generator only.
+            q = torch.empty_like(probs).exponential_(1.0, generator=gen)
+            chosen.append(torch.argmax(probs / q))
+        ids = torch.stack(chosen).tolist() if chosen else []
+        for i, (row, tok) in enumerate(zip(rows, ids)):
+            k = row.spec.logprobs
+            if k is None:
+                out.append(Sampled(tok, None, ()))
+                continue
+            lp = raw_logprobs[i]
+            top = ()
+            if k > 0:
+                vals, idx = torch.topk(lp, k)
+                top = tuple(zip(idx.tolist(), vals.tolist()))
+            out.append(Sampled(tok, float(lp[tok]), top))
+        return out
