@@ -1,0 +1,186 @@
+"""The real Serve app over real HTTP with the official openai client: greedy text equals the
+engine's, streaming framing, /v1/models, /health, and every error case."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster
+
+KEY = "sekret"
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
+MESSAGES = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say something about pipelines."}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    apps = {"ppserve": ("/", ENGINE_ARGS),
+            "keyed": ("/keyed", {**ENGINE_ARGS, "pp": 1, "api_key": KEY})}
+    try:
+        yield start_cluster(apps)
+    finally:
+        stop_cluster()
+
+
+@pytest.fixture(scope="module")
+def engine(served):
+    from app.config import EngineConfig
+    from app.engine import Engine
+
+    eng = Engine(EngineConfig.from_dict(ENGINE_ARGS))
+    yield eng
+    eng.shutdown()
+
+
+def greedy(engine, prompt, max_tokens=24):
+    from app.request import SamplingParams
+
+    return engine.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0))[0]
+
+
+def test_health_and_models(served):
+    assert httpx.get(f"{served.base_url}/health").json() == {"status": "ok"}
+    models = served.client().models.list()
+    assert [m.id for m in models.data] == ["ppserve-random"]
+    assert models.data[0].model_extra["max_model_len"] == 512
+
+
+def test_completion_matches_engine(served, engine):
+    want = greedy(engine, PROMPT)
+    c = served.client()
+    r = c.completions.create(model="ppserve-random", prompt=PROMPT, max_tokens=24,
+                             temperature=0)
+    assert r.choices[0].text == want.text
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == want.prompt_tokens
+    assert r.usage.completion_tokens == 24 and r.usage.total_tokens == want.prompt_tokens + 24
+    chunks = list(c.completions.create(model="ppserve-random", prompt=PROMPT, max_tokens=24,
+                                       temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want.text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+
+
+def test_token_id_prompt(served, engine):
+    ids = list(range(65, 65 + 40))
+    want = greedy(engine, ids, 8)
+    r = served.client().completions.create(model="ppserve-random", prompt=ids, max_tokens=8,
+                                           temperature=0)
+    assert r.choices[0].text == want.text and r.usage.prompt_tokens == 40
+
+
+def test_chat_matches_engine(served, engine):
+    from app.tokenizer import load_tokenizer
+
+    want = greedy(engine, load_tokenizer(None).apply_chat_template(MESSAGES), 20)
+    c = served.client()
+    r = c.chat.completions.create(model="ppserve-random", messages=MESSAGES, max_tokens=20,
+                                  temperature=0)
+    assert r.choices[0].message.content == want.text
+    assert r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == want.prompt_tokens and r.usage.completion_tokens == 20
+    stream = c.chat.completions.create(model="ppserve-random", messages=MESSAGES,
+                                       max_tokens=20, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_sse_framing_ends_with_done(served):
+    body = {"prompt": "hi", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{served.base_url}/v1/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[0][6:])["object"] == "text_completion"
+
+
+def test_echo(served):
+    r = served.client().completions.create(model="ppserve-random", prompt="abc", max_tokens=3,
+                                           temperature=0, echo=True)
+    assert r.choices[0].text.startswith("abc")
+
+
+# -- errors over real HTTP ------------------------------------------------------------------------
+
+def post(served, path, body, raw=False, headers=None):
+    kwargs = {"content": body} if raw else {"json": body}
+    return httpx.post(f"{served.base_url}{path}", headers=headers or {}, timeout=60, **kwargs)
+
+
+def assert_error(r, status, *words):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    for w in words:
+        assert w in err["message"], err["message"]
+    return err
+
+
+def test_invalid_json(served):
+    assert_error(post(served, "/v1/completions", b"{not json", raw=True), 400, "JSON")
+    assert_error(post(served, "/v1/chat/completions", b"[1, 2]", raw=True), 400, "object")
+
+
+def test_wrong_types_and_missing_fields(served):
+    err = assert_error(post(served, "/v1/completions", {"prompt": "x", "temperature": "hot"}),
+                       400, "temperature")
+    assert err["param"] == "temperature"
+    assert_error(post(served, "/v1/completions", {"prompt": 12}), 400, "prompt")
+    assert_error(post(served, "/v1/completions", {"max_tokens": 3}), 400, "prompt")
+    assert_error(post(served, "/v1/chat/completions", {"model": "ppserve-random"}), 400,
+                 "messages")
+    assert_error(post(served, "/v1/chat/completions",
+                      {"messages": [{"role": "wizard", "content": "x"}]}), 400, "role")
+
+
+def test_bad_values(served):
+    assert_error(post(served, "/v1/completions", {"prompt": "x", "max_tokens": 0}), 400,
+                 "max_tokens")
+    assert_error(post(served, "/v1/completions", {"prompt": "x", "n": 2}), 400, "n=1")
+    assert_error(post(served, "/v1/completions", {"prompt": "x", "top_p": 0}), 400, "top_p")
+    with pytest.raises(openai.BadRequestError) as e:
+        served.client().chat.completions.create(model="ppserve-random", messages=MESSAGES,
+                                                max_tokens=0)
+    assert "max_tokens" in str(e.value)
+
+
+def test_prompt_too_long(served):
+    err = assert_error(post(served, "/v1/completions", {"prompt": "x" * 600}), 400,
+                       "maximum context length is 512 tokens")
+    assert err["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        served.client().completions.create(model="ppserve-random", prompt="y" * 600,
+                                           max_tokens=4, stream=True)
+    # The rejected requests left nothing behind.
+    assert served.stats()["num_waiting"] == 0
+
+
+def test_unknown_model_404(served):
+    assert_error(post(served, "/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404,
+                 "gpt-9")
+    with pytest.raises(openai.NotFoundError):
+        served.client().chat.completions.create(model="gpt-9", messages=MESSAGES)
+
+
+def test_api_key_401(served):
+    body = {"prompt": "x", "max_tokens": 2}
+    assert_error(post(served, "/keyed/v1/completions", body), 401)
+    assert_error(post(served, "/keyed/v1/completions", body,
+                      headers={"Authorization": "Bearer wrong"}), 401)
+    with pytest.raises(openai.AuthenticationError):
+        served.client("wrong", prefix="/keyed").models.list()
+    ok = served.client(KEY, prefix="/keyed").completions.create(
+        model="ppserve-random", prompt="x", max_tokens=2)
+    assert ok.usage.completion_tokens == 2
+    assert httpx.get(f"{served.base_url}/keyed/health").status_code == 200  # no key needed
+    # The open app stays open.
+    assert post(served, "/v1/completions", body).status_code == 200
