@@ -1,0 +1,112 @@
+"""Prometheus metrics scraped from Ray's export port, and a mid-stream disconnect that frees
+the request's KV blocks. A cluster of its own, so the request counts are exact."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster, wait_for
+
+MODEL = "ppserve-random"
+LONG_PROMPT = "pipeline parallel prefill in many chunks. " * 8  # ~340 tokens = 11 chunks
+
+
+@pytest.fixture(scope="module")
+def served(fast_metrics):
+    try:
+        yield start_cluster({"ppserve": ("/", ENGINE_ARGS)})
+    finally:
+        stop_cluster()
+
+
+def scrape(served) -> dict:
+    """{(sample name, frozenset of our labels): value}, summed over Ray's own labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(served.metrics_url, timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.startswith("ray_ppserve_"):
+                continue
+            labels = frozenset((k, v) for k, v in s.labels.items()
+                               if k in ("finished_reason", "decision", "stage", "le"))
+            out[(s.name, labels)] = out.get((s.name, labels), 0.0) + s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls)
+               and ("le" in labels or not any(k == "le" for k, _ in ls)))
+
+
+def pool_is_free(served) -> bool:
+    s = served.stats()
+    if "kv_blocks_free" in s:
+        return s["kv_blocks_free"] == s["kv_blocks_total"] and s["num_running"] == 0
+    return s["kv_cache_usage"] == 0.0 and s["num_running"] == 0
+
+
+def test_metrics_exported(served):
+    c = served.client()
+    c.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=4, temperature=0)
+    c.completions.create(model=MODEL, prompt="short", max_tokens=6, temperature=0)
+    list(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=5, stream=True))
+    served_requests = 3
+    ttft = "ray_ppserve_time_to_first_token_seconds_count"
+    samples = wait_for(lambda: (m := scrape(served)) and value(m, ttft) >= served_requests
+                       and value(m, "ray_ppserve_request_success_total") >= served_requests
+                       and m, timeout=30)
+    assert samples, "ppserve metrics never reached the export port"
+    assert value(samples, ttft) == served_requests
+    assert value(samples, "ray_ppserve_e2e_request_latency_seconds_count") == served_requests
+    assert value(samples, "ray_ppserve_request_queue_time_seconds_count") == served_requests
+    assert value(samples, "ray_ppserve_request_success_total", finished_reason="length") == 3
+    assert value(samples, "ray_ppserve_generation_tokens_total") == 4 + 6 + 5
+    assert value(samples, "ray_ppserve_prompt_tokens_total") > 340
+    assert value(samples, "ray_ppserve_inter_token_latency_seconds_count") == 3 + 5 + 4
+    # The long prompt's mid-prompt chunks skipped the output channel.
+    assert value(samples, "ray_ppserve_pp_output_comm_total", decision="skipped") >= 10
+    assert value(samples, "ray_ppserve_pp_output_comm_total", decision="sent") >= 1
+    for stage in ("0", "1"):
+        assert value(samples, "ray_ppserve_stage_forward_seconds_count", stage=stage) > 0
+    ratio = ("ray_ppserve_pp_output_skip_hit_ratio", frozenset())
+    assert samples.get(ratio, 1.0) == 1.0  # auto misses nothing
+    assert ("ray_ppserve_kv_cache_usage_perc", frozenset()) in samples
+    # The TTFT histogram's buckets reach minutes (long prompts).
+    assert value(samples, "ray_ppserve_time_to_first_token_seconds_bucket", le="640.0") == 3
+
+
+def test_skip_counters_move_with_long_prompts(served):
+    before = value(scrape(served), "ray_ppserve_pp_output_comm_total", decision="skipped")
+    served.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2)
+    after = wait_for(lambda: (v := value(scrape(served), "ray_ppserve_pp_output_comm_total",
+                                         decision="skipped")) >= before + 10 and v, timeout=30)
+    assert after and after >= before + 10
+
+
+def test_disconnect_mid_stream_frees_blocks(served):
+    assert wait_for(lambda: pool_is_free(served), timeout=30)
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 160, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{served.base_url}/v1/completions", json=body,
+                      timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(3)]  # a few tokens are out: the request is running
+        assert all(line.startswith("data: ") or not line for line in got)
+        s = served.stats()
+        assert s["num_running"] == 1
+    # The connection is closed: the request is aborted and its blocks return to the pool.
+    assert wait_for(lambda: pool_is_free(served), timeout=30), served.stats()
+    aborted = wait_for(lambda: value(scrape(served), "ray_ppserve_request_success_total",
+                                     finished_reason="abort"), timeout=30)
+    assert aborted == 1
+    # The server still serves.
+    r = served.client().completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert r.usage.completion_tokens == 2
