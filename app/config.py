@@ -19,6 +19,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 class EngineConfig:
     model: str | None = None  # local Hugging Face directory; None: built-in random model
     served_model_name: str | None = None
+    load_format: str = "auto"  # "dummy": config.json's shapes, seeded random weights (vLLM's name)
     pp_size: int = 2
     device: str = "cpu"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
@@ -45,6 +46,8 @@ class EngineConfig:
         def bad(msg):
             raise ValueError(msg)
 
+        if self.load_format not in ("auto", "dummy"):
+            bad(f"load_format must be auto or dummy, got {self.load_format!r}")
         if self.pp_size < 1:
             bad(f"pp_size must be >= 1, got {self.pp_size}")
         if self.device not in DEVICES:

@@ -8,6 +8,7 @@ Engine runs one inside a Ray actor.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -50,6 +51,7 @@ class Coordinator:
         self._channel_sends = 0
         self._stage_forward = [0.0] * config.pp_size
         self._failures = 0
+        self._timings: deque = deque(maxlen=8192)  # (stage, mb_id, seconds) for the bench
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -201,6 +203,7 @@ class Coordinator:
         last = results[-1]
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
+            self._timings.extend((r.stage, mb, sec) for mb, sec in r.timings)
             if self.metrics:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
         self._channel_sends = max(self._channel_sends, last.output_sends)
@@ -249,6 +252,26 @@ class Coordinator:
         if self.metrics:
             s = self.scheduler
             self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
+
+    async def set_policy(self, skip_mode: str | None = None, output_post: str | None = None,
+                         linear_backend: str | None = None, chunk_size: int | None = None):
+        """Bench knobs, so one loaded pipeline can be measured under every policy. Idle only."""
+        s = self.scheduler
+        if self._inflight or s.num_running or s.num_waiting:
+            raise RuntimeError("set_policy needs an idle pipeline")
+        changes = {}
+        if skip_mode is not None:
+            changes["skip_mode"] = skip_mode
+        if chunk_size is not None:
+            changes.update(chunk_size=chunk_size, max_num_batched_tokens=chunk_size)
+        s.config = dataclasses.replace(s.config, **changes)
+        return await self.pipeline.set_policy(output_post, linear_backend)
+
+    def take_timings(self) -> list[tuple[int, int, float]]:
+        """(stage, mb_id, seconds) of each stage's forwards since the last call."""
+        out = list(self._timings)
+        self._timings.clear()
+        return out
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict:

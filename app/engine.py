@@ -79,6 +79,12 @@ class CoordinatorActor:
     def stats(self) -> dict:
         return self.coordinator.stats()
 
+    async def set_policy(self, **kwargs) -> list[dict]:
+        return await self.coordinator.set_policy(**kwargs)
+
+    def take_timings(self) -> list:
+        return self.coordinator.take_timings()
+
     def shutdown(self) -> bool:
         self.coordinator.shutdown()
         return True
@@ -125,6 +131,13 @@ class Engine:
 
     def stats(self) -> dict:
         return ray.get(self._actor.stats.remote())
+
+    def set_policy(self, **kwargs) -> list[dict]:
+        """Between requests: skip_mode, output_post, linear_backend, chunk_size (bench knobs)."""
+        return ray.get(self._actor.set_policy.remote(**kwargs))
+
+    def take_timings(self) -> list:
+        return ray.get(self._actor.take_timings.remote())
 
     def shutdown(self) -> None:
         try:

@@ -48,7 +48,7 @@ class Pipeline:
         ranges = layer_ranges(self.args.num_hidden_layers, c.pp_size)
         return [StageSpec(
             stage_index=i, num_stages=c.pp_size, layer_start=lo, layer_end=hi,
-            model_path=c.model, device=c.device, dtype=c.resolved_dtype,
+            model_path=c.model, load_format=c.load_format, device=c.device, dtype=c.resolved_dtype,
             block_size=c.block_size, max_running=c.max_num_seqs,
             kv_cache_bytes=c.kv_cache_memory_bytes,
             gpu_memory_utilization=c.gpu_memory_utilization, channel_check=c.channel_check,
@@ -85,6 +85,10 @@ class Pipeline:
     def dispatch(self, plan: MicrobatchPlan) -> list:
         n = len(self.stages)
         return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
+
+    async def set_policy(self, output_post=None, linear_backend=None) -> list[dict]:
+        return await asyncio.gather(*[s.set_policy.remote(output_post, linear_backend)
+                                      for s in self.stages])
 
     async def describe(self) -> list[dict]:
         return await asyncio.gather(*[s.describe.remote() for s in self.stages])

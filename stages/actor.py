@@ -52,6 +52,10 @@ class StageActor:
     def step(self, plan: MicrobatchPlan) -> StepResult:
         return self.runner.step(plan)
 
+    def set_policy(self, output_post: str | None = None,
+                   linear_backend: str | None = None) -> dict:
+        return self.runner.set_policy(output_post, linear_backend)
+
     def describe(self) -> dict:
         return {"stage": self.spec.stage_index, "layers": [self.spec.layer_start,
                 self.spec.layer_end], "kernels": dict(self.runner.kernels.names),

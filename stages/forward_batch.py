@@ -16,6 +16,8 @@ class ForwardBatch:
     row_offsets: list[int]  # where each row's tokens begin in T
     block_tables: list[list[int]]
     sample_indices: torch.Tensor  # [R] long: index in T of the last token of each sampling row
+    # Per row: KV slots of positions 0..start+n-1, the gather index of its attention prefix.
+    prefix_slots: list[torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -24,29 +26,45 @@ class ForwardBatch:
     @classmethod
     def build(cls, rows: list[tuple[int, int, list[int], bool]], block_size: int,
               device: str | torch.device = "cpu") -> "ForwardBatch":
-        """rows: (start, num_tokens, block_table, sample) per row, in token order."""
-        positions: list[int] = []
-        slots: list[int] = []
+        """rows: (start, num_tokens, block_table, sample) per row, in token order.
+
+        Index tensors are made on the host with vectorised ops and copied once, pinned and
+        non-blocking: a pageable copy per layer would make the host wait for the stream.
+        """
+        device = torch.device(device)
+        positions, slots, prefix = [], [], []
         starts, lens, offsets, tables, samples = [], [], [], [], []
+        total = 0
         for start, n, table, sample in rows:
             if n < 1:
                 raise ValueError(f"a row needs at least one token, got {n}")
             end = start + n
-            if -(-end // block_size) > len(table):
-                raise ValueError(f"row ending at position {end} needs "
-                                 f"{-(-end // block_size)} blocks, table has {len(table)}")
-            offsets.append(len(positions))
-            for p in range(start, end):
-                positions.append(p)
-                slots.append(table[p // block_size] * block_size + p % block_size)
+            need = -(-end // block_size)
+            if need > len(table):
+                raise ValueError(f"row ending at position {end} needs {need} blocks, "
+                                 f"table has {len(table)}")
+            all_slots = (torch.tensor(table[:need], dtype=torch.long)[:, None] * block_size
+                         + torch.arange(block_size, dtype=torch.long)[None, :]).reshape(-1)[:end]
+            positions.append(torch.arange(start, end, dtype=torch.long))
+            slots.append(all_slots[start:end])
+            prefix.append(all_slots)
+            offsets.append(total)
+            total += n
             starts.append(start)
             lens.append(n)
             tables.append(list(table))
             if sample:
-                samples.append(len(positions) - 1)
+                samples.append(total - 1)
+        to_dev = _mover(device)
         return cls(
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            positions=to_dev(torch.cat(positions)), slot_mapping=to_dev(torch.cat(slots)),
             row_starts=starts, row_lens=lens, row_offsets=offsets, block_tables=tables,
-            sample_indices=torch.tensor(samples, dtype=torch.long, device=device),
+            sample_indices=to_dev(torch.tensor(samples, dtype=torch.long)),
+            prefix_slots=[to_dev(p) for p in prefix],
         )
+
+
+def _mover(device: torch.device):
+    if device.type != "cuda":
+        return lambda t: t
+    return lambda t: t.pin_memory().to(device, non_blocking=True)

@@ -59,8 +59,9 @@ class PagedKVCache:
         return (blocks[:, None] * b + offsets[None, :]).reshape(-1)[:length]
 
     def gather(self, local_layer: int, block_table: list[int],
-               length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V [length, Hkv, D] of positions 0..length-1, in order."""
-        idx = self.slots(block_table, length)
+               length: int, idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [length, Hkv, D] of positions 0..length-1, in order (idx: precomputed slots)."""
+        if idx is None:
+            idx = self.slots(block_table, length)
         layer = self.kv[local_layer]
         return layer[0].index_select(0, idx), layer[1].index_select(0, idx)

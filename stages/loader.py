@@ -86,9 +86,12 @@ def random_init(model: torch.nn.Module, seed: int) -> None:
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                g = torch.Generator().manual_seed((seed + zlib.crc32(global_name.encode())) % 2**63)
-                # Drawn on CPU in fp32 so every device and dtype starts from the same numbers.
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * 0.02)
+                # Drawn in fp32 on the parameter's device type (same numbers for any split);
+                # drawing 8B parameters on the CPU would dominate a GPU bench's start-up.
+                g = torch.Generator(device=p.device)
+                g.manual_seed((seed + zlib.crc32(global_name.encode())) % 2**63)
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32,
+                                    device=p.device) * 0.02)
 
 
 def build_stage_model(args: ModelArgs, model_path: str | None, layer_start: int, layer_end: int,

@@ -110,6 +110,8 @@ class StepResult:
     forward_s: float = 0.0  # this stage's compute for the microbatch (CUDA events on GPU)
     sent_output: bool = False  # the last stage really put the output on the channel
     output_sends: int = 0  # the channel's own count of output messages sent so far
+    # (mb_id, seconds) of this stage's forwards whose CUDA events completed since the last step.
+    timings: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class StageSpec:
     layer_start: int
     layer_end: int  # exclusive
     model_path: str | None  # None: the built-in random model
+    load_format: str = "auto"  # "dummy": the checkpoint's shapes with seeded random weights
     device: str = "cpu"
     dtype: str = "float32"
     block_size: int = 64

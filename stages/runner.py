@@ -19,6 +19,7 @@ from stages.loader import build_stage_model
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
 from stages.sampler import RowToSample, Sampler
+from stages.sync_guard import install_sync_guard
 from stages.timing import StageTimer
 
 log = logging.getLogger("ppserve.stage")
@@ -34,7 +35,7 @@ class StageRunner:
         self.args = load_model_args(spec.model_path)
         self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)
         self.model = build_stage_model(
-            self.args, spec.model_path, spec.layer_start, spec.layer_end, spec.is_first,
+            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start, spec.layer_end, spec.is_first,
             spec.is_last, self.kernels, self.dtype, self.device, spec.seed)
         self.kv: PagedKVCache | None = None
         self.channels: PipelineChannels | None = None
@@ -50,6 +51,9 @@ class StageRunner:
         self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | None]] = deque()
         self.pending_sends: list = []  # (work, tensor) pairs not yet waited
         self.sampler = Sampler(self.device, spec.seed) if spec.is_last else None
+        self.output_post = spec.output_post
+        if spec.channel_check and self.device.type == "cuda":
+            install_sync_guard(self._recv_posted)
 
     # -- setup -----------------------------------------------------------------------------------
     @property
@@ -96,15 +100,18 @@ class StageRunner:
             if self.spec.is_first and self.channels is not None:
                 self._post_outputs(plan)
             return StepResult(plan.mb_id, self.spec.stage_index,
-                              forward_s=self.timer.last_elapsed())
+                              forward_s=self.timer.last_elapsed(),
+                              timings=self.timer.take_finished())
         sampled = self._sample(plan, hidden, batch)
         self.timer.stop()
+        self.timer.wait_last()
         if self.spec.is_first:  # PP=1: the "channel" is a local scatter
             self._scatter_local(plan, sampled)
         return StepResult(plan.mb_id, self.spec.stage_index, sampled=tuple(sampled),
                           forward_s=self.timer.last_elapsed(),
                           sent_output=plan.send_output and self.channels is not None,
-                          output_sends=self.channels.output_sends if self.channels else 0)
+                          output_sends=self.channels.output_sends if self.channels else 0,
+                          timings=self.timer.take_finished())
 
     def _apply_deltas(self, plan: MicrobatchPlan) -> None:
         for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them
@@ -153,13 +160,16 @@ class StageRunner:
     def _post_outputs(self, plan: MicrobatchPlan) -> None:
         """Queue this plan's output recv: posted now ("early") or just before it is needed or
         after the next plan's compute ("late")."""
-        late = self.spec.output_post == "late"
+        late = self.output_post == "late"
         if late:  # post the earlier plans' recvs behind this plan's compute
             self._post_queued()
         if plan.send_output:
             self.pending_outputs.append((plan, None))
             if not late:
                 self._post_queued()
+
+    def _recv_posted(self) -> bool:
+        return any(pending is not None for _plan, pending in self.pending_outputs)
 
     def _post_queued(self) -> None:
         for i, (plan, pending) in enumerate(self.pending_outputs):
@@ -218,6 +228,19 @@ class StageRunner:
             out.append(next(it) if r.sample else -1)
         t = torch.tensor(out, dtype=torch.long).to(self.device)
         self.pending_sends += self.channels.send_output(t, plan.mb_id)
+
+    def set_policy(self, output_post: str | None = None, linear_backend: str | None = None):
+        """Bench knobs, applied between requests: where stage 0 posts output recvs, and which
+        linear backend the layers call."""
+        if output_post is not None:
+            self.output_post = output_post
+        if linear_backend is not None:
+            self.kernels = select_kernels(self.spec.device, linear_backend,
+                                          self.kernels.names["attention"])
+            for module in self.model.modules():
+                if hasattr(module, "kernels"):
+                    module.kernels = self.kernels
+        return dict(self.kernels.names, output_post=self.output_post)
 
     def close(self) -> None:
         if self.channels is not None:

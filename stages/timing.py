@@ -18,8 +18,11 @@ class StageTimer:
         self._open = None
         self._done: deque = deque(maxlen=64)
         self._last = 0.0
+        self._mb = -1
+        self._finished: list[tuple[int, float]] = []
 
     def start(self, mb_id: int) -> None:
+        self._mb = mb_id
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -33,15 +36,31 @@ class StageTimer:
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._done.append((self._open, end))
+            self._done.append((self._mb, self._open, end))
         else:
             self._last = time.perf_counter() - self._open
+            self._finished.append((self._mb, self._last))
         self._open = None
+
+    def wait_last(self) -> None:
+        """Block the host on this stage's own last event (not the device): the last stage
+        retires a microbatch only once its work is done."""
+        if self.cuda and self._done:
+            self._done[-1][2].synchronize()
 
     def last_elapsed(self) -> float:
         """Seconds of the newest finished measurement (CPU: the one just stopped)."""
-        if self.cuda:
-            while self._done and self._done[0][1].query():
-                start, end = self._done.popleft()
-                self._last = start.elapsed_time(end) / 1000.0
+        self._drain()
         return self._last
+
+    def take_finished(self) -> tuple[tuple[int, float], ...]:
+        """(mb_id, seconds) of every measurement completed since the last call."""
+        self._drain()
+        out, self._finished = tuple(self._finished), []
+        return out
+
+    def _drain(self) -> None:
+        while self.cuda and self._done and self._done[0][2].query():
+            mb, start, end = self._done.popleft()
+            self._last = start.elapsed_time(end) / 1000.0
+            self._finished.append((mb, self._last))

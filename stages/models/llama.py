@@ -97,9 +97,10 @@ class Attention(nn.Module):
         # New K/V go to the cache first, then each row attends to its whole gathered prefix.
         kv.write(local_layer, k, v, batch.slot_mapping)
         outs = []
-        for start, n, off, table in zip(batch.row_starts, batch.row_lens, batch.row_offsets,
-                                        batch.block_tables):
-            k_r, v_r = kv.gather(local_layer, table, start + n)
+        prefix = batch.prefix_slots or [None] * len(batch.row_starts)
+        for start, n, off, table, idx in zip(batch.row_starts, batch.row_lens,
+                                             batch.row_offsets, batch.block_tables, prefix):
+            k_r, v_r = kv.gather(local_layer, table, start + n, idx)
             outs.append(self.kernels.attention(q[off:off + n], k_r.to(q.dtype), v_r.to(q.dtype),
                                                self.scale))
         o = torch.cat(outs, dim=0) if len(outs) > 1 else outs[0]

@@ -1,0 +1,187 @@
+"""`ppserve bench engine`: TTFT of lone long prompts per skip mode and posting policy, with the
+no-contention bound, on a Llama-3-8B-shaped random model (DESIGN §12).
+
+One pipeline is loaded per (PP size, linear backend) and measured under every policy through
+Engine.set_policy, so the modes differ in nothing but the policy. The bound is the pipeline
+schedule (flow shop) over per-stage chunk times from CUDA events of the `auto` run (no recv
+waits mid-prompt there); efficiency = bound / TTFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 1048576,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
+}
+
+# mode name -> (skip_mode, output_post, linear backend override or None)
+MODES = {
+    "off-early": ("off", "early", None),
+    "off-late": ("off", "late", None),
+    "off-sm1": ("off", "early", "triton-persistent-sm1"),
+    "sglang": ("sglang", "early", None),
+    "auto": ("auto", "early", None),
+}
+
+
+def flow_shop_bound(times: list[list[float]]) -> float:
+    """times[s][k]: stage s's compute of chunk k. Makespan with no waiting but data order."""
+    stages, chunks = len(times), len(times[0])
+    finish = [[0.0] * chunks for _ in range(stages)]
+    for s in range(stages):
+        for k in range(chunks):
+            ready = max(finish[s - 1][k] if s else 0.0, finish[s][k - 1] if k else 0.0)
+            finish[s][k] = ready + times[s][k]
+    return finish[-1][-1]
+
+
+async def _ttft(engine, prompt, params) -> float:
+    t0 = time.perf_counter()
+    ttft = None
+    async for _delta in engine.stream(prompt, params):
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+    return ttft
+
+
+def _stage_times(timings, pp: int, n_chunks: int) -> list[list[float]] | None:
+    by_mb: dict[int, dict[int, float]] = {}
+    for stage, mb, sec in timings:
+        by_mb.setdefault(mb, {})[stage] = sec
+    mbs = sorted(by_mb)[:n_chunks]
+    if len(mbs) < n_chunks or any(len(by_mb[m]) < pp for m in mbs):
+        return None
+    return [[by_mb[m][s] for m in mbs] for s in range(pp)]
+
+
+def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, seed=0) -> list[dict]:
+    from app.request import SamplingParams
+
+    rng = random.Random(seed)
+    prompt = [rng.randrange(1000, 120000) for _ in range(prompt_len)]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    n_chunks = -(-prompt_len // chunk)
+    rows = []
+    for mode in modes:
+        skip, post, lin = MODES[mode]
+        if lin and linear == "torch":
+            continue  # the SMs-1 baseline only exists for the persistent GEMM
+        kernels = engine.set_policy(skip_mode=skip, output_post=post,
+                                    linear_backend=lin or linear, chunk_size=chunk)
+        asyncio.run(_ttft(engine, prompt[: min(prompt_len, 2 * chunk)], params))  # warm-up
+        ttfts, bounds = [], []
+        comm0 = engine.stats()["pp_output_comm"]
+        for _ in range(reps):
+            engine.take_timings()
+            ttfts.append(asyncio.run(_ttft(engine, prompt, params)))
+            times = _stage_times(engine.take_timings(), pp, n_chunks)
+            if times:
+                bounds.append(flow_shop_bound(times))
+        comm1 = engine.stats()["pp_output_comm"]
+        comm = {k: comm1[k] - comm0[k] for k in comm1}
+        hit = comm["skipped"] / max(1, comm["skipped"] + comm["missed"])
+        row = {"pp": pp, "linear": linear, "prompt_len": prompt_len, "chunk": chunk,
+               "mode": mode, "kernels": kernels[0], "ttft_s": ttfts,
+               "ttft_median_s": statistics.median(ttfts), "comm": comm, "skip_hit_ratio": hit,
+               "bound_own_s": statistics.median(bounds) if bounds else None}
+        rows.append(row)
+        print(f"pp={pp} {linear:18s} {prompt_len:>7d}/{chunk:<5d} {mode:10s} "
+              f"TTFT {row['ttft_median_s']:.3f}s  runs {[round(t, 3) for t in ttfts]}  "
+              f"comm {comm}", flush=True)
+    auto = [r for r in rows if r["mode"] == "auto" and r["bound_own_s"]]
+    bound = auto[0]["bound_own_s"] if auto else None
+    for r in rows:
+        r["bound_s"] = bound
+        r["efficiency"] = bound / r["ttft_median_s"] if bound else None
+    return rows
+
+
+def _environment() -> dict:
+    import torch
+
+    env = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    if torch.cuda.is_available():
+        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        env["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    import ray
+
+    env["ray"] = ray.__version__
+    return env
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ppserve bench engine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--linear", default="torch,triton-persistent",
+                   help="comma-separated linear backends, one pipeline load each")
+    p.add_argument("--runs", default="32768:4096",
+                   help="comma-separated prompt_len:chunk pairs")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--layers", type=int, default=32, help="layers of the 8B-shaped model")
+    p.add_argument("--max-inflight", type=int, default=None)
+    p.add_argument("--out", default="bench_engine.json")
+    a = p.parse_args(argv)
+
+    import ray
+
+    from app.config import EngineConfig
+    from app.engine import Engine
+
+    cfg_dir = tempfile.mkdtemp(prefix="ppserve-8b-")
+    with open(os.path.join(cfg_dir, "config.json"), "w") as f:
+        json.dump(dict(LLAMA3_8B, num_hidden_layers=a.layers), f)
+    runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
+    longest = max(n for n, _ in runs)
+    ray.init(num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
+             include_dashboard=False, runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
+    rows = []
+    for linear in a.linear.split(","):
+        cfg = EngineConfig(model=cfg_dir, load_format="dummy", pp_size=a.pp, device=a.device,
+                           dtype="bfloat16" if a.device == "cuda" else "float32",
+                           chunk_size=runs[0][1], linear_backend=linear,
+                           max_model_len=longest + 64, num_kv_blocks=(longest + 256) // 64 + 8,
+                           max_inflight=a.max_inflight)
+        t0 = time.perf_counter()
+        with Engine(cfg) as engine:
+            print(f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s",
+                  flush=True)
+            for prompt_len, chunk in runs:
+                rows += run_config(engine, a.pp, linear, prompt_len, chunk,
+                                   a.modes.split(","), a.reps)
+    ray.shutdown()
+    out = {"command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
+           "environment": _environment(), "model": dict(LLAMA3_8B, num_hidden_layers=a.layers),
+           "results": rows}
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
