@@ -184,3 +184,15 @@ def test_api_key_401(served):
     assert httpx.get(f"{served.base_url}/keyed/health").status_code == 200  # no key needed
     # The open app stays open.
     assert post(served, "/v1/completions", body).status_code == 200
+
+
+def test_bench_serve_runs(served, tmp_path):
+    from app.bench_serve import main
+
+    out = tmp_path / "bench.json"
+    rc = main(["--base-url", served.base_url, "--request-rates", "4", "inf", "--num-prompts", "3",
+               "--input-lens", "64", "200", "--output-lens", "4", "--out", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["completed"] for r in rows] == [3, 3]
+    assert all(r["total_output_tokens"] == 12 and r["ttft_ms_p50"] > 0 for r in rows)
