@@ -31,6 +31,9 @@ class StageRunner:
     def __init__(self, spec: StageSpec):
         self.spec = spec
         self.device = torch.device(spec.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # Ray made one GPU visible; NCCL's eager init wants an explicit index.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = _DTYPES[spec.dtype]
         self.args = load_model_args(spec.model_path)
         self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)

@@ -155,16 +155,20 @@ def make_ingress(model_name: str, api_key: str | None):
 async def _collect(gen, state: _Stream):
     text = [state.header.get("echo_text") or ""]
     lps, finish_reason = None, None
-    async for item in gen:
-        out = item["out"]
-        if out.error:
-            return error_response(out.error, 500)
-        text.append(out.text)
-        lp = state.logprobs(out, item["pieces"])
-        if lp is not None:
-            lps = lp if lps is None else _merge_logprobs(lps, lp)
-        state.completion_tokens = out.completion_tokens
-        finish_reason = out.finish_reason
+    try:
+        async for item in gen:
+            out = item["out"]
+            if out.error:
+                return error_response(out.error, 500)
+            text.append(out.text)
+            lp = state.logprobs(out, item["pieces"])
+            if lp is not None:
+                lps = lp if lps is None else _merge_logprobs(lps, lp)
+            state.completion_tokens = out.completion_tokens
+            finish_reason = out.finish_reason
+    except Exception as e:  # the replica died mid-request
+        log.exception("pipeline stream failed")
+        return error_response(f"The pipeline failed: {e}", 503)
     return JSONResponse(state.b.full("".join(text), lps, finish_reason, state.usage()))
 
 
@@ -181,15 +185,19 @@ async def _sse(gen, state: _Stream):
             yield sse(b.chunk("", None, None, first=True))
         elif state.header.get("echo_text"):
             yield sse(b.chunk(state.header["echo_text"], None, None))
-        async for item in gen:
-            out = item["out"]
-            if out.error:
-                yield sse(error_body(out.error, 500))
-                break
-            state.completion_tokens = out.completion_tokens
-            lp = state.logprobs(out, item["pieces"])
-            if out.text or out.finished or lp is not None:
-                yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None))
+        try:
+            async for item in gen:
+                out = item["out"]
+                if out.error:
+                    yield sse(error_body(out.error, 500))
+                    break
+                state.completion_tokens = out.completion_tokens
+                lp = state.logprobs(out, item["pieces"])
+                if out.text or out.finished or lp is not None:
+                    yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None))
+        except Exception as e:  # the replica died mid-stream: say so in the stream's own way
+            log.exception("pipeline stream failed")
+            yield sse(error_body(f"The pipeline failed: {e}", 503))
         if state.include_usage:
             yield sse(b.usage_chunk(state.usage()))
         yield SSE_DONE
