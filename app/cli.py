@@ -181,23 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     # Listed for --help only: main() hands everything after `bench` to the bench's own parser.
-    sub.add_parser("bench", add_help=False, help="'bench serve ...': load a running endpoint "
-                   "(see 'ppserve bench serve --help'); 'bench ...': the engine bench.")
+    sub.add_parser("bench", add_help=False, help="'bench serve': load a running endpoint; "
+                   "'bench engine' (the default) and 'bench contention': GPU benches. "
+                   "'ppserve bench serve --help' etc. for their flags.")
     return p
 
 
 def cmd_bench(rest: list[str]) -> int:
-    if rest and rest[0] == "serve":
-        from app.bench_serve import main as bench_serve
-
-        return bench_serve(rest[1:])
+    """serve: load a running endpoint; engine / contention (GPU benches); else the engine."""
+    which = rest[0] if rest and rest[0] in ("serve", "engine", "contention") else "engine"
+    if rest and rest[0] == which:
+        rest = rest[1:]
+    module = {"serve": "app.bench_serve", "engine": "app.bench",
+              "contention": "app.bench_contention"}[which]
     try:
-        from app.bench import main as bench
-    except ImportError as e:
-        print(f"ppserve bench: the engine bench is not available ({e}); "
-              "'ppserve bench serve --help' loads a running endpoint.", file=sys.stderr)
+        import importlib
+
+        bench = importlib.import_module(module).main
+    except (ImportError, AttributeError) as e:
+        print(f"ppserve bench {which}: not available ({e})", file=sys.stderr)
         return 2
-    return bench(rest)
+    return bench(rest) or 0
 
 
 def main(argv: list[str] | None = None) -> int:
