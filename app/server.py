@@ -8,10 +8,11 @@ plus the server options in SERVER_KEYS.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import logging
 import uuid
-from contextlib import aclosing
 
 from ray import serve
 from ray.serve import Application
@@ -33,6 +34,10 @@ def _import(path: str):
     return getattr(importlib.import_module(module), name)
 
 
+def _error(e: InvalidRequest) -> dict:
+    return {"error": str(e), "status": e.status, "param": e.param}
+
+
 def _pipeline_id() -> str:
     try:
         return serve.get_replica_context().replica_id.unique_id
@@ -42,8 +47,9 @@ def _pipeline_id() -> str:
 
 class PipelineServer:
     """One pipeline: the coordinator, its stage actors (in this replica's placement group), the
-    tokenizer and chat template. Streams dicts to the ingress: first a header (or an error),
-    then {"out": RequestOutput, "pieces": {token id: text}} per delta."""
+    tokenizer and chat template. Streams dicts to the ingress: a header once the request is
+    queued (or an error), then {"out": RequestOutput, "pieces": {token id: text}} per delta
+    (or, rarely, a late error)."""
 
     async def __init__(self, engine_args: dict, coordinator_cls: str = DEFAULT_COORDINATOR):
         self.config = EngineConfig.from_dict(engine_args)
@@ -73,29 +79,41 @@ class PipelineServer:
         try:
             prompt = self._prompt(payload)
         except InvalidRequest as e:
-            yield {"error": str(e), "status": e.status, "param": e.param}
+            yield _error(e)
             return
         agen = self.coordinator.generate(prompt, payload["params"], payload.get("request_id"),
                                          payload.get("arrival_time"))
-        # Closing the coordinator's generator (also on cancellation) aborts the request.
-        async with aclosing(agen):
-            try:
-                first = await agen.__anext__()
-            except InvalidRequest as e:
-                yield {"error": str(e), "status": e.status, "param": e.param}
+        first = asyncio.ensure_future(agen.__anext__())
+        try:
+            # One loop turn runs the generator up to its first wait: the request is validated
+            # and queued (or refused) by then, so the client hears back before a long prefill.
+            await asyncio.sleep(0)
+            if first.done() and isinstance(first.exception(), InvalidRequest):
+                yield _error(first.exception())
                 return
-            header = {"prompt_tokens": first.prompt_tokens}
+            header = {}
             if payload.get("echo"):
                 p = payload["prompt"]
                 header["echo_text"] = p if isinstance(p, str) else self.tokenizer.decode(p)
             yield header
-            yield {"out": first, "pieces": self._pieces(first)}
-            if first.finished:
+            try:
+                out = await first
+            except InvalidRequest as e:  # refused after a wait: still a clean error
+                yield _error(e)
                 return
-            async for out in agen:
-                yield {"out": out, "pieces": self._pieces(out)}
-                if out.finished:
-                    return
+            yield {"out": out, "pieces": self._pieces(out)}
+            if not out.finished:
+                async for out in agen:
+                    yield {"out": out, "pieces": self._pieces(out)}
+                    if out.finished:
+                        break
+        finally:
+            # Closing the coordinator's generator (also on cancellation) aborts the request.
+            if not first.done():
+                first.cancel()
+                with contextlib.suppress(BaseException):
+                    await first
+            await agen.aclose()
 
     async def info(self) -> dict:
         return {"model": self.config.model_name, "root": self.config.model,

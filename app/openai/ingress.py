@@ -38,7 +38,7 @@ class _Stream:
         self.b = builder
         self.header = header
         self.include_usage = include_usage
-        self.prompt_tokens = header["prompt_tokens"]
+        self.prompt_tokens = 0  # from the deltas
         self.completion_tokens = 0
         self.offset = len(header.get("echo_text") or "")
 
@@ -135,7 +135,7 @@ def make_ingress(model_name: str, api_key: str | None):
             payload["request_id"] = f"{prefix}-{uuid.uuid4().hex}"
             gen = self.server.options(stream=True).generate.remote(payload)
             try:
-                header = await gen.__anext__()  # validation errors arrive before any token
+                header = await gen.__anext__()  # the request is queued, or refused
             except Exception as e:
                 gen.cancel()
                 log.exception("pipeline call failed")
@@ -157,9 +157,12 @@ async def _collect(gen, state: _Stream):
     lps, finish_reason = None, None
     try:
         async for item in gen:
+            if "error" in item:
+                return error_response(item["error"], item["status"], item["param"])
             out = item["out"]
             if out.error:
                 return error_response(out.error, 500)
+            state.prompt_tokens = out.prompt_tokens
             text.append(out.text)
             lp = state.logprobs(out, item["pieces"])
             if lp is not None:
@@ -187,10 +190,14 @@ async def _sse(gen, state: _Stream):
             yield sse(b.chunk(state.header["echo_text"], None, None))
         try:
             async for item in gen:
+                if "error" in item:
+                    yield sse(error_body(item["error"], item["status"], item["param"]))
+                    break
                 out = item["out"]
                 if out.error:
                     yield sse(error_body(out.error, 500))
                     break
+                state.prompt_tokens = out.prompt_tokens
                 state.completion_tokens = out.completion_tokens
                 lp = state.logprobs(out, item["pieces"])
                 if out.text or out.finished or lp is not None:
