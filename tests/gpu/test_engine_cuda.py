@@ -1,9 +1,11 @@
 """PP=2 on two GPUs (NCCL channels, bf16, paged KV sized by gpu_memory_utilization) against
 transformers on one GPU, same bf16 checkpoint.
 
-Tolerance: greedy tokens must be identical; the chosen tokens' logprobs (our last stage's
-log_softmax of the fp32 logits) must agree with HF's within 0.05 absolute — bf16 activations
-through two different implementations differ by a few ulp per layer.
+Tolerance: the chosen tokens' logprobs (our last stage's log_softmax of fp32 logits) agree with
+HF's within 0.05 absolute. Greedy tokens must be identical up to the first step where HF's own
+bf16 logits have a near-tie (its top logit within 0.05 of the logit of the token we chose; HF
+computes logits in bf16, where exact ties happen — seen on this checkpoint). From such a step on
+the continuations may legitimately differ and are not compared.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def _hf_reference(path, prompts):
                                  do_sample=False, eos_token_id=2, pad_token_id=0,
                                  output_scores=True, return_dict_in_generate=True)
             toks = out.sequences[0, len(p):].tolist()
-            lps = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, toks)]
-            refs.append((toks, lps))
+            logits = [s[0].float() for s in out.scores]
+            refs.append((toks, logits))
     del model
     return refs
 
@@ -70,10 +72,16 @@ def test_pp2_cuda_matches_transformers(ray_gpus, bf16_checkpoint, chunk):
         outs = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
                                                        logprobs=0))
         stats = engine.stats()
-    for out, (toks, lps) in zip(outs, refs):
-        assert out.token_ids == toks
-        ours = [lp.logprob for lp in out.logprobs]
-        assert max(abs(a - b) for a, b in zip(ours, lps)) <= LOGPROB_TOL
+    compared = 0
+    for out, (toks, logits) in zip(outs, refs):
+        for step, (mine, ref) in enumerate(zip(out.token_ids, toks)):
+            hf_lp = torch.log_softmax(logits[step], -1)
+            if mine != ref:  # only a near-tie in HF's bf16 logits may explain a difference
+                assert logits[step].max() - logits[step][mine] <= LOGPROB_TOL, (step, mine, ref)
+                break
+            assert abs(out.logprobs[step].logprob - hf_lp[ref].item()) <= LOGPROB_TOL
+            compared += 1
+    assert compared >= len(prompts) * MAX_NEW // 2  # most of the tokens were really compared
     assert stats["channel_output_sends"] == stats["pp_output_comm"]["sent"]
     assert stats["pipeline_failures"] == 0  # the sync guard would have failed a stage
     assert stats["kv_blocks_total"] > 1000  # sized from gpu_memory_utilization, not a default
