@@ -144,6 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--layers", type=int, default=32, help="layers of the 8B-shaped model")
     p.add_argument("--max-inflight", type=int, default=None)
+    p.add_argument("--attention", default="auto", help="attention backend (auto, torch, "
+                   "flash-split)")
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 
@@ -164,6 +166,7 @@ def main(argv=None) -> int:
         cfg = EngineConfig(model=cfg_dir, load_format="dummy", pp_size=a.pp, device=a.device,
                            dtype="bfloat16" if a.device == "cuda" else "float32",
                            chunk_size=runs[0][1], linear_backend=linear,
+                           attention_backend=a.attention,
                            max_model_len=longest + 64, num_kv_blocks=(longest + 256) // 64 + 8,
                            max_inflight=a.max_inflight)
         t0 = time.perf_counter()
@@ -173,14 +176,18 @@ def main(argv=None) -> int:
             for prompt_len, chunk in runs:
                 rows += run_config(engine, a.pp, linear, prompt_len, chunk,
                                    a.modes.split(","), a.reps)
+                _write(a, argv, rows)  # after every config: a killed run keeps what it measured
     ray.shutdown()
+    print(f"wrote {a.out}")
+    return 0
+
+
+def _write(a, argv, rows) -> None:
     out = {"command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
            "environment": _environment(), "model": dict(LLAMA3_8B, num_hidden_layers=a.layers),
            "results": rows}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
-    print(f"wrote {a.out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -22,13 +22,15 @@ BACKENDS: dict[str, dict[str, str]] = {
     },
     "attention": {
         "torch": "stages.kernels.torch_ref:attention",
+        # Bottom-right causal chunks on flash kernels (prefix + diagonal, merged by LSE).
+        "flash-split": "stages.kernels.flash_split:attention",
     },
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it.
 PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
-    "attention": ("torch",),
+    "attention": ("flash-split", "torch"),
 }
 
 
