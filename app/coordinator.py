@@ -267,8 +267,13 @@ class Coordinator:
         s.config = dataclasses.replace(s.config, **changes)
         return await self.pipeline.set_policy(output_post, linear_backend)
 
-    def take_timings(self) -> list[tuple[int, int, float]]:
+    async def take_timings(self) -> list[tuple[int, int, float]]:
         """(stage, mb_id, seconds) of each stage's forwards since the last call."""
+        if not self._inflight:
+            flushed = await asyncio.gather(*[s.flush_timings.remote()
+                                             for s in self.pipeline.stages])
+            for stage, timings in enumerate(flushed):
+                self._timings.extend((stage, mb, sec) for mb, sec in timings)
         out = list(self._timings)
         self._timings.clear()
         return out
@@ -286,5 +291,6 @@ class Coordinator:
             "kv_blocks_total": self.pipeline.num_blocks,
             "stage_forward_seconds": list(self._stage_forward),
             "pipeline_failures": self._failures,
+            "pipeline_id": self.pipeline.pipeline_id,
             "max_model_len": self.max_model_len,
         }

@@ -82,8 +82,8 @@ class CoordinatorActor:
     async def set_policy(self, **kwargs) -> list[dict]:
         return await self.coordinator.set_policy(**kwargs)
 
-    def take_timings(self) -> list:
-        return self.coordinator.take_timings()
+    async def take_timings(self) -> list:
+        return await self.coordinator.take_timings()
 
     def shutdown(self) -> bool:
         self.coordinator.shutdown()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 import uuid
 
 from ray import serve
@@ -156,7 +157,9 @@ def build_app(args: dict | None = None) -> Application:
         placement_group_bundles=bundles, placement_group_strategy=config.placement_strategy,
         **scaling,
     ).bind(config.to_dict(), server.get("coordinator_cls", DEFAULT_COORDINATOR))
-    ingress_cls = make_ingress(config.model_name, server.get("api_key") or None)
+    # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
+    api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
+    ingress_cls = make_ingress(config.model_name, api_key)
     ingress = serve.deployment(
         ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},

@@ -56,6 +56,11 @@ class StageActor:
                    linear_backend: str | None = None) -> dict:
         return self.runner.set_policy(output_post, linear_backend)
 
+    def flush_timings(self) -> tuple:
+        """(mb_id, seconds) of forwards not yet reported: the last microbatches of a run on the
+        stages before the last one complete after their step returned."""
+        return self.runner.timer.flush()
+
     def describe(self) -> dict:
         return {"stage": self.spec.stage_index, "layers": [self.spec.layer_start,
                 self.spec.layer_end], "kernels": dict(self.runner.kernels.names),

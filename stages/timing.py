@@ -59,6 +59,12 @@ class StageTimer:
         out, self._finished = tuple(self._finished), []
         return out
 
+    def flush(self) -> tuple[tuple[int, float], ...]:
+        """Wait for this stage's own timing events (not the device) and return them all."""
+        for _mb, _start, end in self._done:
+            end.synchronize()
+        return self.take_finished()
+
     def _drain(self) -> None:
         while self.cuda and self._done and self._done[0][2].query():
             mb, start, end = self._done.popleft()

@@ -30,7 +30,8 @@ BACKENDS: dict[str, dict[str, str]] = {
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it.
 PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
-    "attention": ("flash-split", "torch"),
+    # flash-split measured slower than SDPA's own choice on H200 (docs/PERFORMANCE.md): opt-in.
+    "attention": ("torch",),
 }
 
 
