@@ -43,6 +43,16 @@ ENGINE_FLAGS = [
      "(default: --pp)."),
     ("--placement-strategy", "placement_strategy", str, "Ray placement group strategy for a "
      "pipeline's stages: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (default PACK)."),
+    ("--load-format", "load_format", str, "auto = read the checkpoint's weights; dummy = "
+     "its config.json's shapes with seeded random weights (benchmarks)."),
+    ("--linear-backend", "linear_backend", str, "Linear layers: auto (cuBLAS via torch), torch, "
+     "triton-persistent (grid = SMs) or triton-persistent-sm1 (grid = SMs - 1); CUDA only "
+     "for the Triton ones."),
+    ("--attention-backend", "attention_backend", str, "Attention: auto (torch SDPA with a "
+     "bottom-right causal mask), torch, or flash-split (CUDA; opt-in, see docs/PERFORMANCE.md)."),
+    ("--channel-check", "channel_check", bool, "Test mode: every channel message carries a "
+     "checked header (microbatch, sequence, bytes), and on CUDA a device sync while a recv is "
+     "posted fails the stage."),
     ("--stage-num-cpus", "stage_num_cpus", float, "Logical Ray CPUs per stage on CPU "
      "(default 1)."),
 ]
@@ -51,8 +61,11 @@ ENGINE_FLAGS = [
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     choices = {"device": ("cpu", "cuda"), "dtype": DTYPES, "pp_output_skip": SKIP_MODES,
-               "output_post": OUTPUT_POSTS}
+               "output_post": OUTPUT_POSTS, "load_format": ("auto", "dummy")}
     for flag, dest, typ, help_ in ENGINE_FLAGS:
+        if typ is bool:
+            g.add_argument(flag, dest=dest, action="store_true", default=None, help=help_)
+            continue
         g.add_argument(flag, dest=dest, type=typ, default=None, help=help_,
                        choices=choices.get(dest))
     g.add_argument("--num-cpus", type=int, default=None, help="Logical CPUs of the local Ray "
