@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 
 import ray
 from ray.util.placement_group import PlacementGroup, get_current_placement_group
@@ -22,6 +23,10 @@ log = logging.getLogger("ppserve.pipeline")
 _STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
               "NVSHMEM_DISABLE_NVLS": "1"}
 COORDINATOR_CPUS = 0.1
+# Stage actors are named in one fixed namespace, whoever started them (Engine driver, Serve
+# replica), so operators find them with `ray list actors` or
+# `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
+STAGE_NAMESPACE = "ppserve"
 
 
 def placement_bundles(config: EngineConfig) -> list[dict]:
@@ -42,6 +47,13 @@ class Pipeline:
         self.stages: list = []
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
+        self.pipeline_id = uuid.uuid4().hex[:8]  # unique per Pipeline: names never collide
+
+    def stage_name(self, i: int, generation: int | None = None) -> str:
+        """`ppserve-<id>-stage<i>`; a rebuilt pipeline's actors get `ppserve-<id>-g<n>-stage<i>`
+        so they never collide with the previous generation's actors while those die."""
+        g = self.generation if generation is None else generation
+        return f"ppserve-{self.pipeline_id}{f'-g{g}' if g else ''}-stage{i}"
 
     def _specs(self) -> list[StageSpec]:
         c = self.config
@@ -64,6 +76,7 @@ class Pipeline:
         gpu = c.device == "cuda"
         self.stages = [
             StageActor.options(
+                name=self.stage_name(i), namespace=STAGE_NAMESPACE,
                 num_cpus=0 if gpu else c.stage_num_cpus, num_gpus=1 if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=i + 1),
