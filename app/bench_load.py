@@ -1,0 +1,297 @@
+"""`ppserve bench load`: the skip decision under load (DESIGN §5, §12; issue 4 items 3e, 3f, 3h).
+
+mixed  — M short-prompt requests decoding (ignore_eos, long outputs, all admitted in one
+         microbatch so they decode in lockstep), then N long prompts arriving together. TTFT
+         p50 / p99 of the long prompts (Engine.stream, time to the first delta) per skip mode.
+decode — C concurrent short prompts with --decode-tokens outputs each: output tokens/s. Queued
+         by one call, they fit one microbatch when C x --short-len <= the budget and then decode
+         in lockstep: one microbatch in flight at a time, whatever the PP size.
+
+Both report the sent / skipped / missed / orphaned deltas of engine.stats()["pp_output_comm"]
+and the skip-hit ratio; medians of --reps runs. One Engine (one pipeline load) is measured under
+every mode with Engine.set_policy between runs, rep-major (modes interleaved within each rep).
+
+Where `auto` and `sglang` differ: a microbatch holding a decode row whose token is needed is sent
+by both rules, so the difference lives in the decode-free microbatches (with PP=S, S-1 of every S
+while the decodes run in lockstep) that hold chunks of two or more long prompts: `sglang` sends
+them (missed), `auto` skips them. The default token budget is therefore 2 x --chunk-size, which
+puts two long prompts' chunks in every such microbatch (with a budget of one chunk, one long prompt
+fills each and both rules skip it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+from app.bench import LLAMA3_8B, _environment, _ttft
+
+COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
+LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _comm_delta(c0: dict, c1: dict) -> tuple[dict, float]:
+    d = {k: c1.get(k, 0) - c0.get(k, 0) for k in COMM_KEYS}
+    return d, d["skipped"] / max(1, d["skipped"] + d["missed"])
+
+
+def _model(a) -> tuple[str | None, str, dict]:
+    """(model dir or None, load_format, config dict) for --model-shape / --layers."""
+    from stages.model_config import BUILTIN_CONFIG
+
+    if a.model_shape == "tiny" and a.layers is None:
+        return None, "auto", dict(BUILTIN_CONFIG)
+    base = BUILTIN_CONFIG if a.model_shape == "tiny" else LLAMA3_8B
+    cfg = dict(base, num_hidden_layers=a.layers or base["num_hidden_layers"])
+    d = tempfile.mkdtemp(prefix=f"ppserve-{a.model_shape}-")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d, "dummy", cfg
+
+
+def _wait_idle(engine, timeout: float = 120.0) -> dict:
+    t0 = time.monotonic()
+    while True:
+        s = engine.stats()
+        if not (s["num_running"] or s["num_waiting"] or s["inflight_microbatches"]):
+            return s
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"the pipeline did not go idle: {s}")
+        time.sleep(0.01)
+
+
+async def _mixed_once(engine, longs, shorts, dec_tokens) -> dict:
+    from app.request import SamplingParams
+
+    c0 = _wait_idle(engine)["pp_output_comm"]
+    sp_dec = SamplingParams(max_tokens=dec_tokens, temperature=0.0, ignore_eos=True)
+    sp_long = SamplingParams(max_tokens=LONG_MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    # One generate call queues every decode request before the coordinator schedules again, so
+    # they are admitted into one microbatch and decode in lockstep.
+    dec = shorts and asyncio.ensure_future(asyncio.to_thread(engine.generate, shorts, sp_dec))
+    while dec:  # until they decode: prefill microbatch + >= 2 decode microbatches
+        s = await asyncio.to_thread(engine.stats)
+        if (s["num_running"] >= len(shorts) and not s["num_waiting"]
+                and s["pp_output_comm"]["sent"] >= c0["sent"] + 3):
+            break
+        if dec.done():
+            raise RuntimeError("the decoding requests ended before the long prompts arrived")
+        await asyncio.sleep(0.002)
+    t0 = time.perf_counter()
+    ttfts = await asyncio.gather(*[_ttft(engine, p, sp_long) for p in longs])
+    long_s = time.perf_counter() - t0
+    outlasted = not dec or not dec.done()
+    if dec:
+        await dec
+    comm, hit = _comm_delta(c0, _wait_idle(engine)["pp_output_comm"])
+    return {"ttft_s": ttfts, "ttft_p50_s": percentile(ttfts, 50),
+            "ttft_p99_s": percentile(ttfts, 99), "long_phase_s": long_s,
+            "decodes_outlasted": outlasted, "comm": comm, "skip_hit_ratio": hit}
+
+
+def _decode_once(engine, prompts, n_tokens) -> dict:
+    from app.request import SamplingParams
+
+    c0 = _wait_idle(engine)["pp_output_comm"]
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, SamplingParams(max_tokens=n_tokens, temperature=0.0,
+                                                   ignore_eos=True))
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    comm, hit = _comm_delta(c0, _wait_idle(engine)["pp_output_comm"])
+    return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall,
+            "comm": comm, "skip_hit_ratio": hit}
+
+
+def summarize(runs: list[dict], keys: tuple[str, ...]) -> dict:
+    """Medians over reps of the numbers in `keys` and of each comm counter."""
+    out = {"reps": len(runs)}
+    for k in keys + ("skip_hit_ratio",):
+        out[k] = statistics.median(r[k] for r in runs)
+    out["comm"] = {k: statistics.median(r["comm"][k] for r in runs) for k in COMM_KEYS}
+    return out
+
+
+def _sweep(engine, part: dict, write, keys, run, line) -> None:
+    """Rep-major: every mode once per rep, set_policy on an idle pipeline before each run."""
+    for rep in range(part["reps"]):
+        for mode in part["modes"]:
+            _wait_idle(engine)
+            engine.set_policy(skip_mode=mode)
+            r = dict(mode=mode, rep=rep, **run())
+            part["runs"].append(r)
+            print(f"{part['name']:6s} rep {rep} {mode:7s} {line(r)}", flush=True)
+            write()
+    part["summary"] = {mode: summarize([r for r in part["runs"] if r["mode"] == mode], keys)
+                       for mode in part["modes"]}
+    write()
+
+
+def _comm_str(comm: dict, hit: float) -> str:
+    return " ".join(f"{comm[k]:>8g}" for k in COMM_KEYS) + f" {hit:>6.3f}"
+
+
+def _print_tables(res: dict) -> None:
+    head = " ".join(f"{k:>8s}" for k in COMM_KEYS) + "    hit"
+    if res.get("mixed", {}).get("summary"):
+        m = res["mixed"]
+        print(f"\nmixed load: {m['num_long']} x {m['long_len']} tokens arriving together + "
+              f"{m['num_decode']} decoding; medians of {m['reps']}")
+        print(f"{'mode':8s} {'TTFT p50':>9s} {'TTFT p99':>9s} " + head)
+        for mode, s in m["summary"].items():
+            print(f"{mode:8s} {s['ttft_p50_s']:9.3f} {s['ttft_p99_s']:9.3f} "
+                  + _comm_str(s["comm"], s["skip_hit_ratio"]))
+    if res.get("decode", {}).get("summary"):
+        d = res["decode"]
+        print(f"\ndecode throughput: {d['concurrency']} concurrent x {d['decode_tokens']} "
+              f"tokens; medians of {d['reps']}")
+        print(f"{'mode':8s} {'tok/s':>9s} {'wall s':>9s} " + head)
+        for mode, s in d["summary"].items():
+            print(f"{mode:8s} {s['tokens_per_s']:9.1f} {s['wall_s']:9.3f} "
+                  + _comm_str(s["comm"], s["skip_hit_ratio"]))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ppserve bench load", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
+                   help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
+    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    p.add_argument("--parts", default="mixed,decode", help="mixed, decode or both")
+    p.add_argument("--long-len", type=int, default=32768)
+    p.add_argument("--num-long", type=int, default=4)
+    p.add_argument("--num-decode", type=int, default=32, help="decoding requests (mixed)")
+    p.add_argument("--short-len", type=int, default=16, help="prompt of the short requests")
+    p.add_argument("--decode-concurrency", type=int, default=64, help="requests (decode part)")
+    p.add_argument("--decode-tokens", type=int, default=256, help="outputs (decode part)")
+    p.add_argument("--modes", default="sglang,auto", help="skip modes of the mixed load")
+    p.add_argument("--decode-modes", default="off,auto", help="skip modes of the decode part")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--chunk-size", type=int, default=4096)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget per microbatch (default 2 x --chunk-size)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--linear", default="auto", help="linear backend")
+    p.add_argument("--attention", default="auto", help="attention backend")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_load.json")
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    parts = a.parts.split(",")
+    budget = a.max_num_batched_tokens or 2 * a.chunk_size
+    need_seqs = max(a.num_long + a.num_decode if "mixed" in parts else 1,
+                    a.decode_concurrency if "decode" in parts else 1)
+    seqs = a.max_num_seqs or need_seqs
+    if seqs < need_seqs:
+        print(f"--max-num-seqs must be >= {need_seqs} (num_long + num_decode, and "
+              f"--decode-concurrency)", file=sys.stderr)
+        return 2
+    if "mixed" in parts and a.num_decode * a.short_len > budget:
+        print("warning: the decoding requests' prompts exceed one microbatch's budget; they "
+              "may not decode in lockstep", file=sys.stderr)
+    # Decode tokens of the mixed load: enough to outlast the long prompts. In steady state one
+    # decode microbatch runs per `pp` microbatches, which carry >= (pp-1)*budget + (budget-M)
+    # long-prompt tokens; twice that many steps plus a margin for the arrivals.
+    per_step = max(1, (a.pp - 1) * budget + max(0, budget - a.num_decode))
+    dec_mixed = 2 * math.ceil(a.num_long * a.long_len / per_step) + 32
+
+    def blocks(n_req, n_tok):
+        return n_req * math.ceil(n_tok / 64)
+
+    kv_blocks = 16 + max(blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
+                         + blocks(a.num_decode, a.short_len + dec_mixed),
+                         blocks(a.decode_concurrency, a.short_len + a.decode_tokens))
+    max_len = max(a.long_len + LONG_MAX_TOKENS, a.short_len + max(dec_mixed, a.decode_tokens))
+
+    import ray
+
+    from app.config import EngineConfig
+    from app.engine import Engine
+
+    model_dir, load_format, model_cfg = _model(a)
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        ray.init(num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
+                 include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}})
+    cfg = EngineConfig(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
+                       dtype="bfloat16" if a.device == "cuda" else "float32",
+                       chunk_size=a.chunk_size, max_num_batched_tokens=budget,
+                       max_num_seqs=seqs, max_model_len=max_len + 64, num_kv_blocks=kv_blocks,
+                       block_size=64, linear_backend=a.linear, attention_backend=a.attention,
+                       seed=a.seed)
+    rng = random.Random(a.seed)
+    lo, hi = (1000, 120000) if a.model_shape == "llama8b" else (0, 256)
+
+    def prompts(n, length):
+        return [[rng.randrange(lo, hi) for _ in range(length)] for _ in range(n)]
+
+    longs, shorts = prompts(a.num_long, a.long_len), prompts(a.num_decode, a.short_len)
+    conc = prompts(a.decode_concurrency, a.short_len)
+    res = {"command": "ppserve bench load " + " ".join(argv), "environment": _environment(),
+           "model": model_cfg, "model_shape": a.model_shape,
+           "engine": {k: v for k, v in cfg.to_dict().items() if k != "model"}}
+    if "mixed" in parts:
+        res["mixed"] = {"name": "mixed", "num_long": a.num_long, "long_len": a.long_len,
+                        "num_decode": a.num_decode, "short_len": a.short_len,
+                        "decode_max_tokens": dec_mixed, "long_max_tokens": LONG_MAX_TOKENS,
+                        "modes": a.modes.split(","), "reps": a.reps, "runs": []}
+    if "decode" in parts:
+        res["decode"] = {"name": "decode", "concurrency": a.decode_concurrency,
+                         "short_len": a.short_len, "decode_tokens": a.decode_tokens,
+                         "modes": a.decode_modes.split(","), "reps": a.reps, "runs": []}
+
+    def write():
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    t_load = time.perf_counter()
+    with Engine(cfg) as engine:
+        print(f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
+              f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}",
+              flush=True)
+        if "mixed" in parts:
+            warm = [p[: min(a.long_len, 2 * a.chunk_size)] for p in longs]
+            asyncio.run(_mixed_once(engine, warm, shorts, dec_mixed))  # warm-up, not counted
+            _sweep(engine, res["mixed"], write, ("ttft_p50_s", "ttft_p99_s", "long_phase_s"),
+                   lambda: asyncio.run(_mixed_once(engine, longs, shorts, dec_mixed)),
+                   lambda r: f"TTFT p50 {r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s "
+                   f"comm {r['comm']} hit {r['skip_hit_ratio']:.3f}"
+                   + ("" if r["decodes_outlasted"] else " (decodes ended early)"))
+        if "decode" in parts:
+            _decode_once(engine, conc, min(4, a.decode_tokens))  # warm-up
+            _sweep(engine, res["decode"], write, ("tokens_per_s", "wall_s"),
+                   lambda: _decode_once(engine, conc, a.decode_tokens),
+                   lambda r: f"{r['tokens_per_s']:.1f} tok/s ({r['output_tokens']} in "
+                   f"{r['wall_s']:.3f}s) comm {r['comm']}")
+    if owns_ray:
+        ray.shutdown()
+    _print_tables(res)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
