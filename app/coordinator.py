@@ -161,23 +161,28 @@ class Coordinator:
                     pass
                 continue
             plan, fut = self._inflight[0]
-            waits = {fut}
-            if len(self._inflight) < self.config.inflight:
-                self._wakeup.clear()
-                waits.add(asyncio.ensure_future(self._wakeup.wait()))
-            done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for p in pending:
-                if p is not fut:
-                    p.cancel()
-            if fut not in done:
+            if not fut.done():
+                # Watch every microbatch in flight, not only the oldest: a dead stage may fail
+                # only younger ones while the oldest waits on a peer blocked in a recv from it
+                # (NCCL never reports a dead peer).
+                waits = {f for _p, f in self._inflight if not f.done()}
+                wake = None
+                if len(self._inflight) < self.config.inflight:
+                    self._wakeup.clear()
+                    wake = asyncio.ensure_future(self._wakeup.wait())
+                    waits.add(wake)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if wake is not None:
+                    wake.cancel()
+            failed = next(((p, f) for p, f in self._inflight
+                           if f.done() and not f.cancelled() and f.exception() is not None), None)
+            if failed is not None:  # a stage failed: channels are out of step
+                await self._recover(failed[0], failed[1].exception())
+                continue
+            if not fut.done():
                 continue  # woken by a new request: dispatch it before retiring
             self._inflight.popleft()
-            try:
-                results = fut.result()
-            except Exception as e:  # a stage failed: channels are out of step
-                await self._recover(plan, e)
-                continue
-            self._retire(plan, results)
+            self._retire(plan, fut.result())
 
     def _dispatch_ready(self) -> None:
         while True:
