@@ -52,6 +52,7 @@ class Coordinator:
         self._stage_forward = [0.0] * config.pp_size
         self._failures = 0
         self._timings: deque = deque(maxlen=8192)  # (stage, mb_id, seconds) for the bench
+        self._broken: str | None = None  # set when the pipeline cannot be rebuilt
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,6 +97,8 @@ class Coordinator:
         """Validate and queue; raises InvalidRequest before anything is queued."""
         if self.scheduler is None:
             raise RuntimeError("the coordinator is not started")
+        if self._broken:
+            raise InvalidRequest(self._broken, status=503)
         ids = self._prompt_ids(prompt)
         room = self.max_model_len - len(ids)
         if room < 1:
@@ -251,7 +254,19 @@ class Coordinator:
         for stream in list(self._streams.values()):
             if stream.scheduled_time is not None:
                 self._finish(stream, "error", msg)
-        await self.pipeline.rebuild()
+        for attempt in range(3):
+            try:
+                await self.pipeline.rebuild()
+                return
+            except Exception as e:  # e.g. the new actors cannot be placed yet
+                log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
+                rebuild_error = e
+                await asyncio.sleep(2 ** attempt)
+        # Out of service: new requests get a 503, and stats()/health checks raise so that Serve
+        # replaces this replica (a fresh pipeline) instead of leaving requests hanging.
+        self._broken = f"the pipeline is down and could not be rebuilt: {rebuild_error}"
+        for stream in list(self._streams.values()):
+            self._finish(stream, "error", self._broken)
 
     def _report_load(self) -> None:
         if self.metrics:
@@ -285,6 +300,11 @@ class Coordinator:
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict:
+        if self._broken:
+            raise RuntimeError(self._broken)
+        if self._loop_task is not None and self._loop_task.done() and \
+                not self._loop_task.cancelled() and self._loop_task.exception() is not None:
+            raise RuntimeError(f"the coordinator loop died: {self._loop_task.exception()!r}")
         s = self.scheduler
         return {
             "pp_output_comm": dict(s.comm_stats()),
