@@ -40,7 +40,10 @@ ENGINE_FLAGS = [
      "CPU (default 1 GiB)."),
     ("--block-size", "block_size", int, "Tokens per KV cache block (default 64)."),
     ("--max-inflight", "max_inflight", int, "Microbatches in flight across the pipeline "
-     "(default: --pp)."),
+     "(default: --pp, or 2 x --pp with --run-ahead)."),
+    ("--run-ahead", "run_ahead", bool, "Plan a request's next decode step as soon as its "
+     "previous one is dispatched (stage 0 reads the token from the output channel), at least "
+     "--pp microbatches later, instead of waiting for the token to return to the host."),
     ("--placement-strategy", "placement_strategy", str, "Ray placement group strategy for a "
      "pipeline's stages: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (default PACK)."),
     ("--load-format", "load_format", str, "auto = read the checkpoint's weights; dummy = "

@@ -27,13 +27,15 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # token budget per microbatch; None: chunk_size
     max_num_seqs: int = 64  # running requests (= stage 0's token slots)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_inflight: int | None = None  # microbatches in flight; None: pp_size
+    max_inflight: int | None = None  # microbatches in flight; None: pp_size (2 x with run_ahead)
     block_size: int = 64
     num_kv_blocks: int | None = None  # override the memory-derived count
     kv_cache_memory_bytes: int = 1 << 30  # per stage, CPU only
     gpu_memory_utilization: float = 0.9
     pp_output_skip: str = "auto"
     output_post: str = "early"
+    # Plan a request's decode step t+1 once step t is dispatched, not once its token retired.
+    run_ahead: bool = False
     channel_check: bool = False  # every message carries a checked header (tests turn it on)
     linear_backend: str = "auto"
     attention_backend: str = "auto"
@@ -85,7 +87,9 @@ class EngineConfig:
 
     @property
     def inflight(self) -> int:
-        return self.max_inflight or self.pp_size
+        # Run-ahead puts a request's consecutive steps >= pp_size microbatches apart: with only
+        # pp_size in flight, step t+1 could never leave before step t retires.
+        return self.max_inflight or (2 * self.pp_size if self.run_ahead else self.pp_size)
 
     @property
     def model_name(self) -> str:

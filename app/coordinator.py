@@ -61,7 +61,8 @@ class Coordinator:
         self.scheduler = Scheduler(SchedulerConfig(
             chunk_size=c.chunk_size, max_num_batched_tokens=c.token_budget,
             max_num_seqs=c.max_num_seqs, max_inflight=c.inflight, block_size=c.block_size,
-            num_blocks=num_blocks, skip_mode=c.pp_output_skip, max_model_len=self.max_model_len))
+            num_blocks=num_blocks, skip_mode=c.pp_output_skip, max_model_len=self.max_model_len,
+            run_ahead=c.run_ahead, num_stages=c.pp_size))
         self._loop_task = asyncio.create_task(self._run())
 
     def shutdown(self) -> None:

@@ -18,6 +18,10 @@ class SchedulerConfig:
     block_size / num_blocks: the paged KV cache the block pool hands out.
     skip_mode: the output-channel skip rule of DESIGN §5 ("off", "sglang", "auto").
     max_model_len: a request's prompt + max_tokens may not exceed this.
+    run_ahead: plan a request's decode step t+1 once step t is dispatched (DESIGN §3 step 5),
+      not only once its token has retired; the row reads next_tokens[slot] at stage 0.
+    num_stages: the pipeline's depth S; with run_ahead, a request's consecutive decode steps
+      are at least S microbatch ids apart (see Scheduler._decode_ready).
     """
 
     chunk_size: int = 2048
@@ -28,10 +32,12 @@ class SchedulerConfig:
     num_blocks: int = 1024
     skip_mode: str = "auto"
     max_model_len: int = 131072
+    run_ahead: bool = False
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "max_num_batched_tokens", "max_num_seqs", "max_inflight",
-                     "block_size", "num_blocks", "max_model_len"):
+                     "block_size", "num_blocks", "max_model_len", "num_stages"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")

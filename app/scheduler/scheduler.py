@@ -133,7 +133,7 @@ class Scheduler:
         for st in self._running.values():  # decode rows first
             if budget == 0:
                 break
-            if st.decode_ready:
+            if self._decode_ready(st):
                 rows.append(self._decode_row(st))
                 named.append(st)
                 budget -= 1
@@ -171,14 +171,35 @@ class Scheduler:
         # The last stage needs the prompt only for the repetition penalty (protocol.NewRequest).
         return req.prompt_token_ids if req.sampling.repetition_penalty != 1.0 else ()
 
+    def _decode_ready(self, st: ReqState) -> bool:
+        """Whether the next microbatch may carry a decode row of `st`. Without run-ahead: its
+        previous token has retired (ReqState.decode_ready). With run-ahead: its previous
+        sampling row is dispatched, fewer than max_tokens steps are planned (in flight ones
+        included) and, while that row is in flight at mb m, this one is at mb >= m + S.
+
+        Why S: stage 0 runs mb m + k right after m + k - 1; m's output comes back once m has
+        crossed all S stages, i.e. about when stage 0 finishes m + S - 1. So k >= S never waits
+        on it, k < S would stall stage 0 and drain the pipeline behind it. A per-request gap
+        instead of S fixed groups: requests start decoding at any mb (their last prompt chunk)
+        and keep its phase, so the requests sampled in mb m come back together in mb m + S (the
+        round-robin group) without a slot-to-group table or waiting for a group's turn."""
+        if not self.config.run_ahead:
+            return st.decode_ready
+        if st.finished or st.prefill_left > 0 or not 1 <= st.planned < st.req.max_tokens:
+            return False
+        return (st.generated == st.planned  # the previous sampling row has retired
+                or self._next_mb - st.sample_mb >= self.config.num_stages)
+
     def _decode_row(self, st: ReqState) -> Row:
-        check(st.last_mb is not None and st.source_mb == st.last_mb,
-              f"{st.req_id!r}: decode input mb {st.last_mb} is not the pending source "
+        # Without run-ahead planned == generated and sample_mb == last_mb here (nothing of the
+        # request is in flight); with it, the previous step may still be in flight.
+        check(st.sample_mb is not None and st.source_mb == st.sample_mb,
+              f"{st.req_id!r}: decode input mb {st.sample_mb} is not the pending source "
               f"{st.source_mb}")
-        self._ledger.consume(st.last_mb, st.req_id)
+        self._ledger.consume(st.sample_mb, st.req_id)
         st.source_mb = None
-        return Row(st.req_id, st.slot, st.req.prompt_len + st.generated - 1, 1, None,
-                   input_from_mb=st.last_mb, sample=True, output_index=st.generated,
+        return Row(st.req_id, st.slot, st.req.prompt_len + st.planned - 1, 1, None,
+                   input_from_mb=st.sample_mb, sample=True, output_index=st.planned,
                    is_prefill=False)
 
     def _chunk_row(self, st: ReqState, budget: int) -> Row:
@@ -204,6 +225,9 @@ class Scheduler:
                 updates.append((st.req_id, new_ids))
             retained.extend(st.blocks)
             st.inflight += 1
+            if row.sample:
+                st.planned += 1
+                st.sample_mb = mb_id
         self.pool.retain(retained)
         info = {st.req_id: ReqInfo(st.req.prompt_len, st.req.max_tokens, st.req.wants_logprobs)
                 for st in named}

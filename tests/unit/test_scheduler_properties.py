@@ -27,6 +27,9 @@ class Driver:
         self.prefill_pos = defaultdict(int)
         self.generated = defaultdict(int)
         self.last_mb = {}  # req_id -> mb that sampled its latest retired token
+        self.planned = defaultdict(int)  # sampling rows dispatched (retired or in flight)
+        self.sample_mb = {}  # req_id -> mb of its latest dispatched sampling row
+        self.n_ahead = 0  # decode rows planned while the previous step was in flight
         self.tables = defaultdict(list)
         self.inflight = []  # plans in dispatch order
         self.req_inflight = defaultdict(int)
@@ -113,21 +116,31 @@ class Driver:
                 assert row.sample == (self.prefill_pos[rid] == req.prompt_len)
                 assert row.output_index == 0 and row.input_from_mb is None
             else:
-                gen = self.generated[rid]
-                assert rid not in self.length_due and 1 <= gen < req.max_tokens
-                assert self.req_inflight[rid] == 0 and self.prefill_pos[rid] == req.prompt_len
+                gen, planned = self.generated[rid], self.planned[rid]
+                assert rid not in self.length_due and 1 <= planned < req.max_tokens
+                assert self.prefill_pos[rid] == req.prompt_len
+                if not cfg.run_ahead:
+                    assert self.req_inflight[rid] == 0 and planned == gen
+                    assert self.sample_mb[rid] == self.last_mb[rid]
+                elif planned > gen:  # previous step in flight: at least S mbs back
+                    assert plan.mb_id - self.sample_mb[rid] >= cfg.num_stages
+                    self.n_ahead += 1
                 assert row.token_ids is None and row.num_tokens == 1 and row.sample
-                assert row.start == req.prompt_len + gen - 1 and row.output_index == gen
+                assert row.start == req.prompt_len + planned - 1 and row.output_index == planned
                 src = self.plans[row.input_from_mb]
-                assert row.input_from_mb == self.last_mb[rid]
+                assert row.input_from_mb == self.sample_mb[rid]
                 assert src.send_output, "a decode row reads a skipped output"
-                assert any(r.req_id == rid and r.sample for r in src.rows)
+                assert any(r.req_id == rid and r.sample and r.output_index == planned - 1
+                           for r in src.rows), "input is not the request's previous token"
                 watch = self.orphan_watch[row.input_from_mb]
                 watch[0].discard(rid)
                 watch[1] = True
                 if not watch[0]:
                     del self.orphan_watch[row.input_from_mb]
             self.req_inflight[rid] += 1
+            if row.sample:
+                self.planned[rid] += 1
+                self.sample_mb[rid] = plan.mb_id
         self.check_skip(plan)
         self.plans[plan.mb_id] = plan
         self.inflight.append(plan)
@@ -230,10 +243,31 @@ loads = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 50), st.integers(1
                            st.booleans()), min_size=1, max_size=12)
 
 
+run_ahead_configs = st.builds(
+    SchedulerConfig,
+    chunk_size=st.integers(1, 16), max_num_batched_tokens=st.integers(1, 40),
+    max_num_seqs=st.integers(1, 6), max_inflight=st.integers(1, 9),
+    block_size=st.integers(1, 8), num_blocks=st.integers(1, 40),
+    skip_mode=st.sampled_from(["off", "sglang", "auto"]), max_model_len=st.integers(8, 80),
+    run_ahead=st.just(True), num_stages=st.integers(1, 4))
+drives = dict(load=loads, seed=st.integers(0, 2**32 - 1),
+              p_stop=st.sampled_from([0.0, 0.05, 0.3]),
+              p_abort=st.sampled_from([0.0, 0.03, 0.15]))
+
+
 @settings(max_examples=300, deadline=None)
-@given(cfg=configs, load=loads, seed=st.integers(0, 2**32 - 1),
-       p_stop=st.sampled_from([0.0, 0.05, 0.3]), p_abort=st.sampled_from([0.0, 0.03, 0.15]))
+@given(cfg=configs, **drives)
 def test_random_loads_keep_every_invariant(cfg, load, seed, p_stop, p_abort):
+    drive(cfg, load, seed, p_stop, p_abort)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cfg=run_ahead_configs, **drives)
+def test_random_loads_with_run_ahead_keep_every_invariant(cfg, load, seed, p_stop, p_abort):
+    drive(cfg, load, seed, p_stop, p_abort)
+
+
+def drive(cfg, load, seed, p_stop, p_abort):
     d = Driver(cfg, random.Random(seed), p_stop, p_abort)
     arrivals = sorted((t, i, pl, mt, lp) for i, (t, pl, mt, lp) in enumerate(load))
     t = 0
