@@ -151,14 +151,20 @@ class StageRunner:
             decode_pos.append(len(host_ids))
             decode_slots.append(r.slot)
             host_ids.append(0)
-        ids = torch.tensor(host_ids, dtype=torch.long)
-        ids = ids.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" \
-            else ids
+        ids = self._to_device(host_ids)
         if decode_pos:
-            pos = torch.tensor(decode_pos, device=self.device)
-            slots = torch.tensor(decode_slots, device=self.device)
+            pos = self._to_device(decode_pos)
+            slots = self._to_device(decode_slots)
             ids[pos] = self.next_tokens[slots]
         return ids
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """A small index tensor on this stage's device. Pinned and non-blocking on CUDA: a
+        pageable copy would make stage 0's host wait for its stream, i.e. for a pending recv."""
+        t = torch.tensor(values, dtype=torch.long)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def _post_outputs(self, plan: MicrobatchPlan) -> None:
         """Queue this plan's output recv: posted now ("early") or just before it is needed or
@@ -190,8 +196,8 @@ class StageRunner:
             buf = pending.wait()
             rows = [i for i, r in enumerate(plan.rows) if r.sample]
             if rows:
-                idx = torch.tensor(rows, device=self.device)
-                slots = torch.tensor([plan.rows[i].slot for i in rows], device=self.device)
+                idx = self._to_device(rows)
+                slots = self._to_device([plan.rows[i].slot for i in rows])
                 self.next_tokens[slots] = buf[idx]
                 for i in rows:
                     self.slot_writer[plan.rows[i].slot] = plan.mb_id
@@ -200,8 +206,8 @@ class StageRunner:
         if not plan.send_output or not sampled:
             return
         slots = [r.slot for r in plan.rows if r.sample]
-        self.next_tokens[torch.tensor(slots, device=self.device)] = torch.tensor(
-            [s.token_id for s in sampled], device=self.device)
+        self.next_tokens[self._to_device(slots)] = self._to_device(
+            [s.token_id for s in sampled])
         for s in slots:
             self.slot_writer[s] = plan.mb_id
 
