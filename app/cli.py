@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 
-from app.config import DTYPES, OUTPUT_POSTS, SKIP_MODES
+from app.config import DTYPES, KV_ADMISSIONS, OUTPUT_POSTS, SKIP_MODES
 
 # (flag, EngineConfig field, type, help). Defaults come from EngineConfig, so None = its default.
 ENGINE_FLAGS = [
@@ -44,6 +44,10 @@ ENGINE_FLAGS = [
     ("--run-ahead", "run_ahead", bool, "Plan a request's next decode step as soon as its "
      "previous one is dispatched (stage 0 reads the token from the output channel), at least "
      "--pp microbatches later, instead of waiting for the token to return to the host."),
+    ("--kv-admission", "kv_admission", str, "reserve = admit a request once the KV pool can "
+     "reserve its prompt + max_tokens (default, never preempts); on-demand = admit on its "
+     "prompt's blocks, allocate as it grows, and preempt (recompute) the youngest request when "
+     "blocks run out."),
     ("--placement-strategy", "placement_strategy", str, "Ray placement group strategy for a "
      "pipeline's stages: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (default PACK)."),
     ("--load-format", "load_format", str, "auto = read the checkpoint's weights; dummy = "
@@ -64,6 +68,7 @@ ENGINE_FLAGS = [
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     choices = {"device": ("cpu", "cuda"), "dtype": DTYPES, "pp_output_skip": SKIP_MODES,
+               "kv_admission": KV_ADMISSIONS,
                "output_post": OUTPUT_POSTS, "load_format": ("auto", "dummy")}
     for flag, dest, typ, help_ in ENGINE_FLAGS:
         if typ is bool:

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 SKIP_MODES = ("off", "sglang", "auto")
+KV_ADMISSIONS = ("reserve", "on-demand")
 OUTPUT_POSTS = ("early", "late")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -36,6 +37,9 @@ class EngineConfig:
     output_post: str = "early"
     # Plan a request's decode step t+1 once step t is dispatched, not once its token retired.
     run_ahead: bool = False
+    # "reserve": admit once prompt + max_tokens blocks can be reserved (no preemption);
+    # "on-demand": admit on the prompt's blocks, grow lazily, preempt (recompute) under pressure.
+    kv_admission: str = "reserve"
     channel_check: bool = False  # every message carries a checked header (tests turn it on)
     linear_backend: str = "auto"
     attention_backend: str = "auto"
@@ -66,6 +70,8 @@ class EngineConfig:
             bad("block_size must be >= 1")
         if self.pp_output_skip not in SKIP_MODES:
             bad(f"pp_output_skip must be one of {SKIP_MODES}, got {self.pp_output_skip!r}")
+        if self.kv_admission not in KV_ADMISSIONS:
+            bad(f"kv_admission must be one of {KV_ADMISSIONS}, got {self.kv_admission!r}")
         if self.output_post not in OUTPUT_POSTS:
             bad(f"output_post must be one of {OUTPUT_POSTS}, got {self.output_post!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -62,7 +62,7 @@ class Coordinator:
             chunk_size=c.chunk_size, max_num_batched_tokens=c.token_budget,
             max_num_seqs=c.max_num_seqs, max_inflight=c.inflight, block_size=c.block_size,
             num_blocks=num_blocks, skip_mode=c.pp_output_skip, max_model_len=self.max_model_len,
-            run_ahead=c.run_ahead, num_stages=c.pp_size))
+            run_ahead=c.run_ahead, num_stages=c.pp_size, kv_admission=c.kv_admission))
         self._loop_task = asyncio.create_task(self._run())
 
     def shutdown(self) -> None:
@@ -315,6 +315,8 @@ class Coordinator:
             "inflight_microbatches": s.inflight,
             "kv_cache_usage": s.kv_usage,
             "kv_blocks_total": self.pipeline.num_blocks,
+            "kv_blocks_free": s.pool.num_free,
+            "num_preemptions": s.num_preemptions,
             "stage_forward_seconds": list(self._stage_forward),
             "pipeline_failures": self._failures,
             "pipeline_id": self.pipeline.pipeline_id,

@@ -46,6 +46,10 @@ class NewRequest:
     sampling: SamplingSpec
     # Only filled for the last stage, and only when repetition_penalty needs the prompt.
     prompt_token_ids: tuple[int, ...] = ()
+    # Last stage only: a re-admission after preemption (recompute) brings back the tokens the
+    # request generated so far, the sampler history of presence/frequency/repetition
+    # penalties; prompt_token_ids stays the original prompt.
+    output_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class MicrobatchPlan:
             rows = tuple(replace(r, token_ids=None) for r in rows)
         news = self.new_requests
         if stage != num_stages - 1:
-            news = tuple(replace(n, prompt_token_ids=()) for n in news)
+            news = tuple(replace(n, prompt_token_ids=(), output_token_ids=()) for n in news)
         return replace(self, rows=rows, new_requests=news)
 
 

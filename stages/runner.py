@@ -124,7 +124,7 @@ class StageRunner:
             self.block_tables[new.req_id] = []
             self.sampling[new.req_id] = new.sampling
             self.prompt_ids[new.req_id] = new.prompt_token_ids
-            self.output_ids[new.req_id] = []
+            self.output_ids[new.req_id] = list(new.output_token_ids)
         for req_id, blocks in plan.block_updates:
             self.block_tables[req_id].extend(blocks)
 

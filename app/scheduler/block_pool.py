@@ -3,6 +3,8 @@
 A request reserves, at admission, every block it can ever need (prompt + max_tokens). Blocks
 are then handed out lazily (`allocate`) as its rows reach new positions, always from its own
 reservation, so an admitted request never waits for memory and nothing has to be preempted.
+With on-demand admission there are no reservations: `take` hands out free blocks and the
+scheduler preempts when they run out.
 
 References: `allocate` gives the owner one reference. Each dispatched microbatch `retain`s the
 blocks of every request it names and `release`s them when it retires; the owner's reference is
@@ -94,6 +96,18 @@ class BlockPool:
             self._refs[b] = 1
         self._reserved[owner] = left - n
         self._num_reserved -= n
+        return ids
+
+    def take(self, owner: Hashable, n: int) -> tuple[int, ...]:
+        """Allocate `n` free, unreserved blocks to `owner` (on-demand admission: no
+        reservation, the scheduler preempts instead)."""
+        if owner in self._reserved:
+            raise BlockPoolError(f"owner {owner!r} holds a reservation: use allocate")
+        if not 0 <= n <= self.num_available:
+            raise BlockPoolError(f"cannot take {n} blocks: {self.num_available} available")
+        self.reserve(owner, n)
+        ids = self.allocate(owner, n)
+        del self._reserved[owner]
         return ids
 
     def retain(self, block_ids: Iterable[int]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SKIP_MODES = ("off", "sglang", "auto")
+KV_ADMISSIONS = ("reserve", "on-demand")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class SchedulerConfig:
       not only once its token has retired; the row reads next_tokens[slot] at stage 0.
     num_stages: the pipeline's depth S; with run_ahead, a request's consecutive decode steps
       are at least S microbatch ids apart (see Scheduler._decode_ready).
+    kv_admission: "reserve" admits a request once prompt + max_tokens blocks can be reserved
+      (never preempts); "on-demand" admits on its prompt's blocks + one, allocates as rows
+      grow and preempts (recompute) the youngest running request when blocks run out.
     """
 
     chunk_size: int = 2048
@@ -34,6 +38,7 @@ class SchedulerConfig:
     max_model_len: int = 131072
     run_ahead: bool = False
     num_stages: int = 1
+    kv_admission: str = "reserve"
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "max_num_batched_tokens", "max_num_seqs", "max_inflight",
@@ -44,6 +49,9 @@ class SchedulerConfig:
         if self.skip_mode not in SKIP_MODES:
             raise ValueError(f"SchedulerConfig.skip_mode must be one of {SKIP_MODES}, "
                              f"got {self.skip_mode!r}")
+        if self.kv_admission not in KV_ADMISSIONS:
+            raise ValueError(f"SchedulerConfig.kv_admission must be one of {KV_ADMISSIONS}, "
+                             f"got {self.kv_admission!r}")
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` positions."""

@@ -3,10 +3,12 @@
 Driven by the coordinator: `add` requests, `schedule` plans (dispatch bookkeeping happens
 there), `retire` them in dispatch order with the sampled tokens, `finish` requests.
 
-No preemption, by construction: a request is admitted (FCFS, strictly in arrival order) only
-once the pool can reserve every block it can ever need, ceil((prompt + max_tokens) / block_size),
-so every admitted request always finds its next block and the pipeline never deadlocks on
-memory; a request that can never fit is refused by `add`.
+With kv_admission="reserve" (the default), no preemption, by construction: a request is
+admitted (FCFS, strictly in arrival order) only once the pool can reserve every block it can
+ever need, ceil((prompt + max_tokens) / block_size), so every admitted request always finds its
+next block and the pipeline never deadlocks on memory; a request that can never fit is refused
+by `add` (in both modes). kv_admission="on-demand" admits on the prompt's blocks and preempts
+under pressure instead (admission.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterable
 
 from stages.protocol import MicrobatchPlan, NewRequest, Row
 
+from .admission import OnDemandAdmission
 from .block_pool import BlockPool
 from .config import SchedulerConfig
 from .skip import ReqInfo, decide_send, needed_req_ids
@@ -29,7 +32,7 @@ class _Inflight:
         self.plan, self.blocks, self.req_ids = plan, blocks, req_ids
 
 
-class Scheduler:
+class Scheduler(OnDemandAdmission):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.pool = BlockPool(config.num_blocks)
@@ -41,6 +44,9 @@ class Scheduler:
         self._finished_unannounced: list[str] = []
         self._ledger = OutputLedger()
         self._next_mb = 0
+        self._resume: dict[str, tuple[int, ...]] = {}  # preempted, waiting: tokens generated
+        self._plan_need = 0  # on-demand: blocks the plan being built will take
+        self.num_preemptions = 0
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -64,6 +70,10 @@ class Scheduler:
 
     def inflight_req_ids(self) -> frozenset[str]:
         return frozenset(rid for r in self._inflight for rid in r.req_ids)
+
+    def pending_finished(self) -> tuple[str, ...]:
+        """The req_ids the next plan lists in `finished` (finished or preempted since)."""
+        return tuple(self._finished_unannounced)
 
     def comm_stats(self) -> dict[str, int]:
         return self._ledger.as_dict()
@@ -101,6 +111,7 @@ class Scheduler:
         go back now; its slot once no in-flight microbatch names it. The next plan lists it in
         `finished`. Returns False if the request is unknown or already finished."""
         if self._waiting.pop(req_id, None) is not None:
+            self._resume.pop(req_id, None)  # a preempted incarnation was announced already
             return True  # never planned: the stages never heard of it
         st = self._running.pop(req_id, None)
         if st is None:
@@ -130,46 +141,36 @@ class Scheduler:
         rows: list[Row] = []
         named: list[ReqState] = []
         news: list[NewRequest] = []
-        for st in self._running.values():  # decode rows first
+        self._plan_need = 0
+        for st in list(self._running.values()):  # decode rows first
             if budget == 0:
                 break
-            if self._decode_ready(st):
+            if self._decode_ready(st) and self._room(st, st.req.prompt_len + st.planned, named):
                 rows.append(self._decode_row(st))
                 named.append(st)
                 budget -= 1
-        for st in self._running.values():  # then the next chunk of prompts under way
+        for st in list(self._running.values()):  # then the next chunk of prompts under way
             if budget == 0:
                 break
-            if st.prefill_left > 0:
+            if st.finished:
+                continue  # preempted while this plan was built
+            n = min(cfg.chunk_size, st.prefill_left, budget)
+            if n > 0 and self._room(st, st.prefill_pos + n, named):
                 rows.append(self._chunk_row(st, budget))
                 named.append(st)
                 budget -= rows[-1].num_tokens
         while budget > 0 and self._waiting and self._free_slots:  # then admit, FCFS
-            req = next(iter(self._waiting.values()))
-            need = cfg.blocks_for(req.prompt_len + req.max_tokens)
-            if not self.pool.can_reserve(need):
+            admitted = self._admit_head(budget, named)
+            if admitted is None:
                 break  # strict FCFS: nobody overtakes the head of the queue
-            st = self._admit(req, need)
-            news.append(NewRequest(req.req_id, st.slot, req.sampling, self._prompt_for(req)))
+            st, new = admitted
+            news.append(new)
             rows.append(self._chunk_row(st, budget))
             named.append(st)
             budget -= rows[-1].num_tokens
         if not rows:
             return None
         return self._dispatch(rows, named, news)
-
-    def _admit(self, req: SchedRequest, need: int) -> ReqState:
-        del self._waiting[req.req_id]
-        self.pool.reserve(req.req_id, need)
-        st = ReqState(req, self._free_slots.popleft())
-        self._running[req.req_id] = st
-        self._states[req.req_id] = st
-        return st
-
-    @staticmethod
-    def _prompt_for(req: SchedRequest) -> tuple[int, ...]:
-        # The last stage needs the prompt only for the repetition penalty (protocol.NewRequest).
-        return req.prompt_token_ids if req.sampling.repetition_penalty != 1.0 else ()
 
     def _decode_ready(self, st: ReqState) -> bool:
         """Whether the next microbatch may carry a decode row of `st`. Without run-ahead: its
@@ -207,8 +208,8 @@ class Scheduler:
         start = st.prefill_pos
         st.prefill_pos += n
         last = st.prefill_left == 0
-        return Row(st.req_id, st.slot, start, n, st.req.prompt_token_ids[start:start + n],
-                   sample=last, output_index=0, is_prefill=True)
+        return Row(st.req_id, st.slot, start, n, st.prefix[start:start + n],
+                   sample=last, output_index=st.generated, is_prefill=True)
 
     def _dispatch(self, rows: list[Row], named: list[ReqState],
                   news: list[NewRequest]) -> MicrobatchPlan:
@@ -220,7 +221,8 @@ class Scheduler:
             have = len(st.blocks)
             want = self.config.blocks_for(row.start + row.num_tokens)
             if want > have:
-                new_ids = self.pool.allocate(st.req_id, want - have)
+                take = self.pool.take if self.on_demand else self.pool.allocate
+                new_ids = take(st.req_id, want - have)
                 st.blocks.extend(new_ids)
                 updates.append((st.req_id, new_ids))
             retained.extend(st.blocks)
@@ -229,7 +231,7 @@ class Scheduler:
                 st.planned += 1
                 st.sample_mb = mb_id
         self.pool.retain(retained)
-        info = {st.req_id: ReqInfo(st.req.prompt_len, st.req.max_tokens, st.req.wants_logprobs)
+        info = {st.req_id: ReqInfo(len(st.prefix), st.req.max_tokens, st.req.wants_logprobs)
                 for st in named}
         send = decide_send(self.config.skip_mode, rows, info)
         needed = needed_req_ids(rows, info)
@@ -287,6 +289,7 @@ class Scheduler:
                       f"{row.req_id!r}: retiring output {row.output_index}, "
                       f"expected {st.generated}")
                 st.generated += 1
+                st.output_ids.append(tokens[row.req_id])
                 st.last_mb = mb_id
                 events.append(TokenEvent(row.req_id, tokens[row.req_id], row.output_index))
             if st.finished and st.inflight == 0:

@@ -57,6 +57,14 @@ class ReqState:
     source_mb: int | None = None  # dispatched mb sampling a needed token no decode read yet
     finished: bool = False
     finish_reason: str | None = None
+    # What prefill computes: the prompt, or after a preemption the prompt + the tokens generated
+    # before it (generated / planned then start at their count: output indices are absolute).
+    prefix: tuple[int, ...] = ()
+    output_ids: list[int] = field(default_factory=list)  # accepted tokens, in order
+
+    def __post_init__(self) -> None:
+        if not self.prefix:
+            self.prefix = self.req.prompt_token_ids
 
     @property
     def req_id(self) -> str:
@@ -64,7 +72,7 @@ class ReqState:
 
     @property
     def prefill_left(self) -> int:
-        return self.req.prompt_len - self.prefill_pos
+        return len(self.prefix) - self.prefill_pos
 
     @property
     def decode_ready(self) -> bool:
