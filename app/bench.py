@@ -144,8 +144,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--layers", type=int, default=32, help="layers of the 8B-shaped model")
     p.add_argument("--max-inflight", type=int, default=None)
-    p.add_argument("--attention", default="auto", help="attention backend (auto, torch, "
-                   "flash-split)")
+    p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 

@@ -55,8 +55,8 @@ ENGINE_FLAGS = [
     ("--linear-backend", "linear_backend", str, "Linear layers: auto (cuBLAS via torch), torch, "
      "triton-persistent (grid = SMs) or triton-persistent-sm1 (grid = SMs - 1); CUDA only "
      "for the Triton ones."),
-    ("--attention-backend", "attention_backend", str, "Attention: auto (torch SDPA with a "
-     "bottom-right causal mask), torch, or flash-split (CUDA; opt-in, see docs/PERFORMANCE.md)."),
+    ("--attention-backend", "attention_backend", str, "Attention: auto or torch (SDPA with a "
+     "bottom-right causal mask over the paged prefix)."),
     ("--channel-check", "channel_check", bool, "Test mode: every channel message carries a "
      "checked header (microbatch, sequence, bytes), and on CUDA a device sync while a recv is "
      "posted fails the stage."),

@@ -22,15 +22,12 @@ BACKENDS: dict[str, dict[str, str]] = {
     },
     "attention": {
         "torch": "stages.kernels.torch_ref:attention",
-        # Bottom-right causal chunks on flash kernels (prefix + diagonal, merged by LSE).
-        "flash-split": "stages.kernels.flash_split:attention",
     },
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it.
 PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
-    # flash-split measured slower than SDPA's own choice on H200 (docs/PERFORMANCE.md): opt-in.
     "attention": ("torch",),
 }
 

@@ -147,6 +147,9 @@ def test_bad_values(served):
                  "max_tokens")
     assert_error(post(served, "/v1/completions", {"prompt": "x", "n": 2}), 400, "n=1")
     assert_error(post(served, "/v1/completions", {"prompt": "x", "top_p": 0}), 400, "top_p")
+    assert_error(post(served, "/v1/completions", {"prompt": [5, 10 ** 6]}), 400,
+                 "out of range")
+    assert_error(post(served, "/v1/completions", {"prompt": []}), 400, "empty")
     with pytest.raises(openai.BadRequestError) as e:
         served.client().chat.completions.create(model="ppserve-random", messages=MESSAGES,
                                                 max_tokens=0)
