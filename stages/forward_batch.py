@@ -16,8 +16,9 @@ class ForwardBatch:
     row_offsets: list[int]  # where each row's tokens begin in T
     block_tables: list[list[int]]
     sample_indices: torch.Tensor  # [R] long: index in T of the last token of each sampling row
-    # Per row: KV slots of positions 0..start+n-1, the gather index of its attention prefix.
-    prefix_slots: list[torch.Tensor] | None = None
+    # Per row: KV slots of positions 0..start+n-1, the gather index of its attention prefix; a
+    # slice when its blocks are consecutive (a lone long prompt's are), so attention reads in place.
+    prefix_slots: list[torch.Tensor | slice] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -47,7 +48,10 @@ class ForwardBatch:
                          + torch.arange(block_size, dtype=torch.long)[None, :]).reshape(-1)[:end]
             positions.append(torch.arange(start, end, dtype=torch.long))
             slots.append(all_slots[start:end])
-            prefix.append(all_slots)
+            first = table[0]
+            consecutive = list(table[:need]) == list(range(first, first + need))
+            prefix.append(slice(first * block_size, first * block_size + end) if consecutive
+                          else all_slots)
             offsets.append(total)
             total += n
             starts.append(start)
@@ -60,7 +64,7 @@ class ForwardBatch:
             positions=to_dev(torch.cat(positions)), slot_mapping=to_dev(torch.cat(slots)),
             row_starts=starts, row_lens=lens, row_offsets=offsets, block_tables=tables,
             sample_indices=to_dev(torch.tensor(samples, dtype=torch.long)),
-            prefix_slots=[to_dev(p) for p in prefix],
+            prefix_slots=[p if isinstance(p, slice) else to_dev(p) for p in prefix],
         )
 
 

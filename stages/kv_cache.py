@@ -58,9 +58,13 @@ class PagedKVCache:
         offsets = torch.arange(b, dtype=torch.long, device=self.kv.device)
         return (blocks[:, None] * b + offsets[None, :]).reshape(-1)[:length]
 
-    def gather(self, local_layer: int, block_table: list[int],
-               length: int, idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V [length, Hkv, D] of positions 0..length-1, in order (idx: precomputed slots)."""
+    def gather(self, local_layer: int, block_table: list[int], length: int,
+               idx: torch.Tensor | slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [length, Hkv, D] of positions 0..length-1, in order (idx: precomputed slots, or
+        a slice when the blocks are consecutive: then K and V are views, nothing is copied)."""
+        if isinstance(idx, slice):
+            layer = self.kv[local_layer]
+            return layer[0][idx], layer[1][idx]
         if idx is None:
             idx = self.slots(block_table, length)
         layer = self.kv[local_layer]

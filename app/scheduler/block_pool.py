@@ -117,9 +117,13 @@ class BlockPool:
             self._refs[b] += 1
 
     def release(self, block_ids: Iterable[int]) -> None:
+        freed = []
         for b in block_ids:
             if self._refs[b] <= 0:
                 raise BlockPoolError(f"release of free block {b}")
             self._refs[b] -= 1
             if self._refs[b] == 0:
-                self._free.append(b)
+                freed.append(b)
+        # Pushed in reverse, so the next request pops them in ascending order: consecutive blocks
+        # let attention read a prefix in place instead of gathering it (ForwardBatch.build).
+        self._free.extend(reversed(freed))

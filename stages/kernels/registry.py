@@ -22,13 +22,15 @@ BACKENDS: dict[str, dict[str, str]] = {
     },
     "attention": {
         "torch": "stages.kernels.torch_ref:attention",
+        "cudnn": "stages.kernels.cudnn_attention:attention",
     },
 }
 
-# "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it.
+# "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it;
+# cuDNN leads attention on CUDA (1.7x SDPA's flash path on chunks, docs/bench/attention.json).
 PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
-    "attention": ("torch",),
+    "attention": ("cudnn", "torch"),
 }
 
 

@@ -37,7 +37,9 @@ def bf16_checkpoint(tmp_path_factory):
     from tests.cpu.conftest import hf_model
 
     path = str(tmp_path_factory.mktemp("ckpt") / "llama-bf16")
-    hf_model("llama").to(torch.bfloat16).save_pretrained(path)
+    model = hf_model("llama")
+    model.config.max_position_embeddings = 2048  # default RoPE: only bounds the prompt length
+    model.to(torch.bfloat16).save_pretrained(path)
     return path
 
 
@@ -58,16 +60,30 @@ def _hf_reference(path, prompts):
     return refs
 
 
-@pytest.mark.parametrize("chunk", [16, 256])
-def test_pp2_cuda_matches_transformers(ray_gpus, bf16_checkpoint, chunk):
+VARIANTS = {  # id -> EngineConfig overrides
+    "chunk16": dict(chunk_size=16),
+    "chunk256": dict(chunk_size=256),
+    "chunk16-sdpa": dict(chunk_size=16, attention_backend="torch"),
+    # A 1400-token prompt in chunks of 640: the chunks of >= 512 queries run on cuDNN.
+    "long-chunk640": dict(chunk_size=640, max_model_len=2048),
+    # Run-ahead decoding and on-demand KV on a pool too small for all six: preempts, recomputes.
+    "chunk16-runahead-ondemand": dict(chunk_size=16, run_ahead=True, kv_admission="on-demand",
+                                      block_size=4, num_kv_blocks=48),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_pp2_cuda_matches_transformers(ray_gpus, bf16_checkpoint, variant):
     from app import Engine, EngineConfig, SamplingParams
 
     rng = random.Random(5)
-    prompts = [[rng.randrange(3, 200) for _ in range(n)] for n in (7, 40, 100, 3, 64, 150)]
+    lengths = (7, 40, 100, 3, 64, 150) + ((1400,) if variant.startswith("long") else ())
+    prompts = [[rng.randrange(3, 200) for _ in range(n)] for n in lengths]
     refs = _hf_reference(bf16_checkpoint, prompts)
-    cfg = EngineConfig(model=bf16_checkpoint, pp_size=2, device="cuda", dtype="bfloat16",
-                       chunk_size=chunk, block_size=64, max_model_len=256,
-                       gpu_memory_utilization=0.3, channel_check=True)
+    overrides = VARIANTS[variant]
+    cfg = EngineConfig(**{**dict(model=bf16_checkpoint, pp_size=2, device="cuda",
+                                 dtype="bfloat16", block_size=64, max_model_len=256,
+                                 gpu_memory_utilization=0.3, channel_check=True), **overrides})
     with Engine(cfg) as engine:
         outs = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
                                                        logprobs=0))
@@ -84,4 +100,7 @@ def test_pp2_cuda_matches_transformers(ray_gpus, bf16_checkpoint, chunk):
     assert compared >= len(prompts) * MAX_NEW // 2  # most of the tokens were really compared
     assert stats["channel_output_sends"] == stats["pp_output_comm"]["sent"]
     assert stats["pipeline_failures"] == 0  # the sync guard would have failed a stage
-    assert stats["kv_blocks_total"] > 1000  # sized from gpu_memory_utilization, not a default
+    if "num_kv_blocks" in overrides:
+        assert stats["num_preemptions"] > 0  # the small pool really preempted
+    else:
+        assert stats["kv_blocks_total"] > 1000  # sized from gpu_memory_utilization, not a default

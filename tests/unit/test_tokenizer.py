@@ -135,3 +135,16 @@ def test_hf_tokenizer_offline_with_template(hf_dir, monkeypatch):
     detok = IncrementalDetokenizer(tok)
     text = "".join(detok.add([i]) for i in [4, 5, 10, 2])
     assert text == detok.text and text.replace(" ", "") == "helloworld!"
+
+
+def test_byte_tokenizer_spells_ids_past_its_vocabulary():
+    """A random model with a larger vocabulary (the 8B-shaped bench model) samples ids this
+    tokenizer has no bytes for: each streams as "<unk>" at once, specials still obey the flag."""
+    from app.tokenizer import ByteTokenizer, IncrementalDetokenizer
+
+    tok = ByteTokenizer()
+    assert tok.decode([65, 1000, 66, 257]) == "A<unk>B"
+    assert tok.decode([256, 300, 257], skip_special_tokens=False) == "<bos><unk><eos>"
+    detok = IncrementalDetokenizer(tok)
+    assert detok.add([70000]) == "<unk>"
+    assert detok.add([65]) == "A"
