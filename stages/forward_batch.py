@@ -59,16 +59,17 @@ class ForwardBatch:
             tables.append(list(table))
             if sample:
                 samples.append(total - 1)
-        to_dev = _mover(device)
+        # One pinned host buffer and one copy for every index of the batch: a pinned copy per
+        # row (decode batches have dozens of rows) costs more host time than the step itself.
+        host = [torch.cat(positions), torch.cat(slots), torch.tensor(samples, dtype=torch.long)]
+        host += [p for p in prefix if not isinstance(p, slice)]
+        flat = torch.cat(host)
+        if device.type == "cuda":
+            flat = flat.pin_memory().to(device, non_blocking=True)
+        parts = iter(flat.split([t.numel() for t in host]))
+        positions_d, slots_d, samples_d = next(parts), next(parts), next(parts)
         return cls(
-            positions=to_dev(torch.cat(positions)), slot_mapping=to_dev(torch.cat(slots)),
-            row_starts=starts, row_lens=lens, row_offsets=offsets, block_tables=tables,
-            sample_indices=to_dev(torch.tensor(samples, dtype=torch.long)),
-            prefix_slots=[p if isinstance(p, slice) else to_dev(p) for p in prefix],
+            positions=positions_d, slot_mapping=slots_d, row_starts=starts, row_lens=lens,
+            row_offsets=offsets, block_tables=tables, sample_indices=samples_d,
+            prefix_slots=[p if isinstance(p, slice) else next(parts) for p in prefix],
         )
-
-
-def _mover(device: torch.device):
-    if device.type != "cuda":
-        return lambda t: t
-    return lambda t: t.pin_memory().to(device, non_blocking=True)

@@ -82,9 +82,14 @@ class Sampler:
         """logits: float32 [R, V]. Returns one Sampled per row, in order."""
         out: list[Sampled] = []
         raw_logprobs = torch.log_softmax(logits, dim=-1)  # logprobs of the model's own output
+        argmax = torch.argmax(logits, dim=-1)  # one kernel serves every plain greedy row
         chosen = []
         for i, row in enumerate(rows):
             spec = row.spec
+            if spec.greedy and not spec.needs_history and not (
+                    spec.min_tokens_banned and row.output_index < spec.min_tokens):
+                chosen.append(argmax[i])
+                continue
             lg = _apply_penalties(logits[i], row)
             if spec.min_tokens_banned and row.output_index < spec.min_tokens:
                 banned = torch.tensor(spec.min_tokens_banned, device=lg.device)
