@@ -157,6 +157,38 @@ def summarize(rate: float, results: list[Result], duration: float) -> dict:
     }
 
 
+# The server's skip counters (Prometheus names as Ray exports them): decision label or None.
+COMM_SAMPLES = {"sent": ("ray_ppserve_pp_output_comm_total", "sent"),
+                "skipped": ("ray_ppserve_pp_output_comm_total", "skipped"),
+                "missed": ("ray_ppserve_pp_output_comm_missed_total", None),
+                "orphaned": ("ray_ppserve_pp_output_comm_orphaned_total", None)}
+
+
+def comm_counts(metrics_url: str) -> dict[str, float] | None:
+    """sent / skipped / missed / orphaned so far, summed over replicas; None if unreachable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(metrics_url, timeout=10).text
+    except httpx.HTTPError:
+        return None
+    out = dict.fromkeys(COMM_SAMPLES, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for key, (name, decision) in COMM_SAMPLES.items():
+                if sample.name == name and decision in (None, sample.labels.get("decision")):
+                    out[key] += sample.value
+    return out
+
+
+def comm_delta(before: dict | None, after: dict | None) -> dict:
+    if before is None or after is None:
+        return {"pp_output_comm": None, "skip_hit_ratio": None}
+    comm = {k: int(after[k] - before[k]) for k in COMM_SAMPLES}
+    decided = comm["skipped"] + comm["missed"]
+    return {"pp_output_comm": comm, "skip_hit_ratio": comm["skipped"] / decided if decided else None}
+
+
 def print_table(rows: list[dict]) -> None:
     cols = [("rate", "request_rate", "g"), ("ok", "completed", "d"), ("err", "errors", "d"),
             ("req/s", "request_throughput", ".2f"), ("out tok/s", "output_throughput", ".1f"),
@@ -199,6 +231,11 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800.0, help="Per request, seconds.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="Write the results as JSON here.")
+    p.add_argument("--metrics-url", default=None, help="The server's Prometheus endpoint (e.g. "
+                   "http://127.0.0.1:8080/metrics): record the output channel's sent / skipped /"
+                   " missed / orphaned counts and the skip-hit ratio of each rate.")
+    p.add_argument("--metrics-wait", type=float, default=15.0, help="Seconds to wait after a "
+                   "rate before reading the counters (Ray exports every 10 s by default).")
     return p.parse_args(argv)
 
 
@@ -210,7 +247,16 @@ def main(argv: list[str] | None = None) -> int:
         r.raise_for_status()
         a.model = r.json()["data"][0]["id"]
     prompts = make_prompts(a, random.Random(a.seed))
-    rows = [asyncio.run(run_rate(a, rate, prompts)) for rate in a.request_rates]
+    rows = []
+    for rate in a.request_rates:
+        before = comm_counts(a.metrics_url) if a.metrics_url else None
+        row = asyncio.run(run_rate(a, rate, prompts))
+        if a.metrics_url:
+            time.sleep(a.metrics_wait)  # Ray exports metrics every report interval
+            row.update(comm_delta(before, comm_counts(a.metrics_url)))
+            print(f"rate {rate:g}: output channel {row['pp_output_comm']}, skip-hit ratio "
+                  f"{row['skip_hit_ratio']}")
+        rows.append(row)
     print_table(rows)
     if a.out:
         with open(a.out, "w") as f:

@@ -203,18 +203,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help only: main() hands everything after `bench` to the bench's own parser.
     sub.add_parser("bench", add_help=False, help="'bench serve': load a running endpoint; "
-                   "'bench engine' (the default), 'bench contention', 'bench load': GPU benches. "
+                   "'bench engine' (the default), 'bench contention', 'bench load', "
+                   "'bench attention': GPU benches. "
                    "'ppserve bench serve --help' etc. for their flags.")
     return p
 
 
 def cmd_bench(rest: list[str]) -> int:
     """serve: load a running endpoint; engine / contention (GPU benches); else the engine."""
-    which = rest[0] if rest and rest[0] in ("serve", "engine", "contention", "load") else "engine"
+    benches = {"serve": "app.bench_serve", "engine": "app.bench",
+               "contention": "app.bench_contention", "load": "app.bench_load",
+               "attention": "app.bench_attention"}
+    which = rest[0] if rest and rest[0] in benches else "engine"
     if rest and rest[0] == which:
         rest = rest[1:]
-    module = {"serve": "app.bench_serve", "engine": "app.bench",
-              "contention": "app.bench_contention", "load": "app.bench_load"}[which]
+    module = benches[which]
     try:
         import importlib
 

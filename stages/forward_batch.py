@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass
+class DecodeGroup:
+    """Rows of one new token each whose attention runs as one padded call (one per layer instead
+    of one per row: a decode batch of dozens of rows is otherwise bound by host overhead)."""
+    rows: list[int]  # indices into the batch's rows
+    token_index: torch.Tensor  # [R] long: each row's token in T
+    slots: torch.Tensor  # [R, Lmax] long: KV slots of each row's prefix, padded with slot 0
+    mask: torch.Tensor  # [R, Lmax] bool: True where the key is real
+
+
+def decode_buckets(lengths: dict[int, int]) -> list[list[int]]:
+    """Decode rows (row -> prefix length) grouped so padding at most doubles a group's keys:
+    one group per power-of-two length bucket, groups of one left to the per-row path."""
+    buckets: dict[int, list[int]] = {}
+    for row, length in lengths.items():
+        buckets.setdefault((length - 1).bit_length(), []).append(row)
+    return [rows for _, rows in sorted(buckets.items()) if len(rows) > 1]
 
 
 @dataclass
@@ -18,7 +37,8 @@ class ForwardBatch:
     sample_indices: torch.Tensor  # [R] long: index in T of the last token of each sampling row
     # Per row: KV slots of positions 0..start+n-1, the gather index of its attention prefix; a
     # slice when its blocks are consecutive (a lone long prompt's are), so attention reads in place.
-    prefix_slots: list[torch.Tensor | slice] | None = None
+    prefix_slots: list[torch.Tensor | slice | None] | None = None  # None: row is in a group
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -59,17 +79,41 @@ class ForwardBatch:
             tables.append(list(table))
             if sample:
                 samples.append(total - 1)
+        groups = decode_buckets({i: starts[i] + 1 for i, n in enumerate(lens) if n == 1})
+        group_host = []
+        for rows_g in groups:
+            full = [host_slots(prefix[i]) for i in rows_g]
+            group_host.append((torch.tensor([offsets[i] for i in rows_g], dtype=torch.long),
+                               torch.nn.utils.rnn.pad_sequence(full, batch_first=True),
+                               torch.tensor([len(f) for f in full], dtype=torch.long)))
+            for i in rows_g:
+                prefix[i] = None
         # One pinned host buffer and one copy for every index of the batch: a pinned copy per
         # row (decode batches have dozens of rows) costs more host time than the step itself.
         host = [torch.cat(positions), torch.cat(slots), torch.tensor(samples, dtype=torch.long)]
-        host += [p for p in prefix if not isinstance(p, slice)]
+        host += [t.reshape(-1) for g in group_host for t in g]
+        host += [p for p in prefix if isinstance(p, torch.Tensor)]
         flat = torch.cat(host)
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
         parts = iter(flat.split([t.numel() for t in host]))
         positions_d, slots_d, samples_d = next(parts), next(parts), next(parts)
+        decode_groups = []
+        for rows_g, (_, padded, _) in zip(groups, group_host):
+            token_index, slots_g, lengths = next(parts), next(parts), next(parts)
+            width = padded.shape[1]
+            mask = torch.arange(width, device=flat.device)[None, :] < lengths[:, None]
+            decode_groups.append(DecodeGroup(rows_g, token_index, slots_g.view(-1, width), mask))
         return cls(
             positions=positions_d, slot_mapping=slots_d, row_starts=starts, row_lens=lens,
             row_offsets=offsets, block_tables=tables, sample_indices=samples_d,
-            prefix_slots=[p if isinstance(p, slice) else next(parts) for p in prefix],
+            prefix_slots=[next(parts) if isinstance(p, torch.Tensor) else p for p in prefix],
+            decode_groups=decode_groups,
         )
+
+
+def host_slots(prefix: torch.Tensor | slice) -> torch.Tensor:
+    """The host slot ids of a row's prefix, whichever form `build` kept it in."""
+    if isinstance(prefix, slice):
+        return torch.arange(prefix.start, prefix.stop, dtype=torch.long)
+    return prefix

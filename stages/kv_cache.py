@@ -69,3 +69,11 @@ class PagedKVCache:
             idx = self.slots(block_table, length)
         layer = self.kv[local_layer]
         return layer[0].index_select(0, idx), layer[1].index_select(0, idx)
+
+    def gather_padded(self, local_layer: int,
+                      slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [R, Lmax, Hkv, D] of a [R, Lmax] slot matrix (a padded group of rows)."""
+        layer = self.kv[local_layer]
+        flat = slots.reshape(-1)
+        shape = (*slots.shape, *layer.shape[2:])
+        return layer[0].index_select(0, flat).view(shape), layer[1].index_select(0, flat).view(shape)

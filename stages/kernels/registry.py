@@ -24,6 +24,10 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.torch_ref:attention",
         "cudnn": "stages.kernels.cudnn_attention:attention",
     },
+    # One call for a padded group of decode rows (one query each).
+    "decode_attention": {
+        "torch": "stages.kernels.torch_ref:decode_attention",
+    },
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it;
@@ -31,6 +35,7 @@ BACKENDS: dict[str, dict[str, str]] = {
 PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
     "attention": ("cudnn", "torch"),
+    "decode_attention": ("torch",),
 }
 
 
@@ -38,6 +43,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
 class Kernels:
     linear: Callable  # (x, weight, bias=None) -> x @ weight.T + bias
     attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,D], scale) -> [t,Hq,D]
+    decode_attention: Callable  # (q [R,Hq,D], k/v [R,Lmax,Hkv,D], mask [R,Lmax], scale)
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -75,6 +81,7 @@ def select_kernels(device: str, linear: str = "auto", attention: str = "auto") -
     """Pick one backend per op for `device`; an explicit name that cannot run is an error."""
     lin_name, lin = _select("linear", linear, str(device))
     att_name, att = _select("attention", attention, str(device))
-    names = {"linear": lin_name, "attention": att_name}
+    dec_name, dec = _select("decode_attention", "auto", str(device))
+    names = {"linear": lin_name, "attention": att_name, "decode_attention": dec_name}
     log.info("kernels on %s: %s", device, names)
-    return Kernels(linear=lin, attention=att, names=names)
+    return Kernels(linear=lin, attention=att, decode_attention=dec, names=names)

@@ -32,3 +32,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     mask = causal_lower_right(t, length) if t > 1 else None  # one query sees every key
     out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """R rows of one query each: q [R, Hq, D], k/v [R, Lmax, Hkv, D] padded, mask [R, Lmax]
+    (True = a real key). The query heads sharing a KV head are laid out as that head's queries
+    ([R, Hkv, Hq/Hkv, D]), so GQA needs no KV repeat and no causal mask (all keys are past)."""
+    r, hq, d = q.shape
+    hkv = k.shape[2]
+    q_ = q.view(r, hkv, hq // hkv, d)
+    out = F.scaled_dot_product_attention(q_, k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask[:, None, None, :], scale=scale)
+    return out.reshape(r, hq, d)

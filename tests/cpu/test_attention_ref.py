@@ -44,8 +44,25 @@ def test_chunk_differs_from_top_left_causal():
 
 def test_registry_auto_and_explicit():
     kern = select_kernels("cpu")
-    assert kern.names == {"linear": "torch", "attention": "torch"}
+    assert kern.names == {"linear": "torch", "attention": "torch", "decode_attention": "torch"}
     with pytest.raises(ValueError, match="not available"):
         select_kernels("cpu", linear="triton-persistent")
     with pytest.raises(ValueError, match="unknown"):
         select_kernels("cpu", attention="nope")
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (6, 1)])
+def test_padded_decode_group_matches_each_row_alone(hq, hkv):
+    """decode_attention over rows of different lengths, padded with garbage keys, equals the
+    reference run on each row's own prefix."""
+    g = torch.Generator().manual_seed(hq * 10 + hkv)
+    lengths = [1, 7, 3, 12]
+    width = max(lengths)
+    q = torch.randn(len(lengths), hq, 16, generator=g)
+    k = torch.randn(len(lengths), width, hkv, 16, generator=g) * 3  # padding is not zero
+    v = torch.randn(len(lengths), width, hkv, 16, generator=g)
+    mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    out = torch_ref.decode_attention(q, k, v, mask, 16 ** -0.5)
+    for i, n in enumerate(lengths):
+        alone = naive_attention(q[i:i + 1], k[i, :n], v[i, :n], 16 ** -0.5)[0]
+        torch.testing.assert_close(out[i], alone, atol=1e-5, rtol=1e-5)

@@ -18,7 +18,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(fast_metrics):  # bench serve reads the skip counters
     apps = {"ppserve": ("/", ENGINE_ARGS),
             "keyed": ("/keyed", {**ENGINE_ARGS, "pp": 1, "api_key": KEY})}
     try:
@@ -194,8 +194,12 @@ def test_bench_serve_runs(served, tmp_path):
 
     out = tmp_path / "bench.json"
     rc = main(["--base-url", served.base_url, "--request-rates", "4", "inf", "--num-prompts", "3",
-               "--input-lens", "64", "200", "--output-lens", "4", "--out", str(out)])
+               "--input-lens", "64", "200", "--output-lens", "4", "--out", str(out),
+               "--metrics-url", served.metrics_url, "--metrics-wait", "3"])
     assert rc == 0
     rows = json.loads(out.read_text())["results"]
     assert [r["completed"] for r in rows] == [3, 3]
     assert all(r["total_output_tokens"] == 12 and r["ttft_ms_p50"] > 0 for r in rows)
+    for r in rows:  # each rate's own share of the server's skip counters (auto: nothing missed)
+        comm = r["pp_output_comm"]
+        assert comm["sent"] >= 3 and comm["missed"] == 0 and comm["orphaned"] == 0

@@ -26,6 +26,7 @@ for mode in ${MODES//,/ }; do
     curl -sf 127.0.0.1:8000/health > /dev/null && break; sleep 1
   done
   python3 -m app.cli bench serve --model l8b --token-id-min 1000 --token-id-max 120000 \
+    --metrics-url http://127.0.0.1:8080/metrics \
     --out "$OUT/serve_$mode.json" "$@" 2>&1 | tee "$OUT/bench_serve_$mode.log"
   kill -INT $server; wait $server
   pkill -9 -f raylet; pkill -9 -f gcs_server; sleep 2  # what the server left, if anything

@@ -1,0 +1,34 @@
+"""ForwardBatch.build: the index tensors the model reads, and how decode rows are grouped."""
+
+import torch
+
+from stages.forward_batch import ForwardBatch, decode_buckets
+
+
+def test_decode_buckets_cap_padding_and_leave_singletons():
+    # lengths 3, 4 share bucket (2, 4]; 5, 8 share (4, 8]; 100 is alone -> per-row path
+    assert decode_buckets({0: 3, 1: 4, 2: 5, 3: 8, 4: 100}) == [[0, 1], [2, 3]]
+    assert decode_buckets({0: 9}) == []
+    for rows in decode_buckets({i: n for i, n in enumerate([1, 2, 3, 17, 30, 31, 64, 65])}):
+        lengths = [[1, 2, 3, 17, 30, 31, 64, 65][r] for r in rows]
+        assert max(lengths) < 2 * min(lengths) or max(lengths) <= 2  # padding < 2x
+
+
+def test_build_groups_decode_rows_and_keeps_prefill_rows_alone():
+    b = 4
+    rows = [(0, 6, [0, 1], True),      # a prefill row (blocks consecutive: a slice)
+            (5, 1, [7, 2], True),      # decode at position 5: prefix of 6 keys
+            (6, 1, [3, 9], True),      # decode at position 6: 7 keys, same bucket as 6
+            (2, 1, [5], True)]         # decode at position 2: 3 keys, a bucket of its own
+    fb = ForwardBatch.build(rows, b)
+    assert fb.positions.tolist() == [0, 1, 2, 3, 4, 5, 5, 6, 2]
+    assert fb.sample_indices.tolist() == [5, 6, 7, 8]
+    assert fb.prefix_slots[0] == slice(0, 6)
+    assert fb.prefix_slots[1] is None and fb.prefix_slots[2] is None
+    assert fb.prefix_slots[3] == slice(20, 23)  # one block: read in place
+    (group,) = fb.decode_groups
+    assert group.rows == [1, 2]
+    assert group.token_index.tolist() == [6, 7]
+    assert group.slots.tolist() == [[28, 29, 30, 31, 8, 9, 0], [12, 13, 14, 15, 36, 37, 38]]
+    assert group.mask.tolist() == [[True] * 6 + [False], [True] * 7]
+    assert group.mask.dtype == torch.bool
