@@ -17,13 +17,24 @@ class DecodeGroup:
     mask: torch.Tensor  # [R, Lmax] bool: True where the key is real
 
 
-def decode_buckets(lengths: dict[int, int]) -> list[list[int]]:
+# Keys one decode group may pad to, summed over its rows: its gathered K/V is a temporary of
+# MAX_GROUP_KEYS x Hkv x D x 2 per layer (1 GiB at Llama-8B's 8 x 128 in bf16), so long-context
+# rows form small groups or none, instead of one tensor for all of them.
+MAX_GROUP_KEYS = 1 << 18
+
+
+def decode_buckets(lengths: dict[int, int], max_keys: int = MAX_GROUP_KEYS) -> list[list[int]]:
     """Decode rows (row -> prefix length) grouped so padding at most doubles a group's keys:
-    one group per power-of-two length bucket, groups of one left to the per-row path."""
+    one power-of-two length bucket per group, split so rows x bucket width <= max_keys; groups
+    of one are left to the per-row path."""
     buckets: dict[int, list[int]] = {}
     for row, length in lengths.items():
         buckets.setdefault((length - 1).bit_length(), []).append(row)
-    return [rows for _, rows in sorted(buckets.items()) if len(rows) > 1]
+    groups = []
+    for bits, rows in sorted(buckets.items()):
+        per_group = max(1, max_keys >> bits)  # the bucket's width is at most 2**bits
+        groups += [rows[i:i + per_group] for i in range(0, len(rows), per_group)]
+    return [g for g in groups if len(g) > 1]
 
 
 @dataclass

@@ -14,6 +14,17 @@ def test_decode_buckets_cap_padding_and_leave_singletons():
         assert max(lengths) < 2 * min(lengths) or max(lengths) <= 2  # padding < 2x
 
 
+def test_decode_groups_stay_under_the_key_budget():
+    """Long-context rows must not be gathered all at once: 64 rows of 128K keys would be a 32 GiB
+    temporary at Llama-8B's KV width."""
+    long_rows = {i: 131072 for i in range(64)}
+    groups = decode_buckets(long_rows, max_keys=1 << 18)
+    assert [len(g) for g in groups] == [2] * 32  # 2 x 131072 keys fit 2**18
+    assert decode_buckets({0: 300000, 1: 300000}, max_keys=1 << 18) == []  # alone: per row
+    assert decode_buckets({i: 100 for i in range(10)}, max_keys=512) == [[0, 1, 2, 3],
+                                                                          [4, 5, 6, 7], [8, 9]]
+
+
 def test_build_groups_decode_rows_and_keeps_prefill_rows_alone():
     b = 4
     rows = [(0, 6, [0, 1], True),      # a prefill row (blocks consecutive: a slice)
