@@ -2,9 +2,12 @@
 
 A chunk of t queries at the end of an L-token prefix (Llama-3-8B heads: 32 query, 8 KV, dim 128)
 is timed with every way PyTorch offers on this host, against the whole-prompt square (t == L):
-  ref        the engine's reference: KV heads repeated, SDPA with a lower-right causal mask
+  ref        the engine's reference until 96f2282: KV heads repeated, SDPA with a lower-right
+             causal mask (PyTorch runs it on FlashAttention-2)
+  sdpa-lower-right-gqa   today's reference (torch_ref.attention): the same, KV heads shared
   split-*    the prefix part (no mask) and the diagonal square (top-left causal == bottom-right
-             when square) as two calls, merged by their log-sum-exp; * = cudnn or flash
+             when square) as two calls, merged by their log-sum-exp; * = cudnn or flash;
+             split-cudnn-gqa is the engine's CUDA default (cudnn_attention.split_attention)
   square-*   t == L with is_causal (what PP=1's whole prompt runs), per SDPA backend
 Each output is checked against `ref` (max abs diff). Prints a table, writes JSON.
 
@@ -18,12 +21,13 @@ import json
 import platform
 import statistics
 import sys
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from stages.kernels import torch_ref
+from stages.kernels import cudnn_attention, torch_ref
 
 HQ, HKV, D = 32, 8, 128
 CASES = [(4096, 8192), (4096, 32768), (8192, 16384), (8192, 65536), (8192, 131072)]
@@ -52,6 +56,14 @@ def _repeat(k: torch.Tensor) -> torch.Tensor:
     return k.repeat_interleave(HQ // k.shape[1], dim=1)
 
 
+def sdpa_repeat(q, k, v, scale):
+    from torch.nn.attention.bias import causal_lower_right
+    t, length = q.shape[0], k.shape[0]
+    out = F.scaled_dot_product_attention(_bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v)),
+                                         attn_mask=causal_lower_right(t, length), scale=scale)
+    return out[0].transpose(0, 1)
+
+
 def _op_with_lse(kind: str, q, k, v, causal: bool, scale: float):
     """(out [1,H,t,D], lse [1,H,t]) from the aten op that returns the log-sum-exp."""
     if kind == "cudnn":
@@ -64,50 +76,29 @@ def _op_with_lse(kind: str, q, k, v, causal: bool, scale: float):
     return out, lse.reshape(out.shape[:3]).float()
 
 
-def split_attention(kind: str, gqa_native: bool):
+def split_variant(kind: str):
+    """The split with KV heads repeated, on cuDNN or flash (the variants the engine did not take)."""
     def run(q, k, v, scale):
         t, length = q.shape[0], k.shape[0]
-        if not gqa_native:
-            k, v = _repeat(k), _repeat(v)
-        q_, k_, v_ = _bhld(q), _bhld(k), _bhld(v)
-        diag_out, diag_lse = _op_with_lse(kind, q_, k_[:, :, length - t:], v_[:, :, length - t:],
-                                          True, scale)
+        q_, k_, v_ = _bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v))
+        diag, diag_lse = _op_with_lse(kind, q_, k_[:, :, length - t:], v_[:, :, length - t:],
+                                      True, scale)
         if length == t:
-            return diag_out[0].transpose(0, 1)
-        pre_out, pre_lse = _op_with_lse(kind, q_, k_[:, :, :length - t], v_[:, :, :length - t],
-                                        False, scale)
-        m = torch.maximum(pre_lse, diag_lse)
-        wp, wd = torch.exp(pre_lse - m), torch.exp(diag_lse - m)
-        out = (pre_out.float() * wp[..., None] + diag_out.float() * wd[..., None]) \
-            / (wp + wd)[..., None]
+            return diag[0].transpose(0, 1)
+        pre, pre_lse = _op_with_lse(kind, q_, k_[:, :, :length - t], v_[:, :, :length - t],
+                                    False, scale)
+        out = cudnn_attention.merge_partials(pre, pre_lse, diag, diag_lse)
         return out.to(q.dtype)[0].transpose(0, 1)
     return run
 
 
-def gqa_sdpa_lower_right(q, k, v, scale):
-    from torch.nn.attention.bias import causal_lower_right
-    t, length = q.shape[0], k.shape[0]
-    out = F.scaled_dot_product_attention(_bhld(q), _bhld(k), _bhld(v),
-                                         attn_mask=causal_lower_right(t, length), scale=scale,
-                                         enable_gqa=True)
-    return out[0].transpose(0, 1)
-
-
 def square(backend):
     def run(q, k, v, scale):
-        with sdpa_kernel([backend]) if backend is not None else _null():
+        with sdpa_kernel([backend]) if backend is not None else nullcontext():
             out = F.scaled_dot_product_attention(_bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v)),
                                                  is_causal=True, scale=scale)
         return out[0].transpose(0, 1)
     return run
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def flex_factory():
@@ -136,11 +127,11 @@ def main(argv=None) -> int:
     dev, dt = "cuda", torch.bfloat16
     scale = D ** -0.5
     methods = {
-        "ref": torch_ref.attention,
-        "sdpa-lower-right-gqa": gqa_sdpa_lower_right,
-        "split-cudnn": split_attention("cudnn", False),
-        "split-cudnn-gqa": split_attention("cudnn", True),
-        "split-flash": split_attention("flash", False),
+        "ref": sdpa_repeat,
+        "sdpa-lower-right-gqa": torch_ref.attention,
+        "split-cudnn": split_variant("cudnn"),
+        "split-cudnn-gqa": cudnn_attention.split_attention,
+        "split-flash": split_variant("flash"),
     }
     if args.flex:
         methods["flex"] = flex_factory()
@@ -150,7 +141,7 @@ def main(argv=None) -> int:
         q = torch.randn(t, HQ, D, device=dev, dtype=dt)
         k = torch.randn(length, HKV, D, device=dev, dtype=dt)
         v = torch.randn(length, HKV, D, device=dev, dtype=dt)
-        ref = torch_ref.attention(q, k, v, scale)
+        ref = sdpa_repeat(q, k, v, scale)
         cands = dict(methods)
         if t == length:
             for name, be in (("square-default", None), ("square-flash", SDPBackend.FLASH_ATTENTION),

@@ -51,8 +51,8 @@ class ByteTokenizer:
         return [BYTE_BOS] + ids if add_special_tokens else ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Bytes as UTF-8 (invalid sequences as U+FFFD); ids past <eos> (a random model with a
-        larger vocabulary, e.g. an 8B-shaped benchmark model, samples them) spell "<unk>"
+        """Bytes as UTF-8 (invalid sequences as U+FFFD); ids past the vocabulary (a random model
+        with a larger one, e.g. an 8B-shaped benchmark model, samples them) spell "<unk>"
         whatever `skip_special_tokens` says: they are not special, just unknown here, and a
         streamed token must show up as text (U+FFFD would be held back as a partial character)."""
         out, run = [], bytearray()
@@ -60,7 +60,7 @@ class ByteTokenizer:
             if 0 <= i < 256:
                 run.append(i)
                 continue
-            if i not in (BYTE_BOS, BYTE_EOS):
+            if i >= BYTE_VOCAB:
                 out.append(run.decode("utf-8", errors="replace"))
                 run = bytearray()
                 out.append("<unk>")

@@ -11,7 +11,6 @@ import torch
 class DecodeGroup:
     """Rows of one new token each whose attention runs as one padded call (one per layer instead
     of one per row: a decode batch of dozens of rows is otherwise bound by host overhead)."""
-    rows: list[int]  # indices into the batch's rows
     token_index: torch.Tensor  # [R] long: each row's token in T
     slots: torch.Tensor  # [R, Lmax] long: KV slots of each row's prefix, padded with slot 0
     mask: torch.Tensor  # [R, Lmax] bool: True where the key is real
@@ -48,7 +47,7 @@ class ForwardBatch:
     sample_indices: torch.Tensor  # [R] long: index in T of the last token of each sampling row
     # Per row: KV slots of positions 0..start+n-1, the gather index of its attention prefix; a
     # slice when its blocks are consecutive (a lone long prompt's are), so attention reads in place.
-    prefix_slots: list[torch.Tensor | slice | None] | None = None  # None: row is in a group
+    prefix_slots: list[torch.Tensor | slice | None]  # None: the row is in a decode group
     decode_groups: list[DecodeGroup] = field(default_factory=list)
 
     @property
@@ -110,11 +109,11 @@ class ForwardBatch:
         parts = iter(flat.split([t.numel() for t in host]))
         positions_d, slots_d, samples_d = next(parts), next(parts), next(parts)
         decode_groups = []
-        for rows_g, (_, padded, _) in zip(groups, group_host):
+        for _, padded, _ in group_host:
             token_index, slots_g, lengths = next(parts), next(parts), next(parts)
             width = padded.shape[1]
             mask = torch.arange(width, device=flat.device)[None, :] < lengths[:, None]
-            decode_groups.append(DecodeGroup(rows_g, token_index, slots_g.view(-1, width), mask))
+            decode_groups.append(DecodeGroup(token_index, slots_g.view(-1, width), mask))
         return cls(
             positions=positions_d, slot_mapping=slots_d, row_starts=starts, row_lens=lens,
             row_offsets=offsets, block_tables=tables, sample_indices=samples_d,

@@ -7,10 +7,11 @@ mask, the t x t diagonal is square (top-left == bottom-right), and the two parti
 exactly by their log-sum-exps. cuDNN takes GQA natively (no KV-head repeat).
 Measured (docs/bench/attention.json, t=8K, L=128K, Llama-8B heads): 29.1 ms vs 51.9 ms.
 
-cuDNN builds a graph per shape (tens of ms; PyTorch caches it), so a new prefix length would cost
-a rebuild: TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (PyTorch >= 2.9) runs BSHD inputs, which ours are,
-through the ragged path that serves every length from one graph. Decode steps and short chunks,
-where cuDNN's higher host cost per call outweighs its kernel, stay on SDPA (GQA without a repeat).
+cuDNN builds a graph per shape (PyTorch caches it), so a new prefix length costs a rebuild;
+TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (PyTorch >= 2.9, PR 155958) is meant to serve every length of
+BSHD inputs, which ours are, from one graph. Not confirmed here: with it set, the first run of a
+new prompt was still 0.5-0.9 s slower (docs/PERFORMANCE.md). Decode steps and short chunks, where
+cuDNN's higher host cost per call outweighs its kernel, stay on the torch reference.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
-# Read by PyTorch on the first cuDNN attention call; this module is imported before any.
+from stages.kernels import torch_ref
+
+# For PyTorch's cuDNN attention calls; this module is imported before the first one.
 os.environ.setdefault("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")
 
 MIN_QUERIES = 512  # chunks with fewer new tokens (decode steps included) go to SDPA
@@ -53,18 +54,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     if t > length:
         raise ValueError(f"{t} queries attend to a prefix of only {length} keys")
     if t < MIN_QUERIES or not _supported(q):
-        return sdpa_gqa(q, k, v, scale)
+        return torch_ref.attention(q, k, v, scale)
     return split_attention(q, k, v, scale)
 
 
-def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """PyTorch SDPA with a bottom-right causal mask, KV heads shared in place (enable_gqa)."""
-    t, length = q.shape[0], k.shape[0]
-    q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    mask = causal_lower_right(t, length) if t > 1 else None  # one query sees every key
-    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)
+def merge_partials(a: torch.Tensor, lse_a: torch.Tensor, b: torch.Tensor,
+                   lse_b: torch.Tensor) -> torch.Tensor:
+    """Softmax attention over keys A + B from its parts over A and over B (outputs [..., t, D],
+    log-sum-exps [..., t]), in fp32."""
+    m = torch.maximum(lse_a, lse_b)
+    w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    return (a.float() * w_a[..., None] + b.float() * w_b[..., None]) / (w_a + w_b)[..., None]
 
 
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -77,8 +77,4 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cut = length - t
     pre, pre_lse = _cudnn(q_, k_[:, :, :cut], v_[:, :, :cut], False, scale)
     diag, diag_lse = _cudnn(q_, k_[:, :, cut:], v_[:, :, cut:], True, scale)
-    m = torch.maximum(pre_lse, diag_lse)
-    w_pre, w_diag = torch.exp(pre_lse - m), torch.exp(diag_lse - m)
-    out = (pre.float() * w_pre[..., None] + diag.float() * w_diag[..., None]) \
-        / (w_pre + w_diag)[..., None]
-    return out.to(q.dtype)[0].transpose(0, 1)
+    return merge_partials(pre, pre_lse, diag, diag_lse).to(q.dtype)[0].transpose(0, 1)

@@ -21,16 +21,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     Query i sits at position L - t + i and sees keys 0..L-t+i: the causal mask is aligned to the
     bottom right. `is_causal=True` would align it top-left, wrong for every chunk after the first.
     """
-    t, hq, _ = q.shape
-    length, hkv, _ = k.shape
+    t, length = q.shape[0], k.shape[0]
     if t > length:
         raise ValueError(f"{t} queries attend to a prefix of only {length} keys")
-    if hq != hkv:  # GQA: each KV head serves hq // hkv query heads, in order
-        k = k.repeat_interleave(hq // hkv, dim=1)
-        v = v.repeat_interleave(hq // hkv, dim=1)
     q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, seq, D]
     mask = causal_lower_right(t, length) if t > 1 else None  # one query sees every key
-    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale)
+    # GQA: query head h reads KV head h // (Hq / Hkv), shared in place instead of repeated.
+    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
     return out[0].transpose(0, 1)
 
 

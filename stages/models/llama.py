@@ -98,8 +98,8 @@ class Attention(nn.Module):
         # in padded groups (one call per group), the others one call per row.
         kv.write(local_layer, k, v, batch.slot_mapping)
         if len(batch.row_starts) == 1:  # a lone row (a long prompt's chunk): no output copy
-            idx = batch.prefix_slots[0] if batch.prefix_slots else None
-            k_r, v_r = kv.gather(local_layer, batch.block_tables[0], batch.row_starts[0] + t, idx)
+            k_r, v_r = kv.gather(local_layer, batch.block_tables[0], batch.row_starts[0] + t,
+                                 batch.prefix_slots[0])
             o = self.kernels.attention(q, k_r.to(q.dtype), v_r.to(q.dtype), self.scale)
             return self.o_proj(o.reshape(t, self.hq * self.d))
         o = torch.empty_like(q)
@@ -107,11 +107,9 @@ class Attention(nn.Module):
             k_g, v_g = kv.gather_padded(local_layer, group.slots)  # [R, Lmax, Hkv, D]
             o[group.token_index] = self.kernels.decode_attention(
                 q[group.token_index], k_g.to(q.dtype), v_g.to(q.dtype), group.mask, self.scale)
-        prefix = batch.prefix_slots or [None] * len(batch.row_starts)
-        grouped = {r for g in batch.decode_groups for r in g.rows}
-        for row, (start, n, off, table, idx) in enumerate(zip(
-                batch.row_starts, batch.row_lens, batch.row_offsets, batch.block_tables, prefix)):
-            if row in grouped:
+        for start, n, off, table, idx in zip(batch.row_starts, batch.row_lens, batch.row_offsets,
+                                             batch.block_tables, batch.prefix_slots):
+            if idx is None:  # attended in its decode group above
                 continue
             k_r, v_r = kv.gather(local_layer, table, start + n, idx)
             o[off:off + n] = self.kernels.attention(q[off:off + n], k_r.to(q.dtype),

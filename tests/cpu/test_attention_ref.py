@@ -66,3 +66,21 @@ def test_padded_decode_group_matches_each_row_alone(hq, hkv):
     for i, n in enumerate(lengths):
         alone = naive_attention(q[i:i + 1], k[i, :n], v[i, :n], 16 ** -0.5)[0]
         torch.testing.assert_close(out[i], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_partial_softmaxes_merge_exactly():
+    """cudnn_attention.merge_partials (the cuDNN split's merge, which runs only on CUDA) rebuilds
+    attention over all keys from its parts over a prefix and over the rest."""
+    from stages.kernels.cudnn_attention import merge_partials
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)  # [H, t, D]
+    k = torch.randn(2, 11, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 11, 8, generator=g, dtype=torch.float64)
+
+    def part(keys, values):  # [H, t, D] output and [H, t] log-sum-exp over these keys
+        scores = q @ keys.transpose(-1, -2)
+        return scores.softmax(-1) @ values, scores.logsumexp(-1)
+
+    merged = merge_partials(*part(k[:, :4], v[:, :4]), *part(k[:, 4:], v[:, 4:]))
+    torch.testing.assert_close(merged.double(), part(k, v)[0], atol=1e-6, rtol=1e-6)

@@ -38,8 +38,7 @@ def test_build_groups_decode_rows_and_keeps_prefill_rows_alone():
     assert fb.prefix_slots[1] is None and fb.prefix_slots[2] is None
     assert fb.prefix_slots[3] == slice(20, 23)  # one block: read in place
     (group,) = fb.decode_groups
-    assert group.rows == [1, 2]
-    assert group.token_index.tolist() == [6, 7]
+    assert group.token_index.tolist() == [6, 7]  # rows 1 and 2
     assert group.slots.tolist() == [[28, 29, 30, 31, 8, 9, 0], [12, 13, 14, 15, 36, 37, 38]]
     assert group.mask.tolist() == [[True] * 6 + [False], [True] * 7]
     assert group.mask.dtype == torch.bool

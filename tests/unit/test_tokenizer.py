@@ -144,7 +144,10 @@ def test_byte_tokenizer_spells_ids_past_its_vocabulary():
 
     tok = ByteTokenizer()
     assert tok.decode([65, 1000, 66, 257]) == "A<unk>B"
-    assert tok.decode([256, 300, 257], skip_special_tokens=False) == "<bos><unk><eos>"
+    assert tok.decode([256, 1000, 257], skip_special_tokens=False) == "<bos><unk><eos>"
+    # 258..319 are the vocabulary's own unused specials: skipped, or named, as before
+    assert tok.decode([65, 300]) == "A"
+    assert tok.decode([300], skip_special_tokens=False) == "<unused300>"
     detok = IncrementalDetokenizer(tok)
     assert detok.add([70000]) == "<unk>"
     assert detok.add([65]) == "A"
