@@ -60,31 +60,86 @@ async def _ttft(engine, prompt, params) -> float:
 
 
 def _stage_times(timings, pp: int, n_chunks: int) -> list[list[float]] | None:
+    """[stage][chunk] seconds of a lone prompt's n_chunks chunks, or None when the run was not
+    exactly n_chunks prefill microbatches + one decode step (max_tokens=2)."""
     by_mb: dict[int, dict[int, float]] = {}
     for stage, mb, sec in timings:
         by_mb.setdefault(mb, {})[stage] = sec
     mbs = sorted(by_mb)[:n_chunks]
-    if len(mbs) < n_chunks or any(len(by_mb[m]) < pp for m in mbs):
+    if len(by_mb) != n_chunks + 1 or any(len(by_mb[m]) < pp for m in mbs):
         return None
     return [[by_mb[m][s] for m in mbs] for s in range(pp)]
 
 
-def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, seed=0) -> list[dict]:
+def parse_chunking(spec: str) -> tuple[str, float | None]:
+    """"fixed", "dynamic" (smooth 0.75) or "dynamic:S" -> (name, smooth or None)."""
+    name, _, smooth = spec.partition(":")
+    if name == "fixed" and not smooth:
+        return spec, None
+    if name == "dynamic":
+        return spec, float(smooth) if smooth else 0.75
+    raise ValueError(f"chunking must be fixed, dynamic or dynamic:SMOOTH, got {spec!r}")
+
+
+def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
+    """(model dir or None, load_format, config dict): "llama8b" = Llama-3-8B shapes with random
+    weights (a config.json in a temp dir, load_format dummy); "tiny" = the built-in model."""
+    from stages.model_config import BUILTIN_CONFIG
+
+    if shape == "tiny" and layers is None:
+        return None, "auto", dict(BUILTIN_CONFIG)
+    base = BUILTIN_CONFIG if shape == "tiny" else LLAMA3_8B
+    cfg = dict(base, num_hidden_layers=layers or base["num_hidden_layers"])
+    d = tempfile.mkdtemp(prefix=f"ppserve-{shape}-")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d, "dummy", cfg
+
+
+def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict) -> list[int]:
+    """The chunk sizes the scheduler cuts a lone prompt into (its own pure rule), for the
+    model config dict `m`."""
+    from app.scheduler import ChunkCost, SchedulerConfig
+
+    cost = ChunkCost.from_shape(m["hidden_size"], m["intermediate_size"],
+                                m["num_attention_heads"], m["num_key_value_heads"],
+                                m.get("head_dim") or m["hidden_size"] // m["num_attention_heads"]
+                                ) if smooth is not None else None
+    cfg = SchedulerConfig(chunk_size=chunk, max_num_batched_tokens=chunk, chunk_cost=cost,
+                          dynamic_chunk_smooth=smooth if smooth is not None else 0.75,
+                          max_model_len=prompt_len + 64)
+    sizes, prefix = [], 0
+    while prefix < prompt_len:
+        sizes.append(min(cfg.chunk_limit(prefix), prompt_len - prefix))
+        prefix += sizes[-1]
+    return sizes
+
+
+def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fixed",
+               full_warmup=False, model=LLAMA3_8B, seed=0) -> list[dict]:
     from app.request import SamplingParams
 
     rng = random.Random(seed)
-    prompt = [rng.randrange(1000, 120000) for _ in range(prompt_len)]
+    vocab = model["vocab_size"]
+    prompt = [rng.randrange(min(1000, vocab // 4), min(120000, vocab)) for _ in range(prompt_len)]
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    n_chunks = -(-prompt_len // chunk)
+    _, smooth = parse_chunking(chunking)
+    chunks = chunk_plan(prompt_len, chunk, smooth, model)
+    n_chunks = len(chunks)
     rows = []
     for mode in modes:
         skip, post, lin = MODES[mode]
         if lin and linear == "torch":
             continue  # the SMs-1 baseline only exists for the persistent GEMM
         kernels = engine.set_policy(skip_mode=skip, output_post=post,
-                                    linear_backend=lin or linear, chunk_size=chunk)
-        asyncio.run(_ttft(engine, prompt[: min(prompt_len, 2 * chunk)], params))  # warm-up
-        ttfts, bounds = [], []
+                                    linear_backend=lin or linear, chunk_size=chunk,
+                                    dynamic_chunking=smooth is not None,
+                                    dynamic_chunk_smooth=smooth)
+        # warm-up: the whole prompt meets every chunk shape first (else its first run pays for
+        # new kernel plans); short: two chunks only
+        warm = prompt if full_warmup else prompt[: min(prompt_len, 2 * chunk)]
+        asyncio.run(_ttft(engine, warm, params))
+        ttfts, bounds, stage_times = [], [], None
         comm0 = engine.stats()["pp_output_comm"]
         for _ in range(reps):
             engine.take_timings()
@@ -92,15 +147,17 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, seed=0) -> li
             times = _stage_times(engine.take_timings(), pp, n_chunks)
             if times:
                 bounds.append(flow_shop_bound(times))
+                stage_times = times
         comm1 = engine.stats()["pp_output_comm"]
         comm = {k: comm1[k] - comm0[k] for k in comm1}
         hit = comm["skipped"] / max(1, comm["skipped"] + comm["missed"])
         row = {"pp": pp, "linear": linear, "prompt_len": prompt_len, "chunk": chunk,
-               "mode": mode, "kernels": kernels[0], "ttft_s": ttfts,
+               "chunking": chunking, "chunks": chunks, "mode": mode, "kernels": kernels[0], "ttft_s": ttfts,
                "ttft_median_s": statistics.median(ttfts), "comm": comm, "skip_hit_ratio": hit,
-               "bound_own_s": statistics.median(bounds) if bounds else None}
+               "bound_own_s": statistics.median(bounds) if bounds else None,
+               "stage_times_s": stage_times}  # [stage][chunk], the last run's, CUDA events
         rows.append(row)
-        print(f"pp={pp} {linear:18s} {prompt_len:>7d}/{chunk:<5d} {mode:10s} "
+        print(f"pp={pp} {linear:18s} {prompt_len:>7d}/{chunk:<5d} {chunking:12s} {mode:10s} "
               f"TTFT {row['ttft_median_s']:.3f}s  runs {[round(t, 3) for t in ttfts]}  "
               f"comm {comm}", flush=True)
     auto = [r for r in rows if r["mode"] == "auto" and r["bound_own_s"]]
@@ -141,8 +198,14 @@ def main(argv=None) -> int:
     p.add_argument("--runs", default="32768:4096",
                    help="comma-separated prompt_len:chunk pairs")
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--chunking", default="fixed",
+                   help="comma-separated: fixed, dynamic (smooth 0.75) or dynamic:SMOOTH")
+    p.add_argument("--full-warmup", action="store_true",
+                   help="warm up on the whole prompt (every chunk shape), not two chunks")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--layers", type=int, default=32, help="layers of the 8B-shaped model")
+    p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
+                   help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
+    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
     p.add_argument("--out", default="bench_engine.json")
@@ -153,16 +216,14 @@ def main(argv=None) -> int:
     from app.config import EngineConfig
     from app.engine import Engine
 
-    cfg_dir = tempfile.mkdtemp(prefix="ppserve-8b-")
-    with open(os.path.join(cfg_dir, "config.json"), "w") as f:
-        json.dump(dict(LLAMA3_8B, num_hidden_layers=a.layers), f)
+    model_dir, load_format, model = write_model(a.model_shape, a.layers)
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
     ray.init(num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
              include_dashboard=False, runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
     rows = []
     for linear in a.linear.split(","):
-        cfg = EngineConfig(model=cfg_dir, load_format="dummy", pp_size=a.pp, device=a.device,
+        cfg = EngineConfig(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
                            dtype="bfloat16" if a.device == "cuda" else "float32",
                            chunk_size=runs[0][1], linear_backend=linear,
                            attention_backend=a.attention,
@@ -173,17 +234,19 @@ def main(argv=None) -> int:
             print(f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s",
                   flush=True)
             for prompt_len, chunk in runs:
-                rows += run_config(engine, a.pp, linear, prompt_len, chunk,
-                                   a.modes.split(","), a.reps)
-                _write(a, argv, rows)  # after every config: a killed run keeps what it measured
+                for chunking in a.chunking.split(","):
+                    rows += run_config(engine, a.pp, linear, prompt_len, chunk,
+                                       a.modes.split(","), a.reps, chunking, a.full_warmup,
+                                       model)
+                    _write(a, argv, rows, model)  # after every config: a killed run keeps what it measured
     ray.shutdown()
     print(f"wrote {a.out}")
     return 0
 
 
-def _write(a, argv, rows) -> None:
+def _write(a, argv, rows, model) -> None:
     out = {"command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
-           "environment": _environment(), "model": dict(LLAMA3_8B, num_hidden_layers=a.layers),
+           "environment": _environment(), "model": model,
            "results": rows}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

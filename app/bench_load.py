@@ -25,14 +25,12 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 
-from app.bench import LLAMA3_8B, _environment, _ttft
+from app.bench import _environment, _ttft, write_model
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -53,16 +51,7 @@ def _comm_delta(c0: dict, c1: dict) -> tuple[dict, float]:
 
 def _model(a) -> tuple[str | None, str, dict]:
     """(model dir or None, load_format, config dict) for --model-shape / --layers."""
-    from stages.model_config import BUILTIN_CONFIG
-
-    if a.model_shape == "tiny" and a.layers is None:
-        return None, "auto", dict(BUILTIN_CONFIG)
-    base = BUILTIN_CONFIG if a.model_shape == "tiny" else LLAMA3_8B
-    cfg = dict(base, num_hidden_layers=a.layers or base["num_hidden_layers"])
-    d = tempfile.mkdtemp(prefix=f"ppserve-{a.model_shape}-")
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return d, "dummy", cfg
+    return write_model(a.model_shape, a.layers)
 
 
 def _wait_idle(engine, timeout: float = 120.0) -> dict:

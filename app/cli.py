@@ -48,6 +48,12 @@ ENGINE_FLAGS = [
      "reserve its prompt + max_tokens (default, never preempts); on-demand = admit on its "
      "prompt's blocks, allocate as it grows, and preempt (recompute) the youngest request when "
      "blocks run out."),
+    ("--enable-dynamic-chunking", "enable_dynamic_chunking", bool, "Size each chunk of a long "
+     "prompt to cost about what its first chunk (--chunk-size tokens) costs, from the model's "
+     "FLOPs: chunks shrink as attention over the cached prefix grows, so a pipeline drains "
+     "sooner (SGLang's --enable-dynamic-chunking). For --pp > 1."),
+    ("--dynamic-chunk-smooth", "dynamic_chunk_smooth", float, "With dynamic chunking: 1 = "
+     "equal-cost chunks, 0 = fixed --chunk-size, between = a blend (default 0.75)."),
     ("--placement-strategy", "placement_strategy", str, "Ray placement group strategy for a "
      "pipeline's stages: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (default PACK)."),
     ("--load-format", "load_format", str, "auto = read the checkpoint's weights; dummy = "

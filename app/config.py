@@ -40,6 +40,10 @@ class EngineConfig:
     # "reserve": admit once prompt + max_tokens blocks can be reserved (no preemption);
     # "on-demand": admit on the prompt's blocks, grow lazily, preempt (recompute) under pressure.
     kv_admission: str = "reserve"
+    # Size each prompt chunk to cost about what the first one (chunk_size) costs, so later,
+    # attention-heavy chunks shrink and the pipeline drains sooner (SGLang's dynamic chunking).
+    enable_dynamic_chunking: bool = False
+    dynamic_chunk_smooth: float = 0.75  # 1 = equal-cost chunks, 0 = fixed chunk_size
     channel_check: bool = False  # every message carries a checked header (tests turn it on)
     linear_backend: str = "auto"
     attention_backend: str = "auto"
@@ -74,6 +78,8 @@ class EngineConfig:
             bad(f"kv_admission must be one of {KV_ADMISSIONS}, got {self.kv_admission!r}")
         if self.output_post not in OUTPUT_POSTS:
             bad(f"output_post must be one of {OUTPUT_POSTS}, got {self.output_post!r}")
+        if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
+            bad(f"dynamic_chunk_smooth must be in [0, 1], got {self.dynamic_chunk_smooth}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             bad("gpu_memory_utilization must be in (0, 1]")
         if self.max_inflight is not None and self.max_inflight < 1:

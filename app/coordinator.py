@@ -20,7 +20,7 @@ from app.config import EngineConfig
 from app.pipeline import Pipeline, placement_bundles
 from app.request import InvalidRequest, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
-from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import ChunkCost, SchedRequest, Scheduler, SchedulerConfig
 from app.tokenizer import load_tokenizer
 from stages.model_config import load_model_args
 from stages.protocol import SamplingSpec
@@ -42,6 +42,10 @@ class Coordinator:
         self.eos_token_ids = tuple(dict.fromkeys(
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
         self.pipeline = Pipeline(config, self.args, placement_group)
+        a = self.args  # dynamic chunking's cost model: the model's FLOPs per layer
+        self._chunk_cost = ChunkCost.from_shape(a.hidden_size, a.intermediate_size,
+                                                a.num_attention_heads, a.num_key_value_heads,
+                                                a.head_dim)
         self.scheduler: Scheduler | None = None
         self._streams: dict[str, RequestStream] = {}
         self._inflight: deque = deque()  # (plan, asyncio.Future of all stages' results)
@@ -62,7 +66,9 @@ class Coordinator:
             chunk_size=c.chunk_size, max_num_batched_tokens=c.token_budget,
             max_num_seqs=c.max_num_seqs, max_inflight=c.inflight, block_size=c.block_size,
             num_blocks=num_blocks, skip_mode=c.pp_output_skip, max_model_len=self.max_model_len,
-            run_ahead=c.run_ahead, num_stages=c.pp_size, kv_admission=c.kv_admission))
+            run_ahead=c.run_ahead, num_stages=c.pp_size, kv_admission=c.kv_admission,
+            chunk_cost=self._chunk_cost if c.enable_dynamic_chunking else None,
+            dynamic_chunk_smooth=c.dynamic_chunk_smooth))
         self._loop_task = asyncio.create_task(self._run())
 
     def shutdown(self) -> None:
@@ -275,7 +281,9 @@ class Coordinator:
             self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
 
     async def set_policy(self, skip_mode: str | None = None, output_post: str | None = None,
-                         linear_backend: str | None = None, chunk_size: int | None = None):
+                         linear_backend: str | None = None, chunk_size: int | None = None,
+                         dynamic_chunking: bool | None = None,
+                         dynamic_chunk_smooth: float | None = None):
         """Bench knobs, so one loaded pipeline can be measured under every policy. Idle only."""
         s = self.scheduler
         if self._inflight or s.num_running or s.num_waiting:
@@ -285,6 +293,10 @@ class Coordinator:
             changes["skip_mode"] = skip_mode
         if chunk_size is not None:
             changes.update(chunk_size=chunk_size, max_num_batched_tokens=chunk_size)
+        if dynamic_chunking is not None:
+            changes["chunk_cost"] = self._chunk_cost if dynamic_chunking else None
+        if dynamic_chunk_smooth is not None:
+            changes["dynamic_chunk_smooth"] = dynamic_chunk_smooth
         s.config = dataclasses.replace(s.config, **changes)
         return await self.pipeline.set_policy(output_post, linear_backend)
 

@@ -76,7 +76,8 @@ class OnDemandAdmission:
             admitted = self._admit_on_demand(req)
             if admitted is not None:  # the first chunk fits in what admission checked
                 st = admitted[0]
-                self._room(st, min(self.config.chunk_size, st.prefill_left, budget), named)
+                self._room(st, min(self.config.chunk_limit(st.prefill_pos), st.prefill_left,
+                                   budget), named)
             return admitted
         need = self.config.blocks_for(req.prompt_len + req.max_tokens)
         if not self.pool.can_reserve(need):

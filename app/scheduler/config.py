@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .chunking import ChunkCost, dynamic_chunk_size
+
 SKIP_MODES = ("off", "sglang", "auto")
 KV_ADMISSIONS = ("reserve", "on-demand")
 
@@ -39,6 +41,8 @@ class SchedulerConfig:
     run_ahead: bool = False
     num_stages: int = 1
     kv_admission: str = "reserve"
+    chunk_cost: ChunkCost | None = None
+    dynamic_chunk_smooth: float = 0.75
 
     def __post_init__(self) -> None:
         for name in ("chunk_size", "max_num_batched_tokens", "max_num_seqs", "max_inflight",
@@ -52,6 +56,17 @@ class SchedulerConfig:
         if self.kv_admission not in KV_ADMISSIONS:
             raise ValueError(f"SchedulerConfig.kv_admission must be one of {KV_ADMISSIONS}, "
                              f"got {self.kv_admission!r}")
+
+        if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
+            raise ValueError("SchedulerConfig.dynamic_chunk_smooth must be in [0, 1], "
+                             f"got {self.dynamic_chunk_smooth!r}")
+
+    def chunk_limit(self, prefix: int) -> int:
+        """Most prompt tokens of one request's next chunk, `prefix` of them already cached."""
+        if self.chunk_cost is None:
+            return self.chunk_size
+        return dynamic_chunk_size(self.chunk_size, self.chunk_cost, self.dynamic_chunk_smooth,
+                                  prefix)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` positions."""

@@ -154,7 +154,7 @@ class Scheduler(OnDemandAdmission):
                 break
             if st.finished:
                 continue  # preempted while this plan was built
-            n = min(cfg.chunk_size, st.prefill_left, budget)
+            n = min(cfg.chunk_limit(st.prefill_pos), st.prefill_left, budget)
             if n > 0 and self._room(st, st.prefill_pos + n, named):
                 rows.append(self._chunk_row(st, budget))
                 named.append(st)
@@ -204,7 +204,7 @@ class Scheduler(OnDemandAdmission):
                    is_prefill=False)
 
     def _chunk_row(self, st: ReqState, budget: int) -> Row:
-        n = min(self.config.chunk_size, st.prefill_left, budget)
+        n = min(self.config.chunk_limit(st.prefill_pos), st.prefill_left, budget)
         start = st.prefill_pos
         st.prefill_pos += n
         last = st.prefill_left == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -69,3 +70,31 @@ def test_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference
         if pp > 1:  # the channel's own count of sends equals the plan's
             assert stats["channel_output_sends"] == comm["sent"]
         assert stats["kv_cache_usage"] == 0.0  # every block back in the pool
+
+
+def test_dynamic_chunking_matches_transformers(ray_cluster, checkpoint, prompts, reference):
+    """Chunks that shrink as the prefix grows leave greedy tokens unchanged, alone and 16
+    concurrent; the lone prompt runs in exactly the scheduler's planned chunks."""
+    from app.scheduler import ChunkCost, SchedulerConfig
+    from stages.model_config import load_model_args
+
+    greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+    cfg = dataclasses.replace(_cfg(checkpoint, 2, 16, "auto"), enable_dynamic_chunking=True,
+                              dynamic_chunk_smooth=1.0)
+    a = load_model_args(checkpoint)
+    plan = SchedulerConfig(chunk_size=16, chunk_cost=ChunkCost.from_shape(
+        a.hidden_size, a.intermediate_size, a.num_attention_heads, a.num_key_value_heads,
+        a.head_dim), dynamic_chunk_smooth=1.0)
+    chunks, prefix = 0, 0
+    while prefix < 64:
+        prefix += plan.chunk_limit(prefix)
+        chunks += 1
+    assert chunks > 64 // 16
+    with Engine(cfg) as engine:
+        (out,) = engine.generate([prompts[5]], greedy)  # 64 tokens
+        assert out.token_ids == reference[5] and len(out.token_ids) == MAX_NEW
+        comm = engine.stats()["pp_output_comm"]  # every microbatch is sent or skipped
+        assert comm["sent"] + comm["skipped"] == chunks + MAX_NEW - 1, comm
+        outs = engine.generate(prompts, greedy)
+        assert [o.token_ids for o in outs] == reference
+        assert engine.stats()["pp_output_comm"]["missed"] == 0

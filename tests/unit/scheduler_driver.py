@@ -149,7 +149,7 @@ class Driver:
             if row.is_prefill:  # the prefix: in order, once per admission
                 prefix = self.prefix[rid]
                 assert row.start == self.prefill_pos[rid], "prompt tokens in order, once"
-                assert 1 <= row.num_tokens <= cfg.chunk_size
+                assert 1 <= row.num_tokens <= cfg.chunk_limit(row.start)
                 assert row.token_ids == prefix[row.start:row.start + row.num_tokens]
                 self.prefill_pos[rid] += row.num_tokens
                 assert row.sample == (self.prefill_pos[rid] == len(prefix))

@@ -204,3 +204,11 @@ def test_toggles(helm, tmp_path):
 def test_bad_values_refused(helm, bad, message):
     r = run_helm(helm, "template", "demo", str(CHART), "--set", bad)
     assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+def test_values_schema_knows_every_engine_option():
+    from app.config import EngineConfig
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"pp_size"} | {"pp"}
+    assert set(schema["properties"]["engine"]["properties"]) == fields
