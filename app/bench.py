@@ -108,15 +108,11 @@ def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict) -> li
     cfg = SchedulerConfig(chunk_size=chunk, max_num_batched_tokens=chunk, chunk_cost=cost,
                           dynamic_chunk_smooth=smooth if smooth is not None else 0.75,
                           max_model_len=prompt_len + 64)
-    sizes, prefix = [], 0
-    while prefix < prompt_len:
-        sizes.append(min(cfg.chunk_limit(prefix), prompt_len - prefix))
-        prefix += sizes[-1]
-    return sizes
+    return [n for _, n in cfg.lone_prompt_chunks(prompt_len)]
 
 
 def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fixed",
-               full_warmup=False, model=LLAMA3_8B, seed=0) -> list[dict]:
+               model=LLAMA3_8B, seed=0) -> list[dict]:
     from app.request import SamplingParams
 
     rng = random.Random(seed)
@@ -135,10 +131,9 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
                                     linear_backend=lin or linear, chunk_size=chunk,
                                     dynamic_chunking=smooth is not None,
                                     dynamic_chunk_smooth=smooth)
-        # warm-up: the whole prompt meets every chunk shape first (else its first run pays for
-        # new kernel plans); short: two chunks only
-        warm = prompt if full_warmup else prompt[: min(prompt_len, 2 * chunk)]
-        asyncio.run(_ttft(engine, warm, params))
+        # set_policy rebuilt the attention plans of the new chunking (as a server does at
+        # startup); two chunks also compile a Triton GEMM's kernels
+        asyncio.run(_ttft(engine, prompt[: min(prompt_len, 2 * chunk)], params))
         ttfts, bounds, stage_times = [], [], None
         comm0 = engine.stats()["pp_output_comm"]
         for _ in range(reps):
@@ -200,8 +195,6 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--chunking", default="fixed",
                    help="comma-separated: fixed, dynamic (smooth 0.75) or dynamic:SMOOTH")
-    p.add_argument("--full-warmup", action="store_true",
-                   help="warm up on the whole prompt (every chunk shape), not two chunks")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
                    help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
@@ -236,8 +229,7 @@ def main(argv=None) -> int:
             for prompt_len, chunk in runs:
                 for chunking in a.chunking.split(","):
                     rows += run_config(engine, a.pp, linear, prompt_len, chunk,
-                                       a.modes.split(","), a.reps, chunking, a.full_warmup,
-                                       model)
+                                       a.modes.split(","), a.reps, chunking, model)
                     _write(a, argv, rows, model)  # after every config: a killed run keeps what it measured
     ray.shutdown()
     print(f"wrote {a.out}")

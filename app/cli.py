@@ -54,6 +54,9 @@ ENGINE_FLAGS = [
      "sooner (SGLang's --enable-dynamic-chunking). For --pp > 1."),
     ("--dynamic-chunk-smooth", "dynamic_chunk_smooth", float, "With dynamic chunking: 1 = "
      "equal-cost chunks, 0 = fixed --chunk-size, between = a blend (default 0.75)."),
+    ("--warmup-len", "warmup_len", int, "At startup, build the attention kernels (cuDNN graphs, "
+     "~50 ms per chunk shape on H200) for every chunk of a prompt this long, so the first long "
+     "requests do not pay for them (default: the longest prompt that fits; 0 = none)."),
     ("--placement-strategy", "placement_strategy", str, "Ray placement group strategy for a "
      "pipeline's stages: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (default PACK)."),
     ("--load-format", "load_format", str, "auto = read the checkpoint's weights; dummy = "

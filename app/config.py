@@ -44,6 +44,9 @@ class EngineConfig:
     # attention-heavy chunks shrink and the pipeline drains sooner (SGLang's dynamic chunking).
     enable_dynamic_chunking: bool = False
     dynamic_chunk_smooth: float = 0.75  # 1 = equal-cost chunks, 0 = fixed chunk_size
+    # Build the attention kernels (cuDNN graphs) for the chunks of a prompt this long at
+    # startup; None: the longest that fits (max_model_len, the KV cache); 0: none.
+    warmup_len: int | None = None
     channel_check: bool = False  # every message carries a checked header (tests turn it on)
     linear_backend: str = "auto"
     attention_backend: str = "auto"
@@ -78,6 +81,8 @@ class EngineConfig:
             bad(f"kv_admission must be one of {KV_ADMISSIONS}, got {self.kv_admission!r}")
         if self.output_post not in OUTPUT_POSTS:
             bad(f"output_post must be one of {OUTPUT_POSTS}, got {self.output_post!r}")
+        if self.warmup_len is not None and self.warmup_len < 0:
+            bad(f"warmup_len must be >= 0, got {self.warmup_len}")
         if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
             bad(f"dynamic_chunk_smooth must be in [0, 1], got {self.dynamic_chunk_smooth}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -57,6 +57,7 @@ class Coordinator:
         self._failures = 0
         self._timings: deque = deque(maxlen=8192)  # (stage, mb_id, seconds) for the bench
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
+        self._warmup: list[dict] = []  # per stage: attention shapes built at startup, seconds
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -69,7 +70,19 @@ class Coordinator:
             run_ahead=c.run_ahead, num_stages=c.pp_size, kv_admission=c.kv_admission,
             chunk_cost=self._chunk_cost if c.enable_dynamic_chunking else None,
             dynamic_chunk_smooth=c.dynamic_chunk_smooth))
+        await self._warm_up()
         self._loop_task = asyncio.create_task(self._run())
+
+    async def _warm_up(self) -> None:
+        """Stages build their attention kernels for a long lone prompt's chunk shapes."""
+        c, s = self.config, self.scheduler.config
+        length = c.warmup_len
+        if length is None:
+            length = min(self.max_model_len, self.pipeline.num_blocks * c.block_size)
+        if length <= 0 or c.device != "cuda":
+            return
+        self._warmup = await self.pipeline.warm_up(s.lone_prompt_chunks(length))
+        log.info("attention warm-up for prompts up to %d tokens: %s", length, self._warmup)
 
     def shutdown(self) -> None:
         if self._loop_task is not None:
@@ -264,6 +277,7 @@ class Coordinator:
         for attempt in range(3):
             try:
                 await self.pipeline.rebuild()
+                await self._warm_up()
                 return
             except Exception as e:  # e.g. the new actors cannot be placed yet
                 log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
@@ -297,8 +311,12 @@ class Coordinator:
             changes["chunk_cost"] = self._chunk_cost if dynamic_chunking else None
         if dynamic_chunk_smooth is not None:
             changes["dynamic_chunk_smooth"] = dynamic_chunk_smooth
-        s.config = dataclasses.replace(s.config, **changes)
-        return await self.pipeline.set_policy(output_post, linear_backend)
+        old, s.config = s.config, dataclasses.replace(s.config, **changes)
+        kernels = await self.pipeline.set_policy(output_post, linear_backend)
+        if (old.chunk_size, old.chunk_cost, old.dynamic_chunk_smooth) != \
+                (s.config.chunk_size, s.config.chunk_cost, s.config.dynamic_chunk_smooth):
+            await self._warm_up()  # the new chunking's shapes
+        return kernels
 
     async def take_timings(self) -> list[tuple[int, int, float]]:
         """(stage, mb_id, seconds) of each stage's forwards since the last call."""
@@ -333,4 +351,5 @@ class Coordinator:
             "pipeline_failures": self._failures,
             "pipeline_id": self.pipeline.pipeline_id,
             "max_model_len": self.max_model_len,
+            "attention_warmup": list(self._warmup),
         }

@@ -103,6 +103,10 @@ class Pipeline:
         return await asyncio.gather(*[s.set_policy.remote(output_post, linear_backend)
                                       for s in self.stages])
 
+    async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
+        """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""
+        return await asyncio.gather(*[s.warm_up.remote(chunks) for s in self.stages])
+
     async def describe(self) -> list[dict]:
         return await asyncio.gather(*[s.describe.remote() for s in self.stages])
 

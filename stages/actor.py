@@ -49,6 +49,9 @@ class StageActor:
         self.runner.allocate_kv(num_blocks)
         return True
 
+    def warm_up(self, chunks: list[tuple[int, int]]) -> dict:
+        return self.runner.warm_up(chunks)
+
     def step(self, plan: MicrobatchPlan) -> StepResult:
         return self.runner.step(plan)
 

@@ -20,15 +20,23 @@ class DecodeGroup:
 # MAX_GROUP_KEYS x Hkv x D x 2 per layer (1 GiB at Llama-8B's 8 x 128 in bf16), so long-context
 # rows form small groups or none, instead of one tensor for all of them.
 MAX_GROUP_KEYS = 1 << 18
+# Rows with longer prefixes are never grouped: a group copies (and pads) every row's K/V per
+# layer, while a lone row reads its K/V in place when its blocks are consecutive; past a few
+# thousand keys the copy costs more than the per-row call it saves. Measured on 2 x H200,
+# 16K-32K-token prompts decoding together: grouped without this limit, ITL p50 248 ms
+# (docs/bench/session3/call3) against 64 ms per row.
+MAX_GROUP_ROW_KEYS = 4096
 
 
-def decode_buckets(lengths: dict[int, int], max_keys: int = MAX_GROUP_KEYS) -> list[list[int]]:
+def decode_buckets(lengths: dict[int, int], max_keys: int = MAX_GROUP_KEYS,
+                   max_row_keys: int = MAX_GROUP_ROW_KEYS) -> list[list[int]]:
     """Decode rows (row -> prefix length) grouped so padding at most doubles a group's keys:
-    one power-of-two length bucket per group, split so rows x bucket width <= max_keys; groups
-    of one are left to the per-row path."""
+    one power-of-two length bucket per group, split so rows x bucket width <= max_keys; rows
+    longer than max_row_keys and groups of one are left to the per-row path."""
     buckets: dict[int, list[int]] = {}
     for row, length in lengths.items():
-        buckets.setdefault((length - 1).bit_length(), []).append(row)
+        if length <= max_row_keys:
+            buckets.setdefault((length - 1).bit_length(), []).append(row)
     groups = []
     for bits, rows in sorted(buckets.items()):
         per_group = max(1, max_keys >> bits)  # the bucket's width is at most 2**bits

@@ -78,6 +78,25 @@ class StageRunner:
         self.kv = PagedKVCache(self.args, self.num_local_layers, num_blocks,
                                self.spec.block_size, self.dtype, self.device)
 
+    @torch.inference_mode()
+    def warm_up(self, chunks: list[tuple[int, int]]) -> dict:
+        """Run the chunk attention once on each (prefix, tokens) shape of `chunks` (a long lone
+        prompt's), reading K/V from this stage's cache, so shape-specialised kernels (cuDNN
+        builds a graph per shape, ~50 ms each on H200) are ready before a request needs them.
+        Only where attention is cuDNN: the torch reference has nothing to build."""
+        if self.kernels.names["attention"] != "cudnn" or self.kv is None:
+            return {"shapes": 0, "seconds": 0.0}
+        t0 = time.perf_counter()
+        k_all, v_all = self.kv.kv[0][0], self.kv.kv[0][1]  # [slots, Hkv, D], as a lone row's
+        a = self.args
+        q = torch.zeros(max(n for _, n in chunks), a.num_attention_heads, a.head_dim,
+                        dtype=self.dtype, device=self.device)
+        shapes = {(n, p + n) for p, n in chunks if p + n <= k_all.shape[0]}
+        for n, length in sorted(shapes):
+            self.kernels.attention(q[:n], k_all[:length], v_all[:length], a.head_dim ** -0.5)
+        torch.cuda.synchronize(self.device)
+        return {"shapes": len(shapes), "seconds": time.perf_counter() - t0}
+
     def connect(self, host: str, port: int, store=None) -> None:
         self.channels = PipelineChannels(self.spec.stage_index, self.spec.num_stages,
                                          self.device, self.spec.channel_check)

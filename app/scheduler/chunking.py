@@ -13,6 +13,7 @@ prefix) costs evens them out; `smooth` blends that size with the fixed one (1 = 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -58,3 +59,14 @@ def dynamic_chunk_size(chunk_size: int, cost: ChunkCost, smooth: float, prefix: 
     size = (1 - smooth) * chunk_size + smooth * equal_cost
     g = granule(chunk_size)
     return max(g, min(chunk_size, int(size) // g * g))
+
+
+def lone_prompt_chunks(chunk_limit: Callable[[int], int],
+                       prompt_len: int) -> list[tuple[int, int]]:
+    """(prefix, tokens) of each chunk of a prompt that runs alone, cut by `chunk_limit`."""
+    chunks, prefix = [], 0
+    while prefix < prompt_len:
+        n = min(chunk_limit(prefix), prompt_len - prefix)
+        chunks.append((prefix, n))
+        prefix += n
+    return chunks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chunking import ChunkCost, dynamic_chunk_size
+from .chunking import ChunkCost, dynamic_chunk_size, lone_prompt_chunks
 
 SKIP_MODES = ("off", "sglang", "auto")
 KV_ADMISSIONS = ("reserve", "on-demand")
@@ -67,6 +67,10 @@ class SchedulerConfig:
             return self.chunk_size
         return dynamic_chunk_size(self.chunk_size, self.chunk_cost, self.dynamic_chunk_smooth,
                                   prefix)
+
+    def lone_prompt_chunks(self, prompt_len: int) -> list[tuple[int, int]]:
+        """(prefix, tokens) of each chunk of a prompt of prompt_len that runs alone."""
+        return lone_prompt_chunks(self.chunk_limit, prompt_len)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` positions."""

@@ -7,25 +7,25 @@ mask, the t x t diagonal is square (top-left == bottom-right), and the two parti
 exactly by their log-sum-exps. cuDNN takes GQA natively (no KV-head repeat).
 Measured (docs/bench/attention.json, t=8K, L=128K, Llama-8B heads): 29.1 ms vs 51.9 ms.
 
-cuDNN builds a graph per shape (PyTorch caches it), so a new prefix length costs a rebuild;
-TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (PyTorch >= 2.9, PR 155958) is meant to serve every length of
-BSHD inputs, which ours are, from one graph. Not confirmed here: with it set, the first run of a
-new prompt was still 0.5-0.9 s slower (docs/PERFORMANCE.md). Decode steps and short chunks, where
-cuDNN's higher host cost per call outweighs its kernel, stay on the torch reference.
+cuDNN builds a graph per shape (PyTorch caches it per thread, keyed by every size): ~40-60 ms
+on H200 for each new (queries, keys) pair (docs/bench/session3/call1/first_run_*.json). So the
+calls' shapes are bucketed (split_attention: key counts in steps of KEY_ALIGN, query counts of
+Q_ALIGN), and a stage builds the shapes of a long prompt's chunks at startup
+(StageRunner.warm_up), so requests do not pay for them.
+TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (one graph per power of two, ragged offsets) is not used: it
+made the kernels 7-20 % slower at 16K-128K keys (same file). Decode steps and short chunks, where cuDNN's
+higher host cost per call outweighs its kernel, stay on the torch reference.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
 from stages.kernels import torch_ref
 
-# For PyTorch's cuDNN attention calls; this module is imported before the first one.
-os.environ.setdefault("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")
-
 MIN_QUERIES = 512  # chunks with fewer new tokens (decode steps included) go to SDPA
+Q_ALIGN = 256  # queries (and the diagonal's keys) padded to a multiple: fewer cuDNN graphs
+KEY_ALIGN = 4096  # the prefix part's key count is a multiple (the rest joins the diagonal)
 
 
 def is_available(device: str) -> bool:
@@ -67,14 +67,46 @@ def merge_partials(a: torch.Tensor, lse_a: torch.Tensor, b: torch.Tensor,
     return (a.float() * w_a[..., None] + b.float() * w_b[..., None]) / (w_a + w_b)[..., None]
 
 
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [n, H, D] with zero rows appended up to `rows`."""
+    if x.shape[0] == rows:
+        return x
+    out = x.new_zeros((rows, *x.shape[1:]))
+    out[:x.shape[0]] = x
+    return out
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     scale: float) -> torch.Tensor:
-    """cuDNN for any t <= L (bf16/fp16, head dim a multiple of 8 up to 128)."""
+    """cuDNN for any t <= L (bf16/fp16, head dim a multiple of 8 up to 128).
+
+    Shapes are bucketed so cuDNN meets few of them: the prefix part covers the keys up to the
+    last multiple of KEY_ALIGN before the chunk (base); the r cached keys after it go with the
+    diagonal, whose queries are padded at the top by r rows, so a square top-left causal mask
+    gives each real query exactly its keys; queries (and the diagonal's keys) are padded at
+    the end to a multiple of Q_ALIGN. A real query never sees a padded key; padded rows are
+    dropped."""
     t, length = q.shape[0], k.shape[0]
-    q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, seq, D]
-    if t == 1 or t == length:  # one query sees every key; a square needs only top-left causal
-        return _cudnn(q_, k_, v_, t > 1, scale)[0][0].transpose(0, 1)
+    bhsd = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [n, H, D] -> [1, H, n, D]
+    if t == 1:  # one query sees every key
+        return _cudnn(bhsd(q), bhsd(k), bhsd(v), False, scale)[0][0].transpose(0, 1)
     cut = length - t
-    pre, pre_lse = _cudnn(q_, k_[:, :, :cut], v_[:, :, :cut], False, scale)
-    diag, diag_lse = _cudnn(q_, k_[:, :, cut:], v_[:, :, cut:], True, scale)
-    return merge_partials(pre, pre_lse, diag, diag_lse).to(q.dtype)[0].transpose(0, 1)
+    base = cut // KEY_ALIGN * KEY_ALIGN
+    r = cut - base
+    rows = _round_up(t + r, Q_ALIGN)
+    q_diag = q if rows == t else q.new_zeros((rows, *q.shape[1:]))
+    if rows != t:
+        q_diag[r:r + t] = q
+    diag, diag_lse = _cudnn(bhsd(q_diag), bhsd(_pad_rows(k[base:], rows)),
+                            bhsd(_pad_rows(v[base:], rows)), True, scale)
+    diag, diag_lse = diag[:, :, r:r + t], diag_lse[:, :, r:r + t]
+    if base == 0:  # no keys before the diagonal's square
+        return diag[0].transpose(0, 1)
+    pre, pre_lse = _cudnn(bhsd(_pad_rows(q, _round_up(t, Q_ALIGN))), bhsd(k[:base]),
+                          bhsd(v[:base]), False, scale)
+    out = merge_partials(pre[:, :, :t], pre_lse[:, :, :t], diag, diag_lse)
+    return out.to(q.dtype)[0].transpose(0, 1)

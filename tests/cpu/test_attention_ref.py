@@ -84,3 +84,47 @@ def test_partial_softmaxes_merge_exactly():
 
     merged = merge_partials(*part(k[:, :4], v[:, :4]), *part(k[:, 4:], v[:, 4:]))
     torch.testing.assert_close(merged.double(), part(k, v)[0], atol=1e-6, rtol=1e-6)
+
+
+def _sdpa_with_lse(q, k, v, causal, scale):
+    """What cudnn_attention._cudnn returns, computed on CPU: q/k/v [1, H, n, D] (GQA: fewer KV
+    heads), top-left causal when asked -> (out [1, Hq, t, D], log-sum-exp [1, Hq, t] fp32)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1).double(), v.repeat_interleave(g, dim=1).double()
+    scores = (q.double() @ k.transpose(-1, -2)) * scale
+    if causal:
+        t, n = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(t, n, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ v).to(q.dtype), scores.logsumexp(-1).float()
+
+
+@pytest.mark.parametrize("t,length", [(1, 9), (5, 5), (5, 13), (256, 256), (300, 300),
+                                      (300, 700), (512, 1280), (600, 601), (512, 4608),
+                                      (300, 4400), (700, 9000), (5, 8197)])
+def test_cudnn_split_pads_cuts_and_merges_exactly(monkeypatch, t, length):
+    """split_attention's own logic (the prefix cut at a multiple of KEY_ALIGN, the diagonal's
+    top padding, query padding to Q_ALIGN, the merge) with the cuDNN call replaced by an exact
+    CPU stand-in: equals the bottom-right causal reference, and cuDNN only ever sees query
+    counts that are multiples of Q_ALIGN and prefix key counts that are multiples of
+    KEY_ALIGN."""
+    from stages.kernels import cudnn_attention as ca
+
+    seen = []
+
+    def fake_cudnn(q, k, v, causal, scale):
+        seen.append((q.shape[2], k.shape[2], causal))
+        return _sdpa_with_lse(q, k, v, causal, scale)
+
+    monkeypatch.setattr(ca, "_cudnn", fake_cudnn)
+    g = torch.Generator().manual_seed(t + length)
+    q = torch.randn(t, 4, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(length, 2, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(length, 2, 16, generator=g, dtype=torch.float64)
+    out = ca.split_attention(q, k, v, 0.25)
+    # the merge runs in fp32
+    torch.testing.assert_close(out, naive_attention(q, k, v, 0.25), atol=1e-5, rtol=1e-5)
+    if t > 1:
+        assert all(rows % ca.Q_ALIGN == 0 for rows, _, _ in seen), seen
+        assert all(keys % ca.KEY_ALIGN == 0 for _, keys, causal in seen if not causal), seen
+        has_prefix = length - t >= ca.KEY_ALIGN
+        assert [c for _, _, c in seen] == ([True, False] if has_prefix else [True])

@@ -66,6 +66,10 @@ VARIANTS = {  # id -> EngineConfig overrides
     "chunk16-sdpa": dict(chunk_size=16, attention_backend="torch"),
     # A 1400-token prompt in chunks of 640: the chunks of >= 512 queries run on cuDNN.
     "long-chunk640": dict(chunk_size=640, max_model_len=2048),
+    # Dynamic chunking: chunks of 640 then smaller as the prefix grows (ragged: cuDNN pads
+    # queries to 256); cuDNN graphs built at startup for a 2048-token prompt's chunks.
+    "long-chunk640-dynamic": dict(chunk_size=640, max_model_len=2048,
+                                  enable_dynamic_chunking=True, dynamic_chunk_smooth=1.0),
     # Run-ahead decoding and on-demand KV on a pool too small for all six: preempts, recomputes.
     "chunk16-runahead-ondemand": dict(chunk_size=16, run_ahead=True, kv_admission="on-demand",
                                       block_size=4, num_kv_blocks=48),
@@ -100,6 +104,8 @@ def test_pp2_cuda_matches_transformers(ray_gpus, bf16_checkpoint, variant):
     assert compared >= len(prompts) * MAX_NEW // 2  # most of the tokens were really compared
     assert stats["channel_output_sends"] == stats["pp_output_comm"]["sent"]
     assert stats["pipeline_failures"] == 0  # the sync guard would have failed a stage
+    if variant.startswith("long"):  # cuDNN graphs of every chunk of >= 512 queries
+        assert all(w["shapes"] > 0 for w in stats["attention_warmup"]), stats["attention_warmup"]
     if "num_kv_blocks" in overrides:
         assert stats["num_preemptions"] > 0  # the small pool really preempted
     else:

@@ -18,11 +18,18 @@ def test_decode_groups_stay_under_the_key_budget():
     """Long-context rows must not be gathered all at once: 64 rows of 128K keys would be a 32 GiB
     temporary at Llama-8B's KV width."""
     long_rows = {i: 131072 for i in range(64)}
-    groups = decode_buckets(long_rows, max_keys=1 << 18)
+    groups = decode_buckets(long_rows, max_keys=1 << 18, max_row_keys=1 << 20)
     assert [len(g) for g in groups] == [2] * 32  # 2 x 131072 keys fit 2**18
-    assert decode_buckets({0: 300000, 1: 300000}, max_keys=1 << 18) == []  # alone: per row
+    assert decode_buckets({0: 300000, 1: 300000}, max_keys=1 << 18,
+                          max_row_keys=1 << 20) == []  # alone: per row
     assert decode_buckets({i: 100 for i in range(10)}, max_keys=512) == [[0, 1, 2, 3],
                                                                           [4, 5, 6, 7], [8, 9]]
+
+
+def test_long_rows_are_never_grouped():
+    """A group copies and pads its rows' K/V; a long row alone reads its blocks in place."""
+    assert decode_buckets({0: 4096, 1: 4000, 2: 4097, 3: 5000, 4: 32768, 5: 32768}) == [[0, 1]]
+    assert decode_buckets({0: 5000, 1: 5000}, max_row_keys=8192) == [[0, 1]]
 
 
 def test_build_groups_decode_rows_and_keeps_prefill_rows_alone():
