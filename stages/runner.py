@@ -81,18 +81,25 @@ class StageRunner:
     @torch.inference_mode()
     def warm_up(self, chunks: list[tuple[int, int]]) -> dict:
         """Run the chunk attention once on each (prefix, tokens) shape of `chunks` (a long lone
-        prompt's), reading K/V from this stage's cache, so shape-specialised kernels (cuDNN
-        builds a graph per shape, ~50 ms each on H200) are ready before a request needs them.
-        Only where attention is cuDNN: the torch reference has nothing to build."""
-        if self.kernels.names["attention"] != "cudnn" or self.kv is None:
+        prompt's) and on every diagonal square a chunk can need, reading K/V from this stage's
+        cache, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request
+        needs them. Only where attention is cuDNN: the torch reference has nothing to build."""
+        if self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks:
             return {"shapes": 0, "seconds": 0.0}
+        from stages.kernels.cudnn_attention import diagonal_sizes
+
         t0 = time.perf_counter()
         k_all, v_all = self.kv.kv[0][0], self.kv.kv[0][1]  # [slots, Hkv, D], as a lone row's
+        longest = max(n for _, n in chunks)
+        shapes = {(n, p + n) for p, n in chunks}
+        shapes |= {(s, s) for s in diagonal_sizes(longest)}  # a square: the diagonal alone
+        shapes = sorted((n, length) for n, length in shapes if length <= k_all.shape[0])
+        if not shapes:
+            return {"shapes": 0, "seconds": 0.0}
         a = self.args
-        q = torch.zeros(max(n for _, n in chunks), a.num_attention_heads, a.head_dim,
+        q = torch.zeros(max(n for n, _ in shapes), a.num_attention_heads, a.head_dim,
                         dtype=self.dtype, device=self.device)
-        shapes = {(n, p + n) for p, n in chunks if p + n <= k_all.shape[0]}
-        for n, length in sorted(shapes):
+        for n, length in shapes:
             self.kernels.attention(q[:n], k_all[:length], v_all[:length], a.head_dim ** -0.5)
         torch.cuda.synchronize(self.device)
         return {"shapes": len(shapes), "seconds": time.perf_counter() - t0}

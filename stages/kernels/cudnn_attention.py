@@ -80,6 +80,14 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def diagonal_sizes(max_queries: int) -> range:
+    """Every square the diagonal part can have for chunks of up to max_queries queries (it
+    takes up to KEY_ALIGN - 1 cached keys besides the chunk's own): building these ahead
+    covers chunks at any offset, e.g. a chunk shortened by the decode rows sharing its batch."""
+    return range(_round_up(MIN_QUERIES, Q_ALIGN),
+                 _round_up(max_queries + KEY_ALIGN - 1, Q_ALIGN) + 1, Q_ALIGN)
+
+
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     scale: float) -> torch.Tensor:
     """cuDNN for any t <= L (bf16/fp16, head dim a multiple of 8 up to 128).
