@@ -88,12 +88,13 @@ class Coordinator:
     async def _first_request(self) -> None:
         """On CUDA, one short request (two chunks, two tokens) through the whole pipeline
         before serving: NCCL's channels, cuBLAS, the sampler and Triton's kernels initialise
-        on first use, and the first served request paid for it (32K prompt: TTFT 1.35 s
-        against 0.85 s, docs/bench/session3/call5). Not counted in the metrics."""
+        on first use, and the first served request paid for it (a lone 32K prompt: TTFT
+        1.35 s against 0.85 s, docs/bench/serve_05f87ab_auto.json). Not counted in the
+        metrics."""
         c = self.config
-        if c.device != "cuda":
+        if c.device != "cuda" or self.max_model_len < 3:
             return
-        n = max(1, min(2 * c.chunk_size, self.max_model_len - 2))
+        n = min(2 * c.chunk_size, self.max_model_len - 2)
         prompt = [i % self.args.vocab_size for i in range(n)]
         metrics, self.metrics = self.metrics, None
         try:

@@ -56,7 +56,6 @@ class SchedulerConfig:
         if self.kv_admission not in KV_ADMISSIONS:
             raise ValueError(f"SchedulerConfig.kv_admission must be one of {KV_ADMISSIONS}, "
                              f"got {self.kv_admission!r}")
-
         if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
             raise ValueError("SchedulerConfig.dynamic_chunk_smooth must be in [0, 1], "
                              f"got {self.dynamic_chunk_smooth!r}")

@@ -8,7 +8,7 @@ exactly by their log-sum-exps. cuDNN takes GQA natively (no KV-head repeat).
 Measured (docs/bench/attention.json, t=8K, L=128K, Llama-8B heads): 29.1 ms vs 51.9 ms.
 
 cuDNN builds a graph per shape (PyTorch caches it per thread, keyed by every size): ~40-60 ms
-on H200 for each new (queries, keys) pair (docs/bench/session3/call1/first_run_*.json). So the
+on H200 for each new (queries, keys) pair (docs/bench/first_run_probe*.json). So the
 calls' shapes are bucketed (split_attention: key counts in steps of KEY_ALIGN, query counts of
 Q_ALIGN), and a stage builds the shapes of a long prompt's chunks at startup
 (StageRunner.warm_up), so requests do not pay for them.
