@@ -1,0 +1,24 @@
+"""EngineConfig: the options CLI flags, Serve args and Helm values become, validated at once."""
+
+import pytest
+
+from app.config import EngineConfig
+
+
+def test_dynamic_chunking_and_warmup_options_from_cli_names():
+    cfg = EngineConfig.from_dict({"pp": 2, "enable-dynamic-chunking": True,
+                                  "dynamic_chunk_smooth": 1.0, "warmup-len": 0})
+    assert (cfg.pp_size, cfg.enable_dynamic_chunking, cfg.dynamic_chunk_smooth,
+            cfg.warmup_len) == (2, True, 1.0, 0)
+    default = EngineConfig()
+    assert not default.enable_dynamic_chunking and default.dynamic_chunk_smooth == 0.75
+    assert default.warmup_len is None  # the longest prompt that fits
+
+
+@pytest.mark.parametrize("bad,match", [({"dynamic_chunk_smooth": 1.5}, "dynamic_chunk_smooth"),
+                                       ({"dynamic_chunk_smooth": -0.1}, "dynamic_chunk_smooth"),
+                                       ({"warmup_len": -1}, "warmup_len"),
+                                       ({"enable_dynamic_chunk": True}, "unknown")])
+def test_bad_values_are_rejected_by_name(bad, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig.from_dict(bad)
