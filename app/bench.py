@@ -147,7 +147,8 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
         comm = {k: comm1[k] - comm0[k] for k in comm1}
         hit = comm["skipped"] / max(1, comm["skipped"] + comm["missed"])
         row = {"pp": pp, "linear": linear, "prompt_len": prompt_len, "chunk": chunk,
-               "chunking": chunking, "chunks": chunks, "mode": mode, "kernels": kernels[0], "ttft_s": ttfts,
+               "chunking": chunking, "chunks": chunks, "mode": mode, "kernels": kernels[0],
+               "ttft_s": ttfts,
                "ttft_median_s": statistics.median(ttfts), "comm": comm, "skip_hit_ratio": hit,
                "bound_own_s": statistics.median(bounds) if bounds else None,
                "stage_times_s": stage_times}  # [stage][chunk], the last run's, CUDA events
@@ -230,7 +231,8 @@ def main(argv=None) -> int:
                 for chunking in a.chunking.split(","):
                     rows += run_config(engine, a.pp, linear, prompt_len, chunk,
                                        a.modes.split(","), a.reps, chunking, model)
-                    _write(a, argv, rows, model)  # after every config: a killed run keeps what it measured
+                    # after every config: a killed run keeps what it measured
+                    _write(a, argv, rows, model)
     ray.shutdown()
     print(f"wrote {a.out}")
     return 0

@@ -9,6 +9,7 @@ from .skip import ReqInfo, decide_send, token_needed
 from .state import SchedRequest, SchedulerInvariantError, TokenEvent
 
 __all__ = [
-    "SKIP_MODES", "BlockPool", "BlockPoolError", "ChunkCost", "ReqInfo", "SchedRequest", "Scheduler",
-    "SchedulerConfig", "SchedulerInvariantError", "TokenEvent", "decide_send", "token_needed",
+    "SKIP_MODES", "BlockPool", "BlockPoolError", "ChunkCost", "ReqInfo", "SchedRequest",
+    "Scheduler", "SchedulerConfig", "SchedulerInvariantError", "TokenEvent", "decide_send",
+    "token_needed",
 ]

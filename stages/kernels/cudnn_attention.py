@@ -7,14 +7,13 @@ mask, the t x t diagonal is square (top-left == bottom-right), and the two parti
 exactly by their log-sum-exps. cuDNN takes GQA natively (no KV-head repeat).
 Measured (docs/bench/attention.json, t=8K, L=128K, Llama-8B heads): 29.1 ms vs 51.9 ms.
 
-cuDNN builds a graph per shape (PyTorch caches it per thread, keyed by every size): ~40-60 ms
-on H200 for each new (queries, keys) pair (docs/bench/first_run_probe*.json). So the
-calls' shapes are bucketed (split_attention: key counts in steps of KEY_ALIGN, query counts of
-Q_ALIGN), and a stage builds the shapes of a long prompt's chunks at startup
-(StageRunner.warm_up), so requests do not pay for them.
-TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (one graph per power of two, ragged offsets) is not used: it
-made the kernels 7-20 % slower at 16K-128K keys (same file). Decode steps and short chunks, where cuDNN's
-higher host cost per call outweighs its kernel, stay on the torch reference.
+cuDNN builds a graph per shape (PyTorch caches it per thread, keyed by every size): 40-65 ms on
+H200 for each new (queries, keys) pair (docs/bench/first_run_probe*.json). So the calls' shapes
+are bucketed (split_attention: key counts in steps of KEY_ALIGN, query counts of Q_ALIGN), and a
+stage builds a long prompt's chunk shapes at startup (StageRunner.warm_up), so requests do not
+pay for them. TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (one graph per power of two, ragged offsets) is
+not used: it made the kernels 7-20 % slower at 16K-128K keys (same files). Decode steps and short
+chunks, where cuDNN's higher host cost per call outweighs its kernel, stay on the torch reference.
 """
 
 from __future__ import annotations

@@ -51,12 +51,14 @@ def main(out: str) -> None:
         q = torch.randn(chunk, HQ, D, device=dev, dtype=bf16)
         cudnn_attention.attention(q[:512], k[:1024], v[:1024], scale)  # handles, first graph
         for length in range(chunk, total + 1, chunk):  # every prefix of one lone prompt
-            r = first_and_repeat(lambda: cudnn_attention.attention(q, k[:length], v[:length], scale))
+            r = first_and_repeat(
+                lambda: cudnn_attention.attention(q, k[:length], v[:length], scale))
             rows.append({"op": "attention", "queries": chunk, "keys": length, **r})
         for t in (3000, 3001, 5000, 777):  # ragged last chunks of other prompt lengths
             qt = torch.randn(t, HQ, D, device=dev, dtype=bf16)
             length = 65536 + t
-            r = first_and_repeat(lambda: cudnn_attention.attention(qt, k[:length], v[:length], scale))
+            r = first_and_repeat(
+                lambda: cudnn_attention.attention(qt, k[:length], v[:length], scale))
             rows.append({"op": "attention", "queries": t, "keys": length, **r})
         w = torch.randn(MLP, HIDDEN, device=dev, dtype=bf16)
         for m in (chunk, 3000, 3001, 5000, 777):
