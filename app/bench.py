@@ -100,14 +100,11 @@ def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict) -> li
     """The chunk sizes the scheduler cuts a lone prompt into (its own pure rule), for the
     model config dict `m`."""
     from app.scheduler import ChunkCost, SchedulerConfig
+    from stages.model_config import ModelArgs
 
-    cost = ChunkCost.from_shape(m["hidden_size"], m["intermediate_size"],
-                                m["num_attention_heads"], m["num_key_value_heads"],
-                                m.get("head_dim") or m["hidden_size"] // m["num_attention_heads"]
-                                ) if smooth is not None else None
+    cost = ChunkCost.for_model(ModelArgs.from_hf_dict(m)) if smooth is not None else None
     cfg = SchedulerConfig(chunk_size=chunk, max_num_batched_tokens=chunk, chunk_cost=cost,
-                          dynamic_chunk_smooth=smooth if smooth is not None else 0.75,
-                          max_model_len=prompt_len + 64)
+                          dynamic_chunk_smooth=smooth if smooth is not None else 0.75)
     return [n for _, n in cfg.lone_prompt_chunks(prompt_len)]
 
 

@@ -42,10 +42,8 @@ class Coordinator:
         self.eos_token_ids = tuple(dict.fromkeys(
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
         self.pipeline = Pipeline(config, self.args, placement_group)
-        a = self.args  # dynamic chunking's cost model: the model's FLOPs per layer
-        self._chunk_cost = ChunkCost.from_shape(a.hidden_size, a.intermediate_size,
-                                                a.num_attention_heads, a.num_key_value_heads,
-                                                a.head_dim)
+        # dynamic chunking's cost model: the model's FLOPs per layer
+        self._chunk_cost = ChunkCost.for_model(self.args)
         self.scheduler: Scheduler | None = None
         self._streams: dict[str, RequestStream] = {}
         self._inflight: deque = deque()  # (plan, asyncio.Future of all stages' results)

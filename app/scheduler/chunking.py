@@ -37,6 +37,13 @@ class ChunkCost:
             + 3 * hidden * intermediate
         return cls(2.0 * weights, 4.0 * heads * head_dim)
 
+    @classmethod
+    def for_model(cls, args) -> "ChunkCost":
+        """From a model config with hidden_size, intermediate_size, num_attention_heads,
+        num_key_value_heads and head_dim (stages.model_config.ModelArgs)."""
+        return cls.from_shape(args.hidden_size, args.intermediate_size,
+                              args.num_attention_heads, args.num_key_value_heads, args.head_dim)
+
     def of(self, prefix: int, tokens: int) -> float:
         return self.token_cost * tokens + self.pair_cost * (prefix * tokens
                                                             + tokens * (tokens + 1) / 2)

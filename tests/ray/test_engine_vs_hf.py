@@ -81,10 +81,8 @@ def test_dynamic_chunking_matches_transformers(ray_cluster, checkpoint, prompts,
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     cfg = dataclasses.replace(_cfg(checkpoint, 2, 16, "auto"), enable_dynamic_chunking=True,
                               dynamic_chunk_smooth=1.0)
-    a = load_model_args(checkpoint)
-    plan = SchedulerConfig(chunk_size=16, chunk_cost=ChunkCost.from_shape(
-        a.hidden_size, a.intermediate_size, a.num_attention_heads, a.num_key_value_heads,
-        a.head_dim), dynamic_chunk_smooth=1.0)
+    plan = SchedulerConfig(chunk_size=16, chunk_cost=ChunkCost.for_model(
+        load_model_args(checkpoint)), dynamic_chunk_smooth=1.0)
     chunks, prefix = 0, 0
     while prefix < 64:
         prefix += plan.chunk_limit(prefix)

@@ -17,33 +17,23 @@ chunk_costs = st.one_of(st.none(), st.builds(ChunkCost, st.floats(0.1, 100.0),
                                              st.floats(0.01, 10.0)))
 smooths = st.floats(0.0, 1.0)
 
-configs = st.builds(
-    SchedulerConfig,
-    chunk_size=st.integers(1, 16), max_num_batched_tokens=st.integers(1, 40),
-    max_num_seqs=st.integers(1, 6), max_inflight=st.integers(1, 4),
-    block_size=st.integers(1, 8), num_blocks=st.integers(1, 40),
-    skip_mode=st.sampled_from(["off", "sglang", "auto"]), max_model_len=st.integers(8, 80),
-    chunk_cost=chunk_costs, dynamic_chunk_smooth=smooths)
+common = dict(chunk_size=st.integers(1, 16), max_num_batched_tokens=st.integers(1, 40),
+              max_num_seqs=st.integers(1, 6), skip_mode=st.sampled_from(["off", "sglang", "auto"]),
+              max_model_len=st.integers(8, 80), chunk_cost=chunk_costs,
+              dynamic_chunk_smooth=smooths)
+configs = st.builds(SchedulerConfig, **common, max_inflight=st.integers(1, 4),
+                    block_size=st.integers(1, 8), num_blocks=st.integers(1, 40))
 loads = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 50), st.integers(1, 10),
                            st.booleans()), min_size=1, max_size=12)
 
 
 run_ahead_configs = st.builds(
-    SchedulerConfig,
-    chunk_size=st.integers(1, 16), max_num_batched_tokens=st.integers(1, 40),
-    max_num_seqs=st.integers(1, 6), max_inflight=st.integers(1, 9),
-    block_size=st.integers(1, 8), num_blocks=st.integers(1, 40),
-    skip_mode=st.sampled_from(["off", "sglang", "auto"]), max_model_len=st.integers(8, 80),
-    run_ahead=st.just(True), num_stages=st.integers(1, 4), chunk_cost=chunk_costs,
-    dynamic_chunk_smooth=smooths)
+    SchedulerConfig, **common, max_inflight=st.integers(1, 9), block_size=st.integers(1, 8),
+    num_blocks=st.integers(1, 40), run_ahead=st.just(True), num_stages=st.integers(1, 4))
 on_demand_configs = st.builds(
-    SchedulerConfig,
-    chunk_size=st.integers(1, 16), max_num_batched_tokens=st.integers(1, 40),
-    max_num_seqs=st.integers(1, 6), max_inflight=st.integers(1, 6),
-    block_size=st.integers(1, 4), num_blocks=st.integers(2, 24),
-    skip_mode=st.sampled_from(["off", "sglang", "auto"]), max_model_len=st.integers(8, 80),
-    run_ahead=st.booleans(), num_stages=st.integers(1, 3), kv_admission=st.just("on-demand"),
-    chunk_cost=chunk_costs, dynamic_chunk_smooth=smooths)
+    SchedulerConfig, **common, max_inflight=st.integers(1, 6), block_size=st.integers(1, 4),
+    num_blocks=st.integers(2, 24), run_ahead=st.booleans(), num_stages=st.integers(1, 3),
+    kv_admission=st.just("on-demand"))
 drives = dict(load=loads, seed=st.integers(0, 2**32 - 1),
               p_stop=st.sampled_from([0.0, 0.05, 0.3]),
               p_abort=st.sampled_from([0.0, 0.03, 0.15]))
