@@ -98,21 +98,28 @@ def _decode_once(engine, prompts, n_tokens) -> dict:
     from app.request import SamplingParams
 
     c0 = _wait_idle(engine)["pp_output_comm"]
+    engine.take_timings()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, SamplingParams(max_tokens=n_tokens, temperature=0.0,
                                                    ignore_eos=True))
     wall = time.perf_counter() - t0
     tokens = sum(len(o.token_ids) for o in outs)
     comm, hit = _comm_delta(c0, _wait_idle(engine)["pp_output_comm"])
+    # Per microbatch: stage 0's forward (CUDA events; the median is a decode step's, the
+    # prefill is one microbatch of the run) and the wall shared among the microbatches.
+    forwards = [sec for stage, _mb, sec in engine.take_timings() if stage == 0]
     return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall,
-            "comm": comm, "skip_hit_ratio": hit}
+            "comm": comm, "skip_hit_ratio": hit, "microbatches": len(forwards),
+            "stage_forward_s": statistics.median(forwards) if forwards else None,
+            "wall_per_microbatch_s": wall / max(1, len(forwards))}
 
 
 def summarize(runs: list[dict], keys: tuple[str, ...]) -> dict:
     """Medians over reps of the numbers in `keys` and of each comm counter."""
     out = {"reps": len(runs)}
     for k in keys + ("skip_hit_ratio",):
-        out[k] = statistics.median(r[k] for r in runs)
+        values = [r[k] for r in runs if r[k] is not None]
+        out[k] = statistics.median(values) if values else None
     out["comm"] = {k: statistics.median(r["comm"][k] for r in runs) for k in COMM_KEYS}
     return out
 
@@ -181,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--linear", default="auto", help="linear backend")
     p.add_argument("--attention", default="auto", help="attention backend")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="decode-only microbatches without CUDA graphs")
+    p.add_argument("--run-ahead", action="store_true")
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -230,7 +240,7 @@ def main(argv=None) -> int:
                        chunk_size=a.chunk_size, max_num_batched_tokens=budget,
                        max_num_seqs=seqs, max_model_len=max_len + 64, num_kv_blocks=kv_blocks,
                        block_size=64, linear_backend=a.linear, attention_backend=a.attention,
-                       seed=a.seed)
+                       seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead)
     rng = random.Random(a.seed)
     lo, hi = (1000, 120000) if a.model_shape == "llama8b" else (0, 256)
 
@@ -256,6 +266,13 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
+    if "decode" in parts and a.device == "cuda":
+        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay.
+        from app.decode_reference import graph_decode_step_s
+
+        res["decode"]["reference"] = graph_decode_step_s(
+            model_cfg, a.decode_concurrency, a.short_len + a.decode_tokens // 2)
+        print(f"decode reference: {res['decode']['reference']}", flush=True)
     t_load = time.perf_counter()
     with Engine(cfg) as engine:
         print(f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
@@ -271,10 +288,19 @@ def main(argv=None) -> int:
                    + ("" if r["decodes_outlasted"] else " (decodes ended early)"))
         if "decode" in parts:
             _decode_once(engine, conc, min(4, a.decode_tokens))  # warm-up
-            _sweep(engine, res["decode"], write, ("tokens_per_s", "wall_s"),
+            _sweep(engine, res["decode"], write,
+                   ("tokens_per_s", "wall_s", "stage_forward_s", "wall_per_microbatch_s"),
                    lambda: _decode_once(engine, conc, a.decode_tokens),
                    lambda r: f"{r['tokens_per_s']:.1f} tok/s ({r['output_tokens']} in "
-                   f"{r['wall_s']:.3f}s) comm {r['comm']}")
+                   f"{r['wall_s']:.3f}s) forward {r['stage_forward_s']} wall/mb "
+                   f"{r['wall_per_microbatch_s']:.5f} comm {r['comm']}")
+            ref = res["decode"].get("reference")
+            for s in res["decode"]["summary"].values():
+                if ref and s["stage_forward_s"]:
+                    s["forward_over_reference"] = s["stage_forward_s"] / ref["graph_step_s"]
+                if s["stage_forward_s"]:
+                    s["wall_over_forward"] = s["wall_per_microbatch_s"] / s["stage_forward_s"]
+            write()
     if owns_ray:
         ray.shutdown()
     _print_tables(res)

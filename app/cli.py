@@ -48,6 +48,8 @@ ENGINE_FLAGS = [
      "reserve its prompt + max_tokens (default, never preempts); on-demand = admit on its "
      "prompt's blocks, allocate as it grows, and preempt (recompute) the youngest request when "
      "blocks run out."),
+    ("--enforce-eager", "enforce_eager", bool, "Decode-only microbatches on CUDA run eagerly "
+     "instead of replaying CUDA graphs (vLLM's flag)."),
     ("--enable-dynamic-chunking", "enable_dynamic_chunking", bool, "Size each chunk of a long "
      "prompt to cost about what its first chunk (--chunk-size tokens) costs, from the model's "
      "FLOPs: chunks shrink as attention over the cached prefix grows, so a pipeline drains "

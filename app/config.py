@@ -47,6 +47,8 @@ class EngineConfig:
     # Build the attention kernels (cuDNN graphs) for the chunks of a prompt this long at
     # startup; None: the longest that fits (max_model_len, the KV cache); 0: none.
     warmup_len: int | None = None
+    # Decode-only microbatches on CUDA run without CUDA graphs (vLLM's --enforce-eager).
+    enforce_eager: bool = False
     channel_check: bool = False  # every message carries a checked header (tests turn it on)
     linear_backend: str = "auto"
     attention_backend: str = "auto"
@@ -97,6 +99,9 @@ class EngineConfig:
         if self.dtype != "auto":
             return self.dtype
         return "float32" if self.device == "cpu" else "bfloat16"
+
+    def resolved_max_model_len(self, max_position_embeddings: int) -> int:
+        return min(self.max_model_len or max_position_embeddings, max_position_embeddings)
 
     @property
     def token_budget(self) -> int:

@@ -36,8 +36,7 @@ class Coordinator:
         self.metrics = metrics
         self.args = load_model_args(config.model)
         self.tokenizer = load_tokenizer(config.model)
-        self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
-                                 self.args.max_position_embeddings)
+        self.max_model_len = config.resolved_max_model_len(self.args.max_position_embeddings)
         # A checkpoint without tokenizer.json still stops on its own config's EOS ids.
         self.eos_token_ids = tuple(dict.fromkeys(
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
@@ -52,6 +51,7 @@ class Coordinator:
         self._ids = itertools.count()
         self._channel_sends = 0
         self._stage_forward = [0.0] * config.pp_size
+        self._graph_steps = [0] * config.pp_size  # microbatches each stage replayed as a graph
         self._failures = 0
         self._timings: deque = deque(maxlen=8192)  # (stage, mb_id, seconds) for the bench
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
@@ -249,6 +249,7 @@ class Coordinator:
         last = results[-1]
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
+            self._graph_steps[r.stage] += r.graphed
             self._timings.extend((r.stage, mb, sec) for mb, sec in r.timings)
             if self.metrics:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
@@ -366,6 +367,7 @@ class Coordinator:
             "kv_blocks_free": s.pool.num_free,
             "num_preemptions": s.num_preemptions,
             "stage_forward_seconds": list(self._stage_forward),
+            "decode_graph_steps": list(self._graph_steps),
             "pipeline_failures": self._failures,
             "pipeline_id": self.pipeline.pipeline_id,
             "max_model_len": self.max_model_len,

@@ -65,7 +65,9 @@ class Pipeline:
             kv_cache_bytes=c.kv_cache_memory_bytes,
             gpu_memory_utilization=c.gpu_memory_utilization, channel_check=c.channel_check,
             output_post=c.output_post, linear_backend=c.linear_backend,
-            attention_backend=c.attention_backend, seed=c.seed)
+            attention_backend=c.attention_backend, seed=c.seed,
+            max_model_len=c.resolved_max_model_len(self.args.max_position_embeddings),
+            enforce_eager=c.enforce_eager)
             for i, (lo, hi) in enumerate(ranges)]
 
     async def start(self) -> int:

@@ -135,3 +135,21 @@ def host_slots(prefix: torch.Tensor | slice) -> torch.Tensor:
     if isinstance(prefix, slice):
         return torch.arange(prefix.start, prefix.stop, dtype=torch.long)
     return prefix
+
+
+@dataclass
+class PagedDecodeBatch:
+    """A decode-only microbatch of one token per row, in the form a CUDA graph replays: static
+    device tensors, K/V read in place through block tables (stages/decode_graphs.py fills them).
+    Rows past the real ones are padding: length 0, KV written to a scratch slot."""
+    positions: torch.Tensor  # [B] long
+    slot_mapping: torch.Tensor  # [B] long: where each row's new K/V goes
+    lengths: torch.Tensor  # [B] long: keys each row attends to (its position + 1)
+    table_rows: torch.Tensor  # [B] long: each row's row in block_tables
+    block_tables: torch.Tensor  # [N, max_blocks] int32, one row per request slot
+    block_size: int
+    num_splits: int  # fixed per captured shape: the kernel's grid must not change on replay
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.numel())

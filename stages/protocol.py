@@ -116,6 +116,7 @@ class StepResult:
     output_sends: int = 0  # the channel's own count of output messages sent so far
     # (mb_id, seconds) of this stage's forwards whose CUDA events completed since the last step.
     timings: tuple[tuple[int, float], ...] = ()
+    graphed: bool = False  # this stage ran the microbatch as a CUDA graph replay
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,8 @@ class StageSpec:
     linear_backend: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0  # the built-in random model's seed
+    max_model_len: int = 0  # width of the decode graphs' block tables; 0: no decode graphs
+    enforce_eager: bool = False  # decode-only microbatches run the paged path without graphs
     extra: dict = field(default_factory=dict)
 
     @property

@@ -12,6 +12,7 @@ from collections import deque
 import torch
 
 from stages.channels import ChannelError, PendingRecv, PipelineChannels
+from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import PagedKVCache, bytes_per_block
@@ -23,6 +24,10 @@ from stages.sync_guard import install_sync_guard
 from stages.timing import StageTimer
 
 log = logging.getLogger("ppserve.stage")
+
+# GPU memory kept out of the KV budget for the decode graphs' pool and buffers (measured use is
+# logged at capture).
+DECODE_GRAPH_RESERVE = 512 << 20
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,10 +46,13 @@ class StageRunner:
             self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start, spec.layer_end, spec.is_first,
             spec.is_last, self.kernels, self.dtype, self.device, spec.seed)
         self.kv: PagedKVCache | None = None
+        self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
+        self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
         self.block_tables: dict[str, list[int]] = {}
+        self.req_slots: dict[str, int] = {}
         self.sampling: dict[str, object] = {}
         self.prompt_ids: dict[str, tuple[int, ...]] = {}
         self.output_ids: dict[str, list[int]] = {}
@@ -63,6 +71,15 @@ class StageRunner:
     def num_local_layers(self) -> int:
         return self.spec.layer_end - self.spec.layer_start
 
+    @property
+    def uses_decode_graphs(self) -> bool:
+        """Decode-only microbatches take the paged path (graphed unless enforce_eager) where
+        a paged decode kernel runs: CUDA with Triton, and a block size it supports."""
+        bs = self.spec.block_size
+        return (self.device.type == "cuda" and self.spec.max_model_len > 0
+                and self.kernels.names["paged_decode"] != "torch"
+                and bs >= 16 and bs & (bs - 1) == 0)
+
     def kv_capacity(self) -> int:
         per_block = bytes_per_block(self.args, self.num_local_layers, self.spec.block_size,
                                     self.dtype)
@@ -70,13 +87,32 @@ class StageRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
             budget = int(total * self.spec.gpu_memory_utilization) - used
+            if self.uses_decode_graphs:  # the scratch block, graph pools, activations
+                budget -= DECODE_GRAPH_RESERVE + per_block
         else:
             budget = self.spec.kv_cache_bytes or (1 << 30)
         return max(0, budget // max(per_block, 1))
 
     def allocate_kv(self, num_blocks: int) -> None:
-        self.kv = PagedKVCache(self.args, self.num_local_layers, num_blocks,
+        graphs = self.uses_decode_graphs
+        # With decode graphs one block more: the scratch block padding rows write to.
+        self.kv = PagedKVCache(self.args, self.num_local_layers, num_blocks + graphs,
                                self.spec.block_size, self.dtype, self.device)
+        self.decode_graphs = None
+        if graphs:
+            self._build_decode_graphs()
+
+    def _build_decode_graphs(self) -> None:
+        self.decode_graphs = DecodeGraphs(
+            self.model, self.kv, num_slots=self.spec.max_running,
+            max_model_len=self.spec.max_model_len,
+            scratch_slot=(self.kv.num_blocks - 1) * self.spec.block_size,
+            hidden_size=self.args.hidden_size, kv_heads=self.args.num_key_value_heads,
+            dtype=self.dtype, device=self.device, is_first=self.spec.is_first,
+            max_rows=self.spec.max_running, eager=self.spec.enforce_eager)
+        for req_id, table in self.block_tables.items():  # a recapture keeps live requests
+            self.decode_graphs.update_tables([(self.req_slots[req_id], 0, tuple(table))])
+        self.decode_graph_info = self.decode_graphs.capture()
 
     @torch.inference_mode()
     def warm_up(self, chunks: list[tuple[int, int]]) -> dict:
@@ -114,15 +150,24 @@ class StageRunner:
     def step(self, plan: MicrobatchPlan) -> StepResult:
         self._apply_deltas(plan)
         self._wait_sends()
-        rows = [(r.start, r.num_tokens, self.block_tables[r.req_id], r.sample) for r in plan.rows]
-        batch = ForwardBatch.build(rows, self.spec.block_size, self.device)
+        graphs = self.decode_graphs
+        bucket = graphs.bucket_for(plan.rows) if graphs is not None else None
+        batch = None
+        if bucket is None:
+            rows = [(r.start, r.num_tokens, self.block_tables[r.req_id], r.sample)
+                    for r in plan.rows]
+            batch = ForwardBatch.build(rows, self.spec.block_size, self.device)
         if self.spec.is_first:
             inputs = self._input_ids(plan)
         else:
             inputs = self.channels.recv_hidden((plan.num_tokens, self.args.hidden_size),
                                                self.dtype, plan.mb_id)
         self.timer.start(plan.mb_id)
-        hidden = self.model(inputs, batch, self.kv)
+        graphed = batch is None and not graphs.eager
+        if batch is None:  # every row samples: the hidden rows are the sampling rows
+            hidden = graphs.run(bucket, plan.rows, inputs, self.block_tables)
+        else:
+            hidden = self.model(inputs, batch, self.kv)
         if not self.spec.is_last:
             self.timer.stop()
             self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
@@ -130,7 +175,7 @@ class StageRunner:
                 self._post_outputs(plan)
             return StepResult(plan.mb_id, self.spec.stage_index,
                               forward_s=self.timer.last_elapsed(),
-                              timings=self.timer.take_finished())
+                              timings=self.timer.take_finished(), graphed=graphed)
         sampled = self._sample(plan, hidden, batch)
         self.timer.stop()
         self.timer.wait_last()
@@ -140,19 +185,26 @@ class StageRunner:
                           forward_s=self.timer.last_elapsed(),
                           sent_output=plan.send_output and self.channels is not None,
                           output_sends=self.channels.output_sends if self.channels else 0,
-                          timings=self.timer.take_finished())
+                          timings=self.timer.take_finished(), graphed=graphed)
 
     def _apply_deltas(self, plan: MicrobatchPlan) -> None:
         for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them
-            for table in (self.block_tables, self.sampling, self.prompt_ids, self.output_ids):
+            for table in (self.block_tables, self.req_slots, self.sampling, self.prompt_ids,
+                          self.output_ids):
                 table.pop(req_id, None)
         for new in plan.new_requests:
             self.block_tables[new.req_id] = []
+            self.req_slots[new.req_id] = new.slot
             self.sampling[new.req_id] = new.sampling
             self.prompt_ids[new.req_id] = new.prompt_token_ids
             self.output_ids[new.req_id] = list(new.output_token_ids)
+        table_updates = []
         for req_id, blocks in plan.block_updates:
-            self.block_tables[req_id].extend(blocks)
+            table = self.block_tables[req_id]
+            table_updates.append((self.req_slots[req_id], len(table), blocks))
+            table.extend(blocks)
+        if self.decode_graphs is not None:
+            self.decode_graphs.update_tables(table_updates)
 
     def _wait_sends(self) -> None:
         # Waited one step later, never right after the send: waiting at once would make the
@@ -238,13 +290,14 @@ class StageRunner:
             self.slot_writer[s] = plan.mb_id
 
     # -- last stage: sample and send ---------------------------------------------------------------
-    def _sample(self, plan, hidden, batch) -> list[SampledToken]:
+    def _sample(self, plan, hidden, batch: ForwardBatch | None) -> list[SampledToken]:
         sample_rows = [r for r in plan.rows if r.sample]
         if not sample_rows:
             if plan.send_output and self.channels is not None:
                 self._send_output(plan, [])
             return []
-        logits = self.model.compute_logits(hidden[batch.sample_indices])
+        rows = hidden if batch is None else hidden[batch.sample_indices]
+        logits = self.model.compute_logits(rows)
         to_sample = [RowToSample(self.sampling[r.req_id], r.output_index,
                                  self.prompt_ids[r.req_id], self.output_ids[r.req_id])
                      for r in sample_rows]
@@ -275,6 +328,8 @@ class StageRunner:
             for module in self.model.modules():
                 if hasattr(module, "kernels"):
                     module.kernels = self.kernels
+            if self.decode_graphs is not None:  # the graphs hold the old kernels' launches
+                self._build_decode_graphs()
         return dict(self.kernels.names, output_post=self.output_post)
 
     def close(self) -> None:

@@ -28,6 +28,11 @@ BACKENDS: dict[str, dict[str, str]] = {
     "decode_attention": {
         "torch": "stages.kernels.torch_ref:decode_attention",
     },
+    # Decode rows reading K/V in place through block tables (static shapes: CUDA graphs).
+    "paged_decode": {
+        "triton": "stages.kernels.triton_paged_decode:paged_decode_attention",
+        "torch": "stages.kernels.torch_ref:paged_decode_attention",
+    },
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it;
@@ -36,6 +41,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
     "attention": ("cudnn", "torch"),
     "decode_attention": ("torch",),
+    "paged_decode": ("triton", "torch"),
 }
 
 
@@ -44,6 +50,8 @@ class Kernels:
     linear: Callable  # (x, weight, bias=None) -> x @ weight.T + bias
     attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,D], scale) -> [t,Hq,D]
     decode_attention: Callable  # (q [R,Hq,D], k/v [R,Lmax,Hkv,D], mask [R,Lmax], scale)
+    # (q [R,Hq,D], k/v cache [slots,Hkv,D], tables, table_rows [R], lengths [R], scale, block)
+    paged_decode: Callable
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -82,6 +90,9 @@ def select_kernels(device: str, linear: str = "auto", attention: str = "auto") -
     lin_name, lin = _select("linear", linear, str(device))
     att_name, att = _select("attention", attention, str(device))
     dec_name, dec = _select("decode_attention", "auto", str(device))
-    names = {"linear": lin_name, "attention": att_name, "decode_attention": dec_name}
+    paged_name, paged = _select("paged_decode", "auto", str(device))
+    names = {"linear": lin_name, "attention": att_name, "decode_attention": dec_name,
+             "paged_decode": paged_name}
     log.info("kernels on %s: %s", device, names)
-    return Kernels(linear=lin, attention=att, decode_attention=dec, names=names)
+    return Kernels(linear=lin, attention=att, decode_attention=dec, paged_decode=paged,
+                   names=names)

@@ -43,3 +43,22 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     out = F.scaled_dot_product_attention(q_, k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask[:, None, None, :], scale=scale)
     return out.reshape(r, hq, d)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, table_rows: torch.Tensor,
+                           lengths: torch.Tensor, scale: float, block_size: int,
+                           num_splits: int | None = None) -> torch.Tensor:
+    """The oracle of the paged decode kernels (same arguments; num_splits is ignored): each
+    row's keys gathered through its block table, then plain attention. Rows of length 0 give 0.
+    """
+    out = torch.zeros_like(q)
+    for r in range(q.shape[0]):
+        length = int(lengths[r])
+        if length == 0:
+            continue
+        table = block_tables[int(table_rows[r])].long()
+        pos = torch.arange(length, device=q.device)
+        slots = table[pos // block_size] * block_size + pos % block_size
+        out[r] = attention(q[r:r + 1], k_cache[slots], v_cache[slots], scale)[0]
+    return out

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.kv_cache import PagedKVCache
 from stages.model_config import ModelArgs
@@ -84,8 +84,9 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                kv: PagedKVCache, local_layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache,
+                local_layer: int) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.hq, self.d)
         k = self.k_proj(x).view(t, self.hkv, self.d)
@@ -97,6 +98,12 @@ class Attention(nn.Module):
         # New K/V go to the cache first, then each row attends to its whole prefix: decode rows
         # in padded groups (one call per group), the others one call per row.
         kv.write(local_layer, k, v, batch.slot_mapping)
+        if isinstance(batch, PagedDecodeBatch):
+            k_cache, v_cache = kv.kv[local_layer][0], kv.kv[local_layer][1]
+            o = self.kernels.paged_decode(q, k_cache, v_cache, batch.block_tables,
+                                          batch.table_rows, batch.lengths, self.scale,
+                                          batch.block_size, batch.num_splits)
+            return self.o_proj(o.reshape(t, self.hq * self.d))
         if len(batch.row_starts) == 1:  # a lone row (a long prompt's chunk): no output copy
             k_r, v_r = kv.gather(local_layer, batch.block_tables[0], batch.row_starts[0] + t,
                                  batch.prefix_slots[0])
@@ -174,7 +181,8 @@ class LlamaStage(nn.Module):
     def num_local_layers(self) -> int:
         return self.layer_end - self.layer_start
 
-    def forward(self, inputs: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, batch: ForwardBatch | PagedDecodeBatch,
+                kv: PagedKVCache) -> torch.Tensor:
         """Token ids [T] (first stage) or hidden [T, hidden] -> hidden [T, hidden], before the
         final norm."""
         h = self.embed_tokens(inputs) if self.is_first else inputs.to(self.dtype)
