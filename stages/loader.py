@@ -26,9 +26,24 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+# Modules that hold several checkpoint tensors concatenated along the output dimension (one
+# GEMM instead of three or two).
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
 def checkpoint_name(param_name: str) -> str:
     """Module parameter name -> checkpoint tensor name (modules drop the `model.` prefix)."""
     return param_name if param_name.startswith("lm_head.") else "model." + param_name
+
+
+def checkpoint_parts(param_name: str) -> list[str]:
+    """The checkpoint tensors a parameter is made of, in concatenation order."""
+    name = checkpoint_name(param_name)
+    prefix, _, rest = name.rpartition(".")  # rest: weight or bias
+    owner, _, module = prefix.rpartition(".")
+    if module in FUSED:
+        return [f"{owner}.{part}.{rest}" for part in FUSED[module]]
+    return [name]
 
 
 def _weight_files(path: str) -> dict[str, str]:
@@ -54,44 +69,51 @@ def load_stage_weights(model: LlamaStage, path: str, args: ModelArgs, layer_star
     if (model.layer_start, model.layer_end, model.is_first, model.is_last) != (
             layer_start, layer_end, is_first, is_last):
         raise ValueError("model was built for another stage than the one being loaded")
-    wanted = {checkpoint_name(n): p for n, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    parts = {n: checkpoint_parts(n) for n in params}
+    needed = [c for names in parts.values() for c in names]
     files = _weight_files(path)
-    missing = sorted(n for n in wanted if n not in files)
+    missing = sorted(n for n in needed if n not in files)
     if missing:
         raise KeyError(f"checkpoint {path!r} lacks {len(missing)} tensors this stage needs, "
                        f"e.g. {missing[:5]}")
     by_file: dict[str, list[str]] = {}
-    for n in wanted:
+    for n in needed:
         by_file.setdefault(files[n], []).append(n)
+    tensors = {}
+    for file, names in sorted(by_file.items()):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for n in names:
+                tensors[n] = f.get_tensor(n)
     with torch.no_grad():
-        for file, names in sorted(by_file.items()):
-            with safe_open(file, framework="pt", device="cpu") as f:
-                for n in names:
-                    t = f.get_tensor(n)
-                    p = wanted[n]
-                    if tuple(t.shape) != tuple(p.shape):
-                        raise ValueError(f"{n}: checkpoint shape {tuple(t.shape)}, model "
-                                         f"expects {tuple(p.shape)}")
-                    p.copy_(t)
-    return sorted(wanted)
+        for name, p in params.items():
+            t = torch.cat([tensors.pop(c) for c in parts[name]])
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"{' + '.join(parts[name])}: checkpoint shape "
+                                 f"{tuple(t.shape)}, model expects {tuple(p.shape)}")
+            p.copy_(t)
+    return sorted(needed)
 
 
 def random_init(model: torch.nn.Module, seed: int) -> None:
     """Deterministic per global tensor name, so any PP split builds identical weights."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            global_name = checkpoint_name(name)
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                # Drawn in fp32 on the parameter's device type (same numbers for any split);
+                # Drawn in fp32 on the parameter's device type (same numbers for any split),
+                # per checkpoint tensor (a fused one draws each part as its own tensor);
                 # drawing 8B parameters on the CPU would dominate a GPU bench's start-up.
-                g = torch.Generator(device=p.device)
-                g.manual_seed((seed + zlib.crc32(global_name.encode())) % 2**63)
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32,
-                                    device=p.device) * 0.02)
+                owner = model.get_submodule(name.rpartition(".")[0])
+                sizes = getattr(owner, "part_sizes", None) or (p.shape[0],)
+                for part, rows in zip(checkpoint_parts(name), p.split(list(sizes))):
+                    g = torch.Generator(device=p.device)
+                    g.manual_seed((seed + zlib.crc32(part.encode())) % 2**63)
+                    rows.copy_(torch.randn(rows.shape, generator=g, dtype=torch.float32,
+                                           device=p.device) * 0.02)
 
 
 def build_stage_model(args: ModelArgs, model_path: str | None, layer_start: int, layer_end: int,

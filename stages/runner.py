@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -19,11 +20,24 @@ from stages.kv_cache import PagedKVCache, bytes_per_block
 from stages.loader import build_stage_model
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
-from stages.sampler import RowToSample, Sampler
+from stages.sampler import Picked, RowToSample, Sampler
 from stages.sync_guard import install_sync_guard
-from stages.timing import StageTimer
+from stages.timing import Measurement, StageTimer
 
 log = logging.getLogger("ppserve.stage")
+
+
+@dataclass
+class LaunchedStep:
+    """A microbatch whose device work is queued. Stages before the last have their result at
+    once; the last stage's needs the sampled ids, read by StageRunner.finish (the output
+    channel's send is queued before that read, straight from the device)."""
+    plan: MicrobatchPlan
+    graphed: bool
+    picked: Picked | None = None  # last stage: the ids chosen on the device
+    timing: Measurement | None = None  # this forward's, on the last stage
+    result: StepResult | None = None
+
 
 # GPU memory kept out of the KV budget for the decode graphs' pool and buffers (measured use is
 # logged at capture).
@@ -146,8 +160,12 @@ class StageRunner:
         self.channels.connect(host, port, store)
 
     # -- one microbatch --------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self, plan: MicrobatchPlan) -> StepResult:
+        return self.finish(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: MicrobatchPlan) -> LaunchedStep:
+        """Queue the microbatch's work on the device; `finish` reads its results."""
         self._apply_deltas(plan)
         self._wait_sends()
         graphs = self.decode_graphs
@@ -173,19 +191,33 @@ class StageRunner:
             self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
             if self.spec.is_first and self.channels is not None:
                 self._post_outputs(plan)
-            return StepResult(plan.mb_id, self.spec.stage_index,
-                              forward_s=self.timer.last_elapsed(),
-                              timings=self.timer.take_finished(), graphed=graphed)
-        sampled = self._sample(plan, hidden, batch)
-        self.timer.stop()
-        self.timer.wait_last()
-        if self.spec.is_first:  # PP=1: the "channel" is a local scatter
-            self._scatter_local(plan, sampled)
-        return StepResult(plan.mb_id, self.spec.stage_index, sampled=tuple(sampled),
-                          forward_s=self.timer.last_elapsed(),
-                          sent_output=plan.send_output and self.channels is not None,
-                          output_sends=self.channels.output_sends if self.channels else 0,
-                          timings=self.timer.take_finished(), graphed=graphed)
+            return LaunchedStep(plan, graphed, result=StepResult(
+                plan.mb_id, self.spec.stage_index, forward_s=self.timer.last_elapsed(),
+                timings=self.timer.take_finished(), graphed=graphed))
+        picked = self._pick(plan, hidden, batch)
+        timing = self.timer.stop()
+        if self.spec.is_first and picked is not None:  # PP=1: the "channel" is a local scatter
+            self._scatter_local(plan, picked.token_ids)
+        return LaunchedStep(plan, graphed, picked, timing)
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """The StepResult of the microbatch launched last: waits for its device work."""
+        if launched.result is not None:
+            return launched.result
+        plan = launched.plan
+        sampled = Sampler.collect(launched.picked) if launched.picked is not None else []
+        rows = [r for r in plan.rows if r.sample]
+        for r, p in zip(rows, sampled):
+            self.output_ids[r.req_id].append(p.token_id)
+        launched.result = StepResult(
+            plan.mb_id, self.spec.stage_index,
+            sampled=tuple(SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
+                          for r, p in zip(rows, sampled)),
+            forward_s=self.timer.elapsed(launched.timing),
+            sent_output=plan.send_output and self.channels is not None,
+            output_sends=self.channels.output_sends if self.channels else 0,
+            timings=self.timer.take_finished(), graphed=launched.graphed)
+        return launched.result
 
     def _apply_deltas(self, plan: MicrobatchPlan) -> None:
         for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them
@@ -280,42 +312,42 @@ class StageRunner:
                 for i in rows:
                     self.slot_writer[plan.rows[i].slot] = plan.mb_id
 
-    def _scatter_local(self, plan: MicrobatchPlan, sampled: list[SampledToken]) -> None:
-        if not plan.send_output or not sampled:
+    def _scatter_local(self, plan: MicrobatchPlan, token_ids: torch.Tensor) -> None:
+        if not plan.send_output:
             return
         slots = [r.slot for r in plan.rows if r.sample]
-        self.next_tokens[self._to_device(slots)] = self._to_device(
-            [s.token_id for s in sampled])
+        self.next_tokens[self._to_device(slots)] = token_ids
         for s in slots:
             self.slot_writer[s] = plan.mb_id
 
     # -- last stage: sample and send ---------------------------------------------------------------
-    def _sample(self, plan, hidden, batch: ForwardBatch | None) -> list[SampledToken]:
+    def _pick(self, plan, hidden, batch: ForwardBatch | None) -> Picked | None:
         sample_rows = [r for r in plan.rows if r.sample]
         if not sample_rows:
             if plan.send_output and self.channels is not None:
-                self._send_output(plan, [])
-            return []
+                self._send_output(plan, None)
+            return None
         rows = hidden if batch is None else hidden[batch.sample_indices]
         logits = self.model.compute_logits(rows)
         to_sample = [RowToSample(self.sampling[r.req_id], r.output_index,
                                  self.prompt_ids[r.req_id], self.output_ids[r.req_id])
                      for r in sample_rows]
-        picked = self.sampler.sample(logits, to_sample)
-        for r, p in zip(sample_rows, picked):
-            self.output_ids[r.req_id].append(p.token_id)
+        picked = self.sampler.pick(logits, to_sample)
         if plan.send_output and self.channels is not None:
-            self._send_output(plan, [p.token_id for p in picked])
-        return [SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
-                for r, p in zip(sample_rows, picked)]
+            self._send_output(plan, picked.token_ids)
+        return picked
 
-    def _send_output(self, plan: MicrobatchPlan, token_ids: list[int]) -> None:
-        # One entry per row, -1 where the row sampled nothing (the fixed-size `off` message).
-        out, it = [], iter(token_ids)
-        for r in plan.rows:
-            out.append(next(it) if r.sample else -1)
-        t = torch.tensor(out, dtype=torch.long).to(self.device)
-        self.pending_sends += self.channels.send_output(t, plan.mb_id)
+    def _send_output(self, plan: MicrobatchPlan, token_ids: torch.Tensor | None) -> None:
+        """The sampled ids, straight from the device: one entry per row, -1 where the row
+        sampled nothing (the fixed-size `off` message)."""
+        sampling = [i for i, r in enumerate(plan.rows) if r.sample]
+        if token_ids is not None and len(sampling) == len(plan.rows):
+            out = token_ids
+        else:
+            out = torch.full((len(plan.rows),), -1, dtype=torch.long, device=self.device)
+            if token_ids is not None:
+                out[self._to_device(sampling)] = token_ids
+        self.pending_sends += self.channels.send_output(out, plan.mb_id)
 
     def set_policy(self, output_post: str | None = None, linear_backend: str | None = None):
         """Bench knobs, applied between requests: where stage 0 posts output recvs, and which

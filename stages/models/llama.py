@@ -57,8 +57,10 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """Holds a checkpoint's weight (and bias); the matmul runs on the chosen kernel backend."""
 
-    def __init__(self, n_in: int, n_out: int, bias: bool, kernels: Kernels, dtype, device):
+    def __init__(self, n_in: int, n_out: int, bias: bool, kernels: Kernels, dtype, device,
+                 part_sizes: tuple[int, ...] | None = None):
         super().__init__()
+        self.part_sizes = part_sizes  # rows of each checkpoint tensor a fused weight holds
         self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype, device=device)) if bias else None
         self.kernels = kernels
@@ -74,9 +76,9 @@ class Attention(nn.Module):
         self.hq, self.hkv, self.d = args.num_attention_heads, args.num_key_value_heads, d
         self.scale = d ** -0.5
         self.kernels = kernels
-        self.q_proj = Linear(h, self.hq * d, args.attention_bias, kernels, dtype, device)
-        self.k_proj = Linear(h, self.hkv * d, args.attention_bias, kernels, dtype, device)
-        self.v_proj = Linear(h, self.hkv * d, args.attention_bias, kernels, dtype, device)
+        # q, k and v in one GEMM (the loader concatenates the checkpoint's three tensors)
+        self.qkv_proj = Linear(h, (self.hq + 2 * self.hkv) * d, args.attention_bias, kernels,
+                               dtype, device, (self.hq * d, self.hkv * d, self.hkv * d))
         self.o_proj = Linear(self.hq * d, h, args.o_proj_bias, kernels, dtype, device)
         if args.qk_norm:
             self.q_norm = RMSNorm(d, args.rms_norm_eps, dtype, device)
@@ -88,9 +90,9 @@ class Attention(nn.Module):
                 batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache,
                 local_layer: int) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.hq, self.d)
-        k = self.k_proj(x).view(t, self.hkv, self.d)
-        v = self.v_proj(x).view(t, self.hkv, self.d)
+        q, k, v = self.qkv_proj(x).split(
+            [self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q, k, v = (y.view(t, -1, self.d) for y in (q, k, v))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin
@@ -128,12 +130,12 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
         super().__init__()
         h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
-        self.gate_proj = Linear(h, i, b, kernels, dtype, device)
-        self.up_proj = Linear(h, i, b, kernels, dtype, device)
+        self.gate_up_proj = Linear(h, 2 * i, b, kernels, dtype, device, (i, i))  # gate, up
         self.down_proj = Linear(i, h, b, kernels, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
