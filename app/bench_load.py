@@ -31,6 +31,7 @@ import sys
 import time
 
 from app.bench import _environment, _ttft, write_model
+from stages.protocol import DEVICES
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ppserve bench load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    p.add_argument("--device", choices=DEVICES, default="cuda")
     p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
                    help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+# The choices of StageSpec's fields; EngineConfig's options offer exactly these.
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")  # dummy: the checkpoint's shapes with seeded random weights
+OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late: before its use
+
 
 @dataclass(frozen=True)
 class SamplingSpec:

@@ -15,7 +15,7 @@ from stages.channels import ChannelError, PendingRecv, PipelineChannels
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import PagedKVCache, bytes_per_block
-from stages.loader import build_stage_model
+from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
 from stages.sampler import RowToSample, Sampler
@@ -23,8 +23,6 @@ from stages.sync_guard import install_sync_guard
 from stages.timing import StageTimer
 
 log = logging.getLogger("ppserve.stage")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class StageRunner:
@@ -34,7 +32,7 @@ class StageRunner:
         if self.device.type == "cuda" and self.device.index is None:
             # Ray made one GPU visible; NCCL's eager init wants an explicit index.
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.dtype = _DTYPES[spec.dtype]
+        self.dtype = resolve_dtype(spec.dtype)
         self.args = load_model_args(spec.model_path)
         self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)
         self.model = build_stage_model(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .chunking import ChunkCost, dynamic_chunk_size, lone_prompt_chunks
 
+# The one definition of each tuple of choices; EngineConfig offers these.
 SKIP_MODES = ("off", "sglang", "auto")
 KV_ADMISSIONS = ("reserve", "on-demand")
 
