@@ -13,9 +13,10 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES
+from app.scheduler.chunking import ChunkCost
+from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
 from stages.kernels.registry import BACKENDS
-from stages.protocol import DEVICES, DTYPES, LOAD_FORMATS, OUTPUT_POSTS
+from stages.protocol import DEVICES, DTYPES, LOAD_FORMATS, OUTPUT_POSTS, StageSpec
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -151,6 +152,31 @@ class EngineConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model or "ppserve-random"
+
+    def scheduler_config(self, num_blocks: int, max_model_len: int,
+                         chunk_cost: ChunkCost | None) -> SchedulerConfig:
+        """The scheduler's view of these options (chunk_cost: the model's, for dynamic
+        chunking)."""
+        return SchedulerConfig(
+            chunk_size=self.chunk_size, max_num_batched_tokens=self.token_budget,
+            max_num_seqs=self.max_num_seqs, max_inflight=self.inflight,
+            block_size=self.block_size, num_blocks=num_blocks, skip_mode=self.pp_output_skip,
+            max_model_len=max_model_len, run_ahead=self.run_ahead, num_stages=self.pp_size,
+            kv_admission=self.kv_admission,
+            chunk_cost=chunk_cost if self.enable_dynamic_chunking else None,
+            dynamic_chunk_smooth=self.dynamic_chunk_smooth)
+
+    def stage_spec(self, index: int, layers: tuple[int, int]) -> StageSpec:
+        """What stage `index`, holding layers [start, end), is told at creation."""
+        return StageSpec(
+            stage_index=index, num_stages=self.pp_size, layer_start=layers[0],
+            layer_end=layers[1], model_path=self.model, load_format=self.load_format,
+            device=self.device, dtype=self.resolved_dtype, block_size=self.block_size,
+            max_running=self.max_num_seqs, kv_cache_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            channel_check=self.channel_check, output_post=self.output_post,
+            linear_backend=self.linear_backend, attention_backend=self.attention_backend,
+            seed=self.seed)
 
     @classmethod
     def from_dict(cls, d: dict) -> EngineConfig:

@@ -20,7 +20,7 @@ from app.config import EngineConfig
 from app.pipeline import Pipeline, placement_bundles
 from app.request import InvalidRequest, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
-from app.scheduler import ChunkCost, SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import ChunkCost, SchedRequest, Scheduler
 from app.tokenizer import load_tokenizer
 from stages.model_config import load_model_args
 from stages.protocol import SamplingSpec
@@ -60,14 +60,8 @@ class Coordinator:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         num_blocks = await self.pipeline.start()
-        c = self.config
-        self.scheduler = Scheduler(SchedulerConfig(
-            chunk_size=c.chunk_size, max_num_batched_tokens=c.token_budget,
-            max_num_seqs=c.max_num_seqs, max_inflight=c.inflight, block_size=c.block_size,
-            num_blocks=num_blocks, skip_mode=c.pp_output_skip, max_model_len=self.max_model_len,
-            run_ahead=c.run_ahead, num_stages=c.pp_size, kv_admission=c.kv_admission,
-            chunk_cost=self._chunk_cost if c.enable_dynamic_chunking else None,
-            dynamic_chunk_smooth=c.dynamic_chunk_smooth))
+        self.scheduler = Scheduler(self.config.scheduler_config(
+            num_blocks, self.max_model_len, self._chunk_cost), self._output_event)
         await self._warm_up()
         self._loop_task = asyncio.create_task(self._run())
         await self._first_request()
@@ -227,14 +221,9 @@ class Coordinator:
 
     def _dispatch_ready(self) -> None:
         while True:
-            before = self.scheduler.comm_stats()
             plan = self.scheduler.schedule()
             if plan is None:
                 return
-            after = self.scheduler.comm_stats()
-            if self.metrics:
-                self.metrics.output_comm(sent=after["sent"] > before["sent"],
-                                         missed=after["missed"] > before["missed"])
             now = time.time()
             for row in plan.rows:
                 stream = self._streams.get(row.req_id)
@@ -264,14 +253,9 @@ class Coordinator:
                 self._finish(stream, reason)
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None) -> None:
-        orphaned_before = self.scheduler.comm_stats().get("orphaned", 0)
         self.scheduler.finish(stream.req_id, reason)
         stream.close(reason, error, self.metrics)
         self._streams.pop(stream.req_id, None)
-        if self.metrics:
-            orphaned = self.scheduler.comm_stats().get("orphaned", 0) - orphaned_before
-            if orphaned > 0:
-                self.metrics.output_orphaned(orphaned)
         self._wakeup.set()
 
     async def _recover(self, failed_plan, error: Exception) -> None:
@@ -306,6 +290,10 @@ class Coordinator:
         self._broken = f"the pipeline is down and could not be rebuilt: {rebuild_error}"
         for stream in list(self._streams.values()):
             self._finish(stream, "error", self._broken)
+
+    def _output_event(self, event: str, counts) -> None:
+        if self.metrics:
+            self.metrics.output_event(event, counts)
 
     def _report_load(self) -> None:
         if self.metrics:

@@ -45,8 +45,7 @@ class CoordinatorActor:
         if with_metrics:
             from app.metrics import EngineMetrics
 
-            metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}",
-                                    config.pp_output_skip)
+            metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}")
         self.coordinator = Coordinator(config, metrics=metrics, placement_group=pg)
 
     async def start(self) -> dict:

@@ -56,17 +56,8 @@ class Pipeline:
         return f"ppserve-{self.pipeline_id}{f'-g{g}' if g else ''}-stage{i}"
 
     def _specs(self) -> list[StageSpec]:
-        c = self.config
-        ranges = layer_ranges(self.args.num_hidden_layers, c.pp_size)
-        return [StageSpec(
-            stage_index=i, num_stages=c.pp_size, layer_start=lo, layer_end=hi,
-            model_path=c.model, load_format=c.load_format, device=c.device, dtype=c.resolved_dtype,
-            block_size=c.block_size, max_running=c.max_num_seqs,
-            kv_cache_bytes=c.kv_cache_memory_bytes,
-            gpu_memory_utilization=c.gpu_memory_utilization, channel_check=c.channel_check,
-            output_post=c.output_post, linear_backend=c.linear_backend,
-            attention_backend=c.attention_backend, seed=c.seed)
-            for i, (lo, hi) in enumerate(ranges)]
+        ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
+        return [self.config.stage_spec(i, r) for i, r in enumerate(ranges)]
 
     async def start(self) -> int:
         """Create the actors, join the channels, agree on the KV size. Returns the block count."""

@@ -54,8 +54,7 @@ class PipelineServer:
 
     async def __init__(self, engine_args: dict, coordinator_cls: str = DEFAULT_COORDINATOR):
         self.config = EngineConfig.from_dict(engine_args)
-        self.metrics = EngineMetrics(self.config.model_name, _pipeline_id(),
-                                     self.config.pp_output_skip)
+        self.metrics = EngineMetrics(self.config.model_name, _pipeline_id())
         self.coordinator = _import(coordinator_cls)(self.config, self.metrics)
         await self.coordinator.start()
         self.tokenizer = self.coordinator.tokenizer

@@ -22,7 +22,7 @@ from .admission import OnDemandAdmission
 from .block_pool import BlockPool
 from .config import SchedulerConfig
 from .skip import ReqInfo, decide_send, needed_req_ids
-from .state import OutputLedger, ReqState, SchedRequest, TokenEvent, check
+from .state import OutputLedger, OutputListener, ReqState, SchedRequest, TokenEvent, check
 
 
 class _Inflight:
@@ -33,7 +33,8 @@ class _Inflight:
 
 
 class Scheduler(OnDemandAdmission):
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig,
+                 on_output_event: OutputListener | None = None) -> None:
         self.config = config
         self.pool = BlockPool(config.num_blocks)
         self._waiting: dict[str, SchedRequest] = {}  # FCFS: dicts keep insertion order
@@ -42,7 +43,7 @@ class Scheduler(OnDemandAdmission):
         self._free_slots: deque[int] = deque(range(config.max_num_seqs))
         self._inflight: deque[_Inflight] = deque()
         self._finished_unannounced: list[str] = []
-        self._ledger = OutputLedger()
+        self._ledger = OutputLedger(on_output_event)
         self._next_mb = 0
         self._resume: dict[str, tuple[int, ...]] = {}  # preempted, waiting: tokens generated
         self._plan_need = 0  # on-demand: blocks the plan being built will take
@@ -76,7 +77,8 @@ class Scheduler(OnDemandAdmission):
         return tuple(self._finished_unannounced)
 
     def comm_stats(self) -> dict[str, int]:
-        return self._ledger.as_dict()
+        """sent / skipped / missed / orphaned so far (state.OutputLedger)."""
+        return dict(self._ledger.counts)
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._inflight)

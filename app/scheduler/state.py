@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -89,28 +90,33 @@ class _Output:
     consumed: bool = False
 
 
+OUTPUT_EVENTS = ("sent", "skipped", "missed", "orphaned")
+# Called once per event as it happens, with the counts after it: the one feed of the metrics.
+OutputListener = Callable[[str, Mapping[str, int]], None]
+
+
 class OutputLedger:
     """Counts output-channel decisions and tracks who consumes each needed token.
 
     sent / skipped: decisions at dispatch. missed: a send that `auto` would have skipped.
-    orphaned: a sent microbatch with needed tokens whose consumers all finished (stop, abort)
-    before any decode row read one of them.
+    orphaned: a sent microbatch with needed tokens whose consumers all finished (stop, abort,
+    preemption) before any decode row read one of them.
     """
 
-    def __init__(self) -> None:
-        self.sent = 0
-        self.skipped = 0
-        self.missed = 0
-        self.orphaned = 0
+    def __init__(self, listener: OutputListener | None = None) -> None:
+        self.counts = dict.fromkeys(OUTPUT_EVENTS, 0)
+        self._listener = listener
         self._outputs: dict[int, _Output] = {}
 
+    def _event(self, name: str) -> None:
+        self.counts[name] += 1
+        if self._listener is not None:
+            self._listener(name, self.counts)
+
     def record(self, mb_id: int, send: bool, needed: tuple[str, ...]) -> None:
-        if send:
-            self.sent += 1
-            if not needed:
-                self.missed += 1
-        else:
-            self.skipped += 1
+        self._event("sent" if send else "skipped")
+        if send and not needed:
+            self._event("missed")
         if needed:
             self._outputs[mb_id] = _Output(send, set(needed))
 
@@ -134,12 +140,4 @@ class OutputLedger:
         if not out.pending:
             del self._outputs[mb_id]
             if out.sent and not out.consumed:
-                self.orphaned += 1
-
-    def pending_for(self, mb_id: int) -> frozenset[str]:
-        out = self._outputs.get(mb_id)
-        return frozenset(out.pending) if out else frozenset()
-
-    def as_dict(self) -> dict[str, int]:
-        return {"sent": self.sent, "skipped": self.skipped, "missed": self.missed,
-                "orphaned": self.orphaned}
+                self._event("orphaned")
