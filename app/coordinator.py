@@ -23,7 +23,6 @@ from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, SchedRequest, Scheduler
 from app.tokenizer import load_tokenizer
 from stages.model_config import load_model_args
-from stages.protocol import SamplingSpec
 
 log = logging.getLogger("ppserve.coordinator")
 
@@ -115,15 +114,6 @@ class Coordinator:
             raise InvalidRequest("the prompt is empty.", param="prompt")
         return ids
 
-    def _sampling_spec(self, p: SamplingParams) -> SamplingSpec:
-        banned = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.eos_token_ids)
-        return SamplingSpec(
-            temperature=p.temperature, top_k=p.top_k if p.top_k > 0 else 0, top_p=p.top_p,
-            min_p=p.min_p, seed=p.seed, logprobs=p.logprobs,
-            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-            repetition_penalty=p.repetition_penalty, min_tokens=p.min_tokens,
-            min_tokens_banned=tuple(sorted(set(banned))) if p.min_tokens else ())
-
     def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
                     arrival_time: float | None = None) -> RequestStream:
         """Validate and queue; raises InvalidRequest before anything is queued."""
@@ -148,7 +138,7 @@ class Coordinator:
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
-        spec = self._sampling_spec(params)
+        spec = params.to_spec(self.eos_token_ids)
         try:
             self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
                                             params.logprobs is not None))
