@@ -210,13 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_bench(rest: list[str]) -> int:
     """serve: load a running endpoint; engine / contention (GPU benches); else the engine."""
-    benches = {"serve": "app.bench_serve", "engine": "app.bench",
-               "contention": "app.bench_contention", "load": "app.bench_load",
-               "attention": "app.bench_attention"}
+    benches = ("serve", "engine", "contention", "load", "attention")
     which = rest[0] if rest and rest[0] in benches else "engine"
     if rest and rest[0] == which:
         rest = rest[1:]
-    module = benches[which]
+    module = f"app.bench.{which}"
     try:
         import importlib
 

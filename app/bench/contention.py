@@ -6,8 +6,8 @@ rank 1 has finished timing). Times come from CUDA events around each launch; the
 medians of ``--iters`` launches per round and of all rounds pooled. The device is never
 synchronised while the recv is posted (only the last timing event is waited on).
 
-    python -m app.bench_contention --out docs/bench/contention.json
-    python -m app.bench_contention --tune docs/bench/triton_gemm_tuning.json
+    python -m app.bench.contention --out docs/bench/contention.json
+    python -m app.bench.contention --tune docs/bench/triton_gemm_tuning.json
 
 Standalone: imports torch, triton and stages.kernels.triton_gemm only (no Ray). Needs 2 GPUs for
 the contention table, 1 for the sweep. NCCL_NVLS_ENABLE=0 is kept (set if absent).
@@ -42,7 +42,7 @@ SDPA_TOKENS, SDPA_HEADS, SDPA_HEAD_DIM = 16384, 32, 128
 
 
 def _command() -> str:
-    return "python -m app.bench_contention " + " ".join(sys.argv[1:])
+    return "python -m app.bench.contention " + " ".join(sys.argv[1:])
 
 
 def _environment() -> dict:

@@ -11,7 +11,7 @@ is timed with every way PyTorch offers on this host, against the whole-prompt sq
   square-*   t == L with is_causal (what PP=1's whole prompt runs), per SDPA backend
 Each output is checked against `ref` (max abs diff). Prints a table, writes JSON.
 
-    python -m app.bench_attention --out attention.json
+    python -m app.bench.attention --out attention.json
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     result = {"hardware": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-              "command": "python -m app.bench_attention " + " ".join(argv or sys.argv[1:]),
+              "command": "python -m app.bench.attention " + " ".join(argv or sys.argv[1:]),
               "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
