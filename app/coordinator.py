@@ -17,7 +17,7 @@ from collections import deque
 from typing import AsyncIterator
 
 from app.config import EngineConfig
-from app.pipeline import Pipeline, placement_bundles
+from app.pipeline import Pipeline
 from app.request import InvalidRequest, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, SchedRequest, Scheduler
@@ -28,8 +28,6 @@ log = logging.getLogger("ppserve.coordinator")
 
 
 class Coordinator:
-    placement_bundles = staticmethod(placement_bundles)
-
     def __init__(self, config: EngineConfig, metrics=None, placement_group=None):
         self.config = config
         self.metrics = metrics
@@ -79,9 +77,8 @@ class Coordinator:
     async def _first_request(self) -> None:
         """On CUDA, one short request (two chunks, two tokens) through the whole pipeline
         before serving: NCCL's channels, cuBLAS, the sampler and Triton's kernels initialise
-        on first use, and the first served request paid for it (a lone 32K prompt: TTFT
-        1.35 s against 0.85 s, docs/bench/serve_05f87ab_auto.json). Not counted in the
-        metrics."""
+        on first use, which the first served request would pay for (docs/PERFORMANCE.md). Not
+        counted in the metrics."""
         c = self.config
         if c.device != "cuda" or self.max_model_len < 3:
             return
@@ -155,6 +152,12 @@ class Coordinator:
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
                        arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
         stream = self.add_request(prompt, params, request_id, arrival_time)
+        async for out in self.outputs(stream):
+            yield out
+
+    async def outputs(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+        """A queued request's deltas; a consumer that goes away aborts it and frees its
+        blocks."""
         try:
             while True:
                 out = await stream.queue.get()
@@ -162,7 +165,7 @@ class Coordinator:
                 if out.finished:
                     return
         finally:
-            if not stream.finished:  # the consumer went away: abort and free its blocks
+            if not stream.finished:
                 self.abort(stream.req_id)
 
     def abort(self, req_id: str) -> None:

@@ -85,6 +85,10 @@ class CompletionRequest(_Sampling):
             p = p[0]
         return p  # an empty one is refused with the others (Coordinator.add_request)
 
+    def prompt_fields(self) -> dict:
+        """The GenerateRequest fields of this request's prompt."""
+        return {"prompt": self.single_prompt(), "echo": self.echo}
+
     def sampling_params(self) -> SamplingParams:
         self._check_common()
         if self.suffix:
@@ -137,5 +141,7 @@ class ChatCompletionRequest(_Sampling):
                       else self.max_tokens)
         return self._params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
 
-    def message_dicts(self) -> list[dict]:
-        return [m.as_dict() for m in self.messages]
+    def prompt_fields(self) -> dict:
+        """The GenerateRequest fields of this request's prompt."""
+        return {"messages": [m.as_dict() for m in self.messages],
+                "add_generation_prompt": self.add_generation_prompt}
