@@ -6,7 +6,7 @@ else crosses the boundary. Plans are immutable once dispatched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 # The choices of StageSpec's fields; EngineConfig's options offer exactly these.
 DEVICES = ("cpu", "cuda")
@@ -118,8 +118,9 @@ class StepResult:
     stage: int
     sampled: tuple[SampledToken, ...] = ()
     forward_s: float = 0.0  # this stage's compute for the microbatch (CUDA events on GPU)
-    sent_output: bool = False  # the last stage really put the output on the channel
-    output_sends: int = 0  # the channel's own count of output messages sent so far
+    # The channel's own count of output messages sent so far: tests check it against the
+    # scheduler's decisions.
+    output_sends: int = 0
     # (mb_id, seconds) of this stage's forwards whose CUDA events completed since the last step.
     timings: tuple[tuple[int, float], ...] = ()
 
@@ -143,7 +144,6 @@ class StageSpec:
     linear_backend: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0  # the built-in random model's seed
-    extra: dict = field(default_factory=dict)
 
     @property
     def is_first(self) -> bool:

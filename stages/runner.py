@@ -136,7 +136,6 @@ class StageRunner:
             self._scatter_local(plan, sampled)
         return StepResult(plan.mb_id, self.spec.stage_index, sampled=tuple(sampled),
                           forward_s=self.timer.last_elapsed(),
-                          sent_output=plan.send_output and self.channels is not None,
                           output_sends=self.channels.output_sends if self.channels else 0,
                           timings=self.timer.take_finished())
 

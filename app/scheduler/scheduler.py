@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from stages.protocol import MicrobatchPlan, NewRequest, Row
 
-from .admission import OnDemandAdmission
+from .admission import ADMISSIONS
 from .block_pool import BlockPool
 from .config import SchedulerConfig
 from .skip import ReqInfo, decide_send, needed_req_ids
@@ -32,7 +32,7 @@ class _Inflight:
         self.plan, self.blocks, self.req_ids = plan, blocks, req_ids
 
 
-class Scheduler(OnDemandAdmission):
+class Scheduler:
     def __init__(self, config: SchedulerConfig,
                  on_output_event: OutputListener | None = None) -> None:
         self.config = config
@@ -46,7 +46,7 @@ class Scheduler(OnDemandAdmission):
         self._ledger = OutputLedger(on_output_event)
         self._next_mb = 0
         self._resume: dict[str, tuple[int, ...]] = {}  # preempted, waiting: tokens generated
-        self._plan_need = 0  # on-demand: blocks the plan being built will take
+        self.admission = ADMISSIONS[config.kv_admission](config, self.pool)
         self.num_preemptions = 0
 
     # -- reading ------------------------------------------------------------------------------
@@ -68,9 +68,6 @@ class Scheduler(OnDemandAdmission):
 
     def inflight_mb_ids(self) -> tuple[int, ...]:
         return tuple(r.plan.mb_id for r in self._inflight)
-
-    def inflight_req_ids(self) -> frozenset[str]:
-        return frozenset(rid for r in self._inflight for rid in r.req_ids)
 
     def pending_finished(self) -> tuple[str, ...]:
         """The req_ids the next plan lists in `finished` (finished or preempted since)."""
@@ -143,7 +140,7 @@ class Scheduler(OnDemandAdmission):
         rows: list[Row] = []
         named: list[ReqState] = []
         news: list[NewRequest] = []
-        self._plan_need = 0
+        self.admission.begin_plan()
         for st in list(self._running.values()):  # decode rows first
             if budget == 0:
                 break
@@ -174,6 +171,43 @@ class Scheduler(OnDemandAdmission):
             return None
         return self._dispatch(rows, named, news)
 
+    def _room(self, st: ReqState, end: int, named: list[ReqState]) -> bool:
+        return self.admission.room(st, end, named, self._running, self._preempt)
+
+    def _preempt(self, st: ReqState) -> None:
+        """Finish `st` at the stages and queue it again, first, with what it generated."""
+        rid = st.req_id
+        outputs = tuple(st.output_ids)
+        self.finish(rid, "preempted")
+        self.num_preemptions += 1
+        self._resume[rid] = outputs
+        self._waiting = {rid: st.req, **self._waiting}
+
+    def _admit_head(self, budget: int,
+                    named: list[ReqState]) -> tuple[ReqState, NewRequest] | None:
+        """Admit the head of the queue, or None if it does not fit yet (FCFS: then nobody is)."""
+        req = next(iter(self._waiting.values()))
+        if req.req_id in self._states:
+            return None  # its preempted incarnation is still in flight: FCFS, wait
+        outputs = self._resume.get(req.req_id, ())
+        prefix = req.prompt_token_ids + outputs
+        if not self.admission.admit(req, len(prefix)):
+            return None
+        del self._waiting[req.req_id]
+        self._resume.pop(req.req_id, None)
+        st = ReqState(req, self._free_slots.popleft(), prefix=prefix, output_ids=list(outputs),
+                      generated=len(outputs), planned=len(outputs))
+        self._running[req.req_id] = st
+        self._states[req.req_id] = st
+        # the first chunk fits in what admission checked; this books it in the plan
+        self._room(st, min(self.config.chunk_limit(0), st.prefill_left, budget), named)
+        # The last stage needs the prompt only for the repetition penalty, and the tokens
+        # generated before a preemption only for the penalties' history (protocol.NewRequest).
+        sampling = req.sampling
+        prompt = req.prompt_token_ids if sampling.repetition_penalty != 1.0 else ()
+        history = outputs if sampling.needs_history else ()
+        return st, NewRequest(req.req_id, st.slot, sampling, prompt, history)
+
     def _decode_ready(self, st: ReqState) -> bool:
         """Whether the next microbatch may carry a decode row of `st`. Without run-ahead: its
         previous token has retired (ReqState.decode_ready). With run-ahead: its previous
@@ -194,8 +228,8 @@ class Scheduler(OnDemandAdmission):
                 or self._next_mb - st.sample_mb >= self.config.num_stages)
 
     def _decode_row(self, st: ReqState) -> Row:
-        # Without run-ahead planned == generated and sample_mb == last_mb here (nothing of the
-        # request is in flight); with it, the previous step may still be in flight.
+        # Without run-ahead nothing of the request is in flight here; with it, the previous
+        # step may be.
         check(st.sample_mb is not None and st.source_mb == st.sample_mb,
               f"{st.req_id!r}: decode input mb {st.sample_mb} is not the pending source "
               f"{st.source_mb}")
@@ -223,8 +257,7 @@ class Scheduler(OnDemandAdmission):
             have = len(st.blocks)
             want = self.config.blocks_for(row.start + row.num_tokens)
             if want > have:
-                take = self.pool.take if self.on_demand else self.pool.allocate
-                new_ids = take(st.req_id, want - have)
+                new_ids = self.admission.take(st.req_id, want - have)
                 st.blocks.extend(new_ids)
                 updates.append((st.req_id, new_ids))
             retained.extend(st.blocks)
@@ -258,9 +291,8 @@ class Scheduler(OnDemandAdmission):
             self.retire(self._inflight[0].plan.mb_id, [])
         return victims
 
-    def retire(self, mb_id: int, sampled: Iterable) -> list[TokenEvent]:
-        """Retire the oldest in-flight microbatch with its sampled tokens, given as
-        (req_id, token_id) pairs or objects with .req_id/.token_id (protocol.SampledToken).
+    def retire(self, mb_id: int, sampled: Iterable[tuple[str, int]]) -> list[TokenEvent]:
+        """Retire the oldest in-flight microbatch with its sampled (req_id, token_id) pairs.
         Returns the accepted tokens; tokens of requests already finished are dropped."""
         if not self._inflight:
             raise ValueError(f"retire({mb_id}): no microbatch in flight")
@@ -270,8 +302,7 @@ class Scheduler(OnDemandAdmission):
                              f"{rec.plan.mb_id}; retire in dispatch order")
         samplers = {r.req_id: r for r in rec.plan.rows if r.sample}
         tokens: dict[str, int] = {}
-        for item in sampled:
-            req_id, tok = (item.req_id, item.token_id) if hasattr(item, "req_id") else item
+        for req_id, tok in sampled:
             if req_id not in samplers:
                 raise ValueError(f"retire({mb_id}): {req_id!r} sampled no token in this mb")
             if req_id in tokens:
@@ -292,7 +323,6 @@ class Scheduler(OnDemandAdmission):
                       f"expected {st.generated}")
                 st.generated += 1
                 st.output_ids.append(tokens[row.req_id])
-                st.last_mb = mb_id
                 events.append(TokenEvent(row.req_id, tokens[row.req_id], row.output_index))
             if st.finished and st.inflight == 0:
                 self._release(st)

@@ -52,7 +52,6 @@ class ReqState:
     generated: int = 0  # tokens retired (accepted) so far
     inflight: int = 0  # dispatched, not yet retired microbatches naming this request
     blocks: list[int] = field(default_factory=list)  # block table, in order
-    last_mb: int | None = None  # the microbatch that sampled the latest generated token
     planned: int = 0  # sampling rows dispatched: tokens generated + sampled by mbs in flight
     sample_mb: int | None = None  # the microbatch of the latest dispatched sampling row
     source_mb: int | None = None  # dispatched mb sampling a needed token no decode read yet
