@@ -11,19 +11,24 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 METRIC_PREFIX = "ppserve_"  # EngineMetrics' names
 SERIES_PREFIX = "ray_" + METRIC_PREFIX  # Ray prefixes every application metric with `ray_`
 RATE_WINDOW = "$__rate_interval"
-FILES = ("deploy/grafana/ppserve-dashboard.json", "charts/ppserve/dashboards/ppserve-dashboard.json")
+FILES = (
+    "deploy/grafana/ppserve-dashboard.json",
+    "charts/ppserve/dashboards/ppserve-dashboard.json",
+)
 
 
 def series(name: str) -> str:
     return SERIES_PREFIX + name
 
 
-def rate_sum(name: str, by: str = "model_name", selector: str = "",
-             window: str = RATE_WINDOW) -> str:
+def rate_sum(
+    name: str, by: str = "model_name", selector: str = "", window: str = RATE_WINDOW
+) -> str:
     return f"sum by ({by}) (rate({series(name)}{selector}[{window}]))"
 
 
@@ -36,8 +41,7 @@ def skip_hit_ratio(window: str = RATE_WINDOW) -> str:
     be averaged honestly). A counter never incremented is never exported (Ray refuses inc(0)):
     `or 0 * all` fills it in."""
     every = rate_sum("pp_output_comm_total", window=window)
-    skipped_rate = rate_sum("pp_output_comm_total", selector='{decision="skipped"}',
-                            window=window)
+    skipped_rate = rate_sum("pp_output_comm_total", selector='{decision="skipped"}', window=window)
     skipped = f"({skipped_rate} or 0 * {every})"
     missed = f"({rate_sum('pp_output_comm_missed_total', window=window)} or 0 * {every})"
     return f"{skipped} / ({skipped} + {missed})"
@@ -48,62 +52,134 @@ def _p50_p99(histogram: str, by: str, legend: str) -> list[tuple[str, str]]:
 
 
 # (title, unit, [(expr, legend)], extra field defaults)
-PANELS: list[tuple[str, str, list[tuple[str, str]], dict]] = [
-    ("Time to first token (p50 / p99)", "s",
-     _p50_p99("time_to_first_token_seconds", "model_name", "{{model_name}}"), {}),
-    ("Output-channel skip-hit ratio (skipped / (skipped + missed))", "percentunit",
-     [(skip_hit_ratio(), "all pipelines {{model_name}}"),
-      (series("pp_output_skip_hit_ratio"), "pipeline {{pipeline}}")], {"min": 0, "max": 1}),
-    ("Tokens / s", "short",
-     [(rate_sum("generation_tokens_total"), "generated {{model_name}}"),
-      (rate_sum("prompt_tokens_total"), "prompt {{model_name}}")], {}),
-    ("KV cache usage", "percentunit",
-     [(series("kv_cache_usage_perc"), "pipeline {{pipeline}}")], {"min": 0, "max": 1}),
-    ("Per-stage forward time (p50 / p99)", "s",
-     _p50_p99("stage_forward_seconds", "stage", "stage {{stage}}"), {}),
-    ("Inter-token latency (p50 / p99)", "s",
-     _p50_p99("inter_token_latency_seconds", "model_name", "{{model_name}}"), {}),
-    ("Output channel: microbatches / s", "short",
-     [(rate_sum("pp_output_comm_total", by="decision"), "{{decision}}"),
-      (f"sum (rate({series('pp_output_comm_missed_total')}[{RATE_WINDOW}]))", "missed"),
-      (f"sum (rate({series('pp_output_comm_orphaned_total')}[{RATE_WINDOW}]))", "orphaned")],
-     {}),
-    ("Requests running / waiting", "short",
-     [(f"sum by (model_name) ({series('num_requests_running')})", "running {{model_name}}"),
-      (f"sum by (model_name) ({series('num_requests_waiting')})", "waiting {{model_name}}")],
-     {}),
-    ("End-to-end latency and queue time (p50 / p99)", "s",
-     [(quantile(q, h), f"{name} p{round(q * 100)}")
-      for h, name in (("e2e_request_latency_seconds", "e2e"),
-                      ("request_queue_time_seconds", "queue")) for q in (0.5, 0.99)], {}),
-    ("Finished requests / s by reason", "reqps",
-     [(rate_sum("request_success_total", by="finished_reason"), "{{finished_reason}}")], {}),
+PANELS: list[tuple[str, str, list[tuple[str, str]], dict[str, Any]]] = [
+    (
+        "Time to first token (p50 / p99)",
+        "s",
+        _p50_p99("time_to_first_token_seconds", "model_name", "{{model_name}}"),
+        {},
+    ),
+    (
+        "Output-channel skip-hit ratio (skipped / (skipped + missed))",
+        "percentunit",
+        [
+            (skip_hit_ratio(), "all pipelines {{model_name}}"),
+            (series("pp_output_skip_hit_ratio"), "pipeline {{pipeline}}"),
+        ],
+        {"min": 0, "max": 1},
+    ),
+    (
+        "Tokens / s",
+        "short",
+        [
+            (rate_sum("generation_tokens_total"), "generated {{model_name}}"),
+            (rate_sum("prompt_tokens_total"), "prompt {{model_name}}"),
+        ],
+        {},
+    ),
+    (
+        "KV cache usage",
+        "percentunit",
+        [(series("kv_cache_usage_perc"), "pipeline {{pipeline}}")],
+        {"min": 0, "max": 1},
+    ),
+    (
+        "Per-stage forward time (p50 / p99)",
+        "s",
+        _p50_p99("stage_forward_seconds", "stage", "stage {{stage}}"),
+        {},
+    ),
+    (
+        "Inter-token latency (p50 / p99)",
+        "s",
+        _p50_p99("inter_token_latency_seconds", "model_name", "{{model_name}}"),
+        {},
+    ),
+    (
+        "Output channel: microbatches / s",
+        "short",
+        [
+            (rate_sum("pp_output_comm_total", by="decision"), "{{decision}}"),
+            (f"sum (rate({series('pp_output_comm_missed_total')}[{RATE_WINDOW}]))", "missed"),
+            (f"sum (rate({series('pp_output_comm_orphaned_total')}[{RATE_WINDOW}]))", "orphaned"),
+        ],
+        {},
+    ),
+    (
+        "Requests running / waiting",
+        "short",
+        [
+            (f"sum by (model_name) ({series('num_requests_running')})", "running {{model_name}}"),
+            (f"sum by (model_name) ({series('num_requests_waiting')})", "waiting {{model_name}}"),
+        ],
+        {},
+    ),
+    (
+        "End-to-end latency and queue time (p50 / p99)",
+        "s",
+        [
+            (quantile(q, h), f"{name} p{round(q * 100)}")
+            for h, name in (
+                ("e2e_request_latency_seconds", "e2e"),
+                ("request_queue_time_seconds", "queue"),
+            )
+            for q in (0.5, 0.99)
+        ],
+        {},
+    ),
+    (
+        "Finished requests / s by reason",
+        "reqps",
+        [(rate_sum("request_success_total", by="finished_reason"), "{{finished_reason}}")],
+        {},
+    ),
 ]
 
 
-def _panel(i: int, title: str, unit: str, targets: list[tuple[str, str]], extra: dict) -> dict:
+def _panel(
+    i: int, title: str, unit: str, targets: list[tuple[str, str]], extra: dict[str, Any]
+) -> dict[str, Any]:
     source = {"type": "prometheus", "uid": "${datasource}"}
     return {
-        "id": i + 1, "type": "timeseries", "title": title, "datasource": source,
+        "id": i + 1,
+        "type": "timeseries",
+        "title": title,
+        "datasource": source,
         "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
         "fieldConfig": {"defaults": {"unit": unit, **extra}, "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom"},
-                    "tooltip": {"mode": "multi"}},
-        "targets": [{"refId": chr(ord("A") + k), "expr": expr, "legendFormat": legend,
-                     "datasource": source} for k, (expr, legend) in enumerate(targets)],
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom"},
+            "tooltip": {"mode": "multi"},
+        },
+        "targets": [
+            {"refId": chr(ord("A") + k), "expr": expr, "legendFormat": legend, "datasource": source}
+            for k, (expr, legend) in enumerate(targets)
+        ],
     }
 
 
-def dashboard() -> dict:
+def dashboard() -> dict[str, Any]:
     return {
-        "title": "ppserve", "uid": "ppserve", "schemaVersion": 39, "version": 1,
+        "title": "ppserve",
+        "uid": "ppserve",
+        "schemaVersion": 39,
+        "version": 1,
         "editable": True,
         "description": "ppserve: pipeline-parallel LLM serving on Ray (metrics from Ray's "
-                       "export port, prefixed ray_ppserve_).",
-        "tags": ["ppserve", "ray", "llm"], "time": {"from": "now-1h", "to": "now"},
+        "export port, prefixed ray_ppserve_).",
+        "tags": ["ppserve", "ray", "llm"],
+        "time": {"from": "now-1h", "to": "now"},
         "refresh": "10s",
-        "templating": {"list": [{"name": "datasource", "type": "datasource",
-                                 "query": "prometheus", "label": "Prometheus"}]},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "label": "Prometheus",
+                }
+            ]
+        },
         "panels": [_panel(i, *p) for i, p in enumerate(PANELS)],
     }
 

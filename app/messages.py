@@ -18,7 +18,7 @@ class GenerateRequest:
     params: SamplingParams
     arrival_time: float  # the ingress's wall clock: TTFT counts from here
     prompt: str | list[int] | None = None  # completions
-    messages: list[dict] | None = None  # chat: rendered by the server's chat template
+    messages: list[dict[str, str]] | None = None  # chat: rendered by the server's chat template
     add_generation_prompt: bool = True
     echo: bool = False
 

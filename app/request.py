@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from stages.protocol import SamplingSpec
 
@@ -38,7 +39,7 @@ class SamplingParams:
     logprobs: int | None = None  # top logprobs per token; None: none
     skip_special_tokens: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Accept lists from JSON / callers but keep the object hashable and immutable.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -48,7 +49,7 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        def bad(msg: str, param: str):
+        def bad(msg: str, param: str) -> NoReturn:
             raise InvalidRequest(msg, param=param)
 
         if self.max_tokens is not None and self.max_tokens < 1:

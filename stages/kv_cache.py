@@ -66,4 +66,5 @@ class PagedKVCache:
         layer = self.kv[local_layer]
         flat = slots.reshape(-1)
         shape = (*slots.shape, *layer.shape[2:])
-        return layer[0].index_select(0, flat).view(shape), layer[1].index_select(0, flat).view(shape)
+        k, v = layer[0].index_select(0, flat), layer[1].index_select(0, flat)
+        return k.view(shape), v.view(shape)

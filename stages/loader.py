@@ -10,8 +10,8 @@ import zlib
 import torch
 from safetensors import safe_open
 
-from stages.kernels.registry import Kernels
 from stages import protocol
+from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.llama import LlamaStage
 

@@ -36,8 +36,9 @@ class StageRunner:
         self.args = load_model_args(spec.model_path)
         self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)
         self.model = build_stage_model(
-            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start, spec.layer_end, spec.is_first,
-            spec.is_last, self.kernels, self.dtype, self.device, spec.seed)
+            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
+            spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
+            spec.seed)
         self.kv: PagedKVCache | None = None
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)

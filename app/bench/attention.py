@@ -77,7 +77,7 @@ def _op_with_lse(kind: str, q, k, v, causal: bool, scale: float):
 
 
 def split_variant(kind: str):
-    """The split with KV heads repeated, on cuDNN or flash (the variants the engine did not take)."""
+    """The split with KV heads repeated, on cuDNN or flash (variants the engine did not take)."""
     def run(q, k, v, scale):
         t, length = q.shape[0], k.shape[0]
         q_, k_, v_ = _bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v))

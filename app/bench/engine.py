@@ -12,11 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 
 from app.bench.target import LLAMA3_8B, BenchEngine, environment, write_model

@@ -163,7 +163,8 @@ def comm_delta(before: dict | None, after: dict | None) -> dict:
         return {"pp_output_comm": None, "skip_hit_ratio": None}
     comm = {k: int(after[k] - before[k]) for k in COMM_SAMPLES}
     decided = comm["skipped"] + comm["missed"]
-    return {"pp_output_comm": comm, "skip_hit_ratio": comm["skipped"] / decided if decided else None}
+    ratio = comm["skipped"] / decided if decided else None
+    return {"pp_output_comm": comm, "skip_hit_ratio": ratio}
 
 
 def print_table(rows: list[dict]) -> None:

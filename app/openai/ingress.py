@@ -18,8 +18,16 @@ from ray import serve
 
 from app.messages import Accepted, Delta, Failure, GenerateRequest
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest
-from app.openai.responses import (SSE_DONE, ResponseBuilder, chat_logprobs, completion_logprobs,
-                                  error_body, error_response, sse, usage)
+from app.openai.responses import (
+    SSE_DONE,
+    ResponseBuilder,
+    chat_logprobs,
+    completion_logprobs,
+    error_body,
+    error_response,
+    sse,
+    usage,
+)
 from app.request import InvalidRequest
 
 log = logging.getLogger("ppserve.ingress")

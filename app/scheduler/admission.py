@@ -22,7 +22,7 @@ finished requests count as coming back, so nothing is preempted for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from .block_pool import BlockPool
 from .config import SchedulerConfig
@@ -44,13 +44,19 @@ class ReserveAdmission:
         self.pool.reserve(req.req_id, need)
         return True
 
-    def room(self, st: ReqState, end: int, named: Sequence[ReqState],
-             running: Mapping[str, ReqState], preempt: Callable[[ReqState], None]) -> bool:
+    def room(
+        self,
+        st: ReqState,
+        end: int,
+        named: Sequence[ReqState],
+        running: dict[str, ReqState],
+        preempt: Callable[[ReqState], None],
+    ) -> bool:
         """Whether the plan may take a row of `st` reaching position `end`: its reservation
         covers it."""
         return True
 
-    def take(self, req_id: str, n: int) -> list[int]:
+    def take(self, req_id: str, n: int) -> tuple[int, ...]:
         return self.pool.allocate(req_id, n)
 
 
@@ -67,8 +73,14 @@ class OnDemandAdmission(ReserveAdmission):
         need = min(cfg.blocks_for(prefix_len) + 1, cfg.blocks_for(req.prompt_len + req.max_tokens))
         return need <= self.pool.num_free - self._plan_need
 
-    def room(self, st: ReqState, end: int, named: Sequence[ReqState],
-             running: Mapping[str, ReqState], preempt: Callable[[ReqState], None]) -> bool:
+    def room(
+        self,
+        st: ReqState,
+        end: int,
+        named: Sequence[ReqState],
+        running: dict[str, ReqState],
+        preempt: Callable[[ReqState], None],
+    ) -> bool:
         """Takes the row's blocks out of the plan's budget, preempting the youngest running
         request (through `preempt`) if needed."""
         k = self.config.blocks_for(end) - len(st.blocks)
@@ -76,8 +88,14 @@ class OnDemandAdmission(ReserveAdmission):
             return True
         taken = {s.req_id for s in named}
         while k > self.pool.num_free - self._plan_need + self._pending_release(running):
-            victim = next((v for v in reversed(running.values())
-                           if v.req_id not in taken and v.generated < v.req.max_tokens), None)
+            victim = next(
+                (
+                    v
+                    for v in reversed(running.values())
+                    if v.req_id not in taken and v.generated < v.req.max_tokens
+                ),
+                None,
+            )
             if victim is None:
                 return False
             preempt(victim)
@@ -88,11 +106,11 @@ class OnDemandAdmission(ReserveAdmission):
         self._plan_need += k
         return True
 
-    def _pending_release(self, running: Mapping[str, ReqState]) -> int:
+    def _pending_release(self, running: dict[str, ReqState]) -> int:
         """Used blocks no live request owns: in-flight microbatches of finished ones hold them."""
         return self.pool.num_used - sum(len(st.blocks) for st in running.values())
 
-    def take(self, req_id: str, n: int) -> list[int]:
+    def take(self, req_id: str, n: int) -> tuple[int, ...]:
         return self.pool.take(req_id, n)
 
 

@@ -22,7 +22,15 @@ from .admission import ADMISSIONS
 from .block_pool import BlockPool
 from .config import SchedulerConfig
 from .skip import ReqInfo, decide_send, needed_req_ids
-from .state import OutputLedger, OutputListener, ReqState, SchedRequest, TokenEvent, check
+from .state import (
+    OutputLedger,
+    OutputListener,
+    ReqState,
+    SchedRequest,
+    SchedulerInvariantError,
+    TokenEvent,
+    check,
+)
 
 
 class _Inflight:
@@ -33,8 +41,9 @@ class _Inflight:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig,
-                 on_output_event: OutputListener | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig, on_output_event: OutputListener | None = None
+    ) -> None:
         self.config = config
         self.pool = BlockPool(config.num_blocks)
         self._waiting: dict[str, SchedRequest] = {}  # FCFS: dicts keep insertion order
@@ -86,23 +95,31 @@ class Scheduler:
     # -- requests -----------------------------------------------------------------------------
     def add(self, req: SchedRequest) -> None:
         cfg = self.config
-        if req.req_id in self._waiting or req.req_id in self._states \
-                or req.req_id in self._finished_unannounced:
+        if (
+            req.req_id in self._waiting
+            or req.req_id in self._states
+            or req.req_id in self._finished_unannounced
+        ):
             raise ValueError(f"request {req.req_id!r} is already known to the scheduler")
         if req.prompt_len < 1:
             raise ValueError(f"request {req.req_id!r}: empty prompt")
         if req.max_tokens < 1:
-            raise ValueError(f"request {req.req_id!r}: max_tokens must be >= 1, "
-                             f"got {req.max_tokens}")
+            raise ValueError(
+                f"request {req.req_id!r}: max_tokens must be >= 1, got {req.max_tokens}"
+            )
         total = req.prompt_len + req.max_tokens
         if total > cfg.max_model_len:
-            raise ValueError(f"request {req.req_id!r}: prompt ({req.prompt_len} tokens) + "
-                             f"max_tokens ({req.max_tokens}) = {total} exceeds max_model_len "
-                             f"({cfg.max_model_len})")
+            raise ValueError(
+                f"request {req.req_id!r}: prompt ({req.prompt_len} tokens) + "
+                f"max_tokens ({req.max_tokens}) = {total} exceeds max_model_len "
+                f"({cfg.max_model_len})"
+            )
         need = cfg.blocks_for(total)
         if need > cfg.num_blocks:
-            raise ValueError(f"request {req.req_id!r}: needs {need} KV blocks of "
-                             f"{cfg.block_size} tokens, the pool has {cfg.num_blocks}")
+            raise ValueError(
+                f"request {req.req_id!r}: needs {need} KV blocks of "
+                f"{cfg.block_size} tokens, the pool has {cfg.num_blocks}"
+            )
         self._waiting[req.req_id] = req
 
     def finish(self, req_id: str, reason: str) -> bool:
@@ -183,8 +200,7 @@ class Scheduler:
         self._resume[rid] = outputs
         self._waiting = {rid: st.req, **self._waiting}
 
-    def _admit_head(self, budget: int,
-                    named: list[ReqState]) -> tuple[ReqState, NewRequest] | None:
+    def _admit_head(self, budget: int, named: list[ReqState]) -> tuple[ReqState, NewRequest] | None:
         """Admit the head of the queue, or None if it does not fit yet (FCFS: then nobody is)."""
         req = next(iter(self._waiting.values()))
         if req.req_id in self._states:
@@ -195,8 +211,14 @@ class Scheduler:
             return None
         del self._waiting[req.req_id]
         self._resume.pop(req.req_id, None)
-        st = ReqState(req, self._free_slots.popleft(), prefix=prefix, output_ids=list(outputs),
-                      generated=len(outputs), planned=len(outputs))
+        st = ReqState(
+            req,
+            self._free_slots.popleft(),
+            prefix=prefix,
+            output_ids=list(outputs),
+            generated=len(outputs),
+            planned=len(outputs),
+        )
         self._running[req.req_id] = st
         self._states[req.req_id] = st
         # the first chunk fits in what admission checked; this books it in the plan
@@ -224,31 +246,52 @@ class Scheduler:
             return st.decode_ready
         if st.finished or st.prefill_left > 0 or not 1 <= st.planned < st.req.max_tokens:
             return False
-        return (st.generated == st.planned  # the previous sampling row has retired
-                or self._next_mb - st.sample_mb >= self.config.num_stages)
+        return (
+            st.generated == st.planned  # the previous sampling row has retired
+            or (st.sample_mb is not None and self._next_mb - st.sample_mb >= self.config.num_stages)
+        )
 
     def _decode_row(self, st: ReqState) -> Row:
         # Without run-ahead nothing of the request is in flight here; with it, the previous
         # step may be.
-        check(st.sample_mb is not None and st.source_mb == st.sample_mb,
-              f"{st.req_id!r}: decode input mb {st.sample_mb} is not the pending source "
-              f"{st.source_mb}")
+        if st.sample_mb is None or st.source_mb != st.sample_mb:
+            raise SchedulerInvariantError(
+                f"{st.req_id!r}: decode input mb {st.sample_mb} is not the pending source "
+                f"{st.source_mb}"
+            )
         self._ledger.consume(st.sample_mb, st.req_id)
         st.source_mb = None
-        return Row(st.req_id, st.slot, st.req.prompt_len + st.planned - 1, 1, None,
-                   input_from_mb=st.sample_mb, sample=True, output_index=st.planned,
-                   is_prefill=False)
+        return Row(
+            st.req_id,
+            st.slot,
+            st.req.prompt_len + st.planned - 1,
+            1,
+            None,
+            input_from_mb=st.sample_mb,
+            sample=True,
+            output_index=st.planned,
+            is_prefill=False,
+        )
 
     def _chunk_row(self, st: ReqState, budget: int) -> Row:
         n = min(self.config.chunk_limit(st.prefill_pos), st.prefill_left, budget)
         start = st.prefill_pos
         st.prefill_pos += n
         last = st.prefill_left == 0
-        return Row(st.req_id, st.slot, start, n, st.prefix[start:start + n],
-                   sample=last, output_index=st.generated, is_prefill=True)
+        return Row(
+            st.req_id,
+            st.slot,
+            start,
+            n,
+            st.prefix[start : start + n],
+            sample=last,
+            output_index=st.generated,
+            is_prefill=True,
+        )
 
-    def _dispatch(self, rows: list[Row], named: list[ReqState],
-                  news: list[NewRequest]) -> MicrobatchPlan:
+    def _dispatch(
+        self, rows: list[Row], named: list[ReqState], news: list[NewRequest]
+    ) -> MicrobatchPlan:
         mb_id = self._next_mb
         self._next_mb += 1
         updates = []
@@ -266,15 +309,18 @@ class Scheduler:
                 st.planned += 1
                 st.sample_mb = mb_id
         self.pool.retain(retained)
-        info = {st.req_id: ReqInfo(len(st.prefix), st.req.max_tokens, st.req.wants_logprobs)
-                for st in named}
+        info = {
+            st.req_id: ReqInfo(len(st.prefix), st.req.max_tokens, st.req.wants_logprobs)
+            for st in named
+        }
         send = decide_send(self.config.skip_mode, rows, info)
         needed = needed_req_ids(rows, info)
         self._ledger.record(mb_id, send, needed)
         for rid in needed:
             self._states[rid].source_mb = mb_id
-        plan = MicrobatchPlan(mb_id, tuple(rows), tuple(news), tuple(updates),
-                              tuple(self._finished_unannounced), send)
+        plan = MicrobatchPlan(
+            mb_id, tuple(rows), tuple(news), tuple(updates), tuple(self._finished_unannounced), send
+        )
         self._finished_unannounced.clear()
         self._inflight.append(_Inflight(plan, retained, tuple(st.req_id for st in named)))
         return plan
@@ -283,8 +329,11 @@ class Scheduler:
     def abort_inflight(self, reason: str = "error") -> list[str]:
         """A stage failed: finish every live request an in-flight microbatch names, then retire
         those microbatches with no tokens. Returns the finished req_ids (dispatch order)."""
-        victims = list(dict.fromkeys(rid for rec in self._inflight for rid in rec.req_ids
-                                     if rid in self._running))
+        victims = list(
+            dict.fromkeys(
+                rid for rec in self._inflight for rid in rec.req_ids if rid in self._running
+            )
+        )
         for rid in victims:
             self.finish(rid, reason)
         while self._inflight:
@@ -298,8 +347,10 @@ class Scheduler:
             raise ValueError(f"retire({mb_id}): no microbatch in flight")
         rec = self._inflight[0]
         if rec.plan.mb_id != mb_id:
-            raise ValueError(f"retire({mb_id}) out of order: the oldest in flight is "
-                             f"{rec.plan.mb_id}; retire in dispatch order")
+            raise ValueError(
+                f"retire({mb_id}) out of order: the oldest in flight is "
+                f"{rec.plan.mb_id}; retire in dispatch order"
+            )
         samplers = {r.req_id: r for r in rec.plan.rows if r.sample}
         tokens: dict[str, int] = {}
         for req_id, tok in sampled:
@@ -318,9 +369,10 @@ class Scheduler:
             st = self._states[row.req_id]
             st.inflight -= 1
             if row.sample and not st.finished:
-                check(row.output_index == st.generated,
-                      f"{row.req_id!r}: retiring output {row.output_index}, "
-                      f"expected {st.generated}")
+                check(
+                    row.output_index == st.generated,
+                    f"{row.req_id!r}: retiring output {row.output_index}, expected {st.generated}",
+                )
                 st.generated += 1
                 st.output_ids.append(tokens[row.req_id])
                 events.append(TokenEvent(row.req_id, tokens[row.req_id], row.output_index))

@@ -78,8 +78,12 @@ class ReqState:
     def decode_ready(self) -> bool:
         """A decode row may be planned: prompt done and retired, previous token retired, and
         the request continues (a request at max_tokens waits for the coordinator's finish)."""
-        return (not self.finished and self.prefill_left == 0 and self.inflight == 0
-                and 1 <= self.generated < self.req.max_tokens)
+        return (
+            not self.finished
+            and self.prefill_left == 0
+            and self.inflight == 0
+            and 1 <= self.generated < self.req.max_tokens
+        )
 
 
 @dataclass
@@ -122,8 +126,10 @@ class OutputLedger:
     def consume(self, mb_id: int, req_id: str) -> None:
         """A decode row of `req_id` reads the token `mb_id` sampled for it."""
         out = self._outputs.get(mb_id)
-        check(out is not None and req_id in out.pending,
-              f"decode row of {req_id!r} reads mb {mb_id}, which sampled no needed token for it")
+        if out is None or req_id not in out.pending:
+            raise SchedulerInvariantError(
+                f"decode row of {req_id!r} reads mb {mb_id}, which sampled no needed token for it"
+            )
         check(out.sent, f"decode row of {req_id!r} reads mb {mb_id}, whose output was skipped")
         out.pending.discard(req_id)
         out.consumed = True
@@ -132,7 +138,9 @@ class OutputLedger:
 
     def vanish(self, mb_id: int | None, req_id: str) -> None:
         """`req_id` finished; if its latest token was needed and unread, it never will be."""
-        out = self._outputs.get(mb_id) if mb_id is not None else None
+        if mb_id is None:
+            return
+        out = self._outputs.get(mb_id)
         if out is None or req_id not in out.pending:
             return
         out.pending.discard(req_id)

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_shipped_dashboards_are_the_generated_one():
     for rel in FILES:
-        assert (ROOT / rel).read_text() == dashboard_json(), \
+        assert (ROOT / rel).read_text() == dashboard_json(), (
             f"{rel} is stale: run python -m app.dashboard"
+        )
 
 
 def test_skip_hit_ratio_panel_uses_the_one_query():

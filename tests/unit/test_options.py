@@ -20,8 +20,9 @@ WITH_CHOICES = [f for f in FIELDS if f.metadata["choices"]]
 
 def test_readme_flag_table_is_generated_from_the_options():
     readme = (ROOT / "README.md").read_text()
-    assert flag_table() in readme, "README.md's flag table is stale: python -m app.cli " \
-        "--flag-table prints the current one"
+    assert flag_table() in readme, (
+        "README.md's flag table is stale: python -m app.cli --flag-table prints the current one"
+    )
 
 
 def test_every_option_has_help_and_a_cli_flag_of_its_type():
@@ -42,10 +43,15 @@ def test_every_option_has_help_and_a_cli_flag_of_its_type():
         EngineConfig.from_dict(got)
 
 
-@pytest.mark.parametrize("flag,field", [("--pp", "pp_size"),
-                                        ("--pipeline-parallel-size", "pp_size"),
-                                        ("--seed", "seed"),
-                                        ("--num-gpu-blocks-override", "num_kv_blocks")])
+@pytest.mark.parametrize(
+    "flag,field",
+    [
+        ("--pp", "pp_size"),
+        ("--pipeline-parallel-size", "pp_size"),
+        ("--seed", "seed"),
+        ("--num-gpu-blocks-override", "num_kv_blocks"),
+    ],
+)
 def test_vllm_flag_names(flag, field):
     got = engine_args(build_parser().parse_args(["serve", flag, "3"]))
     assert got == {field: 3}
@@ -90,8 +96,11 @@ def test_helm_values_schema_matches_the_options():
 def _tuple_literals(path: Path) -> set[tuple]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Tuple) and node.elts and all(
-                isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        if (
+            isinstance(node, ast.Tuple)
+            and node.elts
+            and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        ):
             found.add(tuple(e.value for e in node.elts))
     return found
 
@@ -103,6 +112,9 @@ def test_each_tuple_of_choices_is_written_once():
         choices = tuple(c for c in f.metadata["choices"] if c != "auto")
         if len(choices) < 2:
             continue
-        where = [p.relative_to(ROOT).as_posix() for p, lits in literals.items()
-                 if choices in lits or ("auto", *choices) in lits]
+        where = [
+            p.relative_to(ROOT).as_posix()
+            for p, lits in literals.items()
+            if choices in lits or ("auto", *choices) in lits
+        ]
         assert len(where) <= 1, f"{f.name}'s choices are written in {where}"
