@@ -8,7 +8,6 @@ Engine runs one inside a Ray actor.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
@@ -40,7 +39,7 @@ class Coordinator:
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
         self.pipeline = Pipeline(config, self.args, placement_group)
         # dynamic chunking's cost model: the model's FLOPs per layer
-        self._chunk_cost = ChunkCost.for_model(self.args)
+        self.chunk_cost = ChunkCost.for_model(self.args)
         self.scheduler: Scheduler | None = None
         self._streams: dict[str, RequestStream] = {}
         self._inflight: deque = deque()  # (plan, asyncio.Future of all stages' results)
@@ -50,7 +49,8 @@ class Coordinator:
         self._channel_sends = 0
         self._stage_forward = [0.0] * config.pp_size
         self._failures = 0
-        self._timings: deque = deque(maxlen=8192)  # (stage, mb_id, seconds) for the bench
+        # (stage, mb_id, seconds) of the stages' forwards, newest last: the bench reads them
+        self.stage_timings: deque = deque(maxlen=8192)
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
         self._warmup: list[dict] = []  # per stage: attention shapes built at startup, seconds
 
@@ -58,12 +58,12 @@ class Coordinator:
     async def start(self) -> None:
         num_blocks = await self.pipeline.start()
         self.scheduler = Scheduler(self.config.scheduler_config(
-            num_blocks, self.max_model_len, self._chunk_cost), self._output_event)
-        await self._warm_up()
+            num_blocks, self.max_model_len, self.chunk_cost), self._output_event)
+        await self.warm_up()
         self._loop_task = asyncio.create_task(self._run())
         await self._first_request()
 
-    async def _warm_up(self) -> None:
+    async def warm_up(self) -> None:
         """Stages build their attention kernels for a long lone prompt's chunk shapes."""
         c, s = self.config, self.scheduler.config
         length = c.warmup_len
@@ -231,7 +231,7 @@ class Coordinator:
         last = results[-1]
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
-            self._timings.extend((r.stage, mb, sec) for mb, sec in r.timings)
+            self.stage_timings.extend((r.stage, mb, sec) for mb, sec in r.timings)
             if self.metrics:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
         self._channel_sends = max(self._channel_sends, last.output_sends)
@@ -272,7 +272,7 @@ class Coordinator:
         for attempt in range(3):
             try:
                 await self.pipeline.rebuild()
-                await self._warm_up()
+                await self.warm_up()
                 return
             except Exception as e:  # e.g. the new actors cannot be placed yet
                 log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
@@ -292,41 +292,6 @@ class Coordinator:
         if self.metrics:
             s = self.scheduler
             self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
-
-    async def set_policy(self, skip_mode: str | None = None, output_post: str | None = None,
-                         linear_backend: str | None = None, chunk_size: int | None = None,
-                         dynamic_chunking: bool | None = None,
-                         dynamic_chunk_smooth: float | None = None):
-        """Bench knobs, so one loaded pipeline can be measured under every policy. Idle only."""
-        s = self.scheduler
-        if self._inflight or s.num_running or s.num_waiting:
-            raise RuntimeError("set_policy needs an idle pipeline")
-        changes = {}
-        if skip_mode is not None:
-            changes["skip_mode"] = skip_mode
-        if chunk_size is not None:
-            changes.update(chunk_size=chunk_size, max_num_batched_tokens=chunk_size)
-        if dynamic_chunking is not None:
-            changes["chunk_cost"] = self._chunk_cost if dynamic_chunking else None
-        if dynamic_chunk_smooth is not None:
-            changes["dynamic_chunk_smooth"] = dynamic_chunk_smooth
-        old, s.config = s.config, dataclasses.replace(s.config, **changes)
-        kernels = await self.pipeline.set_policy(output_post, linear_backend)
-        if (old.chunk_size, old.chunk_cost, old.dynamic_chunk_smooth) != \
-                (s.config.chunk_size, s.config.chunk_cost, s.config.dynamic_chunk_smooth):
-            await self._warm_up()  # the new chunking's shapes
-        return kernels
-
-    async def take_timings(self) -> list[tuple[int, int, float]]:
-        """(stage, mb_id, seconds) of each stage's forwards since the last call."""
-        if not self._inflight:
-            flushed = await asyncio.gather(*[s.flush_timings.remote()
-                                             for s in self.pipeline.stages])
-            for stage, timings in enumerate(flushed):
-                self._timings.extend((stage, mb, sec) for mb, sec in timings)
-        out = list(self._timings)
-        self._timings.clear()
-        return out
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -90,10 +90,6 @@ class Pipeline:
         n = len(self.stages)
         return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
 
-    async def set_policy(self, output_post=None, linear_backend=None) -> list[dict]:
-        return await asyncio.gather(*[s.set_policy.remote(output_post, linear_backend)
-                                      for s in self.stages])
-
     async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""
         return await asyncio.gather(*[s.warm_up.remote(chunks) for s in self.stages])

@@ -2,7 +2,7 @@
 no-contention bound, on a Llama-3-8B-shaped random model (DESIGN §12).
 
 One pipeline is loaded per (PP size, linear backend) and measured under every policy through
-Engine.set_policy, so the modes differ in nothing but the policy. The bound is the pipeline
+BenchEngine.set_policy, so the modes differ in nothing but the policy. The bound is the pipeline
 schedule (flow shop) over per-stage chunk times from CUDA events of the `auto` run (no recv
 waits mid-prompt there); efficiency = bound / TTFT.
 """

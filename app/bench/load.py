@@ -9,7 +9,7 @@ decode — C concurrent short prompts with --decode-tokens outputs each: output 
 
 Both report the sent / skipped / missed / orphaned deltas of engine.stats()["pp_output_comm"]
 and the skip-hit ratio; medians of --reps runs. One Engine (one pipeline load) is measured under
-every mode with Engine.set_policy between runs, rep-major (modes interleaved within each rep).
+every mode with BenchEngine.set_policy between runs, rep-major (modes interleaved within each rep).
 
 Where `auto` and `sglang` differ: a microbatch holding a decode row whose token is needed is sent
 by both rules, so the difference lives in the decode-free microbatches (with PP=S, S-1 of every S
