@@ -56,19 +56,9 @@ class Pipeline:
         return f"ppserve-{self.pipeline_id}{f'-g{g}' if g else ''}-stage{i}"
 
     def _specs(self) -> list[StageSpec]:
-        c = self.config
-        ranges = layer_ranges(self.args.num_hidden_layers, c.pp_size)
-        return [StageSpec(
-            stage_index=i, num_stages=c.pp_size, layer_start=lo, layer_end=hi,
-            model_path=c.model, load_format=c.load_format, device=c.device, dtype=c.resolved_dtype,
-            block_size=c.block_size, max_running=c.max_num_seqs,
-            kv_cache_bytes=c.kv_cache_memory_bytes,
-            gpu_memory_utilization=c.gpu_memory_utilization, channel_check=c.channel_check,
-            output_post=c.output_post, linear_backend=c.linear_backend,
-            attention_backend=c.attention_backend, seed=c.seed,
-            max_model_len=c.resolved_max_model_len(self.args.max_position_embeddings),
-            enforce_eager=c.enforce_eager)
-            for i, (lo, hi) in enumerate(ranges)]
+        ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
+        max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
+        return [self.config.stage_spec(i, r, max_len) for i, r in enumerate(ranges)]
 
     async def start(self) -> int:
         """Create the actors, join the channels, agree on the KV size. Returns the block count."""
@@ -100,10 +90,6 @@ class Pipeline:
     def dispatch(self, plan: MicrobatchPlan) -> list:
         n = len(self.stages)
         return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
-
-    async def set_policy(self, output_post=None, linear_backend=None) -> list[dict]:
-        return await asyncio.gather(*[s.set_policy.remote(output_post, linear_backend)
-                                      for s in self.stages])
 
     async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""

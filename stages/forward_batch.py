@@ -22,9 +22,7 @@ class DecodeGroup:
 MAX_GROUP_KEYS = 1 << 18
 # Rows with longer prefixes are never grouped: a group copies (and pads) every row's K/V per
 # layer, while a lone row reads its K/V in place when its blocks are consecutive; past a few
-# thousand keys the copy costs more than the per-row call it saves. Measured on 2 x H200,
-# 16K-32K-token prompts decoding together (bench serve, 0.5 req/s): ITL p50 248 ms grouped
-# without this limit (docs/bench/serve_grouped_long_rows/), 65 ms with it.
+# thousand keys the copy costs more than the per-row call it saves (docs/PERFORMANCE.md).
 MAX_GROUP_ROW_KEYS = 4096
 
 

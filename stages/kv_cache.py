@@ -30,16 +30,6 @@ class PagedKVCache:
         self.kv = torch.zeros(num_local_layers, 2, num_blocks * block_size,
                               args.num_key_value_heads, args.head_dim, dtype=dtype, device=device)
 
-    @staticmethod
-    def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
-                        dtype: torch.dtype) -> int:
-        return bytes_per_block(args, num_local_layers, block_size, dtype)
-
-    @classmethod
-    def num_blocks_for_budget(cls, args: ModelArgs, num_local_layers: int, block_size: int,
-                              dtype: torch.dtype, budget_bytes: int) -> int:
-        return budget_bytes // bytes_per_block(args, num_local_layers, block_size, dtype)
-
     def write(self, local_layer: int, k: torch.Tensor, v: torch.Tensor,
               slot_mapping: torch.Tensor) -> None:
         """Store k, v [T, Hkv, D] at slots [T]."""
@@ -76,4 +66,5 @@ class PagedKVCache:
         layer = self.kv[local_layer]
         flat = slots.reshape(-1)
         shape = (*slots.shape, *layer.shape[2:])
-        return layer[0].index_select(0, flat).view(shape), layer[1].index_select(0, flat).view(shape)
+        k, v = layer[0].index_select(0, flat), layer[1].index_select(0, flat)
+        return k.view(shape), v.view(shape)

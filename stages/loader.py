@@ -10,12 +10,13 @@ import zlib
 import torch
 from safetensors import safe_open
 
+from stages import protocol
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.llama import LlamaStage
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {**{name: getattr(torch, name) for name in protocol.DTYPES},
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:

@@ -17,7 +17,7 @@ from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import PagedKVCache, bytes_per_block
-from stages.loader import build_stage_model
+from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
 from stages.sampler import Picked, RowToSample, Sampler
@@ -43,8 +43,6 @@ class LaunchedStep:
 # logged at capture).
 DECODE_GRAPH_RESERVE = 512 << 20
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class StageRunner:
     def __init__(self, spec: StageSpec):
@@ -53,12 +51,13 @@ class StageRunner:
         if self.device.type == "cuda" and self.device.index is None:
             # Ray made one GPU visible; NCCL's eager init wants an explicit index.
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.dtype = _DTYPES[spec.dtype]
+        self.dtype = resolve_dtype(spec.dtype)
         self.args = load_model_args(spec.model_path)
         self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)
         self.model = build_stage_model(
-            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start, spec.layer_end, spec.is_first,
-            spec.is_last, self.kernels, self.dtype, self.device, spec.seed)
+            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
+            spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
+            spec.seed)
         self.kv: PagedKVCache | None = None
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
         self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
@@ -214,7 +213,6 @@ class StageRunner:
             sampled=tuple(SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
                           for r, p in zip(rows, sampled)),
             forward_s=self.timer.elapsed(launched.timing),
-            sent_output=plan.send_output and self.channels is not None,
             output_sends=self.channels.output_sends if self.channels else 0,
             timings=self.timer.take_finished(), graphed=launched.graphed)
         return launched.result

@@ -36,7 +36,7 @@ BACKENDS: dict[str, dict[str, str]] = {
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it;
-# cuDNN leads attention on CUDA (1.7x SDPA's flash path on chunks, docs/bench/attention.json).
+# cuDNN leads attention on CUDA (faster than SDPA's flash path on chunks: docs/PERFORMANCE.md).
 PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
     "attention": ("cudnn", "torch"),

@@ -120,7 +120,8 @@ def _kernels():
 def num_splits_for(rows: int, kv_heads: int, num_sms: int | None = None) -> int:
     """Enough page ranges that rows x KV heads x splits covers the chip about twice."""
     if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        num_sms = props.multi_processor_count
     return max(1, min(32, -(-2 * num_sms // max(1, rows * kv_heads))))
 
 
