@@ -82,13 +82,15 @@ def parse_chunking(spec: str) -> tuple[str, float | None]:
 
 
 def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
-    """(model dir or None, load_format, config dict): "llama8b" = Llama-3-8B shapes with random
-    weights (a config.json in a temp dir, load_format dummy); "tiny" = the built-in model."""
+    """(model dir or None, load_format, config dict): "llama8b" / "deepseek-v2-lite" = those
+    shapes with random weights (a config.json in a temp dir, load_format dummy); "tiny" = the
+    built-in model."""
+    from stages.deepseek_config import DEEPSEEK_V2_LITE
     from stages.model_config import BUILTIN_CONFIG
 
     if shape == "tiny" and layers is None:
         return None, "auto", dict(BUILTIN_CONFIG)
-    base = BUILTIN_CONFIG if shape == "tiny" else LLAMA3_8B
+    base = {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE}.get(shape, LLAMA3_8B)
     cfg = dict(base, num_hidden_layers=layers or base["num_hidden_layers"])
     d = tempfile.mkdtemp(prefix=f"ppserve-{shape}-")
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -194,8 +196,10 @@ def main(argv=None) -> int:
     p.add_argument("--chunking", default="fixed",
                    help="comma-separated: fixed, dynamic (smooth 0.75) or dynamic:SMOOTH")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
-                   help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
+    p.add_argument("--model-shape", choices=("llama8b", "deepseek-v2-lite", "tiny"),
+                   default="llama8b",
+                   help="llama8b / deepseek-v2-lite: those shapes with random weights; tiny: "
+                        "the built-in model")
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
