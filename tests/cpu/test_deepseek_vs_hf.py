@@ -205,3 +205,20 @@ def test_grouped_routing_is_exercised(checkpoints):
         ModelArgs.from_hf_dict({**cfg, "topk_method": "noaux"})
     with pytest.raises(ValueError, match="rope type"):
         ModelArgs.from_hf_dict({**cfg, "rope_parameters": {"rope_type": "longrope"}})
+
+
+def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog):
+    """The stage's block count comes from the latent's bytes (kv_lora_rank + rope per token and
+    layer), and the stage logs that figure at start."""
+    from stages.protocol import StageSpec
+    from stages.runner import StageRunner
+
+    caplog.set_level("INFO", logger="ppserve.stage")
+    spec = StageSpec(stage_index=0, num_stages=2, layer_start=0, layer_end=2,
+                     model_path=checkpoints["ds_v3"], block_size=4, kv_cache_bytes=1 << 20)
+    runner = StageRunner(spec)
+    per_token_layer = (32 + 8) * 4  # fp32 latent of the tiny config
+    assert f"{per_token_layer} bytes per token per layer" in caplog.text
+    assert runner.kv_capacity() == (1 << 20) // (2 * 4 * per_token_layer)
+    runner.allocate_kv(3)
+    assert runner.kv.pages(1).shape == (3, 4, 1, 40)
