@@ -75,9 +75,11 @@ def load_stage_weights(model: StageModel, path: str, args: ModelArgs, layer_star
             layer_start, layer_end, is_first, is_last):
         raise ValueError("model was built for another stage than the one being loaded")
     params = dict(model.named_parameters())
-    pieces = [(name, index, params[p]) for p, srcs in tensor_sources(model).items()
-              for name, index in srcs]
     files = _weight_files(path)
+    # a tensor stored under the parameter's own name wins (e.g. experts saved already stacked)
+    pieces = [(name, index, params[p]) for p, srcs in tensor_sources(model).items()
+              for name, index in ([(checkpoint_name(p), ())] if checkpoint_name(p) in files
+                                  else srcs)]
     missing = sorted({n for n, _, _ in pieces if n not in files})
     if missing:
         raise KeyError(f"checkpoint {path!r} lacks {len(missing)} tensors this stage needs, "

@@ -222,3 +222,23 @@ def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog):
     assert runner.kv_capacity() == (1 << 20) // (2 * 4 * per_token_layer)
     runner.allocate_kv(3)
     assert runner.kv.pages(1).shape == (3, 4, 1, 40)
+
+
+def test_experts_saved_stacked(tmp_path, checkpoints, hf_logits):
+    """A checkpoint holding the routed experts already stacked (transformers' in-memory layout)
+    loads as well as the per-expert one."""
+    src = checkpoints["ds_v3_flat"]
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    for layer in range(4):
+        pre = f"model.layers.{layer}.mlp.experts"
+        n = 8
+        gate_up = [torch.cat([tensors.pop(f"{pre}.{e}.gate_proj.weight"),
+                              tensors.pop(f"{pre}.{e}.up_proj.weight")]) for e in range(n)]
+        down = [tensors.pop(f"{pre}.{e}.down_proj.weight") for e in range(n)]
+        tensors[f"{pre}.gate_up_proj"] = torch.stack(gate_up)
+        tensors[f"{pre}.down_proj"] = torch.stack(down)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(open(os.path.join(src, "config.json")).read())
+    pipe = Pipeline(str(tmp_path), num_stages=2)
+    logits = pipe.logits(PROMPT, [(0, len(PROMPT), list(range(8)), True)], all_positions=True)
+    assert (logits - hf_logits["ds_v3_flat"]).abs().max().item() <= TOL
