@@ -13,6 +13,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
 from stages.actor import StageActor
+from stages.kv_cache import bytes_per_token_layer
+from stages.loader import resolve_dtype
 from stages.model_config import ModelArgs
 from stages.partition import layer_ranges
 from stages.protocol import MicrobatchPlan, StageSpec
@@ -83,8 +85,9 @@ class Pipeline:
         if self.num_blocks < 1:
             raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
-        log.info("pipeline up: %d stages, %d KV blocks of %d tokens", c.pp_size,
-                 self.num_blocks, c.block_size)
+        log.info("pipeline up: %d stages, %d KV blocks of %d tokens, %d bytes per token per "
+                 "layer", c.pp_size, self.num_blocks, c.block_size,
+                 bytes_per_token_layer(self.args, resolve_dtype(c.resolved_dtype)))
         return self.num_blocks
 
     def dispatch(self, plan: MicrobatchPlan) -> list:

@@ -15,8 +15,8 @@ import torch
 from stages.channels import ChannelError, PendingRecv, PipelineChannels
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
-from stages.kernels.registry import select_kernels
-from stages.kv_cache import PagedKVCache, bytes_per_block
+from stages.kernels.registry import moe_backend_for, select_kernels
+from stages.kv_cache import PagedKVCache, bytes_per_block, bytes_per_token_layer, make_kv_cache
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
@@ -53,14 +53,18 @@ class StageRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = resolve_dtype(spec.dtype)
         self.args = load_model_args(spec.model_path)
-        self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)
+        self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend,
+                                      moe_experts=moe_backend_for(spec.linear_backend))
         self.model = build_stage_model(
             self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
             spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
             spec.seed)
-        self.kv: PagedKVCache | None = None
+        self.kv: PagedKVCache | None = None  # a LatentKVCache for MLA models
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
         self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
+        log.info("KV cache: %d bytes per token per layer (%s)",
+                 bytes_per_token_layer(self.args, self.dtype),
+                 "MLA latent" if self.args.deepseek else "K and V")
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
@@ -87,9 +91,11 @@ class StageRunner:
     @property
     def uses_decode_graphs(self) -> bool:
         """Decode-only microbatches take the paged path (graphed unless enforce_eager) where
-        a paged decode kernel runs: CUDA with Triton, and a block size it supports."""
+        a paged decode kernel runs: CUDA with Triton, and a block size it supports; for the
+        Llama family (MLA models decode through their own absorbed path)."""
         bs = self.spec.block_size
         return (self.device.type == "cuda" and self.spec.max_model_len > 0
+                and self.args.deepseek is None
                 and self.kernels.names["paged_decode"] != "torch"
                 and bs >= 16 and bs & (bs - 1) == 0)
 
@@ -109,8 +115,8 @@ class StageRunner:
     def allocate_kv(self, num_blocks: int) -> None:
         graphs = self.uses_decode_graphs
         # With decode graphs one block more: the scratch block padding rows write to.
-        self.kv = PagedKVCache(self.args, self.num_local_layers, num_blocks + graphs,
-                               self.spec.block_size, self.dtype, self.device)
+        self.kv = make_kv_cache(self.args, self.num_local_layers, num_blocks + graphs,
+                                self.spec.block_size, self.dtype, self.device)
         self.decode_graphs = None
         if graphs:
             self._build_decode_graphs()
@@ -133,7 +139,8 @@ class StageRunner:
         prompt's) and on every diagonal square a chunk can need, reading K/V from this stage's
         cache, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request
         needs them. Only where attention is cuDNN: the torch reference has nothing to build."""
-        if self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks:
+        if (self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks
+                or self.args.deepseek is not None):  # MLA prefill shapes: not built ahead
             return {"shapes": 0, "seconds": 0.0}
         from stages.kernels.cudnn_attention import diagonal_sizes
 
@@ -353,8 +360,9 @@ class StageRunner:
         if output_post is not None:
             self.output_post = output_post
         if linear_backend is not None:
-            self.kernels = select_kernels(self.spec.device, linear_backend,
-                                          self.kernels.names["attention"])
+            names = self.kernels.names
+            self.kernels = select_kernels(self.spec.device, linear_backend, names["attention"],
+                                          names["mla_decode"], moe_backend_for(linear_backend))
             for module in self.model.modules():
                 if hasattr(module, "kernels"):
                     module.kernels = self.kernels

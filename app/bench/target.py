@@ -147,13 +147,15 @@ async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
 
 
 def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
-    """(model dir or None, load_format, config dict): "llama8b" = Llama-3-8B shapes with random
-    weights (a config.json in a temp dir, load_format dummy); "tiny" = the built-in model."""
+    """(model dir or None, load_format, config dict): "llama8b" / "deepseek-v2-lite" = those
+    shapes with random weights (a config.json in a temp dir, load_format dummy); "tiny" = the
+    built-in model."""
+    from stages.deepseek_config import DEEPSEEK_V2_LITE
     from stages.model_config import BUILTIN_CONFIG
 
     if shape == "tiny" and layers is None:
         return None, "auto", dict(BUILTIN_CONFIG)
-    base = BUILTIN_CONFIG if shape == "tiny" else LLAMA3_8B
+    base = {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE}.get(shape, LLAMA3_8B)
     cfg = dict(base, num_hidden_layers=layers or base["num_hidden_layers"])
     d = tempfile.mkdtemp(prefix=f"ppserve-{shape}-")
     with open(os.path.join(d, "config.json"), "w") as f:

@@ -58,9 +58,10 @@ class Linear(nn.Module):
     """Holds a checkpoint's weight (and bias); the matmul runs on the chosen kernel backend."""
 
     def __init__(self, n_in: int, n_out: int, bias: bool, kernels: Kernels, dtype, device,
-                 part_sizes: tuple[int, ...] | None = None):
+                 parts: tuple[tuple[str, int], ...] = ()):
         super().__init__()
-        self.part_sizes = part_sizes  # rows of each checkpoint tensor a fused weight holds
+        # A fused weight: (checkpoint module name, rows) of each tensor it concatenates.
+        self.parts = parts
         self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype, device=device)) if bias else None
         self.kernels = kernels
@@ -78,7 +79,8 @@ class Attention(nn.Module):
         self.kernels = kernels
         # q, k and v in one GEMM (the loader concatenates the checkpoint's three tensors)
         self.qkv_proj = Linear(h, (self.hq + 2 * self.hkv) * d, args.attention_bias, kernels,
-                               dtype, device, (self.hq * d, self.hkv * d, self.hkv * d))
+                               dtype, device, (("q_proj", self.hq * d), ("k_proj", self.hkv * d),
+                                               ("v_proj", self.hkv * d)))
         self.o_proj = Linear(self.hq * d, h, args.o_proj_bias, kernels, dtype, device)
         if args.qk_norm:
             self.q_norm = RMSNorm(d, args.rms_norm_eps, dtype, device)
@@ -130,7 +132,8 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
         super().__init__()
         h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
-        self.gate_up_proj = Linear(h, 2 * i, b, kernels, dtype, device, (i, i))  # gate, up
+        self.gate_up_proj = Linear(h, 2 * i, b, kernels, dtype, device,
+                                   (("gate_proj", i), ("up_proj", i)))
         self.down_proj = Linear(i, h, b, kernels, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,6 +185,23 @@ class LlamaStage(nn.Module):
     @property
     def num_local_layers(self) -> int:
         return self.layer_end - self.layer_start
+
+    def checkpoint_sources(self) -> dict[str, list[tuple[str, tuple]]]:
+        """Fused parameters -> (checkpoint tensor, rows of the parameter) per piece."""
+        out = {}
+        for module_name, module in self.named_modules():
+            if not isinstance(module, Linear) or not module.parts:
+                continue
+            owner = "model." + module_name.rpartition(".")[0]
+            for leaf in ("weight", "bias"):
+                if getattr(module, leaf) is None:
+                    continue
+                pieces, row = [], 0
+                for part, rows in module.parts:
+                    pieces.append((f"{owner}.{part}.{leaf}", (slice(row, row + rows),)))
+                    row += rows
+                out[f"{module_name}.{leaf}"] = pieces
+        return out
 
     def forward(self, inputs: torch.Tensor, batch: ForwardBatch | PagedDecodeBatch,
                 kv: PagedKVCache) -> torch.Tensor:

@@ -45,7 +45,8 @@ def test_chunk_differs_from_top_left_causal():
 def test_registry_auto_and_explicit():
     kern = select_kernels("cpu")
     assert kern.names == {"linear": "torch", "attention": "torch", "decode_attention": "torch",
-                          "paged_decode": "torch"}
+                          "paged_decode": "torch", "mla_decode": "torch",
+                          "moe_experts": "torch"}
     with pytest.raises(ValueError, match="not available"):
         select_kernels("cpu", linear="triton-persistent")
     with pytest.raises(ValueError, match="unknown"):
