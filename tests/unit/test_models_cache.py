@@ -55,3 +55,11 @@ def test_model_names(tmp_path):
     assert DEFAULT_MODEL in MODELS
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["download", "not-a-model"])
+
+
+def test_unwritable_cache_fails_clearly(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("PPSERVE_CACHE", str(blocker / "cache"))  # a path under a plain file
+    with pytest.raises(ModelDownloadError, match="set PPSERVE_CACHE to a writable directory"):
+        ensure_model("smollm2")
