@@ -19,7 +19,7 @@ ENGINE_FLAGS = [
      "with a byte tokenizer), or a local Hugging Face directory (config.json, *.safetensors, "
      "tokenizer.json)."),
     ("--served-model-name", "served_model_name", str, "Model name the API answers to "
-     "(default: the --model path, or 'ppserve-random')."),
+     "(default: SmolLM2-135M-Instruct for smollm2, the --model path, or 'ppserve-random')."),
     ("--pp", "pp_size", int, "Pipeline stages, each a Ray actor with a contiguous range of "
      "layers (default 2)."),
     ("--device", "device", str, "cpu or cuda; cuda puts each stage on its own GPU (default cpu)."),
