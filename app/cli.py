@@ -38,7 +38,9 @@ def add_engine_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) 
         help_ = f"{f.metadata['help']} (default: {_doc_default(f)})"
         typ = option_type(f)
         if typ is bool:
-            action = g.add_argument(*_flags(f), dest=f.name, action="store_true", default=None,
+            # --X / --no-X (vLLM's style), so an option that is on by default can be turned off
+            action = g.add_argument(*_flags(f), dest=f.name,
+                                    action=argparse.BooleanOptionalAction, default=None,
                                     help=help_)
         else:
             action = g.add_argument(*_flags(f), dest=f.name, type=typ, default=None,
