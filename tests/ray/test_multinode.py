@@ -43,8 +43,8 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 4, "resources": {f"{NODE_RESOURCE}_head": 1}, "gcs_server_port": _free_port(),
-            "include_dashboard": False})
+            "num_cpus": 4, "resources": {f"{NODE_RESOURCE}_head": 1},
+            "gcs_server_port": _free_port(), "include_dashboard": False})
         self.workers = {}  # node id -> Node
         for i in range(3):
             self.add_worker(f"w{i}")
