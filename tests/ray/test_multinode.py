@@ -8,26 +8,19 @@ service (503) when none can."""
 from __future__ import annotations
 
 import random
-import socket
 import time
 
 import pytest
 
 from app import Engine, EngineConfig, SamplingParams
 from app.request import InvalidRequest
+from tests.ray.local_cluster import LocalCluster
 
 TIMEOUT = 120  # seconds: a hang fails the test instead of stalling the suite
 LONG = 3000  # prompt tokens; chunks of 16 -> ~190 microbatches of prefill
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-NODE_RESOURCE = "ppserve_test_node"  # prefix of each node's custom resource: its name
 BASE = dict(pp_size=3, device="cpu", chunk_size=16, block_size=16, max_num_seqs=1,
             stage_num_cpus=1, num_kv_blocks=256, channel_check=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _prompt(n, seed):
@@ -35,50 +28,9 @@ def _prompt(n, seed):
     return [rng.randrange(0, 256) for _ in range(n)]
 
 
-class LocalCluster:
-    """The head (4 CPUs: room for a whole pipeline packed on one node) and 1-CPU workers."""
-
-    def __init__(self):
-        import ray
-        from ray.cluster_utils import Cluster
-
-        self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 4, "resources": {f"{NODE_RESOURCE}_head": 1},
-            "gcs_server_port": _free_port(), "include_dashboard": False})
-        self.workers = {}  # node id -> Node
-        for i in range(3):
-            self.add_worker(f"w{i}")
-        ray.init(address=self.cluster.address, log_to_driver=False,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-        self.cluster.wait_for_nodes()
-
-    def add_worker(self, name: str):
-        node = self.cluster.add_node(num_cpus=1, resources={f"{NODE_RESOURCE}_{name}": 1})
-        self.workers[node.node_id] = node
-        return node
-
-    def remove_worker(self, node_id: str) -> None:
-        self.cluster.remove_node(self.workers.pop(node_id))
-
-    @staticmethod
-    def node_names() -> dict[str, str]:
-        """Live node id -> the name its custom resource gives it."""
-        import ray
-
-        return {n["NodeID"]: next(r[len(NODE_RESOURCE) + 1:] for r in n["Resources"]
-                                  if r.startswith(NODE_RESOURCE))
-                for n in ray.nodes() if n["Alive"]}
-
-    def shutdown(self) -> None:
-        import ray
-
-        ray.shutdown()
-        self.cluster.shutdown()
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster()
+    c = LocalCluster(head_cpus=4, worker_cpus=[1, 1, 1])
     yield c
     c.shutdown()
 
