@@ -1,7 +1,8 @@
 """Serve autoscaling of whole pipelines on a local multi-node Ray cluster, driven by the
 load-aware policy (app/autoscaling.py): sustained long-prompt load takes PipelineServer from 1 to
-2 replicas, the new pipeline's placement group lands on the free node, and after the load stops
-it goes back to 1 with every request answered (the downscaled replica drains, none dropped)."""
+2 replicas, the new pipeline's placement group lands on the free node, and when only a trickle of
+short requests is left it goes back to 1 with every request answered (the replica removed drains
+its requests, none dropped)."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ def _pipeline_nodes(cluster) -> dict[str, set[str]]:
 class Load:
     """Threads sending long-prompt completions back to back until stopped; every status kept."""
 
-    def __init__(self, base_url: str, threads: int = 6):
+    def __init__(self, base_url: str, threads: int, prompt_len: int, max_tokens: int):
         self.base_url, self.stop = base_url, threading.Event()
+        self.prompt_len, self.max_tokens = prompt_len, max_tokens
         self.statuses: list[int] = []
         self.errors: list[str] = []
         self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
@@ -99,9 +101,10 @@ class Load:
         rng = random.Random(seed)
         with httpx.Client(base_url=self.base_url, timeout=TIMEOUT) as client:
             while not self.stop.is_set():
-                prompt = [rng.randrange(0, 256) for _ in range(400)]
+                prompt = [rng.randrange(0, 256) for _ in range(self.prompt_len)]
                 r = client.post("/v1/completions", json={
-                    "model": MODEL, "prompt": prompt, "max_tokens": 32, "temperature": 0})
+                    "model": MODEL, "prompt": prompt, "max_tokens": self.max_tokens,
+                    "temperature": 0})
                 self.statuses.append(r.status_code)
                 if r.status_code != 200:
                     self.errors.append(r.text)
@@ -124,7 +127,7 @@ def test_load_scales_pipelines_out_and_back_in(served):
     assert _replicas() == 1
     [first] = _pipeline_nodes(cluster).values()
 
-    with Load(base_url) as load:
+    with Load(base_url, threads=6, prompt_len=400, max_tokens=32) as load:
         _wait_replicas(2)
         placed = _pipeline_nodes(cluster)
         # Each pipeline packed on one worker; the new one on the node the first left free.
@@ -134,7 +137,16 @@ def test_load_scales_pipelines_out_and_back_in(served):
     assert load.errors == [] and set(load.statuses) == {200}, load.errors[:3]
     assert len(load.statuses) > answered_at_two  # requests ran while both pipelines served
 
-    _wait_replicas(1)  # idle: back to min_replicas after the downscale delay
+    # A trickle of short requests (far below target_load) runs through the scale-in: the
+    # replica being removed drains its requests instead of dropping them.
+    with Load(base_url, threads=2, prompt_len=16, max_tokens=48) as trickle:
+        _wait_replicas(1)  # light load: back to min_replicas after the downscale delay
+        answered_at_one = len(trickle.statuses)
+        deadline = time.monotonic() + TIMEOUT
+        while len(trickle.statuses) < answered_at_one + 2:  # and still served after it
+            assert time.monotonic() < deadline, trickle.errors[:3]
+            time.sleep(0.2)
+    assert trickle.errors == [] and set(trickle.statuses) == {200}, trickle.errors[:3]
     deadline = time.monotonic() + TIMEOUT
     while len(_pipeline_nodes(cluster)) != 1:  # the drained pipeline's stages are gone
         assert time.monotonic() < deadline, _pipeline_nodes(cluster)
