@@ -81,8 +81,14 @@ def test_no_reports_yet_keeps_the_current_target():
     assert PipelineLoadPolicy()(ctx) == (2, {})
 
 
-def test_serve_config_accepts_the_policy():
-    cfg = AutoscalingConfig(min_replicas=1, max_replicas=4, policy={
-        "policy_function": "app.autoscaling:PipelineLoadPolicy",
-        "policy_kwargs": {"target_load": 0.8}})
-    assert cfg.policy.policy_function == "app.autoscaling:PipelineLoadPolicy"
+def test_build_app_accepts_the_policy():
+    from app.server import build_app
+
+    policy = {"policy_function": "app.autoscaling:PipelineLoadPolicy",
+              "policy_kwargs": {"target_load": 0.8}}
+    app = build_app({"pp": 2, "device": "cpu", "autoscaling_config": {
+        "min_replicas": 1, "max_replicas": 4, "policy": policy}})
+    pipeline = app._bound_deployment.init_args[0]  # the ingress is bound to PipelineServer
+    scaling = pipeline._bound_deployment._deployment_config.autoscaling_config
+    assert scaling.policy.policy_function == policy["policy_function"]
+    assert scaling.policy.policy_kwargs == {"target_load": 0.8}
