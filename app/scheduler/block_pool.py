@@ -137,7 +137,8 @@ class BlockPool:
             self._refs[b] += 1
 
     def release(self, block_ids: Iterable[int]) -> None:
-        freed, kept = [], []
+        freed: list[int] = []
+        kept: list[int] = []
         for b in block_ids:
             if self._refs[b] <= 0:
                 raise BlockPoolError(f"release of free block {b}")

@@ -273,9 +273,9 @@ class Scheduler:
         if st.hashes is None or full <= st.registered:
             return
         end = full * bs
-        tokens = st.prefix if end <= len(st.prefix) else st.req.prompt_token_ids + tuple(
-            st.output_ids
-        )
+        tokens = st.prefix
+        if end > len(tokens):  # decode rows wrote generated tokens
+            tokens = st.req.prompt_token_ids + tuple(st.output_ids)
         hashes = st.hashes.upto(tokens, full)
         for i in range(st.registered, len(hashes)):
             self.pool.register(st.blocks[i], hashes[i])
