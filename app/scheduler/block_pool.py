@@ -35,8 +35,8 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
-        # LIFO: a freed block is the next one handed out (no prefix cache to keep warm), which
-        # also makes any early reuse show up at once in tests.
+        # LIFO: a freed unnamed block is the next one handed out (it holds nothing worth
+        # keeping), which also makes any early reuse show up at once in tests.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._refs = [0] * num_blocks
         self._reserved: dict[Hashable, int] = {}  # owner -> blocks reserved, not yet allocated
