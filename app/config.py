@@ -88,6 +88,10 @@ class EngineConfig:
         "max_tokens (never preempts); on-demand = admit on its prompt's blocks, allocate as it "
         "grows, and preempt (recompute) the youngest request when blocks run out.",
         choices=KV_ADMISSIONS)
+    enable_prefix_caching: bool = option(
+        True, "Keep full KV blocks, named by a hash of their tokens, after their request "
+        "finishes, and start a request whose prompt begins with cached blocks after them "
+        "(vLLM's automatic prefix caching); evicted least-recently-used when blocks run out.")
     enable_dynamic_chunking: bool = option(
         False, "Size each chunk of a long prompt to cost about what its first chunk "
         "(--chunk-size tokens) costs, from the model's FLOPs: chunks shrink as attention over "
@@ -180,7 +184,7 @@ class EngineConfig:
             max_num_seqs=self.max_num_seqs, max_inflight=self.inflight,
             block_size=self.block_size, num_blocks=num_blocks, skip_mode=self.pp_output_skip,
             max_model_len=max_model_len, run_ahead=self.resolved_run_ahead, num_stages=self.pp_size,
-            kv_admission=self.kv_admission,
+            kv_admission=self.kv_admission, enable_prefix_caching=self.enable_prefix_caching,
             chunk_cost=chunk_cost if self.enable_dynamic_chunking else None,
             dynamic_chunk_smooth=self.dynamic_chunk_smooth)
 

@@ -19,7 +19,7 @@ from app.config import EngineConfig
 from app.pipeline import Pipeline
 from app.request import InvalidRequest, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
-from app.scheduler import ChunkCost, SchedRequest, Scheduler
+from app.scheduler import ChunkCost, PrefixCacheStats, SchedRequest, Scheduler
 from app.tokenizer import load_tokenizer
 from stages.model_config import load_model_args
 
@@ -58,7 +58,8 @@ class Coordinator:
     async def start(self) -> None:
         num_blocks = await self.pipeline.start()
         self.scheduler = Scheduler(self.config.scheduler_config(
-            num_blocks, self.max_model_len, self.chunk_cost), self._output_event)
+            num_blocks, self.max_model_len, self.chunk_cost), self._output_event,
+            self._prefix_lookup)
         await self.warm_up()
         self._loop_task = asyncio.create_task(self._run())
         await self._first_request()
@@ -91,6 +92,7 @@ class Coordinator:
                 pass
         finally:
             self.metrics = metrics
+            self.scheduler.prefix_stats = PrefixCacheStats()  # not counted, as in the metrics
 
     def shutdown(self) -> None:
         if self._loop_task is not None:
@@ -289,6 +291,10 @@ class Coordinator:
         if self.metrics:
             self.metrics.output_event(event, counts)
 
+    def _prefix_lookup(self, queried: int, hit: int) -> None:
+        if self.metrics:
+            self.metrics.prefix_lookup(queried, hit)
+
     def _report_load(self) -> None:
         if self.metrics:
             s = self.scheduler
@@ -314,6 +320,9 @@ class Coordinator:
             "kv_blocks_total": self.pipeline.num_blocks,
             "kv_blocks_free": s.pool.num_free,
             "num_preemptions": s.num_preemptions,
+            "prefix_cache_queries": s.prefix_stats.queries,
+            "prefix_cache_hits": s.prefix_stats.hits,
+            "kv_blocks_cached": s.pool.num_cached,
             "stage_forward_seconds": list(self._stage_forward),
             "decode_graph_steps": list(self._graph_steps),
             "pipeline_failures": self._failures,

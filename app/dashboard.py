@@ -47,6 +47,14 @@ def skip_hit_ratio(window: str = RATE_WINDOW) -> str:
     return f"{skipped} / ({skipped} + {missed})"
 
 
+def prefix_cache_hit_rate(window: str = RATE_WINDOW) -> str:
+    """Prompt tokens found in the prefix cache / prompt tokens looked up (vLLM's hit rate), over
+    every pipeline of a model; hits never incremented are filled in as for the skip ratio."""
+    queries = rate_sum("prefix_cache_queries_total", window=window)
+    hits = f"({rate_sum('prefix_cache_hits_total', window=window)} or 0 * {queries})"
+    return f"{hits} / {queries}"
+
+
 def _p50_p99(histogram: str, by: str, legend: str) -> list[tuple[str, str]]:
     return [(quantile(q, histogram, by), f"p{round(q * 100)} {legend}") for q in (0.5, 0.99)]
 
@@ -81,6 +89,12 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], dict[str, Any]]] = [
         "KV cache usage",
         "percentunit",
         [(series("kv_cache_usage_perc"), "pipeline {{pipeline}}")],
+        {"min": 0, "max": 1},
+    ),
+    (
+        "Prefix cache hit rate (cached / looked-up prompt tokens)",
+        "percentunit",
+        [(prefix_cache_hit_rate(), "{{model_name}}")],
         {"min": 0, "max": 1},
     ),
     (

@@ -62,6 +62,10 @@ class EngineMetrics:
                                     "Output sends the plan could have skipped at dispatch")
         self.orphaned = self._counter("pp_output_comm_orphaned_total",
                                       "Output sends whose consumer vanished after dispatch")
+        self.prefix_queries = self._counter(
+            "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = self._counter(
+            "prefix_cache_hits_total", "Prompt tokens found in the prefix cache")
         tags = {"model_name": model_name, "pipeline": pipeline_id}
         for metric in self._all:
             metric.set_default_tags(tags)
@@ -108,6 +112,13 @@ class EngineMetrics:
 
     def request_finished(self, reason: str) -> None:
         self.success.inc(1, tags={"finished_reason": reason or "unknown"})
+
+    def prefix_lookup(self, queried: int, hit: int) -> None:
+        """One admission's prefix-cache lookup, in tokens (vLLM's queries / hits)."""
+        if queried > 0:
+            self.prefix_queries.inc(queried)
+        if hit > 0:
+            self.prefix_hits.inc(hit)
 
     def output_event(self, event: str, counts: Mapping[str, int]) -> None:
         """One output-channel event (state.OUTPUT_EVENTS) and the ledger's counts after it."""

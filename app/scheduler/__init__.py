@@ -4,6 +4,7 @@ output-channel skip decision, and the ref-counted KV block pool."""
 from .block_pool import BlockPool, BlockPoolError
 from .chunking import ChunkCost
 from .config import SKIP_MODES, SchedulerConfig
+from .prefix_cache import PrefixCacheStats, block_hash
 from .scheduler import Scheduler
 from .skip import ReqInfo, decide_send, token_needed
 from .state import SchedRequest, SchedulerInvariantError, TokenEvent
@@ -13,12 +14,14 @@ __all__ = [
     "BlockPool",
     "BlockPoolError",
     "ChunkCost",
+    "PrefixCacheStats",
     "ReqInfo",
     "SchedRequest",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerInvariantError",
     "TokenEvent",
+    "block_hash",
     "decide_send",
     "token_needed",
 ]

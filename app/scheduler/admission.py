@@ -36,10 +36,15 @@ class ReserveAdmission:
     def begin_plan(self) -> None:
         """A new plan is being built."""
 
-    def admit(self, req: SchedRequest, prefix_len: int) -> bool:
-        """Whether the head of the queue starts now (and its blocks are set aside)."""
-        need = self.config.blocks_for(req.prompt_len + req.max_tokens)
-        if not self.pool.can_reserve(need):
+    def _revived(self, hits: Sequence[int]) -> int:
+        """Cached blocks among `hits` that nobody references: taking them uses free blocks."""
+        return sum(self.pool.refcount(b) == 0 for b in hits)
+
+    def admit(self, req: SchedRequest, prefix_len: int, hits: Sequence[int] = ()) -> bool:
+        """Whether the head of the queue starts now (and its blocks are set aside); `hits` are
+        the cached blocks its prefix starts with, which it will share instead of allocating."""
+        need = self.config.blocks_for(req.prompt_len + req.max_tokens) - len(hits)
+        if not self.pool.can_reserve(need + self._revived(hits)):
             return False
         self.pool.reserve(req.req_id, need)
         return True
@@ -68,9 +73,10 @@ class OnDemandAdmission(ReserveAdmission):
     def begin_plan(self) -> None:
         self._plan_need = 0
 
-    def admit(self, req: SchedRequest, prefix_len: int) -> bool:
+    def admit(self, req: SchedRequest, prefix_len: int, hits: Sequence[int] = ()) -> bool:
         cfg = self.config
         need = min(cfg.blocks_for(prefix_len) + 1, cfg.blocks_for(req.prompt_len + req.max_tokens))
+        need += self._revived(hits) - len(hits)
         return need <= self.pool.num_free - self._plan_need
 
     def room(
@@ -108,7 +114,8 @@ class OnDemandAdmission(ReserveAdmission):
 
     def _pending_release(self, running: dict[str, ReqState]) -> int:
         """Used blocks no live request owns: in-flight microbatches of finished ones hold them."""
-        return self.pool.num_used - sum(len(st.blocks) for st in running.values())
+        owned = set().union(*(st.blocks for st in running.values()))  # prefix blocks are shared
+        return self.pool.num_used - len(owned)
 
     def take(self, req_id: str, n: int) -> tuple[int, ...]:
         return self.pool.take(req_id, n)

@@ -29,6 +29,8 @@ class SchedulerConfig:
     kv_admission: "reserve" admits a request once prompt + max_tokens blocks can be reserved
       (never preempts); "on-demand" admits on its prompt's blocks + one, allocates as rows
       grow and preempts (recompute) the youngest running request when blocks run out.
+    enable_prefix_caching: keep full blocks named by a hash of their tokens after their request
+      finishes and start a request with a cached prefix after it (DESIGN §6, prefix_cache.py).
     """
 
     chunk_size: int = 2048
@@ -42,6 +44,7 @@ class SchedulerConfig:
     run_ahead: bool = False
     num_stages: int = 1
     kv_admission: str = "reserve"
+    enable_prefix_caching: bool = True
     chunk_cost: ChunkCost | None = None
     dynamic_chunk_smooth: float = 0.75
 

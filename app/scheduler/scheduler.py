@@ -14,13 +14,14 @@ under pressure instead (admission.py).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from stages.protocol import MicrobatchPlan, NewRequest, Row
 
 from .admission import ADMISSIONS
 from .block_pool import BlockPool
 from .config import SchedulerConfig
+from .prefix_cache import BlockHashes, PrefixCacheStats
 from .skip import ReqInfo, decide_send, needed_req_ids
 from .state import (
     OutputLedger,
@@ -42,8 +43,13 @@ class _Inflight:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, on_output_event: OutputListener | None = None
+        self,
+        config: SchedulerConfig,
+        on_output_event: OutputListener | None = None,
+        on_prefix_lookup: Callable[[int, int], None] | None = None,
     ) -> None:
+        """on_prefix_lookup(queried, hit): tokens of an admitted prefix and how many of them
+        were cached, called at each admission with prefix caching (the metrics' feed)."""
         self.config = config
         self.pool = BlockPool(config.num_blocks)
         self._waiting: dict[str, SchedRequest] = {}  # FCFS: dicts keep insertion order
@@ -57,6 +63,8 @@ class Scheduler:
         self._resume: dict[str, tuple[int, ...]] = {}  # preempted, waiting: tokens generated
         self.admission = ADMISSIONS[config.kv_admission](config, self.pool)
         self.num_preemptions = 0
+        self.prefix_stats = PrefixCacheStats()
+        self._on_prefix_lookup = on_prefix_lookup
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -212,10 +220,19 @@ class Scheduler:
             return None  # its preempted incarnation is still in flight: FCFS, wait
         outputs = self._resume.get(req.req_id, ())
         prefix = req.prompt_token_ids + outputs
-        if not self.admission.admit(req, len(prefix)):
+        hashes, hits = self._cached_prefix(prefix)
+        if not self.admission.admit(req, len(prefix), hits):
             return None
         del self._waiting[req.req_id]
         self._resume.pop(req.req_id, None)
+        for b in hits:
+            self.pool.touch(b)
+        cached = len(hits) * self.config.block_size
+        if hashes is not None:
+            self.prefix_stats.queries += len(prefix)
+            self.prefix_stats.hits += cached
+            if self._on_prefix_lookup is not None:
+                self._on_prefix_lookup(len(prefix), cached)
         st = ReqState(
             req,
             self._free_slots.popleft(),
@@ -223,17 +240,51 @@ class Scheduler:
             output_ids=list(outputs),
             generated=len(outputs),
             planned=len(outputs),
+            prefill_pos=cached,
+            blocks=list(hits),
+            registered=len(hits),
+            hashes=hashes,
         )
         self._running[req.req_id] = st
         self._states[req.req_id] = st
         # the first chunk fits in what admission checked; this books it in the plan
-        self._room(st, min(self.config.chunk_limit(0), st.prefill_left, budget), named)
+        first = min(self.config.chunk_limit(cached), st.prefill_left, budget)
+        self._room(st, cached + first, named)
         # The last stage needs the prompt only for the repetition penalty, and the tokens
         # generated before a preemption only for the penalties' history (protocol.NewRequest).
         sampling = req.sampling
         prompt = req.prompt_token_ids if sampling.repetition_penalty != 1.0 else ()
         history = outputs if sampling.needs_history else ()
         return st, NewRequest(req.req_id, st.slot, sampling, prompt, history)
+
+    def _cached_prefix(self, prefix: tuple[int, ...]) -> tuple[BlockHashes | None, list[int]]:
+        """The hashes of `prefix` and the cached blocks it starts with; the last token is never
+        among them (prefill must compute at least one row to sample from)."""
+        if not self.config.enable_prefix_caching:
+            return None, []
+        hashes = BlockHashes(self.config.block_size)
+        hits = []
+        for h in hashes.upto(prefix, (len(prefix) - 1) // self.config.block_size):
+            b = self.pool.lookup(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hashes, hits
+
+    def _register_written(self, row: Row, st: ReqState) -> None:
+        """Cache the blocks of `st` that retiring `row` has completed on every stage."""
+        bs = self.config.block_size
+        full = (row.start + row.num_tokens) // bs
+        if st.hashes is None or full <= st.registered:
+            return
+        end = full * bs
+        tokens = st.prefix
+        if end > len(tokens):  # decode rows wrote generated tokens
+            tokens = st.req.prompt_token_ids + tuple(st.output_ids)
+        hashes = st.hashes.upto(tokens, full)
+        for i in range(st.registered, len(hashes)):
+            self.pool.register(st.blocks[i], hashes[i])
+        st.registered = len(hashes)
 
     def _decode_ready(self, st: ReqState) -> bool:
         """Whether the next microbatch may carry a decode row of `st`. Without run-ahead: its
@@ -305,9 +356,10 @@ class Scheduler:
             have = len(st.blocks)
             want = self.config.blocks_for(row.start + row.num_tokens)
             if want > have:
-                new_ids = self.admission.take(st.req_id, want - have)
-                st.blocks.extend(new_ids)
-                updates.append((st.req_id, new_ids))
+                st.blocks.extend(self.admission.take(st.req_id, want - have))
+            if len(st.blocks) > st.announced:  # cached prefix blocks are announced with new ones
+                updates.append((st.req_id, tuple(st.blocks[st.announced :])))
+                st.announced = len(st.blocks)
             retained.extend(st.blocks)
             st.inflight += 1
             if row.sample:
@@ -342,12 +394,18 @@ class Scheduler:
         for rid in victims:
             self.finish(rid, reason)
         while self._inflight:
-            self.retire(self._inflight[0].plan.mb_id, [])
+            self._retire(self._inflight[0].plan.mb_id, [], written=False)
+        self.pool.drop_cache()  # what the failed stages wrote can no longer be trusted
         return victims
 
     def retire(self, mb_id: int, sampled: Iterable[tuple[str, int]]) -> list[TokenEvent]:
         """Retire the oldest in-flight microbatch with its sampled (req_id, token_id) pairs.
         Returns the accepted tokens; tokens of requests already finished are dropped."""
+        return self._retire(mb_id, sampled, written=True)
+
+    def _retire(
+        self, mb_id: int, sampled: Iterable[tuple[str, int]], written: bool
+    ) -> list[TokenEvent]:
         if not self._inflight:
             raise ValueError(f"retire({mb_id}): no microbatch in flight")
         rec = self._inflight[0]
@@ -368,8 +426,12 @@ class Scheduler:
             if req_id not in tokens and not self._states[req_id].finished:
                 raise ValueError(f"retire({mb_id}): no token for live request {req_id!r}")
         self._inflight.popleft()
-        self.pool.release(rec.blocks)
         events: list[TokenEvent] = []
+        for row in rec.plan.rows:
+            st = self._states[row.req_id]
+            if written:
+                self._register_written(row, st)
+        self.pool.release(rec.blocks)  # after registering: the mb's refs keep them alive
         for row in rec.plan.rows:
             st = self._states[row.req_id]
             st.inflight -= 1

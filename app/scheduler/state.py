@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 from stages.protocol import SamplingSpec
 
+from .prefix_cache import BlockHashes
+
 
 class SchedulerInvariantError(AssertionError):
     """An internal invariant of the scheduler broke (a bug, never bad input). Checked always,
@@ -61,6 +63,9 @@ class ReqState:
     # before it (generated / planned then start at their count: output indices are absolute).
     prefix: tuple[int, ...] = ()
     output_ids: list[int] = field(default_factory=list)  # accepted tokens, in order
+    announced: int = 0  # blocks of the table already sent to the stages
+    registered: int = 0  # leading blocks of the table already cached (hit or registered)
+    hashes: BlockHashes | None = None  # with prefix caching: its full blocks' content hashes
 
     def __post_init__(self) -> None:
         if not self.prefix:

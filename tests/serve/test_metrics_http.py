@@ -79,16 +79,39 @@ def test_metrics_exported(served):
     ratio = ("ray_ppserve_pp_output_skip_hit_ratio", frozenset())
     assert samples.get(ratio, 1.0) == 1.0  # auto misses nothing
     assert ("ray_ppserve_kv_cache_usage_perc", frozenset()) in samples
+    # Every admitted prompt token was looked up in the prefix cache; three distinct prompts
+    # share nothing (a hits counter never incremented is not exported).
+    queries = value(samples, "ray_ppserve_prefix_cache_queries_total")
+    assert queries == value(samples, "ray_ppserve_prompt_tokens_total")
+    assert value(samples, "ray_ppserve_prefix_cache_hits_total") == 0
+    stats = served.stats()
+    assert stats["prefix_cache_queries"] == queries and stats["prefix_cache_hits"] == 0
     # The TTFT histogram's buckets reach minutes (long prompts).
     assert value(samples, "ray_ppserve_time_to_first_token_seconds_bucket", le="640.0") == 3
 
 
 def test_skip_counters_move_with_long_prompts(served):
     before = value(scrape(served), "ray_ppserve_pp_output_comm_total", decision="skipped")
-    served.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2)
+    # another first token: nothing of the earlier long prompt is a cached prefix of this one
+    served.client().completions.create(model=MODEL, prompt="Then " + LONG_PROMPT, max_tokens=2)
     after = wait_for(lambda: (v := value(scrape(served), "ray_ppserve_pp_output_comm_total",
                                          decision="skipped")) >= before + 10 and v, timeout=30)
     assert after and after >= before + 10
+
+
+def test_prefix_cache_hits_are_counted(served):
+    """The long prompt again: all its full 16-token blocks but the last token's are hits."""
+    before = scrape(served)
+    hits0 = value(before, "ray_ppserve_prefix_cache_hits_total")
+    queries0 = value(before, "ray_ppserve_prefix_cache_queries_total")
+    out = served.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2)
+    n = out.usage.prompt_tokens
+    cached = (n - 1) // 16 * 16
+    samples = wait_for(lambda: (m := scrape(served)) and value(
+        m, "ray_ppserve_prefix_cache_queries_total") >= queries0 + n and m, timeout=30)
+    assert samples, "the prefix cache counters never moved"
+    assert value(samples, "ray_ppserve_prefix_cache_queries_total") == queries0 + n
+    assert value(samples, "ray_ppserve_prefix_cache_hits_total") == hits0 + cached
 
 
 def test_disconnect_mid_stream_frees_blocks(served):

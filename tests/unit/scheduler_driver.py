@@ -20,7 +20,13 @@ class Driver:
     def __init__(self, cfg, rng, p_stop=0.1, p_abort=0.02):
         self.cfg, self.rng, self.p_stop, self.p_abort = cfg, rng, p_stop, p_abort
         self.events = defaultdict(int)  # what the scheduler reported, event by event
-        self.s = Scheduler(cfg, on_output_event=self._on_output_event)
+        self.s = Scheduler(cfg, on_output_event=self._on_output_event,
+                           on_prefix_lookup=self._on_prefix_lookup)
+        # prompts start with a piece of one of a few shared heads, so prefixes hit the cache
+        self.heads = [tuple(rng.randrange(1000) for _ in range(60)) for _ in range(3)]
+        self.written = {}  # block -> the tokens from position 0 through it its KV was computed on
+        self.lookups = [0, 0]  # prefix cache queries, hits (tokens), as the driver saw them
+        self.reported = [0, 0]
         self.reqs = {}  # req_id -> SchedRequest (accepted by add)
         self.admitted = set()
         self.finished = {}  # req_id -> reason
@@ -56,8 +62,9 @@ class Driver:
         return row.sample and row.output_index + 1 < self.reqs[row.req_id].max_tokens
 
     def add(self, rid, prompt_len, max_tokens, logprobs):
-        req = SchedRequest(rid, tuple(self.rng.randrange(1000) for _ in range(prompt_len)),
-                           max_tokens, SamplingSpec(), logprobs)
+        head = self.rng.choice(self.heads)[: self.rng.randrange(prompt_len + 1)]
+        tail = tuple(self.rng.randrange(1000) for _ in range(prompt_len - len(head)))
+        req = SchedRequest(rid, head + tail, max_tokens, SamplingSpec(), logprobs)
         fits = (prompt_len + max_tokens <= self.cfg.max_model_len and
                 ceil_div(prompt_len + max_tokens, self.cfg.block_size) <= self.cfg.num_blocks)
         if not fits:
@@ -124,8 +131,16 @@ class Driver:
         assert set(plan.finished) == self.unannounced
         assert len(plan.finished) == len(set(plan.finished))
         self.unannounced.clear()
+        first_row = {r.req_id: r for r in plan.rows}
         for n in plan.new_requests:
             assert n.req_id not in self.admitted and n.req_id in ids
+            cached = first_row[n.req_id].start  # a cached prefix: prefill starts after it
+            assert first_row[n.req_id].is_prefill and cached % cfg.block_size == 0
+            assert 0 <= cached < len(self.prefix[n.req_id]), "the last token is computed"
+            assert cfg.enable_prefix_caching or cached == 0
+            self.prefill_pos[n.req_id] = cached
+            self.lookups[0] += len(self.prefix[n.req_id]) if cfg.enable_prefix_caching else 0
+            self.lookups[1] += cached
             assert n.slot not in self.slots and 0 <= n.slot < cfg.max_num_seqs
             assert self.req_inflight[n.req_id] == 0, "re-admitted while its old self runs"
             assert n.output_token_ids in ((), tuple(self.outputs[n.req_id]))
@@ -135,11 +150,18 @@ class Driver:
             self.slots[n.slot] = n.req_id
         for rid, new_ids in plan.block_updates:
             assert rid in ids and new_ids
+            table = self.tables[rid]
             for b in new_ids:
-                for other, table in self.tables.items():
-                    assert not (b in table and self.holds_blocks(other)), \
-                        f"block {b} of live {other} handed to {rid}"
-            self.tables[rid].extend(new_ids)
+                i = len(table)
+                if i < first_row[rid].start // cfg.block_size:  # a cache hit: shared, written
+                    assert self.written.get(b) == self.prefix[rid][: (i + 1) * cfg.block_size], \
+                        f"hit block {b} of {rid} does not hold its prefix"
+                else:
+                    for other, t in self.tables.items():
+                        assert not (b in t and self.holds_blocks(other)), \
+                            f"block {b} of live {other} handed to {rid}"
+                    self.written.pop(b, None)
+                table.append(b)
         for row in plan.rows:
             rid, req = row.req_id, self.reqs[row.req_id]
             assert rid in self.admitted and rid not in self.finished
@@ -211,6 +233,12 @@ class Driver:
         plan = self.inflight.pop(0)
         sampled = [(r.req_id, self.rng.randrange(1000)) for r in plan.rows
                    if r.sample and (not self.dead(r.req_id) or self.rng.random() < 0.5)]
+        bs = self.cfg.block_size
+        for row in plan.rows:  # the KV this mb wrote, now on every stage
+            rid, end = row.req_id, row.start + row.num_tokens
+            tokens = self.reqs[rid].prompt_token_ids + tuple(self.outputs[rid])
+            for i in range(row.start // bs, min(end, len(tokens)) // bs):
+                self.written[self.tables[rid][i]] = tokens[: (i + 1) * bs]
         events = self.s.retire(plan.mb_id, sampled)
         expect = [(r.req_id, r.output_index) for r in plan.rows
                   if r.sample and not self.dead(r.req_id)]
@@ -258,6 +286,10 @@ class Driver:
         assert s.num_running == len(self.admitted - set(self.finished))
         assert 0.0 <= s.kv_usage <= 1.0
 
+    def _on_prefix_lookup(self, queried, hit):
+        self.reported[0] += queried
+        self.reported[1] += hit
+
     def _on_output_event(self, event, counts):
         self.events[event] += 1
         assert counts[event] == self.events[event]  # the counts after the event
@@ -268,6 +300,10 @@ class Driver:
         assert not s.has_work() and s.inflight == 0 and s.num_running == 0
         assert s.pool.num_free == self.cfg.num_blocks and s.pool.num_reserved == 0
         assert s.kv_usage == 0.0
+        assert self.lookups == self.reported == [s.prefix_stats.queries, s.prefix_stats.hits]
+        hashes = [s.pool.hash_of(b) for b in range(self.cfg.num_blocks)]
+        named = [h for h in hashes if h is not None]
+        assert len(named) == len(set(named)) == s.pool.num_cached
         assert s.num_preemptions == self.n_preempted and not self.preempted
         assert s.comm_stats() == {"sent": self.n_sent, "skipped": self.n_skipped,
                                   "missed": self.n_missed, "orphaned": self.n_orphaned}

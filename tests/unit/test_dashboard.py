@@ -4,7 +4,7 @@
 import json
 from pathlib import Path
 
-from app.dashboard import FILES, dashboard, dashboard_json, skip_hit_ratio
+from app.dashboard import FILES, dashboard, dashboard_json, prefix_cache_hit_rate, skip_hit_ratio
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,3 +21,10 @@ def test_skip_hit_ratio_panel_uses_the_one_query():
     assert skip_hit_ratio() in exprs
     assert json.loads(dashboard_json()) == dashboard()
     assert "$__rate_interval" not in skip_hit_ratio("5m") and "[5m]" in skip_hit_ratio("5m")
+
+
+def test_prefix_cache_hit_rate_panel_divides_hits_by_queries():
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
+    assert prefix_cache_hit_rate() in exprs
+    hits, queries = prefix_cache_hit_rate("5m").split(" / ", 1)
+    assert "prefix_cache_hits_total" in hits and "prefix_cache_queries_total" in queries

@@ -58,8 +58,10 @@ def test_youngest_is_preempted_and_resumes_with_its_tokens():
     gen = tuple(out["b"])
     assert new.prompt_token_ids == (5, 6, 7, 8) and new.output_token_ids == gen
     row = plan.rows[0]
-    assert row.start == 0 and row.token_ids == ((5, 6, 7, 8) + gen)[:row.num_tokens]
-    assert s.pool.num_free == s.config.num_blocks - s.config.blocks_for(row.num_tokens)
+    # its prompt's block stayed cached after the preemption: it resumes after it
+    start, end = row.start, row.start + row.num_tokens
+    assert start == 4 and row.token_ids == ((5, 6, 7, 8) + gen)[start:end]
+    assert s.pool.num_free == s.config.num_blocks - s.config.blocks_for(end)
     while s.has_work():
         plan, events = run_one(s, lambda r: 100 + r.output_index)
         for e in events:

@@ -26,7 +26,7 @@ smooths = st.floats(0.0, 1.0)
 common = dict(chunk_size=st.integers(1, 16), max_num_batched_tokens=st.integers(1, 40),
               max_num_seqs=st.integers(1, 6), skip_mode=st.sampled_from(["off", "sglang", "auto"]),
               max_model_len=st.integers(8, 80), chunk_cost=chunk_costs,
-              dynamic_chunk_smooth=smooths)
+              dynamic_chunk_smooth=smooths, enable_prefix_caching=st.booleans())
 configs = st.builds(SchedulerConfig, **common, max_inflight=st.integers(1, 4),
                     block_size=st.integers(1, 8), num_blocks=st.integers(1, 40))
 loads = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 50), st.integers(1, 10),
