@@ -108,8 +108,9 @@ def _init_ray(a, metrics_port: int | None = None) -> None:
     pp = a.pp_size or 2
     need = int(pp * (a.stage_num_cpus or 1.0) + 2)
     kwargs = {"_metrics_export_port": metrics_port} if metrics_port else {}
-    ray.init(num_cpus=a.num_cpus or max(os.cpu_count() or 1, need), include_dashboard=False,
-             **kwargs)
+    # address="local": a cluster of its own, even where `ray start` left one running
+    ray.init(address="local", num_cpus=a.num_cpus or max(os.cpu_count() or 1, need),
+             include_dashboard=False, **kwargs)
 
 
 def _model_args(a) -> dict:

@@ -97,8 +97,9 @@ class Engine:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:  # a laptop: a local cluster with enough logical CPUs for the stages
             need = int(self.config.pp_size * self.config.stage_num_cpus + 2)
-            ray.init(num_cpus=num_cpus or max(4, need), include_dashboard=False,
-                     log_to_driver=False)
+            # address="local": a cluster of its own, even where `ray start` left one running
+            ray.init(address="local", num_cpus=num_cpus or max(4, need),
+                     include_dashboard=False, log_to_driver=False)
         self._pg = placement_group(placement_bundles(self.config),
                                    strategy=self.config.placement_strategy)
         ray.get(self._pg.ready(), timeout=self.config.placement_timeout_s)

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     model_dir, load_format, model = write_model(a.model_shape, a.layers)
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
-    ray.init(num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
+    ray.init(address="local", num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
              include_dashboard=False, runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
     rows = []
     for linear in a.linear.split(","):

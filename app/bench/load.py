@@ -220,8 +220,8 @@ def main(argv=None) -> int:
     model_dir, load_format, model_cfg = _model(a)
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        ray.init(num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
-                 include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_gpus=a.pp if a.device == "cuda" else 0,
+                 num_cpus=max(8, a.pp + 2), include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}})
     options = dict(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
                        dtype="bfloat16" if a.device == "cuda" else "float32",

@@ -21,7 +21,7 @@ TOL = 0.05
 def ray_gpu():
     import ray
 
-    ray.init(num_gpus=1, num_cpus=8, include_dashboard=False, log_to_driver=True,
+    ray.init(address="local", num_gpus=1, num_cpus=8, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
     yield
     ray.shutdown()

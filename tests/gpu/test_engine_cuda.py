@@ -26,7 +26,7 @@ MAX_NEW = 12
 def ray_gpus():
     import ray
 
-    ray.init(num_gpus=2, num_cpus=8, include_dashboard=False, log_to_driver=True,
+    ray.init(address="local", num_gpus=2, num_cpus=8, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
     yield
     ray.shutdown()

@@ -10,7 +10,7 @@ def ray_cluster():
     import ray
 
     # 2 physical cores: give Ray enough logical CPUs for a coordinator and 3 stages.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()

@@ -54,7 +54,7 @@ def start_cluster(apps: dict[str, tuple[str, dict]]) -> Served:
     from app.server import build_app
 
     metrics_port, http_port = free_port(), free_port()
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
              _metrics_export_port=metrics_port,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
