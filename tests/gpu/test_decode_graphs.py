@@ -59,9 +59,13 @@ def _run(path, prompts, **overrides):
     cfg = EngineConfig(**{**dict(model=path, pp_size=1, device="cuda", dtype="bfloat16",
                                  block_size=64, max_model_len=1024, max_num_seqs=24,
                                  chunk_size=64, gpu_memory_utilization=0.3), **overrides})
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
     with Engine(cfg) as engine:
-        outs = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
-                                                       ignore_eos=True))
+        outs = engine.generate(prompts, params)
+        # Again: the prompts' full blocks now come from the prefix cache (shared, scattered
+        # blocks; the first chunk starts after them), and the tokens must not change.
+        again = engine.generate(prompts, params)
+        assert [o.token_ids for o in again] == [o.token_ids for o in outs]
         return outs, engine.stats(), engine.info["stages"]
 
 
@@ -72,6 +76,7 @@ def test_decode_graphs_match_eager_and_transformers(ray_gpu, checkpoint):
     graphed, stats, stages = _run(checkpoint, prompts)
     eager, eager_stats, _ = _run(checkpoint, prompts, enforce_eager=True)
     assert stages[0]["decode_graphs"]["graphs"] > 0
+    assert stats["prefix_cache_hits"] >= 64 * 6  # the 6 prompts of >= 64 tokens hit
     assert stats["decode_graph_steps"][0] >= MAX_NEW - 2  # decode ran as replays
     assert eager_stats["decode_graph_steps"] == [0]
     assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
