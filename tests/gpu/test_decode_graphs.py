@@ -62,29 +62,30 @@ def _run(path, prompts, **overrides):
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
     with Engine(cfg) as engine:
         outs = engine.generate(prompts, params)
-        # Again: the prompts' full blocks now come from the prefix cache (shared, scattered
-        # blocks; the first chunk starts after them), and the tokens must not change.
+        # Again: the prompts' full blocks now come from the prefix cache (shared blocks; the
+        # first chunk starts after them, so its attention runs another kernel split).
         again = engine.generate(prompts, params)
-        assert [o.token_ids for o in again] == [o.token_ids for o in outs]
-        return outs, engine.stats(), engine.info["stages"]
+        return outs, again, engine.stats(), engine.info["stages"]
 
 
 def test_decode_graphs_match_eager_and_transformers(ray_gpu, checkpoint):
     rng = random.Random(3)
     lengths = (5, 70, 130, 3, 64, 200, 9, 33, 1, 17, 65, 128)  # 12 rows: bucket 16 pads 4
     prompts = [[rng.randrange(3, 200) for _ in range(n)] for n in lengths]
-    graphed, stats, stages = _run(checkpoint, prompts)
-    eager, eager_stats, _ = _run(checkpoint, prompts, enforce_eager=True)
+    graphed, cached, stats, stages = _run(checkpoint, prompts)
+    eager, _, eager_stats, _ = _run(checkpoint, prompts, enforce_eager=True)
     assert stages[0]["decode_graphs"]["graphs"] > 0
-    assert stats["prefix_cache_hits"] >= 64 * 6  # the 6 prompts of >= 64 tokens hit
+    assert stats["prefix_cache_hits"] == 512  # full blocks before each last token: 65..200
     assert stats["decode_graph_steps"][0] >= MAX_NEW - 2  # decode ran as replays
     assert eager_stats["decode_graph_steps"] == [0]
     assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
-    compared = 0
-    for out, (toks, logits) in zip(graphed, _hf(checkpoint, prompts)):
-        for step, (mine, ref) in enumerate(zip(out.token_ids, toks)):
-            if mine != ref:  # only a near-tie in HF's bf16 logits may explain a difference
-                assert logits[step].max() - logits[step][mine] <= TOL, (step, mine, ref)
-                break
-            compared += 1
-    assert compared >= len(prompts) * MAX_NEW // 2
+    refs = _hf(checkpoint, prompts)
+    for outs in (graphed, cached):  # cold cache, then every full prompt block from the cache
+        compared = 0
+        for out, (toks, logits) in zip(outs, refs):
+            for step, (mine, ref) in enumerate(zip(out.token_ids, toks)):
+                if mine != ref:  # only a near-tie in HF's bf16 logits may explain a difference
+                    assert logits[step].max() - logits[step][mine] <= TOL, (step, mine, ref)
+                    break
+                compared += 1
+        assert compared >= len(prompts) * MAX_NEW // 2
