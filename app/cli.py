@@ -32,6 +32,8 @@ ENGINE_FLAGS = [
     ("--max-model-len", "max_model_len", int, "Longest prompt + completion in tokens "
      "(default: the model's max_position_embeddings). Longer prompts get a 400."),
     ("--max-num-seqs", "max_num_seqs", int, "Most requests running at once (default 64)."),
+    ("--max-waiting-requests", "max_waiting_requests", int, "Most requests waiting for "
+     "admission; past it new requests get a 429 with Retry-After (default: no bound)."),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int, "Token budget of one "
      "microbatch (default: --chunk-size)."),
     ("--gpu-memory-utilization", "gpu_memory_utilization", float, "Fraction of each GPU a "
@@ -124,6 +126,8 @@ def cmd_serve(a) -> int:
         args["api_key"] = a.api_key
     if a.num_replicas:
         args["num_replicas"] = a.num_replicas
+    if a.max_request_bytes is not None:
+        args["max_request_bytes"] = a.max_request_bytes
     app = build_app(args)  # validates the flags before anything starts
     _init_ray(a, a.metrics_port)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.
@@ -195,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "'Authorization: Bearer KEY' on /v1/* (default: $PPSERVE_API_KEY, or none).")
     g.add_argument("--num-replicas", type=int, default=None, help="Pipelines (Serve replicas "
                    "of PipelineServer) to run (default 1).")
+    g.add_argument("--max-request-bytes", type=int, default=None, help="Largest request body "
+                   "accepted; larger ones get a 413 (default 32 MiB).")
     s.set_defaults(func=cmd_serve)
 
     gen = sub.add_parser("generate", help="Generate once from a prompt, without a server.")

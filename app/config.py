@@ -28,6 +28,8 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # token budget per microbatch; None: chunk_size
     max_num_seqs: int = 64  # running requests (= stage 0's token slots)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
+    # Requests queued for admission past which new ones get a 429; None: no bound.
+    max_waiting_requests: int | None = None
     max_inflight: int | None = None  # microbatches in flight; None: pp_size (2 x with run_ahead)
     block_size: int = 64
     num_kv_blocks: int | None = None  # override the memory-derived count
@@ -73,6 +75,8 @@ class EngineConfig:
             bad("max_num_batched_tokens must be >= 1")
         if self.max_num_seqs < 1:
             bad("max_num_seqs must be >= 1")
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
+            bad(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.block_size < 1:
             bad("block_size must be >= 1")
         if self.pp_output_skip not in SKIP_MODES:

@@ -18,7 +18,7 @@ from typing import AsyncIterator
 
 from app.config import EngineConfig
 from app.pipeline import Pipeline, placement_bundles
-from app.request import InvalidRequest, RequestOutput, SamplingParams
+from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, SchedRequest, Scheduler, SchedulerConfig
 from app.tokenizer import load_tokenizer
@@ -151,6 +151,11 @@ class Coordinator:
                 f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
                 f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
                 param="max_tokens")
+        params.check_vocab(self.args.vocab_size)
+        limit = self.config.max_waiting_requests
+        if limit is not None and self.scheduler.num_waiting >= limit:
+            raise Overloaded(f"The server is overloaded: {self.scheduler.num_waiting} requests "
+                             "are waiting already. Please retry later.")
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
@@ -235,6 +240,8 @@ class Coordinator:
             if self.metrics:
                 self.metrics.output_comm(sent=after["sent"] > before["sent"],
                                          missed=after["missed"] > before["missed"])
+                # a preemption while the plan was built orphans the victim's unread token
+                self.metrics.output_orphaned(after["orphaned"] - before["orphaned"])
             now = time.time()
             for row in plan.rows:
                 stream = self._streams.get(row.req_id)
@@ -283,7 +290,11 @@ class Coordinator:
             fut.cancel()
         self._inflight.clear()
         msg = f"the pipeline failed while running this request and was restarted: {error}"
-        for req_id in self.scheduler.abort_inflight("error"):
+        orphaned_before = self.scheduler.comm_stats()["orphaned"]
+        victims = self.scheduler.abort_inflight("error")
+        if self.metrics:
+            self.metrics.output_orphaned(self.scheduler.comm_stats()["orphaned"] - orphaned_before)
+        for req_id in victims:
             stream = self._streams.pop(req_id, None)
             if stream is not None:
                 stream.close("error", msg, self.metrics)
