@@ -375,6 +375,7 @@ class Coordinator:
             "kv_cache_usage": s.kv_usage,
             "kv_blocks_total": self.pipeline.num_blocks,
             "kv_blocks_free": s.pool.num_free,
+            "slots_free": s.num_free_slots,
             "num_preemptions": s.num_preemptions,
             "stage_forward_seconds": list(self._stage_forward),
             "pipeline_failures": self._failures,

@@ -58,6 +58,10 @@ class Scheduler(OnDemandAdmission):
         return len(self._waiting)
 
     @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    @property
     def kv_usage(self) -> float:
         return self.pool.usage
 

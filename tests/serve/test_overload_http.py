@@ -14,6 +14,7 @@ import pytest
 
 from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster, wait_for
 from tests.serve.flood import flood, sequential
+from tests.serve.test_metrics_http import scrape, value
 
 MAX_SEQS, MAX_WAITING, N = 4, 6, 32
 # 20 blocks of 16 tokens: four running requests of up to 104 + 40 tokens (9 blocks each) do not
@@ -38,7 +39,7 @@ def bodies() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(fast_metrics):
     try:
         yield start_cluster({"ppserve": ("/", OVERLOAD_ARGS)})
     finally:
@@ -103,3 +104,20 @@ def test_flood_rounds(served):
     assert procs1 == procs2 == procs3
     for key, size in rss3.items():
         assert size <= rss1[key] * RSS_SLACK, (key, rss1[key], size)
+
+
+def test_exported_skip_counters_equal_stats_after_preemptions(served):
+    """Preemptions inside schedule() orphan sends too; Prometheus must count them as stats()."""
+    comm = served.stats()["pp_output_comm"]
+    assert served.stats()["num_preemptions"] > 0 and comm["sent"] > 0
+
+    def exported():
+        s = scrape(served)
+        got = {"sent": value(s, "ray_ppserve_pp_output_comm_total", decision="sent"),
+               "skipped": value(s, "ray_ppserve_pp_output_comm_total", decision="skipped"),
+               "missed": value(s, "ray_ppserve_pp_output_comm_missed_total"),
+               "orphaned": value(s, "ray_ppserve_pp_output_comm_orphaned_total")}
+        return got if got == comm else None
+
+    assert wait_for(exported, timeout=30), (comm, scrape(served))
+    print(f"overload output channel counters: {comm}")
