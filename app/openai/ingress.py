@@ -13,7 +13,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
-from ray.serve.exceptions import BackPressureError
 
 from app.openai.body import read_json_object
 from app.openai.openapi import document_request_bodies
@@ -129,9 +128,6 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
             gen = self.server.options(stream=True).generate.remote(payload)
             try:
                 header = await gen.__anext__()  # the request is queued, or refused
-            except BackPressureError:  # Serve's own queue in front of the replica is full
-                gen.cancel()
-                return error_response("The server is overloaded. Please retry later.", 429)
             except Exception as e:
                 gen.cancel()
                 log.exception("pipeline call failed")

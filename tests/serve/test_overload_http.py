@@ -17,8 +17,8 @@ from tests.serve.flood import flood, sequential
 from tests.serve.test_metrics_http import scrape, value
 
 MAX_SEQS, MAX_WAITING, N = 4, 6, 32
-# 20 blocks of 16 tokens: four running requests of up to 104 + 40 tokens (9 blocks each) do not
-# fit together, so on-demand admission must preempt.
+# 20 blocks of 16 tokens: four running requests of up to 40 + 90 tokens (9 blocks each) do not
+# fit together, so on-demand admission must preempt, mostly requests already decoding.
 OVERLOAD_ARGS = {**ENGINE_ARGS, "max_num_seqs": MAX_SEQS, "max_waiting_requests": MAX_WAITING,
                  "kv_admission": "on-demand", "num_kv_blocks": 20}
 RSS_SLACK = 1.25  # a round may not grow an actor past this much of its size after round 1
@@ -29,8 +29,8 @@ def bodies() -> list[dict]:
     out = []
     for i in range(N):
         words = " ".join(rng.choice(["pipe", "stage", "chunk", "token", "ray", "kv"])
-                         for _ in range(rng.randint(8, 20)))
-        body = {"prompt": f"{i}: {words}", "max_tokens": rng.randint(8, 40),
+                         for _ in range(rng.randint(3, 6)))
+        body = {"prompt": f"{i}: {words}", "max_tokens": rng.randint(30, 90),
                 "temperature": 0, "ignore_eos": True}
         if i % 2 == 0:
             body.update(stream=True, stream_options={"include_usage": True})
