@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-unit test-gpu test-reliability fuzz soak bench clean
+.PHONY: install serve lint test test-unit test-gpu test-reliability fuzz soak bench clean
 
 install: $(STAMP)
 
@@ -20,8 +20,19 @@ $(STAMP): pyproject.toml
 serve: install
 	$(VENV)/bin/ppserve serve $(ARGS)
 
-# CI: everything but GPU tests and the slow soak; the fuzz run at its small CI size.
-test: install
+# Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
+FORMATTED := app/scheduler stages/protocol.py app/messages.py app/dashboard.py app/bench/target.py \
+	app/bench/__init__.py app/bench/__main__.py tests/unit/test_options.py \
+	tests/unit/test_dashboard.py tests/unit/test_bench_layout.py
+TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/dashboard.py
+
+lint: install
+	$(VENV)/bin/ruff check app stages tests
+	$(VENV)/bin/ruff format --check $(FORMATTED)
+	$(VENV)/bin/mypy $(TYPED)
+
+# CI: lint, then everything but GPU tests and the slow soak; the fuzz run at its small CI size.
+test: install lint
 	$(PY) -m pytest tests -m "not gpu and not slow" -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # schemathesis against /openapi.json, 500 generated cases per POST endpoint (a few minutes).

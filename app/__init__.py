@@ -15,7 +15,7 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name in _EXPORTS:
         import importlib
 

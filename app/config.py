@@ -1,100 +1,144 @@
-"""Engine configuration: one frozen dataclass, validated in one place.
+"""Engine configuration: every engine option declared once, on EngineConfig.
 
-CLI flags, Serve `args` and the Python API all become an EngineConfig through `from_dict`.
-Names follow vLLM where they mean the same (max_model_len, max_num_seqs, ...).
+Each field carries its help text, choices and flag names (`option(...)`); the CLI's flags, the
+README's flag table and the Helm values schema are generated from or checked against them
+(app/cli.py, tests/unit/test_options.py). CLI flags, Serve `args` and the Python API all become
+an EngineConfig through `from_dict`. Names follow vLLM where they mean the same.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
+from typing import Any
 
-SKIP_MODES = ("off", "sglang", "auto")
-KV_ADMISSIONS = ("reserve", "on-demand")
-OUTPUT_POSTS = ("early", "late")
-DEVICES = ("cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+from app.scheduler.chunking import ChunkCost
+from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
+from stages.kernels.registry import BACKENDS
+from stages.protocol import DEVICES, DTYPES, LOAD_FORMATS, OUTPUT_POSTS, StageSpec
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def option(default: Any, help: str, *, doc_default: str | None = None,
+           choices: tuple | None = None, flags: tuple[str, ...] = ()) -> Any:
+    """A field with what the CLI and docs need. flags: extra names besides --field-name;
+    doc_default: the default as people read it, when the value alone does not say it."""
+    return dataclasses.field(default=default, metadata={
+        "help": help, "doc_default": doc_default, "choices": choices, "flags": flags})
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # local Hugging Face directory; None: built-in random model
-    served_model_name: str | None = None
-    load_format: str = "auto"  # "dummy": config.json's shapes, seeded random weights (vLLM's name)
-    pp_size: int = 2
-    device: str = "cpu"
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
-    chunk_size: int = 512  # prefill tokens of one request per microbatch
-    max_num_batched_tokens: int | None = None  # token budget per microbatch; None: chunk_size
-    max_num_seqs: int = 64  # running requests (= stage 0's token slots)
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    # Requests queued for admission past which new ones get a 429; None: no bound.
-    max_waiting_requests: int | None = None
-    max_inflight: int | None = None  # microbatches in flight; None: pp_size (2 x with run_ahead)
-    block_size: int = 64
-    num_kv_blocks: int | None = None  # override the memory-derived count
-    kv_cache_memory_bytes: int = 1 << 30  # per stage, CPU only
-    gpu_memory_utilization: float = 0.9
-    pp_output_skip: str = "auto"
-    output_post: str = "early"
-    # Plan a request's decode step t+1 once step t is dispatched, not once its token retired.
-    run_ahead: bool = False
-    # "reserve": admit once prompt + max_tokens blocks can be reserved (no preemption);
-    # "on-demand": admit on the prompt's blocks, grow lazily, preempt (recompute) under pressure.
-    kv_admission: str = "reserve"
-    # Size each prompt chunk to cost about what the first one (chunk_size) costs, so later,
-    # attention-heavy chunks shrink and the pipeline drains sooner (SGLang's dynamic chunking).
-    enable_dynamic_chunking: bool = False
-    dynamic_chunk_smooth: float = 0.75  # 1 = equal-cost chunks, 0 = fixed chunk_size
-    # Build the attention kernels (cuDNN graphs) for the chunks of a prompt this long at
-    # startup; None: the longest that fits (max_model_len, the KV cache); 0: none.
-    warmup_len: int | None = None
-    channel_check: bool = False  # every message carries a checked header (tests turn it on)
-    linear_backend: str = "auto"
-    attention_backend: str = "auto"
-    placement_strategy: str = "PACK"
-    stage_num_cpus: float = 1.0  # logical CPUs per stage bundle when on CPU
-    torch_threads: int = 1  # intra-op threads per CPU stage
-    seed: int = 0  # the built-in random model's weights
+    model: str | None = option(
+        None, "Local Hugging Face directory (config.json, *.safetensors, tokenizer.json).",
+        doc_default="built-in random model")
+    served_model_name: str | None = option(
+        None, "Model name the API answers to.", doc_default="the --model path or ppserve-random")
+    load_format: str = option(
+        "auto", "auto = read the checkpoint's weights; dummy = its config.json's shapes with "
+        "seeded random weights (benchmarks).", choices=LOAD_FORMATS)
+    pp_size: int = option(
+        2, "Pipeline stages, each a Ray actor (one GPU) with a contiguous range of layers.",
+        flags=("--pp", "--pipeline-parallel-size"))
+    device: str = option(
+        "cpu", "Where the stages run; cuda puts each stage on its own GPU.", choices=DEVICES)
+    dtype: str = option(
+        "auto", "Weights and activations; auto = float32 on CPU, bfloat16 on CUDA.",
+        choices=("auto", *DTYPES))
+    chunk_size: int = option(
+        512, "Prefill tokens of one request per microbatch: long prompts are cut into chunks "
+        "of this size.")
+    max_num_batched_tokens: int | None = option(
+        None, "Token budget of one microbatch (decode rows first).", doc_default="--chunk-size")
+    max_num_seqs: int = option(64, "Requests running at once (stage 0's token slots).")
+    max_model_len: int | None = option(
+        None, "Longest prompt + completion in tokens; longer prompts get a 400.",
+        doc_default="the model's max_position_embeddings")
+    max_waiting_requests: int | None = option(
+        None, "Requests waiting for admission past which new ones get a 429 with Retry-After.",
+        doc_default="no bound")
+    max_inflight: int | None = option(
+        None, "Microbatches in flight across the pipeline.",
+        doc_default="--pp (2 x --pp with --run-ahead)")
+    block_size: int = option(64, "Tokens per KV cache block.")
+    num_kv_blocks: int | None = option(
+        None, "KV cache blocks per stage, overriding the count derived from memory.",
+        doc_default="from memory", flags=("--num-gpu-blocks-override",))
+    kv_cache_memory_bytes: int = option(
+        1 << 30, "KV cache bytes per stage on CPU.", doc_default="1 GiB")
+    gpu_memory_utilization: float = option(
+        0.9, "Fraction of each GPU a stage may use for weights + KV cache.")
+    pp_output_skip: str = option(
+        "auto", "When the last stage sends sampled tokens back to stage 0: off = always; "
+        "sglang = SGLang's rule (lone prefill-only chunk); auto = whenever no row's token is "
+        "needed at stage 0.", choices=SKIP_MODES)
+    output_post: str = option(
+        "early", "Where stage 0 posts the output recv: early = at dispatch; late = just before "
+        "its consumer.", choices=OUTPUT_POSTS)
+    run_ahead: bool = option(
+        False, "Plan a request's next decode step as soon as its previous one is dispatched "
+        "(at least --pp microbatches later); stage 0 takes the token from the output channel "
+        "instead of waiting for it to return to the host.")
+    kv_admission: str = option(
+        "reserve", "reserve = admit a request once the KV pool can reserve its prompt + "
+        "max_tokens (never preempts); on-demand = admit on its prompt's blocks, allocate as it "
+        "grows, and preempt (recompute) the youngest request when blocks run out.",
+        choices=KV_ADMISSIONS)
+    enable_dynamic_chunking: bool = option(
+        False, "Size each chunk of a long prompt to cost about what its first chunk "
+        "(--chunk-size tokens) costs, from the model's FLOPs: chunks shrink as attention over "
+        "the cached prefix grows, so a pipeline drains sooner (SGLang's option of that name). "
+        "For --pp > 1.")
+    dynamic_chunk_smooth: float = option(
+        0.75, "With dynamic chunking: 1 = equal-cost chunks, 0 = fixed --chunk-size, between = "
+        "a blend.")
+    warmup_len: int | None = option(
+        None, "At startup, build the attention kernels (cuDNN graphs) for every chunk of a "
+        "prompt this long, so the first long requests do not pay for them; 0 = none.",
+        doc_default="the longest prompt that fits")
+    enforce_eager: bool = option(
+        False, "On CUDA, decode-only microbatches run the paged decode path eagerly instead of "
+        "replaying CUDA graphs (vLLM's flag).")
+    channel_check: bool = option(
+        False, "Test mode: every channel message carries a checked header (microbatch, "
+        "sequence, bytes), and on CUDA a device sync while a recv is posted fails the stage.")
+    linear_backend: str = option(
+        "auto", "Linear layers: auto (cuBLAS via torch), torch, triton-persistent (grid = SMs) "
+        "or triton-persistent-sm1 (grid = SMs - 1); CUDA only for the Triton ones.",
+        choices=("auto", *BACKENDS["linear"]))
+    attention_backend: str = option(
+        "auto", "Attention: auto (cuDNN on CUDA for chunks of >= 512 tokens, SDPA otherwise; "
+        "SDPA on CPU), torch (SDPA with a bottom-right causal mask over the paged prefix) or "
+        "cudnn.", choices=("auto", *BACKENDS["attention"]))
+    placement_strategy: str = option(
+        "PACK", "Ray placement group strategy for a pipeline's stages.",
+        choices=PLACEMENT_STRATEGIES)
+    stage_num_cpus: float = option(1.0, "Logical Ray CPUs per stage on CPU.")
+    torch_threads: int = option(1, "Intra-op torch threads per CPU stage.")
+    seed: int = option(0, "Seed of the built-in random model's (or dummy) weights.")
 
-    def __post_init__(self):
-        def bad(msg):
-            raise ValueError(msg)
-
-        if self.load_format not in ("auto", "dummy"):
-            bad(f"load_format must be auto or dummy, got {self.load_format!r}")
-        if self.pp_size < 1:
-            bad(f"pp_size must be >= 1, got {self.pp_size}")
-        if self.device not in DEVICES:
-            bad(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            bad(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.chunk_size < 1:
-            bad(f"chunk_size must be >= 1, got {self.chunk_size}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            bad("max_num_batched_tokens must be >= 1")
-        if self.max_num_seqs < 1:
-            bad("max_num_seqs must be >= 1")
-        if self.max_waiting_requests is not None and self.max_waiting_requests < 1:
-            bad(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
-        if self.block_size < 1:
-            bad("block_size must be >= 1")
-        if self.pp_output_skip not in SKIP_MODES:
-            bad(f"pp_output_skip must be one of {SKIP_MODES}, got {self.pp_output_skip!r}")
-        if self.kv_admission not in KV_ADMISSIONS:
-            bad(f"kv_admission must be one of {KV_ADMISSIONS}, got {self.kv_admission!r}")
-        if self.output_post not in OUTPUT_POSTS:
-            bad(f"output_post must be one of {OUTPUT_POSTS}, got {self.output_post!r}")
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata["choices"]
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
+        positive = ("pp_size", "chunk_size", "max_num_batched_tokens", "max_num_seqs",
+                    "max_waiting_requests", "block_size", "max_inflight", "num_kv_blocks",
+                    "torch_threads")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.warmup_len is not None and self.warmup_len < 0:
-            bad(f"warmup_len must be >= 0, got {self.warmup_len}")
+            raise ValueError(f"warmup_len must be >= 0, got {self.warmup_len}")
         if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
-            bad(f"dynamic_chunk_smooth must be in [0, 1], got {self.dynamic_chunk_smooth}")
+            raise ValueError(
+                f"dynamic_chunk_smooth must be in [0, 1], got {self.dynamic_chunk_smooth}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            bad("gpu_memory_utilization must be in (0, 1]")
-        if self.max_inflight is not None and self.max_inflight < 1:
-            bad("max_inflight must be >= 1")
-        if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
-            bad(f"unknown placement_strategy {self.placement_strategy!r}")
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
     @property
     def resolved_dtype(self) -> str:
@@ -116,18 +160,63 @@ class EngineConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.model or "ppserve-random"
 
+    def scheduler_config(self, num_blocks: int, max_model_len: int,
+                         chunk_cost: ChunkCost | None) -> SchedulerConfig:
+        """The scheduler's view of these options (chunk_cost: the model's, for dynamic
+        chunking)."""
+        return SchedulerConfig(
+            chunk_size=self.chunk_size, max_num_batched_tokens=self.token_budget,
+            max_num_seqs=self.max_num_seqs, max_inflight=self.inflight,
+            block_size=self.block_size, num_blocks=num_blocks, skip_mode=self.pp_output_skip,
+            max_model_len=max_model_len, run_ahead=self.run_ahead, num_stages=self.pp_size,
+            kv_admission=self.kv_admission,
+            chunk_cost=chunk_cost if self.enable_dynamic_chunking else None,
+            dynamic_chunk_smooth=self.dynamic_chunk_smooth)
+
+    def resolved_max_model_len(self, max_position_embeddings: int) -> int:
+        return min(self.max_model_len or max_position_embeddings, max_position_embeddings)
+
+    def stage_spec(self, index: int, layers: tuple[int, int], max_model_len: int) -> StageSpec:
+        """What stage `index`, holding layers [start, end), is told at creation."""
+        return StageSpec(
+            stage_index=index, num_stages=self.pp_size, layer_start=layers[0],
+            layer_end=layers[1], model_path=self.model, load_format=self.load_format,
+            device=self.device, dtype=self.resolved_dtype, block_size=self.block_size,
+            max_running=self.max_num_seqs, kv_cache_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            channel_check=self.channel_check, output_post=self.output_post,
+            linear_backend=self.linear_backend, attention_backend=self.attention_backend,
+            seed=self.seed, max_model_len=max_model_len, enforce_eager=self.enforce_eager)
+
     @classmethod
-    def from_dict(cls, d: dict) -> "EngineConfig":
-        """From CLI/Serve args: accepts dashes or underscores, rejects unknown keys."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        aliases = {"pp": "pp_size", "pipeline_parallel_size": "pp_size"}
+    def from_dict(cls, d: dict) -> EngineConfig:
+        """From CLI/Serve args: accepts dashes or underscores and any flag name of an option
+        (pp, pipeline_parallel_size...), rejects unknown keys."""
+        names = option_names()
         kwargs = {}
         for key, value in d.items():
-            key = aliases.get(key.replace("-", "_"), key.replace("-", "_"))
-            if key not in names:
+            name = names.get(key.lstrip("-").replace("-", "_"))
+            if name is None:
                 raise ValueError(f"unknown engine option {key!r}")
-            kwargs[key] = value
+            kwargs[name] = value
         return cls(**kwargs)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def option_names() -> dict[str, str]:
+    """Every accepted key (field names and flag names, underscored) -> its field name."""
+    names = {}
+    for f in dataclasses.fields(EngineConfig):
+        names[f.name] = f.name
+        for flag in f.metadata["flags"]:
+            names[flag.lstrip("-").replace("-", "_")] = f.name
+    return names
+
+
+def option_type(f: dataclasses.Field) -> type:
+    """The field's value type, Optional unwrapped (int | None -> int)."""
+    hint = typing.get_type_hints(EngineConfig)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint

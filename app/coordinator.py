@@ -8,7 +8,6 @@ Engine runs one inside a Ray actor.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
@@ -17,33 +16,29 @@ from collections import deque
 from typing import AsyncIterator
 
 from app.config import EngineConfig
-from app.pipeline import Pipeline, placement_bundles
+from app.pipeline import Pipeline
 from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
-from app.scheduler import ChunkCost, SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import ChunkCost, SchedRequest, Scheduler
 from app.tokenizer import load_tokenizer
 from stages.model_config import load_model_args
-from stages.protocol import SamplingSpec
 
 log = logging.getLogger("ppserve.coordinator")
 
 
 class Coordinator:
-    placement_bundles = staticmethod(placement_bundles)
-
     def __init__(self, config: EngineConfig, metrics=None, placement_group=None):
         self.config = config
         self.metrics = metrics
         self.args = load_model_args(config.model)
         self.tokenizer = load_tokenizer(config.model)
-        self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
-                                 self.args.max_position_embeddings)
+        self.max_model_len = config.resolved_max_model_len(self.args.max_position_embeddings)
         # A checkpoint without tokenizer.json still stops on its own config's EOS ids.
         self.eos_token_ids = tuple(dict.fromkeys(
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
         self.pipeline = Pipeline(config, self.args, placement_group)
         # dynamic chunking's cost model: the model's FLOPs per layer
-        self._chunk_cost = ChunkCost.for_model(self.args)
+        self.chunk_cost = ChunkCost.for_model(self.args)
         self.scheduler: Scheduler | None = None
         self._streams: dict[str, RequestStream] = {}
         self._inflight: deque = deque()  # (plan, asyncio.Future of all stages' results)
@@ -52,27 +47,23 @@ class Coordinator:
         self._ids = itertools.count()
         self._channel_sends = 0
         self._stage_forward = [0.0] * config.pp_size
+        self._graph_steps = [0] * config.pp_size  # microbatches each stage replayed as a graph
         self._failures = 0
-        self._timings: deque = deque(maxlen=8192)  # (stage, mb_id, seconds) for the bench
+        # (stage, mb_id, seconds) of the stages' forwards, newest last: the bench reads them
+        self.stage_timings: deque = deque(maxlen=8192)
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
         self._warmup: list[dict] = []  # per stage: attention shapes built at startup, seconds
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         num_blocks = await self.pipeline.start()
-        c = self.config
-        self.scheduler = Scheduler(SchedulerConfig(
-            chunk_size=c.chunk_size, max_num_batched_tokens=c.token_budget,
-            max_num_seqs=c.max_num_seqs, max_inflight=c.inflight, block_size=c.block_size,
-            num_blocks=num_blocks, skip_mode=c.pp_output_skip, max_model_len=self.max_model_len,
-            run_ahead=c.run_ahead, num_stages=c.pp_size, kv_admission=c.kv_admission,
-            chunk_cost=self._chunk_cost if c.enable_dynamic_chunking else None,
-            dynamic_chunk_smooth=c.dynamic_chunk_smooth))
-        await self._warm_up()
+        self.scheduler = Scheduler(self.config.scheduler_config(
+            num_blocks, self.max_model_len, self.chunk_cost), self._output_event)
+        await self.warm_up()
         self._loop_task = asyncio.create_task(self._run())
         await self._first_request()
 
-    async def _warm_up(self) -> None:
+    async def warm_up(self) -> None:
         """Stages build their attention kernels for a long lone prompt's chunk shapes."""
         c, s = self.config, self.scheduler.config
         length = c.warmup_len
@@ -86,9 +77,8 @@ class Coordinator:
     async def _first_request(self) -> None:
         """On CUDA, one short request (two chunks, two tokens) through the whole pipeline
         before serving: NCCL's channels, cuBLAS, the sampler and Triton's kernels initialise
-        on first use, and the first served request paid for it (a lone 32K prompt: TTFT
-        1.35 s against 0.85 s, docs/bench/serve_05f87ab_auto.json). Not counted in the
-        metrics."""
+        on first use, which the first served request would pay for (docs/PERFORMANCE.md). Not
+        counted in the metrics."""
         c = self.config
         if c.device != "cuda" or self.max_model_len < 3:
             return
@@ -121,15 +111,6 @@ class Coordinator:
             raise InvalidRequest("the prompt is empty.", param="prompt")
         return ids
 
-    def _sampling_spec(self, p: SamplingParams) -> SamplingSpec:
-        banned = tuple(p.stop_token_ids) + (() if p.ignore_eos else self.eos_token_ids)
-        return SamplingSpec(
-            temperature=p.temperature, top_k=p.top_k if p.top_k > 0 else 0, top_p=p.top_p,
-            min_p=p.min_p, seed=p.seed, logprobs=p.logprobs,
-            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-            repetition_penalty=p.repetition_penalty, min_tokens=p.min_tokens,
-            min_tokens_banned=tuple(sorted(set(banned))) if p.min_tokens else ())
-
     def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
                     arrival_time: float | None = None) -> RequestStream:
         """Validate and queue; raises InvalidRequest before anything is queued."""
@@ -159,7 +140,7 @@ class Coordinator:
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
-        spec = self._sampling_spec(params)
+        spec = params.to_spec(self.eos_token_ids)
         try:
             self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
                                             params.logprobs is not None))
@@ -176,6 +157,12 @@ class Coordinator:
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
                        arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
         stream = self.add_request(prompt, params, request_id, arrival_time)
+        async for out in self.outputs(stream):
+            yield out
+
+    async def outputs(self, stream: RequestStream) -> AsyncIterator[RequestOutput]:
+        """A queued request's deltas; a consumer that goes away aborts it and frees its
+        blocks."""
         try:
             while True:
                 out = await stream.queue.get()
@@ -183,7 +170,7 @@ class Coordinator:
                 if out.finished:
                     return
         finally:
-            if not stream.finished:  # the consumer went away: abort and free its blocks
+            if not stream.finished:
                 self.abort(stream.req_id)
 
     def abort(self, req_id: str) -> None:
@@ -232,16 +219,9 @@ class Coordinator:
 
     def _dispatch_ready(self) -> None:
         while True:
-            before = self.scheduler.comm_stats()
             plan = self.scheduler.schedule()
             if plan is None:
                 return
-            after = self.scheduler.comm_stats()
-            if self.metrics:
-                self.metrics.output_comm(sent=after["sent"] > before["sent"],
-                                         missed=after["missed"] > before["missed"])
-                # a preemption while the plan was built orphans the victim's unread token
-                self.metrics.output_orphaned(after["orphaned"] - before["orphaned"])
             now = time.time()
             for row in plan.rows:
                 stream = self._streams.get(row.req_id)
@@ -256,7 +236,8 @@ class Coordinator:
         last = results[-1]
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
-            self._timings.extend((r.stage, mb, sec) for mb, sec in r.timings)
+            self._graph_steps[r.stage] += r.graphed
+            self.stage_timings.extend((r.stage, mb, sec) for mb, sec in r.timings)
             if self.metrics:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
         self._channel_sends = max(self._channel_sends, last.output_sends)
@@ -271,14 +252,9 @@ class Coordinator:
                 self._finish(stream, reason)
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None) -> None:
-        orphaned_before = self.scheduler.comm_stats().get("orphaned", 0)
         self.scheduler.finish(stream.req_id, reason)
         stream.close(reason, error, self.metrics)
         self._streams.pop(stream.req_id, None)
-        if self.metrics:
-            orphaned = self.scheduler.comm_stats().get("orphaned", 0) - orphaned_before
-            if orphaned > 0:
-                self.metrics.output_orphaned(orphaned)
         self._wakeup.set()
 
     async def _recover(self, failed_plan, error: Exception) -> None:
@@ -290,11 +266,7 @@ class Coordinator:
             fut.cancel()
         self._inflight.clear()
         msg = f"the pipeline failed while running this request and was restarted: {error}"
-        orphaned_before = self.scheduler.comm_stats()["orphaned"]
-        victims = self.scheduler.abort_inflight("error")
-        if self.metrics:
-            self.metrics.output_orphaned(self.scheduler.comm_stats()["orphaned"] - orphaned_before)
-        for req_id in victims:
+        for req_id in self.scheduler.abort_inflight("error"):
             stream = self._streams.pop(req_id, None)
             if stream is not None:
                 stream.close("error", msg, self.metrics)
@@ -306,7 +278,7 @@ class Coordinator:
         for attempt in range(3):
             try:
                 await self.pipeline.rebuild()
-                await self._warm_up()
+                await self.warm_up()
                 return
             except Exception as e:  # e.g. the new actors cannot be placed yet
                 log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
@@ -318,45 +290,14 @@ class Coordinator:
         for stream in list(self._streams.values()):
             self._finish(stream, "error", self._broken)
 
+    def _output_event(self, event: str, counts) -> None:
+        if self.metrics:
+            self.metrics.output_event(event, counts)
+
     def _report_load(self) -> None:
         if self.metrics:
             s = self.scheduler
             self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
-
-    async def set_policy(self, skip_mode: str | None = None, output_post: str | None = None,
-                         linear_backend: str | None = None, chunk_size: int | None = None,
-                         dynamic_chunking: bool | None = None,
-                         dynamic_chunk_smooth: float | None = None):
-        """Bench knobs, so one loaded pipeline can be measured under every policy. Idle only."""
-        s = self.scheduler
-        if self._inflight or s.num_running or s.num_waiting:
-            raise RuntimeError("set_policy needs an idle pipeline")
-        changes = {}
-        if skip_mode is not None:
-            changes["skip_mode"] = skip_mode
-        if chunk_size is not None:
-            changes.update(chunk_size=chunk_size, max_num_batched_tokens=chunk_size)
-        if dynamic_chunking is not None:
-            changes["chunk_cost"] = self._chunk_cost if dynamic_chunking else None
-        if dynamic_chunk_smooth is not None:
-            changes["dynamic_chunk_smooth"] = dynamic_chunk_smooth
-        old, s.config = s.config, dataclasses.replace(s.config, **changes)
-        kernels = await self.pipeline.set_policy(output_post, linear_backend)
-        if (old.chunk_size, old.chunk_cost, old.dynamic_chunk_smooth) != \
-                (s.config.chunk_size, s.config.chunk_cost, s.config.dynamic_chunk_smooth):
-            await self._warm_up()  # the new chunking's shapes
-        return kernels
-
-    async def take_timings(self) -> list[tuple[int, int, float]]:
-        """(stage, mb_id, seconds) of each stage's forwards since the last call."""
-        if not self._inflight:
-            flushed = await asyncio.gather(*[s.flush_timings.remote()
-                                             for s in self.pipeline.stages])
-            for stage, timings in enumerate(flushed):
-                self._timings.extend((stage, mb, sec) for mb, sec in timings)
-        out = list(self._timings)
-        self._timings.clear()
-        return out
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -378,6 +319,7 @@ class Coordinator:
             "slots_free": s.num_free_slots,
             "num_preemptions": s.num_preemptions,
             "stage_forward_seconds": list(self._stage_forward),
+            "decode_graph_steps": list(self._graph_steps),
             "pipeline_failures": self._failures,
             "pipeline_id": self.pipeline.pipeline_id,
             "max_model_len": self.max_model_len,

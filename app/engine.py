@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from typing import AsyncIterator, Sequence
 
@@ -45,8 +46,7 @@ class CoordinatorActor:
         if with_metrics:
             from app.metrics import EngineMetrics
 
-            metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}",
-                                    config.pp_output_skip)
+            metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}")
         self.coordinator = Coordinator(config, metrics=metrics, placement_group=pg)
 
     async def start(self) -> dict:
@@ -79,11 +79,11 @@ class CoordinatorActor:
     def stats(self) -> dict:
         return self.coordinator.stats()
 
-    async def set_policy(self, **kwargs) -> list[dict]:
-        return await self.coordinator.set_policy(**kwargs)
-
-    async def take_timings(self) -> list:
-        return await self.coordinator.take_timings()
+    async def call(self, fn, *args, **kwargs):
+        """fn(coordinator, *args, **kwargs) in this process, awaited if it is a coroutine:
+        how benchmarks (app/bench/) reach inside without plumbing of their own here."""
+        result = fn(self.coordinator, *args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
 
     def shutdown(self) -> bool:
         self.coordinator.shutdown()
@@ -132,12 +132,9 @@ class Engine:
     def stats(self) -> dict:
         return ray.get(self._actor.stats.remote())
 
-    def set_policy(self, **kwargs) -> list[dict]:
-        """Between requests: skip_mode, output_post, linear_backend, chunk_size (bench knobs)."""
-        return ray.get(self._actor.set_policy.remote(**kwargs))
-
-    def take_timings(self) -> list:
-        return ray.get(self._actor.take_timings.remote())
+    def call(self, fn, *args, **kwargs):
+        """fn(coordinator, *args, **kwargs), run inside the coordinator's actor."""
+        return ray.get(self._actor.call.remote(fn, *args, **kwargs))
 
     def shutdown(self) -> None:
         try:

@@ -5,12 +5,19 @@ seconds (RAY_metrics_report_interval_ms). Counters are named with `_total` here;
 that suffix as is (it adds `_total` only to counters lacking it), so the scraped names are
 `ray_ppserve_..._total` either way. Labels are fixed per pipeline: request ids go to logs, never to
 labels. Across replicas the skip-hit ratio is a PromQL expression over the counters
-(SKIP_HIT_RATIO_PROMQL), since averaging per-pipeline gauges would weigh pipelines wrongly.
+(app/dashboard.py), since averaging per-pipeline gauges would weigh pipelines wrongly.
+
+The output-channel counters are fed by the scheduler's ledger, one call per event as it happens
+(`output_event`), so they match `Coordinator.stats()` exactly, preemptions and rebuilds included.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ray.util.metrics import Counter, Gauge, Histogram
+
+from app.dashboard import METRIC_PREFIX
 
 # TTFT of a 1M-token prompt can take minutes: buckets reach 20 minutes.
 LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -21,24 +28,13 @@ E2E_BUCKETS = LATENCY_BUCKETS + [2560.0, 3600.0]
 FORWARD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0, 60.0]
 
-PREFIX = "ray_ppserve_"
-_ALL = "sum by (model_name) (rate(ray_ppserve_pp_output_comm_total[5m]))"
-# A counter never incremented is never exported (Ray refuses inc(0)): `or 0 * _ALL` fills it in.
-_SKIPPED = ('(sum by (model_name) (rate(ray_ppserve_pp_output_comm_total{decision="skipped"}[5m]))'
-            f" or 0 * {_ALL})")
-_MISSED = f"(sum by (model_name) (rate(ray_ppserve_pp_output_comm_missed_total[5m])) or 0 * {_ALL})"
-SKIP_HIT_RATIO_PROMQL = f"{_SKIPPED} / ({_SKIPPED} + {_MISSED})"
-
 _TAGS = ("model_name", "pipeline")
 
 
 class EngineMetrics:
     """Every metric of one pipeline; the coordinator calls the methods below."""
 
-    def __init__(self, model_name: str, pipeline_id: str, skip_mode: str):
-        self.skip_mode = skip_mode
-        self._skipped = 0
-        self._missed = 0
+    def __init__(self, model_name: str, pipeline_id: str):
         self._all: list = []
         self.ttft = self._hist("time_to_first_token_seconds",
                                "Arrival at the ingress to the first token out", LATENCY_BUCKETS)
@@ -71,14 +67,14 @@ class EngineMetrics:
             metric.set_default_tags(tags)
 
     def _hist(self, name, desc, buckets, extra=()):
-        return self._keep(Histogram(f"ppserve_{name}", description=desc, boundaries=buckets,
+        return self._keep(Histogram(METRIC_PREFIX + name, description=desc, boundaries=buckets,
                                     tag_keys=_TAGS + extra))
 
     def _gauge(self, name, desc):
-        return self._keep(Gauge(f"ppserve_{name}", description=desc, tag_keys=_TAGS))
+        return self._keep(Gauge(METRIC_PREFIX + name, description=desc, tag_keys=_TAGS))
 
     def _counter(self, name, desc, extra=()):
-        return self._keep(Counter(f"ppserve_{name}", description=desc, tag_keys=_TAGS + extra))
+        return self._keep(Counter(METRIC_PREFIX + name, description=desc, tag_keys=_TAGS + extra))
 
     def _keep(self, metric):
         self._all.append(metric)
@@ -113,17 +109,14 @@ class EngineMetrics:
     def request_finished(self, reason: str) -> None:
         self.success.inc(1, tags={"finished_reason": reason or "unknown"})
 
-    def output_comm(self, sent: bool, missed: bool) -> None:
-        """One call per dispatched microbatch; `missed`: sent although it could be skipped."""
-        self.comm.inc(1, tags={"decision": "sent" if sent else "skipped"})
-        if not sent:
-            self._skipped += 1
-        elif missed:
-            self._missed += 1
+    def output_event(self, event: str, counts: Mapping[str, int]) -> None:
+        """One output-channel event (state.OUTPUT_EVENTS) and the ledger's counts after it."""
+        if event in ("sent", "skipped"):
+            self.comm.inc(1, tags={"decision": event})
+        elif event == "missed":
             self.missed.inc(1)
-        if self._skipped + self._missed:
-            self.skip_ratio.set(self._skipped / (self._skipped + self._missed))
-
-    def output_orphaned(self, n: int = 1) -> None:
-        if n > 0:
-            self.orphaned.inc(n)
+        elif event == "orphaned":
+            self.orphaned.inc(1)
+        chances = counts["skipped"] + counts["missed"]
+        if chances:
+            self.skip_ratio.set(counts["skipped"] / chances)

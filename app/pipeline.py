@@ -13,6 +13,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
 from stages.actor import StageActor
+from stages.kv_cache import bytes_per_token_layer
+from stages.loader import resolve_dtype
 from stages.model_config import ModelArgs
 from stages.partition import layer_ranges
 from stages.protocol import MicrobatchPlan, StageSpec
@@ -56,17 +58,9 @@ class Pipeline:
         return f"ppserve-{self.pipeline_id}{f'-g{g}' if g else ''}-stage{i}"
 
     def _specs(self) -> list[StageSpec]:
-        c = self.config
-        ranges = layer_ranges(self.args.num_hidden_layers, c.pp_size)
-        return [StageSpec(
-            stage_index=i, num_stages=c.pp_size, layer_start=lo, layer_end=hi,
-            model_path=c.model, load_format=c.load_format, device=c.device, dtype=c.resolved_dtype,
-            block_size=c.block_size, max_running=c.max_num_seqs,
-            kv_cache_bytes=c.kv_cache_memory_bytes,
-            gpu_memory_utilization=c.gpu_memory_utilization, channel_check=c.channel_check,
-            output_post=c.output_post, linear_backend=c.linear_backend,
-            attention_backend=c.attention_backend, seed=c.seed)
-            for i, (lo, hi) in enumerate(ranges)]
+        ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
+        max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
+        return [self.config.stage_spec(i, r, max_len) for i, r in enumerate(ranges)]
 
     async def start(self) -> int:
         """Create the actors, join the channels, agree on the KV size. Returns the block count."""
@@ -91,17 +85,14 @@ class Pipeline:
         if self.num_blocks < 1:
             raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
-        log.info("pipeline up: %d stages, %d KV blocks of %d tokens", c.pp_size,
-                 self.num_blocks, c.block_size)
+        log.info("pipeline up: %d stages, %d KV blocks of %d tokens, %d bytes per token per "
+                 "layer", c.pp_size, self.num_blocks, c.block_size,
+                 bytes_per_token_layer(self.args, resolve_dtype(c.resolved_dtype)))
         return self.num_blocks
 
     def dispatch(self, plan: MicrobatchPlan) -> list:
         n = len(self.stages)
         return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
-
-    async def set_policy(self, output_post=None, linear_backend=None) -> list[dict]:
-        return await asyncio.gather(*[s.set_policy.remote(output_post, linear_backend)
-                                      for s in self.stages])
 
     async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""

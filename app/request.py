@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NoReturn
+
+from stages.protocol import SamplingSpec
 
 
 class InvalidRequest(ValueError):
@@ -42,7 +46,7 @@ class SamplingParams:
     logprobs: int | None = None  # top logprobs per token; None: none
     skip_special_tokens: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Accept lists from JSON / callers but keep the object hashable and immutable.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -52,7 +56,7 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        def bad(msg: str, param: str):
+        def bad(msg: str, param: str) -> NoReturn:
             raise InvalidRequest(msg, param=param)
 
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -90,6 +94,17 @@ class SamplingParams:
         if bad:
             raise InvalidRequest(f"stop_token_ids: token id {bad[0]} is out of range for a "
                                  f"vocabulary of {vocab_size}.", param="stop_token_ids")
+
+    def to_spec(self, eos_token_ids: Iterable[int]) -> SamplingSpec:
+        """What the last stage needs to sample: the model's EOS ids are banned, with
+        stop_token_ids, until min_tokens are out (unless ignore_eos)."""
+        banned = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
+        return SamplingSpec(
+            temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
+            min_p=self.min_p, seed=self.seed, logprobs=self.logprobs,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+            min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else ())
 
 
 @dataclass

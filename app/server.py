@@ -8,36 +8,27 @@ plus the server options in SERVER_KEYS.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import importlib
 import logging
 import os
 import uuid
+from collections.abc import AsyncIterator
 
 from ray import serve
 from ray.serve import Application
 
 from app.config import EngineConfig
+from app.coordinator import Coordinator
+from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply
 from app.metrics import EngineMetrics
 from app.openai.ingress import make_ingress
-from app.request import InvalidRequest
+from app.pipeline import placement_bundles
+from app.request import InvalidRequest, RequestOutput
 
 log = logging.getLogger("ppserve.server")
 
 SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
-               "ingress_num_cpus", "coordinator_cls", "max_request_bytes")
+               "ingress_num_cpus", "max_request_bytes")
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
-DEFAULT_COORDINATOR = "app.coordinator:Coordinator"
-
-
-def _import(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _error(e: InvalidRequest) -> dict:
-    return {"error": str(e), "status": e.status, "param": e.param}
 
 
 def _pipeline_id() -> str:
@@ -49,73 +40,53 @@ def _pipeline_id() -> str:
 
 class PipelineServer:
     """One pipeline: the coordinator, its stage actors (in this replica's placement group), the
-    tokenizer and chat template. Streams dicts to the ingress: a header once the request is
-    queued (or an error), then {"out": RequestOutput, "pieces": {token id: text}} per delta
-    (or, rarely, a late error)."""
+    tokenizer and chat template. Answers a GenerateRequest with the messages of
+    app/messages.py."""
 
-    async def __init__(self, engine_args: dict, coordinator_cls: str = DEFAULT_COORDINATOR):
+    async def __init__(self, engine_args: dict):
         self.config = EngineConfig.from_dict(engine_args)
-        self.metrics = EngineMetrics(self.config.model_name, _pipeline_id(),
-                                     self.config.pp_output_skip)
-        self.coordinator = _import(coordinator_cls)(self.config, self.metrics)
+        self.metrics = EngineMetrics(self.config.model_name, _pipeline_id())
+        self.coordinator = Coordinator(self.config, self.metrics)
         await self.coordinator.start()
         self.tokenizer = self.coordinator.tokenizer
 
-    def _prompt(self, payload: dict):
-        if "messages" in payload:
+    def _prompt(self, req: GenerateRequest):
+        if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
-                    payload["messages"], add_generation_prompt=payload["add_generation_prompt"])
+                    req.messages, add_generation_prompt=req.add_generation_prompt)
             except Exception as e:  # a template that raises on these messages
                 raise InvalidRequest(f"cannot apply the chat template: {e}",
                                      param="messages") from e
-        return payload["prompt"]
+        return req.prompt
 
-    def _pieces(self, out) -> dict:
+    def _delta(self, out: RequestOutput) -> Delta | Failure:
+        if out.error:
+            return Failure(out.error, 500)
         if not out.logprobs:
-            return {}
+            return Delta(out)
         ids = {t.token_id for t in out.logprobs} | {i for t in out.logprobs for i, _ in t.top}
-        return {i: self.tokenizer.id_to_piece(i) for i in ids}
+        return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids})
 
-    async def generate(self, payload: dict):
-        try:
-            prompt = self._prompt(payload)
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[Reply]:
+        try:  # validated and queued (or refused) before the first reply
+            stream = self.coordinator.add_request(self._prompt(req), req.params,
+                                                  req.request_id, req.arrival_time)
         except InvalidRequest as e:
-            yield _error(e)
+            yield Failure.of(e)
             return
-        agen = self.coordinator.generate(prompt, payload["params"], payload.get("request_id"),
-                                         payload.get("arrival_time"))
-        first = asyncio.ensure_future(agen.__anext__())
+        outputs = self.coordinator.outputs(stream)
         try:
-            # One loop turn runs the generator up to its first wait: the request is validated
-            # and queued (or refused) by then, so the client hears back before a long prefill.
-            await asyncio.sleep(0)
-            if first.done() and isinstance(first.exception(), InvalidRequest):
-                yield _error(first.exception())
-                return
-            header = {}
-            if payload.get("echo"):
-                p = payload["prompt"]
-                header["echo_text"] = p if isinstance(p, str) else self.tokenizer.decode(p)
-            yield header
-            try:
-                out = await first
-            except InvalidRequest as e:  # refused after a wait: still a clean error
-                yield _error(e)
-                return
-            yield {"out": out, "pieces": self._pieces(out)}
-            if not out.finished:
-                async for out in agen:
-                    yield {"out": out, "pieces": self._pieces(out)}
-                    if out.finished:
-                        break
-        finally:
-            # Closing the coordinator's generator (also on cancellation) aborts the request.
-            if not first.done():
-                first.cancel()
-                with contextlib.suppress(BaseException):
-                    await first
-            await agen.aclose()
+            echo = None
+            if req.echo:
+                echo = req.prompt if isinstance(req.prompt, str) else \
+                    self.tokenizer.decode(req.prompt)
+            yield Accepted(echo)
+            async for out in outputs:
+                yield self._delta(out)
+        finally:  # also on cancellation: a request left unfinished is aborted
+            await outputs.aclose()
+            self.coordinator.abort(stream.req_id)
 
     async def info(self) -> dict:
         return {"model": self.config.model_name, "root": self.config.model,
@@ -145,8 +116,7 @@ def build_app(args: dict | None = None) -> Application:
     args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
     server = {k: args.pop(k) for k in SERVER_KEYS if k in args}
     config = EngineConfig.from_dict(args)  # validates early, in the driver
-    coordinator_cls = _import(server.get("coordinator_cls", DEFAULT_COORDINATOR))
-    bundles = coordinator_cls.placement_bundles(config)
+    bundles = placement_bundles(config)
     # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
     # With a waiting bound, every request must reach the coordinator to be counted against it,
     # not queue unseen in front of the replica.
@@ -160,7 +130,7 @@ def build_app(args: dict | None = None) -> Application:
                            "num_gpus": bundles[0].get("GPU", 0)},
         placement_group_bundles=bundles, placement_group_strategy=config.placement_strategy,
         **scaling,
-    ).bind(config.to_dict(), server.get("coordinator_cls", DEFAULT_COORDINATOR))
+    ).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)

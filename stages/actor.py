@@ -67,7 +67,8 @@ class StageActor:
     def describe(self) -> dict:
         return {"stage": self.spec.stage_index, "layers": [self.spec.layer_start,
                 self.spec.layer_end], "kernels": dict(self.runner.kernels.names),
-                "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address()}
+                "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
+                "decode_graphs": dict(self.runner.decode_graph_info)}
 
     def close(self) -> bool:
         self.runner.close()

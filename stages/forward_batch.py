@@ -22,9 +22,7 @@ class DecodeGroup:
 MAX_GROUP_KEYS = 1 << 18
 # Rows with longer prefixes are never grouped: a group copies (and pads) every row's K/V per
 # layer, while a lone row reads its K/V in place when its blocks are consecutive; past a few
-# thousand keys the copy costs more than the per-row call it saves. Measured on 2 x H200,
-# 16K-32K-token prompts decoding together (bench serve, 0.5 req/s): ITL p50 248 ms grouped
-# without this limit (docs/bench/serve_grouped_long_rows/), 65 ms with it.
+# thousand keys the copy costs more than the per-row call it saves (docs/PERFORMANCE.md).
 MAX_GROUP_ROW_KEYS = 4096
 
 
@@ -135,3 +133,21 @@ def host_slots(prefix: torch.Tensor | slice) -> torch.Tensor:
     if isinstance(prefix, slice):
         return torch.arange(prefix.start, prefix.stop, dtype=torch.long)
     return prefix
+
+
+@dataclass
+class PagedDecodeBatch:
+    """A decode-only microbatch of one token per row, in the form a CUDA graph replays: static
+    device tensors, K/V read in place through block tables (stages/decode_graphs.py fills them).
+    Rows past the real ones are padding: length 0, KV written to a scratch slot."""
+    positions: torch.Tensor  # [B] long
+    slot_mapping: torch.Tensor  # [B] long: where each row's new K/V goes
+    lengths: torch.Tensor  # [B] long: keys each row attends to (its position + 1)
+    table_rows: torch.Tensor  # [B] long: each row's row in block_tables
+    block_tables: torch.Tensor  # [N, max_blocks] int32, one row per request slot
+    block_size: int
+    num_splits: int  # fixed per captured shape: the kernel's grid must not change on replay
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.numel())

@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import torch
 
+from stages.mla_cache import LatentKVCache, latent_components
 from stages.model_config import ModelArgs
+
+
+def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype) -> int:
+    """Cache bytes one token costs in one layer: K and V, or MLA's latent components."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    if args.deepseek is not None:
+        return sum(latent_components(args).values()) * elem
+    return 2 * args.num_key_value_heads * args.head_dim * elem
 
 
 def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
                     dtype: torch.dtype) -> int:
-    """Bytes one block costs on a stage holding `num_local_layers` layers (K and V)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_local_layers * block_size * args.num_key_value_heads * args.head_dim * elem
+    """Bytes one block costs on a stage holding `num_local_layers` layers."""
+    return num_local_layers * block_size * bytes_per_token_layer(args, dtype)
+
+
+def make_kv_cache(args: ModelArgs, num_local_layers: int, num_blocks: int, block_size: int,
+                  dtype: torch.dtype, device: str | torch.device):
+    """The cache the model family reads: K/V pages, or MLA latent pages."""
+    cls = LatentKVCache if args.deepseek is not None else PagedKVCache
+    return cls(args, num_local_layers, num_blocks, block_size, dtype, device)
 
 
 class PagedKVCache:
@@ -29,16 +44,6 @@ class PagedKVCache:
         self.block_size = block_size
         self.kv = torch.zeros(num_local_layers, 2, num_blocks * block_size,
                               args.num_key_value_heads, args.head_dim, dtype=dtype, device=device)
-
-    @staticmethod
-    def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
-                        dtype: torch.dtype) -> int:
-        return bytes_per_block(args, num_local_layers, block_size, dtype)
-
-    @classmethod
-    def num_blocks_for_budget(cls, args: ModelArgs, num_local_layers: int, block_size: int,
-                              dtype: torch.dtype, budget_bytes: int) -> int:
-        return budget_bytes // bytes_per_block(args, num_local_layers, block_size, dtype)
 
     def write(self, local_layer: int, k: torch.Tensor, v: torch.Tensor,
               slot_mapping: torch.Tensor) -> None:
@@ -76,4 +81,5 @@ class PagedKVCache:
         layer = self.kv[local_layer]
         flat = slots.reshape(-1)
         shape = (*slots.shape, *layer.shape[2:])
-        return layer[0].index_select(0, flat).view(shape), layer[1].index_select(0, flat).view(shape)
+        k, v = layer[0].index_select(0, flat), layer[1].index_select(0, flat)
+        return k.view(shape), v.view(shape)

@@ -10,10 +10,13 @@ import logging
 import os
 from dataclasses import dataclass
 
+from stages.deepseek_config import DEEPSEEK_MODEL_TYPES, DeepseekArgs
+
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *DEEPSEEK_MODEL_TYPES)
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+DEEPSEEK_ROPE_TYPES = ("default", "yarn")
 
 # The built-in random model; byte-level vocabulary: 0..255 bytes, 256 <bos>, 257 <eos>, rest unused.
 BUILTIN_CONFIG: dict = {
@@ -55,6 +58,7 @@ class ModelArgs:
     mlp_bias: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    deepseek: DeepseekArgs | None = None  # MLA + MoE (head_dim is then the q/k head dim)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "ModelArgs":
@@ -70,8 +74,10 @@ class ModelArgs:
             log.warning("ignoring sliding_window=%s: ppserve uses full attention",
                         d["sliding_window"])
         heads = int(d["num_attention_heads"])
-        head_dim = d.get("head_dim") or int(d["hidden_size"]) // heads
-        theta, scaling = _rope(d)
+        deepseek = DeepseekArgs.from_hf_dict(d) if model_type in DEEPSEEK_MODEL_TYPES else None
+        head_dim = (deepseek.qk_head_dim if deepseek else
+                    d.get("head_dim") or int(d["hidden_size"]) // heads)
+        theta, scaling = _rope(d, DEEPSEEK_ROPE_TYPES if deepseek else SUPPORTED_ROPE_TYPES)
         if model_type == "qwen2":
             attention_bias = bool(d.get("attention_bias", True))
             o_proj_bias = False
@@ -87,7 +93,8 @@ class ModelArgs:
             intermediate_size=int(d["intermediate_size"]),
             num_hidden_layers=int(d["num_hidden_layers"]),
             num_attention_heads=heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            # MLA: every query head has its own K/V once the latent is expanded
+            num_key_value_heads=heads if deepseek else int(d.get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
@@ -100,19 +107,26 @@ class ModelArgs:
             mlp_bias=bool(d.get("mlp_bias", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=tuple(int(e) for e in eos_list),
+            deepseek=deepseek,
         )
 
 
-def _rope(d: dict) -> tuple[float, dict | None]:
+def _rope(d: dict, supported: tuple[str, ...]) -> tuple[float, dict | None]:
     """(rope_theta, scaling dict or None) from either config layout."""
     params = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
     theta = float(params.pop("rope_theta", d.get("rope_theta", 10000.0)))
     rope_type = params.pop("rope_type", params.pop("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"unsupported rope type {rope_type!r}; supported: "
-                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    if rope_type not in supported:
+        raise ValueError(f"unsupported rope type {rope_type!r} for {d.get('model_type')}; "
+                         f"supported: {', '.join(supported)}")
     if rope_type == "default":
         return theta, None
+    if rope_type == "yarn":
+        params.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
+        if params.get("factor") is None:  # transformers: the ratio of the two lengths
+            params["factor"] = (d["max_position_embeddings"]
+                                / params["original_max_position_embeddings"])
+        return theta, {"rope_type": rope_type, **params}
     for key in ("factor", "low_freq_factor", "high_freq_factor"):
         if key not in params:
             raise ValueError(f"llama3 rope scaling needs {key!r}")

@@ -6,7 +6,13 @@ else crosses the boundary. Plans are immutable once dispatched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+# The choices of StageSpec's fields; EngineConfig's options offer exactly these.
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")  # dummy: the checkpoint's shapes with seeded random weights
+OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late: before its use
 
 
 @dataclass(frozen=True)
@@ -33,8 +39,11 @@ class SamplingSpec:
 
     @property
     def needs_history(self) -> bool:
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
 
 @dataclass(frozen=True)
@@ -112,10 +121,12 @@ class StepResult:
     stage: int
     sampled: tuple[SampledToken, ...] = ()
     forward_s: float = 0.0  # this stage's compute for the microbatch (CUDA events on GPU)
-    sent_output: bool = False  # the last stage really put the output on the channel
-    output_sends: int = 0  # the channel's own count of output messages sent so far
+    # The channel's own count of output messages sent so far: tests check it against the
+    # scheduler's decisions.
+    output_sends: int = 0
     # (mb_id, seconds) of this stage's forwards whose CUDA events completed since the last step.
     timings: tuple[tuple[int, float], ...] = ()
+    graphed: bool = False  # this stage ran the microbatch as a CUDA graph replay
 
 
 @dataclass(frozen=True)
@@ -137,7 +148,8 @@ class StageSpec:
     linear_backend: str = "auto"
     attention_backend: str = "auto"
     seed: int = 0  # the built-in random model's seed
-    extra: dict = field(default_factory=dict)
+    max_model_len: int = 0  # width of the decode graphs' block tables; 0: no decode graphs
+    enforce_eager: bool = False  # decode-only microbatches run the paged path without graphs
 
     @property
     def is_first(self) -> bool:

@@ -8,23 +8,40 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
 from stages.channels import ChannelError, PendingRecv, PipelineChannels
+from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
-from stages.kernels.registry import select_kernels
-from stages.kv_cache import PagedKVCache, bytes_per_block
-from stages.loader import build_stage_model
+from stages.kernels.registry import moe_backend_for, select_kernels
+from stages.kv_cache import PagedKVCache, bytes_per_block, bytes_per_token_layer, make_kv_cache
+from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
-from stages.sampler import RowToSample, Sampler
+from stages.sampler import Picked, RowToSample, Sampler
 from stages.sync_guard import install_sync_guard
-from stages.timing import StageTimer
+from stages.timing import Measurement, StageTimer
 
 log = logging.getLogger("ppserve.stage")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+@dataclass
+class LaunchedStep:
+    """A microbatch whose device work is queued. Stages before the last have their result at
+    once; the last stage's needs the sampled ids, read by StageRunner.finish (the output
+    channel's send is queued before that read, straight from the device)."""
+    plan: MicrobatchPlan
+    graphed: bool
+    picked: Picked | None = None  # last stage: the ids chosen on the device
+    timing: Measurement | None = None  # this forward's, on the last stage
+    result: StepResult | None = None
+
+
+# GPU memory kept out of the KV budget for the decode graphs' pool and buffers (measured use is
+# logged at capture).
+DECODE_GRAPH_RESERVE = 512 << 20
 
 
 class StageRunner:
@@ -34,17 +51,25 @@ class StageRunner:
         if self.device.type == "cuda" and self.device.index is None:
             # Ray made one GPU visible; NCCL's eager init wants an explicit index.
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.dtype = _DTYPES[spec.dtype]
+        self.dtype = resolve_dtype(spec.dtype)
         self.args = load_model_args(spec.model_path)
-        self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend)
+        self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend,
+                                      moe_experts=moe_backend_for(spec.linear_backend))
         self.model = build_stage_model(
-            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start, spec.layer_end, spec.is_first,
-            spec.is_last, self.kernels, self.dtype, self.device, spec.seed)
-        self.kv: PagedKVCache | None = None
+            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
+            spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
+            spec.seed)
+        self.kv: PagedKVCache | None = None  # a LatentKVCache for MLA models
+        self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
+        self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
+        log.info("KV cache: %d bytes per token per layer (%s)",
+                 bytes_per_token_layer(self.args, self.dtype),
+                 "MLA latent" if self.args.deepseek else "K and V")
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
         self.block_tables: dict[str, list[int]] = {}
+        self.req_slots: dict[str, int] = {}
         self.sampling: dict[str, object] = {}
         self.prompt_ids: dict[str, tuple[int, ...]] = {}
         self.output_ids: dict[str, list[int]] = {}
@@ -63,6 +88,17 @@ class StageRunner:
     def num_local_layers(self) -> int:
         return self.spec.layer_end - self.spec.layer_start
 
+    @property
+    def uses_decode_graphs(self) -> bool:
+        """Decode-only microbatches take the paged path (graphed unless enforce_eager) where
+        a paged decode kernel runs: CUDA with Triton, and a block size it supports; for the
+        Llama family (MLA models decode through their own absorbed path)."""
+        bs = self.spec.block_size
+        return (self.device.type == "cuda" and self.spec.max_model_len > 0
+                and self.args.deepseek is None
+                and self.kernels.names["paged_decode"] != "torch"
+                and bs >= 16 and bs & (bs - 1) == 0)
+
     def kv_capacity(self) -> int:
         per_block = bytes_per_block(self.args, self.num_local_layers, self.spec.block_size,
                                     self.dtype)
@@ -70,13 +106,32 @@ class StageRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
             budget = int(total * self.spec.gpu_memory_utilization) - used
+            if self.uses_decode_graphs:  # the scratch block, graph pools, activations
+                budget -= DECODE_GRAPH_RESERVE + per_block
         else:
             budget = self.spec.kv_cache_bytes or (1 << 30)
         return max(0, budget // max(per_block, 1))
 
     def allocate_kv(self, num_blocks: int) -> None:
-        self.kv = PagedKVCache(self.args, self.num_local_layers, num_blocks,
-                               self.spec.block_size, self.dtype, self.device)
+        graphs = self.uses_decode_graphs
+        # With decode graphs one block more: the scratch block padding rows write to.
+        self.kv = make_kv_cache(self.args, self.num_local_layers, num_blocks + graphs,
+                                self.spec.block_size, self.dtype, self.device)
+        self.decode_graphs = None
+        if graphs:
+            self._build_decode_graphs()
+
+    def _build_decode_graphs(self) -> None:
+        self.decode_graphs = DecodeGraphs(
+            self.model, self.kv, num_slots=self.spec.max_running,
+            max_model_len=self.spec.max_model_len,
+            scratch_slot=(self.kv.num_blocks - 1) * self.spec.block_size,
+            hidden_size=self.args.hidden_size, kv_heads=self.args.num_key_value_heads,
+            dtype=self.dtype, device=self.device, is_first=self.spec.is_first,
+            max_rows=self.spec.max_running, eager=self.spec.enforce_eager)
+        for req_id, table in self.block_tables.items():  # a recapture keeps live requests
+            self.decode_graphs.update_tables([(self.req_slots[req_id], 0, tuple(table))])
+        self.decode_graph_info = self.decode_graphs.capture()
 
     @torch.inference_mode()
     def warm_up(self, chunks: list[tuple[int, int]]) -> dict:
@@ -84,7 +139,8 @@ class StageRunner:
         prompt's) and on every diagonal square a chunk can need, reading K/V from this stage's
         cache, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request
         needs them. Only where attention is cuDNN: the torch reference has nothing to build."""
-        if self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks:
+        if (self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks
+                or self.args.deepseek is not None):  # MLA prefill shapes: not built ahead
             return {"shapes": 0, "seconds": 0.0}
         from stages.kernels.cudnn_attention import diagonal_sizes
 
@@ -110,49 +166,82 @@ class StageRunner:
         self.channels.connect(host, port, store)
 
     # -- one microbatch --------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self, plan: MicrobatchPlan) -> StepResult:
+        return self.finish(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: MicrobatchPlan) -> LaunchedStep:
+        """Queue the microbatch's work on the device; `finish` reads its results."""
         self._apply_deltas(plan)
         self._wait_sends()
-        rows = [(r.start, r.num_tokens, self.block_tables[r.req_id], r.sample) for r in plan.rows]
-        batch = ForwardBatch.build(rows, self.spec.block_size, self.device)
+        graphs = self.decode_graphs
+        bucket = graphs.bucket_for(plan.rows) if graphs is not None else None
+        batch = None
+        if bucket is None:
+            rows = [(r.start, r.num_tokens, self.block_tables[r.req_id], r.sample)
+                    for r in plan.rows]
+            batch = ForwardBatch.build(rows, self.spec.block_size, self.device)
         if self.spec.is_first:
             inputs = self._input_ids(plan)
         else:
             inputs = self.channels.recv_hidden((plan.num_tokens, self.args.hidden_size),
                                                self.dtype, plan.mb_id)
         self.timer.start(plan.mb_id)
-        hidden = self.model(inputs, batch, self.kv)
+        graphed = batch is None and not graphs.eager
+        if batch is None:  # every row samples: the hidden rows are the sampling rows
+            hidden = graphs.run(bucket, plan.rows, inputs, self.block_tables)
+        else:
+            hidden = self.model(inputs, batch, self.kv)
         if not self.spec.is_last:
             self.timer.stop()
             self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
             if self.spec.is_first and self.channels is not None:
                 self._post_outputs(plan)
-            return StepResult(plan.mb_id, self.spec.stage_index,
-                              forward_s=self.timer.last_elapsed(),
-                              timings=self.timer.take_finished())
-        sampled = self._sample(plan, hidden, batch)
-        self.timer.stop()
-        self.timer.wait_last()
-        if self.spec.is_first:  # PP=1: the "channel" is a local scatter
-            self._scatter_local(plan, sampled)
-        return StepResult(plan.mb_id, self.spec.stage_index, sampled=tuple(sampled),
-                          forward_s=self.timer.last_elapsed(),
-                          sent_output=plan.send_output and self.channels is not None,
-                          output_sends=self.channels.output_sends if self.channels else 0,
-                          timings=self.timer.take_finished())
+            return LaunchedStep(plan, graphed, result=StepResult(
+                plan.mb_id, self.spec.stage_index, forward_s=self.timer.last_elapsed(),
+                timings=self.timer.take_finished(), graphed=graphed))
+        picked = self._pick(plan, hidden, batch)
+        timing = self.timer.stop()
+        if self.spec.is_first and picked is not None:  # PP=1: the "channel" is a local scatter
+            self._scatter_local(plan, picked.token_ids)
+        return LaunchedStep(plan, graphed, picked, timing)
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """The StepResult of the microbatch launched last: waits for its device work."""
+        if launched.result is not None:
+            return launched.result
+        plan = launched.plan
+        sampled = Sampler.collect(launched.picked) if launched.picked is not None else []
+        rows = [r for r in plan.rows if r.sample]
+        for r, p in zip(rows, sampled):
+            self.output_ids[r.req_id].append(p.token_id)
+        launched.result = StepResult(
+            plan.mb_id, self.spec.stage_index,
+            sampled=tuple(SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
+                          for r, p in zip(rows, sampled)),
+            forward_s=self.timer.elapsed(launched.timing),
+            output_sends=self.channels.output_sends if self.channels else 0,
+            timings=self.timer.take_finished(), graphed=launched.graphed)
+        return launched.result
 
     def _apply_deltas(self, plan: MicrobatchPlan) -> None:
         for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them
-            for table in (self.block_tables, self.sampling, self.prompt_ids, self.output_ids):
+            for table in (self.block_tables, self.req_slots, self.sampling, self.prompt_ids,
+                          self.output_ids):
                 table.pop(req_id, None)
         for new in plan.new_requests:
             self.block_tables[new.req_id] = []
+            self.req_slots[new.req_id] = new.slot
             self.sampling[new.req_id] = new.sampling
             self.prompt_ids[new.req_id] = new.prompt_token_ids
             self.output_ids[new.req_id] = list(new.output_token_ids)
+        table_updates = []
         for req_id, blocks in plan.block_updates:
-            self.block_tables[req_id].extend(blocks)
+            table = self.block_tables[req_id]
+            table_updates.append((self.req_slots[req_id], len(table), blocks))
+            table.extend(blocks)
+        if self.decode_graphs is not None:
+            self.decode_graphs.update_tables(table_updates)
 
     def _wait_sends(self) -> None:
         # Waited one step later, never right after the send: waiting at once would make the
@@ -228,41 +317,42 @@ class StageRunner:
                 for i in rows:
                     self.slot_writer[plan.rows[i].slot] = plan.mb_id
 
-    def _scatter_local(self, plan: MicrobatchPlan, sampled: list[SampledToken]) -> None:
-        if not plan.send_output or not sampled:
+    def _scatter_local(self, plan: MicrobatchPlan, token_ids: torch.Tensor) -> None:
+        if not plan.send_output:
             return
         slots = [r.slot for r in plan.rows if r.sample]
-        self.next_tokens[self._to_device(slots)] = self._to_device(
-            [s.token_id for s in sampled])
+        self.next_tokens[self._to_device(slots)] = token_ids
         for s in slots:
             self.slot_writer[s] = plan.mb_id
 
     # -- last stage: sample and send ---------------------------------------------------------------
-    def _sample(self, plan, hidden, batch) -> list[SampledToken]:
+    def _pick(self, plan, hidden, batch: ForwardBatch | None) -> Picked | None:
         sample_rows = [r for r in plan.rows if r.sample]
         if not sample_rows:
             if plan.send_output and self.channels is not None:
-                self._send_output(plan, [])
-            return []
-        logits = self.model.compute_logits(hidden[batch.sample_indices])
+                self._send_output(plan, None)
+            return None
+        rows = hidden if batch is None else hidden[batch.sample_indices]
+        logits = self.model.compute_logits(rows)
         to_sample = [RowToSample(self.sampling[r.req_id], r.output_index,
                                  self.prompt_ids[r.req_id], self.output_ids[r.req_id])
                      for r in sample_rows]
-        picked = self.sampler.sample(logits, to_sample)
-        for r, p in zip(sample_rows, picked):
-            self.output_ids[r.req_id].append(p.token_id)
+        picked = self.sampler.pick(logits, to_sample)
         if plan.send_output and self.channels is not None:
-            self._send_output(plan, [p.token_id for p in picked])
-        return [SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
-                for r, p in zip(sample_rows, picked)]
+            self._send_output(plan, picked.token_ids)
+        return picked
 
-    def _send_output(self, plan: MicrobatchPlan, token_ids: list[int]) -> None:
-        # One entry per row, -1 where the row sampled nothing (the fixed-size `off` message).
-        out, it = [], iter(token_ids)
-        for r in plan.rows:
-            out.append(next(it) if r.sample else -1)
-        t = torch.tensor(out, dtype=torch.long).to(self.device)
-        self.pending_sends += self.channels.send_output(t, plan.mb_id)
+    def _send_output(self, plan: MicrobatchPlan, token_ids: torch.Tensor | None) -> None:
+        """The sampled ids, straight from the device: one entry per row, -1 where the row
+        sampled nothing (the fixed-size `off` message)."""
+        sampling = [i for i, r in enumerate(plan.rows) if r.sample]
+        if token_ids is not None and len(sampling) == len(plan.rows):
+            out = token_ids
+        else:
+            out = torch.full((len(plan.rows),), -1, dtype=torch.long, device=self.device)
+            if token_ids is not None:
+                out[self._to_device(sampling)] = token_ids
+        self.pending_sends += self.channels.send_output(out, plan.mb_id)
 
     def set_policy(self, output_post: str | None = None, linear_backend: str | None = None):
         """Bench knobs, applied between requests: where stage 0 posts output recvs, and which
@@ -270,11 +360,14 @@ class StageRunner:
         if output_post is not None:
             self.output_post = output_post
         if linear_backend is not None:
-            self.kernels = select_kernels(self.spec.device, linear_backend,
-                                          self.kernels.names["attention"])
+            names = self.kernels.names
+            self.kernels = select_kernels(self.spec.device, linear_backend, names["attention"],
+                                          names["mla_decode"], moe_backend_for(linear_backend))
             for module in self.model.modules():
                 if hasattr(module, "kernels"):
                     module.kernels = self.kernels
+            if self.decode_graphs is not None:  # the graphs hold the old kernels' launches
+                self._build_decode_graphs()
         return dict(self.kernels.names, output_post=self.output_post)
 
     def close(self) -> None:

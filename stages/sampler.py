@@ -72,6 +72,20 @@ def _filter(probs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     return probs
 
 
+@dataclass
+class Picked:
+    """Tokens chosen on the device, not yet read by the host (reading waits for the GPU)."""
+    token_ids: torch.Tensor  # [R] long
+    rows: list[RowToSample]
+    logprobs: torch.Tensor | None  # [R, V] log-softmax of the raw logits, when a row asks
+
+
+def _plain_greedy(row: RowToSample) -> bool:
+    spec = row.spec
+    return spec.greedy and not spec.needs_history and not (
+        spec.min_tokens_banned and row.output_index < spec.min_tokens)
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
@@ -80,14 +94,20 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: list[RowToSample]) -> list[Sampled]:
         """logits: float32 [R, V]. Returns one Sampled per row, in order."""
-        out: list[Sampled] = []
-        raw_logprobs = torch.log_softmax(logits, dim=-1)  # logprobs of the model's own output
+        return self.collect(self.pick(logits, rows))
+
+    def pick(self, logits: torch.Tensor, rows: list[RowToSample]) -> Picked:
+        """Choose every row's token on the device, without waiting for it."""
+        need_logprobs = any(r.spec.logprobs is not None for r in rows)
+        # logprobs of the model's own output, only when asked: a full-vocabulary pass per row
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if need_logprobs else None
         argmax = torch.argmax(logits, dim=-1)  # one kernel serves every plain greedy row
+        if all(_plain_greedy(r) for r in rows):
+            return Picked(argmax, rows, raw_logprobs)
         chosen = []
         for i, row in enumerate(rows):
             spec = row.spec
-            if spec.greedy and not spec.needs_history and not (
-                    spec.min_tokens_banned and row.output_index < spec.min_tokens):
+            if _plain_greedy(row):
                 chosen.append(argmax[i])
                 continue
             lg = _apply_penalties(logits[i], row)
@@ -106,13 +126,19 @@ class Sampler:
             # Exponential race (= sampling from probs) with this row's generator only.
             q = torch.empty_like(probs).exponential_(1.0, generator=gen)
             chosen.append(torch.argmax(probs / q))
-        ids = torch.stack(chosen).tolist() if chosen else []
-        for i, (row, tok) in enumerate(zip(rows, ids)):
+        return Picked(torch.stack(chosen), rows, raw_logprobs)
+
+    @staticmethod
+    def collect(picked: Picked) -> list[Sampled]:
+        """The host's copy of the chosen tokens (and logprobs): waits for the device."""
+        out: list[Sampled] = []
+        ids = picked.token_ids.tolist()
+        for i, (row, tok) in enumerate(zip(picked.rows, ids)):
             k = row.spec.logprobs
             if k is None:
                 out.append(Sampled(tok, None, ()))
                 continue
-            lp = raw_logprobs[i]
+            lp = picked.logprobs[i]
             top = ()
             if k > 0:
                 vals, idx = torch.topk(lp, k)

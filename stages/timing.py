@@ -8,8 +8,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class Measurement:
+    start: object  # torch.cuda.Event, None on CPU
+    end: object
+    seconds: float | None = None  # known at stop on CPU, on first read on CUDA
+
+    def query(self) -> bool:
+        return self.end is None or self.end.query()
 
 
 class StageTimer:
@@ -30,23 +41,31 @@ class StageTimer:
         else:
             self._open = time.perf_counter()
 
-    def stop(self) -> None:
+    def stop(self) -> Measurement | None:
+        """Close the open measurement; its handle tells when it completed and how long it took."""
         if self._open is None:
-            return
+            return None
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._done.append((self._mb, self._open, end))
+            handle = Measurement(self._open, end)
         else:
             self._last = time.perf_counter() - self._open
             self._finished.append((self._mb, self._last))
+            handle = Measurement(None, None, self._last)
         self._open = None
+        return handle
 
-    def wait_last(self) -> None:
-        """Block the host on this stage's own last event (not the device): the last stage
-        retires a microbatch only once its work is done."""
-        if self.cuda and self._done:
-            self._done[-1][2].synchronize()
+    @staticmethod
+    def elapsed(handle: Measurement | None) -> float:
+        """Seconds of one measurement, waiting for its own end event (not the device)."""
+        if handle is None:
+            return 0.0
+        if handle.seconds is None:
+            handle.end.synchronize()
+            handle.seconds = handle.start.elapsed_time(handle.end) / 1000.0
+        return handle.seconds
 
     def last_elapsed(self) -> float:
         """Seconds of the newest finished measurement (CPU: the one just stopped)."""

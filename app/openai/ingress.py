@@ -8,17 +8,27 @@ import hmac
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 
+from app.messages import Accepted, Delta, Failure, GenerateRequest
 from app.openai.body import read_json_object
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
-from app.openai.responses import (SSE_DONE, ResponseBuilder, chat_logprobs, completion_logprobs,
-                                  error_body, error_response, sse, usage)
+from app.openai.responses import (
+    SSE_DONE,
+    ResponseBuilder,
+    chat_logprobs,
+    completion_logprobs,
+    error_body,
+    error_response,
+    sse,
+    usage,
+)
 from app.request import InvalidRequest
 
 log = logging.getLogger("ppserve.ingress")
@@ -27,13 +37,13 @@ log = logging.getLogger("ppserve.ingress")
 class _Stream:
     """One request's deltas, merged for a whole body or framed chunk by chunk."""
 
-    def __init__(self, builder: ResponseBuilder, header: dict, include_usage: bool):
+    def __init__(self, builder: ResponseBuilder, accepted: Accepted, include_usage: bool):
         self.b = builder
-        self.header = header
+        self.echo_text = accepted.echo_text or ""
         self.include_usage = include_usage
         self.prompt_tokens = 0  # from the deltas
         self.completion_tokens = 0
-        self.offset = len(header.get("echo_text") or "")
+        self.offset = len(self.echo_text)
 
     def logprobs(self, out, pieces):
         if out.logprobs is None:
@@ -112,30 +122,23 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
             if req.model is not None and req.model != self.model:
                 return error_response(f"The model `{req.model}` does not exist.", 404,
                                       "model", code="model_not_found")
+            prefix = "chatcmpl" if kind == "chat" else "cmpl"
             try:
-                params = req.sampling_params()
-                payload = {"params": params, "arrival_time": arrival}
-                if kind == "chat":
-                    payload["messages"] = req.message_dicts()
-                    payload["add_generation_prompt"] = req.add_generation_prompt
-                else:
-                    payload["prompt"] = req.single_prompt()
-                    payload["echo"] = req.echo
+                gen_req = GenerateRequest(
+                    request_id=f"{prefix}-{uuid.uuid4().hex}", params=req.sampling_params(),
+                    arrival_time=arrival, **req.prompt_fields())
             except InvalidRequest as e:
                 return error_response(str(e), e.status, e.param)
-            prefix = "chatcmpl" if kind == "chat" else "cmpl"
-            payload["request_id"] = f"{prefix}-{uuid.uuid4().hex}"
-            gen = self.server.options(stream=True).generate.remote(payload)
+            gen = self.server.options(stream=True).generate.remote(gen_req)
             try:
-                header = await gen.__anext__()  # the request is queued, or refused
+                first = await gen.__anext__()  # the request is queued, or refused
             except Exception as e:
                 gen.cancel()
                 log.exception("pipeline call failed")
-                return error_response(f"The pipeline failed: {e}", 503)
-            if "error" in header:
-                return error_response(header["error"], header.get("status", 400),
-                                      header.get("param"))
-            state = _Stream(ResponseBuilder(kind, payload["request_id"], self.model), header,
+                first = Failure(f"The pipeline failed: {e}", 503)
+            if isinstance(first, Failure):
+                return error_response(first.message, first.status, first.param)
+            state = _Stream(ResponseBuilder(kind, gen_req.request_id, self.model), first,
                             req.include_usage)
             if req.stream:
                 return StreamingResponse(_sse(gen, state), media_type="text/event-stream")
@@ -144,26 +147,31 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
     return OpenAIIngress
 
 
-async def _collect(gen, state: _Stream):
-    text = [state.header.get("echo_text") or ""]
-    lps, finish_reason = None, None
+async def _replies(gen) -> AsyncIterator[Delta | Failure]:
+    """The server's replies after Accepted; a replica that dies mid-request is one more
+    Failure."""
     try:
-        async for item in gen:
-            if "error" in item:
-                return error_response(item["error"], item["status"], item["param"])
-            out = item["out"]
-            if out.error:
-                return error_response(out.error, 500)
-            state.prompt_tokens = out.prompt_tokens
-            text.append(out.text)
-            lp = state.logprobs(out, item["pieces"])
-            if lp is not None:
-                lps = lp if lps is None else _merge_logprobs(lps, lp)
-            state.completion_tokens = out.completion_tokens
-            finish_reason = out.finish_reason
-    except Exception as e:  # the replica died mid-request
+        async for reply in gen:
+            yield reply
+    except Exception as e:
         log.exception("pipeline stream failed")
-        return error_response(f"The pipeline failed: {e}", 503)
+        yield Failure(f"The pipeline failed: {e}", 503)
+
+
+async def _collect(gen, state: _Stream):
+    text = [state.echo_text]
+    lps, finish_reason = None, None
+    async for reply in _replies(gen):
+        if isinstance(reply, Failure):
+            return error_response(reply.message, reply.status, reply.param)
+        out = reply.out
+        state.prompt_tokens = out.prompt_tokens
+        text.append(out.text)
+        lp = state.logprobs(out, reply.pieces)
+        if lp is not None:
+            lps = lp if lps is None else _merge_logprobs(lps, lp)
+        state.completion_tokens = out.completion_tokens
+        finish_reason = out.finish_reason
     return JSONResponse(state.b.full("".join(text), lps, finish_reason, state.usage()))
 
 
@@ -178,25 +186,18 @@ async def _sse(gen, state: _Stream):
         b = state.b
         if b.chat:
             yield sse(b.chunk("", None, None, first=True))
-        elif state.header.get("echo_text"):
-            yield sse(b.chunk(state.header["echo_text"], None, None))
-        try:
-            async for item in gen:
-                if "error" in item:
-                    yield sse(error_body(item["error"], item["status"], item["param"]))
-                    break
-                out = item["out"]
-                if out.error:
-                    yield sse(error_body(out.error, 500))
-                    break
-                state.prompt_tokens = out.prompt_tokens
-                state.completion_tokens = out.completion_tokens
-                lp = state.logprobs(out, item["pieces"])
-                if out.text or out.finished or lp is not None:
-                    yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None))
-        except Exception as e:  # the replica died mid-stream: say so in the stream's own way
-            log.exception("pipeline stream failed")
-            yield sse(error_body(f"The pipeline failed: {e}", 503))
+        elif state.echo_text:
+            yield sse(b.chunk(state.echo_text, None, None))
+        async for reply in _replies(gen):
+            if isinstance(reply, Failure):
+                yield sse(error_body(reply.message, reply.status, reply.param))
+                break
+            out = reply.out
+            state.prompt_tokens = out.prompt_tokens
+            state.completion_tokens = out.completion_tokens
+            lp = state.logprobs(out, reply.pieces)
+            if out.text or out.finished or lp is not None:
+                yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None))
         if state.include_usage:
             yield sse(b.usage_chunk(state.usage()))
         yield SSE_DONE

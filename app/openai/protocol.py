@@ -9,6 +9,7 @@ live in SamplingParams.validate, the one place the engine's own callers go throu
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -88,19 +89,10 @@ class _Sampling(BaseModel):
                                  param="stream_options")
 
     def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        stop = self.stop if self.stop is not None else ()
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0, min_p=self.min_p or 0.0, seed=self.seed,
-            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop=stop,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=(1.0 if self.repetition_penalty is None
-                                else self.repetition_penalty),
-            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
+        """The fields SamplingParams shares with this schema, None meaning its default."""
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)
+                 if getattr(self, f.name, None) is not None}
+        return SamplingParams(**{**given, "max_tokens": max_tokens, "logprobs": logprobs})
 
     @property
     def include_usage(self) -> bool:
@@ -122,9 +114,11 @@ class CompletionRequest(_Sampling):
                 raise InvalidRequest("only one prompt per request is supported.",
                                      param="prompt")
             p = p[0]
-        if isinstance(p, list) and not p:
-            raise InvalidRequest("the prompt is empty.", param="prompt")
-        return p
+        return p  # an empty one is refused with the others (Coordinator.add_request)
+
+    def prompt_fields(self) -> dict:
+        """The GenerateRequest fields of this request's prompt."""
+        return {"prompt": self.single_prompt(), "echo": self.echo}
 
     def sampling_params(self) -> SamplingParams:
         self._check_common()
@@ -179,5 +173,7 @@ class ChatCompletionRequest(_Sampling):
                       else self.max_tokens)
         return self._params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
 
-    def message_dicts(self) -> list[dict]:
-        return [m.as_dict() for m in self.messages]
+    def prompt_fields(self) -> dict:
+        """The GenerateRequest fields of this request's prompt."""
+        return {"messages": [m.as_dict() for m in self.messages],
+                "add_generation_prompt": self.add_generation_prompt}

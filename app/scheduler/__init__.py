@@ -9,7 +9,16 @@ from .skip import ReqInfo, decide_send, token_needed
 from .state import SchedRequest, SchedulerInvariantError, TokenEvent
 
 __all__ = [
-    "SKIP_MODES", "BlockPool", "BlockPoolError", "ChunkCost", "ReqInfo", "SchedRequest",
-    "Scheduler", "SchedulerConfig", "SchedulerInvariantError", "TokenEvent", "decide_send",
+    "SKIP_MODES",
+    "BlockPool",
+    "BlockPoolError",
+    "ChunkCost",
+    "ReqInfo",
+    "SchedRequest",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerInvariantError",
+    "TokenEvent",
+    "decide_send",
     "token_needed",
 ]

@@ -15,6 +15,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class ModelShape(Protocol):
+    """The shapes a chunk's cost depends on (stages.model_config.ModelArgs has them)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -29,24 +40,34 @@ class ChunkCost:
             raise ValueError(f"chunk cost coefficients must be positive, got {self}")
 
     @classmethod
-    def from_shape(cls, hidden: int, intermediate: int, heads: int, kv_heads: int,
-                   head_dim: int) -> "ChunkCost":
+    def from_shape(
+        cls, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int
+    ) -> "ChunkCost":
         """FLOPs of one dense Llama-style layer: 2 per weight per token; 4 * heads * head_dim
         per (query, key) pair (scores and the weighted sum)."""
-        weights = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden \
+        weights = (
+            hidden * (heads + 2 * kv_heads) * head_dim
+            + heads * head_dim * hidden
             + 3 * hidden * intermediate
+        )
         return cls(2.0 * weights, 4.0 * heads * head_dim)
 
     @classmethod
-    def for_model(cls, args) -> "ChunkCost":
+    def for_model(cls, args: ModelShape) -> ChunkCost:
         """From a model config with hidden_size, intermediate_size, num_attention_heads,
         num_key_value_heads and head_dim (stages.model_config.ModelArgs)."""
-        return cls.from_shape(args.hidden_size, args.intermediate_size,
-                              args.num_attention_heads, args.num_key_value_heads, args.head_dim)
+        return cls.from_shape(
+            args.hidden_size,
+            args.intermediate_size,
+            args.num_attention_heads,
+            args.num_key_value_heads,
+            args.head_dim,
+        )
 
     def of(self, prefix: int, tokens: int) -> float:
-        return self.token_cost * tokens + self.pair_cost * (prefix * tokens
-                                                            + tokens * (tokens + 1) / 2)
+        return self.token_cost * tokens + self.pair_cost * (
+            prefix * tokens + tokens * (tokens + 1) / 2
+        )
 
 
 def granule(chunk_size: int) -> int:
@@ -68,8 +89,7 @@ def dynamic_chunk_size(chunk_size: int, cost: ChunkCost, smooth: float, prefix: 
     return max(g, min(chunk_size, int(size) // g * g))
 
 
-def lone_prompt_chunks(chunk_limit: Callable[[int], int],
-                       prompt_len: int) -> list[tuple[int, int]]:
+def lone_prompt_chunks(chunk_limit: Callable[[int], int], prompt_len: int) -> list[tuple[int, int]]:
     """(prefix, tokens) of each chunk of a prompt that runs alone, cut by `chunk_limit`."""
     chunks, prefix = [], 0
     while prefix < prompt_len:

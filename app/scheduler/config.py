@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .chunking import ChunkCost, dynamic_chunk_size, lone_prompt_chunks
 
+# The one definition of each tuple of choices; EngineConfig offers these.
 SKIP_MODES = ("off", "sglang", "auto")
 KV_ADMISSIONS = ("reserve", "on-demand")
 
@@ -45,27 +46,41 @@ class SchedulerConfig:
     dynamic_chunk_smooth: float = 0.75
 
     def __post_init__(self) -> None:
-        for name in ("chunk_size", "max_num_batched_tokens", "max_num_seqs", "max_inflight",
-                     "block_size", "num_blocks", "max_model_len", "num_stages"):
+        for name in (
+            "chunk_size",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_inflight",
+            "block_size",
+            "num_blocks",
+            "max_model_len",
+            "num_stages",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
         if self.skip_mode not in SKIP_MODES:
-            raise ValueError(f"SchedulerConfig.skip_mode must be one of {SKIP_MODES}, "
-                             f"got {self.skip_mode!r}")
+            raise ValueError(
+                f"SchedulerConfig.skip_mode must be one of {SKIP_MODES}, got {self.skip_mode!r}"
+            )
         if self.kv_admission not in KV_ADMISSIONS:
-            raise ValueError(f"SchedulerConfig.kv_admission must be one of {KV_ADMISSIONS}, "
-                             f"got {self.kv_admission!r}")
+            raise ValueError(
+                f"SchedulerConfig.kv_admission must be one of {KV_ADMISSIONS}, "
+                f"got {self.kv_admission!r}"
+            )
         if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
-            raise ValueError("SchedulerConfig.dynamic_chunk_smooth must be in [0, 1], "
-                             f"got {self.dynamic_chunk_smooth!r}")
+            raise ValueError(
+                "SchedulerConfig.dynamic_chunk_smooth must be in [0, 1], "
+                f"got {self.dynamic_chunk_smooth!r}"
+            )
 
     def chunk_limit(self, prefix: int) -> int:
         """Most prompt tokens of one request's next chunk, `prefix` of them already cached."""
         if self.chunk_cost is None:
             return self.chunk_size
-        return dynamic_chunk_size(self.chunk_size, self.chunk_cost, self.dynamic_chunk_smooth,
-                                  prefix)
+        return dynamic_chunk_size(
+            self.chunk_size, self.chunk_cost, self.dynamic_chunk_smooth, prefix
+        )
 
     def lone_prompt_chunks(self, prompt_len: int) -> list[tuple[int, int]]:
         """(prefix, tokens) of each chunk of a prompt of prompt_len that runs alone."""

@@ -18,11 +18,19 @@ from collections.abc import Iterable
 
 from stages.protocol import MicrobatchPlan, NewRequest, Row
 
-from .admission import OnDemandAdmission
+from .admission import ADMISSIONS
 from .block_pool import BlockPool
 from .config import SchedulerConfig
 from .skip import ReqInfo, decide_send, needed_req_ids
-from .state import OutputLedger, ReqState, SchedRequest, TokenEvent, check
+from .state import (
+    OutputLedger,
+    OutputListener,
+    ReqState,
+    SchedRequest,
+    SchedulerInvariantError,
+    TokenEvent,
+    check,
+)
 
 
 class _Inflight:
@@ -32,8 +40,10 @@ class _Inflight:
         self.plan, self.blocks, self.req_ids = plan, blocks, req_ids
 
 
-class Scheduler(OnDemandAdmission):
-    def __init__(self, config: SchedulerConfig) -> None:
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, on_output_event: OutputListener | None = None
+    ) -> None:
         self.config = config
         self.pool = BlockPool(config.num_blocks)
         self._waiting: dict[str, SchedRequest] = {}  # FCFS: dicts keep insertion order
@@ -42,10 +52,10 @@ class Scheduler(OnDemandAdmission):
         self._free_slots: deque[int] = deque(range(config.max_num_seqs))
         self._inflight: deque[_Inflight] = deque()
         self._finished_unannounced: list[str] = []
-        self._ledger = OutputLedger()
+        self._ledger = OutputLedger(on_output_event)
         self._next_mb = 0
         self._resume: dict[str, tuple[int, ...]] = {}  # preempted, waiting: tokens generated
-        self._plan_need = 0  # on-demand: blocks the plan being built will take
+        self.admission = ADMISSIONS[config.kv_admission](config, self.pool)
         self.num_preemptions = 0
 
     # -- reading ------------------------------------------------------------------------------
@@ -72,15 +82,13 @@ class Scheduler(OnDemandAdmission):
     def inflight_mb_ids(self) -> tuple[int, ...]:
         return tuple(r.plan.mb_id for r in self._inflight)
 
-    def inflight_req_ids(self) -> frozenset[str]:
-        return frozenset(rid for r in self._inflight for rid in r.req_ids)
-
     def pending_finished(self) -> tuple[str, ...]:
         """The req_ids the next plan lists in `finished` (finished or preempted since)."""
         return tuple(self._finished_unannounced)
 
     def comm_stats(self) -> dict[str, int]:
-        return self._ledger.as_dict()
+        """sent / skipped / missed / orphaned so far (state.OutputLedger)."""
+        return dict(self._ledger.counts)
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._inflight)
@@ -91,23 +99,31 @@ class Scheduler(OnDemandAdmission):
     # -- requests -----------------------------------------------------------------------------
     def add(self, req: SchedRequest) -> None:
         cfg = self.config
-        if req.req_id in self._waiting or req.req_id in self._states \
-                or req.req_id in self._finished_unannounced:
+        if (
+            req.req_id in self._waiting
+            or req.req_id in self._states
+            or req.req_id in self._finished_unannounced
+        ):
             raise ValueError(f"request {req.req_id!r} is already known to the scheduler")
         if req.prompt_len < 1:
             raise ValueError(f"request {req.req_id!r}: empty prompt")
         if req.max_tokens < 1:
-            raise ValueError(f"request {req.req_id!r}: max_tokens must be >= 1, "
-                             f"got {req.max_tokens}")
+            raise ValueError(
+                f"request {req.req_id!r}: max_tokens must be >= 1, got {req.max_tokens}"
+            )
         total = req.prompt_len + req.max_tokens
         if total > cfg.max_model_len:
-            raise ValueError(f"request {req.req_id!r}: prompt ({req.prompt_len} tokens) + "
-                             f"max_tokens ({req.max_tokens}) = {total} exceeds max_model_len "
-                             f"({cfg.max_model_len})")
+            raise ValueError(
+                f"request {req.req_id!r}: prompt ({req.prompt_len} tokens) + "
+                f"max_tokens ({req.max_tokens}) = {total} exceeds max_model_len "
+                f"({cfg.max_model_len})"
+            )
         need = cfg.blocks_for(total)
         if need > cfg.num_blocks:
-            raise ValueError(f"request {req.req_id!r}: needs {need} KV blocks of "
-                             f"{cfg.block_size} tokens, the pool has {cfg.num_blocks}")
+            raise ValueError(
+                f"request {req.req_id!r}: needs {need} KV blocks of "
+                f"{cfg.block_size} tokens, the pool has {cfg.num_blocks}"
+            )
         self._waiting[req.req_id] = req
 
     def finish(self, req_id: str, reason: str) -> bool:
@@ -145,7 +161,7 @@ class Scheduler(OnDemandAdmission):
         rows: list[Row] = []
         named: list[ReqState] = []
         news: list[NewRequest] = []
-        self._plan_need = 0
+        self.admission.begin_plan()
         for st in list(self._running.values()):  # decode rows first
             if budget == 0:
                 break
@@ -176,6 +192,48 @@ class Scheduler(OnDemandAdmission):
             return None
         return self._dispatch(rows, named, news)
 
+    def _room(self, st: ReqState, end: int, named: list[ReqState]) -> bool:
+        return self.admission.room(st, end, named, self._running, self._preempt)
+
+    def _preempt(self, st: ReqState) -> None:
+        """Finish `st` at the stages and queue it again, first, with what it generated."""
+        rid = st.req_id
+        outputs = tuple(st.output_ids)
+        self.finish(rid, "preempted")
+        self.num_preemptions += 1
+        self._resume[rid] = outputs
+        self._waiting = {rid: st.req, **self._waiting}
+
+    def _admit_head(self, budget: int, named: list[ReqState]) -> tuple[ReqState, NewRequest] | None:
+        """Admit the head of the queue, or None if it does not fit yet (FCFS: then nobody is)."""
+        req = next(iter(self._waiting.values()))
+        if req.req_id in self._states:
+            return None  # its preempted incarnation is still in flight: FCFS, wait
+        outputs = self._resume.get(req.req_id, ())
+        prefix = req.prompt_token_ids + outputs
+        if not self.admission.admit(req, len(prefix)):
+            return None
+        del self._waiting[req.req_id]
+        self._resume.pop(req.req_id, None)
+        st = ReqState(
+            req,
+            self._free_slots.popleft(),
+            prefix=prefix,
+            output_ids=list(outputs),
+            generated=len(outputs),
+            planned=len(outputs),
+        )
+        self._running[req.req_id] = st
+        self._states[req.req_id] = st
+        # the first chunk fits in what admission checked; this books it in the plan
+        self._room(st, min(self.config.chunk_limit(0), st.prefill_left, budget), named)
+        # The last stage needs the prompt only for the repetition penalty, and the tokens
+        # generated before a preemption only for the penalties' history (protocol.NewRequest).
+        sampling = req.sampling
+        prompt = req.prompt_token_ids if sampling.repetition_penalty != 1.0 else ()
+        history = outputs if sampling.needs_history else ()
+        return st, NewRequest(req.req_id, st.slot, sampling, prompt, history)
+
     def _decode_ready(self, st: ReqState) -> bool:
         """Whether the next microbatch may carry a decode row of `st`. Without run-ahead: its
         previous token has retired (ReqState.decode_ready). With run-ahead: its previous
@@ -192,31 +250,52 @@ class Scheduler(OnDemandAdmission):
             return st.decode_ready
         if st.finished or st.prefill_left > 0 or not 1 <= st.planned < st.req.max_tokens:
             return False
-        return (st.generated == st.planned  # the previous sampling row has retired
-                or self._next_mb - st.sample_mb >= self.config.num_stages)
+        return (
+            st.generated == st.planned  # the previous sampling row has retired
+            or (st.sample_mb is not None and self._next_mb - st.sample_mb >= self.config.num_stages)
+        )
 
     def _decode_row(self, st: ReqState) -> Row:
-        # Without run-ahead planned == generated and sample_mb == last_mb here (nothing of the
-        # request is in flight); with it, the previous step may still be in flight.
-        check(st.sample_mb is not None and st.source_mb == st.sample_mb,
-              f"{st.req_id!r}: decode input mb {st.sample_mb} is not the pending source "
-              f"{st.source_mb}")
+        # Without run-ahead nothing of the request is in flight here; with it, the previous
+        # step may be.
+        if st.sample_mb is None or st.source_mb != st.sample_mb:
+            raise SchedulerInvariantError(
+                f"{st.req_id!r}: decode input mb {st.sample_mb} is not the pending source "
+                f"{st.source_mb}"
+            )
         self._ledger.consume(st.sample_mb, st.req_id)
         st.source_mb = None
-        return Row(st.req_id, st.slot, st.req.prompt_len + st.planned - 1, 1, None,
-                   input_from_mb=st.sample_mb, sample=True, output_index=st.planned,
-                   is_prefill=False)
+        return Row(
+            st.req_id,
+            st.slot,
+            st.req.prompt_len + st.planned - 1,
+            1,
+            None,
+            input_from_mb=st.sample_mb,
+            sample=True,
+            output_index=st.planned,
+            is_prefill=False,
+        )
 
     def _chunk_row(self, st: ReqState, budget: int) -> Row:
         n = min(self.config.chunk_limit(st.prefill_pos), st.prefill_left, budget)
         start = st.prefill_pos
         st.prefill_pos += n
         last = st.prefill_left == 0
-        return Row(st.req_id, st.slot, start, n, st.prefix[start:start + n],
-                   sample=last, output_index=st.generated, is_prefill=True)
+        return Row(
+            st.req_id,
+            st.slot,
+            start,
+            n,
+            st.prefix[start : start + n],
+            sample=last,
+            output_index=st.generated,
+            is_prefill=True,
+        )
 
-    def _dispatch(self, rows: list[Row], named: list[ReqState],
-                  news: list[NewRequest]) -> MicrobatchPlan:
+    def _dispatch(
+        self, rows: list[Row], named: list[ReqState], news: list[NewRequest]
+    ) -> MicrobatchPlan:
         mb_id = self._next_mb
         self._next_mb += 1
         updates = []
@@ -225,8 +304,7 @@ class Scheduler(OnDemandAdmission):
             have = len(st.blocks)
             want = self.config.blocks_for(row.start + row.num_tokens)
             if want > have:
-                take = self.pool.take if self.on_demand else self.pool.allocate
-                new_ids = take(st.req_id, want - have)
+                new_ids = self.admission.take(st.req_id, want - have)
                 st.blocks.extend(new_ids)
                 updates.append((st.req_id, new_ids))
             retained.extend(st.blocks)
@@ -235,15 +313,18 @@ class Scheduler(OnDemandAdmission):
                 st.planned += 1
                 st.sample_mb = mb_id
         self.pool.retain(retained)
-        info = {st.req_id: ReqInfo(len(st.prefix), st.req.max_tokens, st.req.wants_logprobs)
-                for st in named}
+        info = {
+            st.req_id: ReqInfo(len(st.prefix), st.req.max_tokens, st.req.wants_logprobs)
+            for st in named
+        }
         send = decide_send(self.config.skip_mode, rows, info)
         needed = needed_req_ids(rows, info)
         self._ledger.record(mb_id, send, needed)
         for rid in needed:
             self._states[rid].source_mb = mb_id
-        plan = MicrobatchPlan(mb_id, tuple(rows), tuple(news), tuple(updates),
-                              tuple(self._finished_unannounced), send)
+        plan = MicrobatchPlan(
+            mb_id, tuple(rows), tuple(news), tuple(updates), tuple(self._finished_unannounced), send
+        )
         self._finished_unannounced.clear()
         self._inflight.append(_Inflight(plan, retained, tuple(st.req_id for st in named)))
         return plan
@@ -252,28 +333,31 @@ class Scheduler(OnDemandAdmission):
     def abort_inflight(self, reason: str = "error") -> list[str]:
         """A stage failed: finish every live request an in-flight microbatch names, then retire
         those microbatches with no tokens. Returns the finished req_ids (dispatch order)."""
-        victims = list(dict.fromkeys(rid for rec in self._inflight for rid in rec.req_ids
-                                     if rid in self._running))
+        victims = list(
+            dict.fromkeys(
+                rid for rec in self._inflight for rid in rec.req_ids if rid in self._running
+            )
+        )
         for rid in victims:
             self.finish(rid, reason)
         while self._inflight:
             self.retire(self._inflight[0].plan.mb_id, [])
         return victims
 
-    def retire(self, mb_id: int, sampled: Iterable) -> list[TokenEvent]:
-        """Retire the oldest in-flight microbatch with its sampled tokens, given as
-        (req_id, token_id) pairs or objects with .req_id/.token_id (protocol.SampledToken).
+    def retire(self, mb_id: int, sampled: Iterable[tuple[str, int]]) -> list[TokenEvent]:
+        """Retire the oldest in-flight microbatch with its sampled (req_id, token_id) pairs.
         Returns the accepted tokens; tokens of requests already finished are dropped."""
         if not self._inflight:
             raise ValueError(f"retire({mb_id}): no microbatch in flight")
         rec = self._inflight[0]
         if rec.plan.mb_id != mb_id:
-            raise ValueError(f"retire({mb_id}) out of order: the oldest in flight is "
-                             f"{rec.plan.mb_id}; retire in dispatch order")
+            raise ValueError(
+                f"retire({mb_id}) out of order: the oldest in flight is "
+                f"{rec.plan.mb_id}; retire in dispatch order"
+            )
         samplers = {r.req_id: r for r in rec.plan.rows if r.sample}
         tokens: dict[str, int] = {}
-        for item in sampled:
-            req_id, tok = (item.req_id, item.token_id) if hasattr(item, "req_id") else item
+        for req_id, tok in sampled:
             if req_id not in samplers:
                 raise ValueError(f"retire({mb_id}): {req_id!r} sampled no token in this mb")
             if req_id in tokens:
@@ -289,12 +373,12 @@ class Scheduler(OnDemandAdmission):
             st = self._states[row.req_id]
             st.inflight -= 1
             if row.sample and not st.finished:
-                check(row.output_index == st.generated,
-                      f"{row.req_id!r}: retiring output {row.output_index}, "
-                      f"expected {st.generated}")
+                check(
+                    row.output_index == st.generated,
+                    f"{row.req_id!r}: retiring output {row.output_index}, expected {st.generated}",
+                )
                 st.generated += 1
                 st.output_ids.append(tokens[row.req_id])
-                st.last_mb = mb_id
                 events.append(TokenEvent(row.req_id, tokens[row.req_id], row.output_index))
             if st.finished and st.inflight == 0:
                 self._release(st)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -51,7 +52,6 @@ class ReqState:
     generated: int = 0  # tokens retired (accepted) so far
     inflight: int = 0  # dispatched, not yet retired microbatches naming this request
     blocks: list[int] = field(default_factory=list)  # block table, in order
-    last_mb: int | None = None  # the microbatch that sampled the latest generated token
     planned: int = 0  # sampling rows dispatched: tokens generated + sampled by mbs in flight
     sample_mb: int | None = None  # the microbatch of the latest dispatched sampling row
     source_mb: int | None = None  # dispatched mb sampling a needed token no decode read yet
@@ -78,8 +78,12 @@ class ReqState:
     def decode_ready(self) -> bool:
         """A decode row may be planned: prompt done and retired, previous token retired, and
         the request continues (a request at max_tokens waits for the coordinator's finish)."""
-        return (not self.finished and self.prefill_left == 0 and self.inflight == 0
-                and 1 <= self.generated < self.req.max_tokens)
+        return (
+            not self.finished
+            and self.prefill_left == 0
+            and self.inflight == 0
+            and 1 <= self.generated < self.req.max_tokens
+        )
 
 
 @dataclass
@@ -89,36 +93,43 @@ class _Output:
     consumed: bool = False
 
 
+OUTPUT_EVENTS = ("sent", "skipped", "missed", "orphaned")
+# Called once per event as it happens, with the counts after it: the one feed of the metrics.
+OutputListener = Callable[[str, Mapping[str, int]], None]
+
+
 class OutputLedger:
     """Counts output-channel decisions and tracks who consumes each needed token.
 
     sent / skipped: decisions at dispatch. missed: a send that `auto` would have skipped.
-    orphaned: a sent microbatch with needed tokens whose consumers all finished (stop, abort)
-    before any decode row read one of them.
+    orphaned: a sent microbatch with needed tokens whose consumers all finished (stop, abort,
+    preemption) before any decode row read one of them.
     """
 
-    def __init__(self) -> None:
-        self.sent = 0
-        self.skipped = 0
-        self.missed = 0
-        self.orphaned = 0
+    def __init__(self, listener: OutputListener | None = None) -> None:
+        self.counts = dict.fromkeys(OUTPUT_EVENTS, 0)
+        self._listener = listener
         self._outputs: dict[int, _Output] = {}
 
+    def _event(self, name: str) -> None:
+        self.counts[name] += 1
+        if self._listener is not None:
+            self._listener(name, self.counts)
+
     def record(self, mb_id: int, send: bool, needed: tuple[str, ...]) -> None:
-        if send:
-            self.sent += 1
-            if not needed:
-                self.missed += 1
-        else:
-            self.skipped += 1
+        self._event("sent" if send else "skipped")
+        if send and not needed:
+            self._event("missed")
         if needed:
             self._outputs[mb_id] = _Output(send, set(needed))
 
     def consume(self, mb_id: int, req_id: str) -> None:
         """A decode row of `req_id` reads the token `mb_id` sampled for it."""
         out = self._outputs.get(mb_id)
-        check(out is not None and req_id in out.pending,
-              f"decode row of {req_id!r} reads mb {mb_id}, which sampled no needed token for it")
+        if out is None or req_id not in out.pending:
+            raise SchedulerInvariantError(
+                f"decode row of {req_id!r} reads mb {mb_id}, which sampled no needed token for it"
+            )
         check(out.sent, f"decode row of {req_id!r} reads mb {mb_id}, whose output was skipped")
         out.pending.discard(req_id)
         out.consumed = True
@@ -127,19 +138,13 @@ class OutputLedger:
 
     def vanish(self, mb_id: int | None, req_id: str) -> None:
         """`req_id` finished; if its latest token was needed and unread, it never will be."""
-        out = self._outputs.get(mb_id) if mb_id is not None else None
+        if mb_id is None:
+            return
+        out = self._outputs.get(mb_id)
         if out is None or req_id not in out.pending:
             return
         out.pending.discard(req_id)
         if not out.pending:
             del self._outputs[mb_id]
             if out.sent and not out.consumed:
-                self.orphaned += 1
-
-    def pending_for(self, mb_id: int) -> frozenset[str]:
-        out = self._outputs.get(mb_id)
-        return frozenset(out.pending) if out else frozenset()
-
-    def as_dict(self) -> dict[str, int]:
-        return {"sent": self.sent, "skipped": self.skipped, "missed": self.missed,
-                "orphaned": self.orphaned}
+                self._event("orphaned")

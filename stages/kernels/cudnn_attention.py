@@ -1,18 +1,18 @@
 """Chunk attention on cuDNN: the prefix and the diagonal as two calls, merged by log-sum-exp.
 
 PyTorch's SDPA runs a bottom-right causal chunk (t queries after L - t cached keys) on
-FlashAttention-2, while a square causal prompt goes to cuDNN, which on H200 is 1.7x faster. Here
+FlashAttention-2, while a square causal prompt goes to cuDNN, which is faster on H200. Here
 the chunk is cut so both parts fit cuDNN's top-left causal mask: the t x (L - t) prefix needs no
 mask, the t x t diagonal is square (top-left == bottom-right), and the two partial softmaxes merge
-exactly by their log-sum-exps. cuDNN takes GQA natively (no KV-head repeat).
-Measured (docs/bench/attention.json, t=8K, L=128K, Llama-8B heads): 29.1 ms vs 51.9 ms.
+exactly by their log-sum-exps. cuDNN takes GQA natively (no KV-head repeat). Figures:
+docs/PERFORMANCE.md.
 
-cuDNN builds a graph per shape (PyTorch caches it per thread, keyed by every size): 40-65 ms on
-H200 for each new (queries, keys) pair (docs/bench/first_run_probe*.json). So the calls' shapes
+cuDNN builds a graph per shape (PyTorch caches it per thread, keyed by every size), tens of
+milliseconds for each new (queries, keys) pair. So the calls' shapes
 are bucketed (split_attention: key counts in steps of KEY_ALIGN, query counts of Q_ALIGN), and a
 stage builds a long prompt's chunk shapes at startup (StageRunner.warm_up), so requests do not
 pay for them. TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (one graph per power of two, ragged offsets) is
-not used: it made the kernels 7-20 % slower at 16K-128K keys (same files). Decode steps and short
+not used: it made the kernels slower at long key counts. Decode steps and short
 chunks, where cuDNN's higher host cost per call outweighs its kernel, stay on the torch reference.
 """
 

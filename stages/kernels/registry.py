@@ -28,14 +28,33 @@ BACKENDS: dict[str, dict[str, str]] = {
     "decode_attention": {
         "torch": "stages.kernels.torch_ref:decode_attention",
     },
+    # Decode rows reading K/V in place through block tables (static shapes: CUDA graphs).
+    "paged_decode": {
+        "triton": "stages.kernels.triton_paged_decode:paged_decode_attention",
+        "torch": "stages.kernels.torch_ref:paged_decode_attention",
+    },
+    # MLA (DeepSeek) decode in the absorbed form over the paged latent cache.
+    "mla_decode": {
+        "torch": "stages.kernels.torch_ref:mla_decode",
+        "flash-mla": "stages.kernels.flash_mla:mla_decode",
+    },
+    # Routed MoE experts: per-expert cuBLAS GEMMs, or one grouped persistent Triton kernel.
+    "moe_experts": {
+        "torch": "stages.kernels.torch_ref:moe_experts",
+        "triton-persistent": "stages.kernels.triton_moe:moe_experts",
+        "triton-persistent-sm1": "stages.kernels.triton_moe:moe_experts_sm1",
+    },
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it;
-# cuDNN leads attention on CUDA (1.7x SDPA's flash path on chunks, docs/bench/attention.json).
+# cuDNN leads attention on CUDA (faster than SDPA's flash path on chunks: docs/PERFORMANCE.md).
 PRIORITY: dict[str, tuple[str, ...]] = {
     "linear": ("torch", "triton-persistent"),
     "attention": ("cudnn", "torch"),
     "decode_attention": ("torch",),
+    "paged_decode": ("triton", "torch"),
+    "mla_decode": ("flash-mla", "torch"),
+    "moe_experts": ("torch", "triton-persistent"),
 }
 
 
@@ -44,6 +63,12 @@ class Kernels:
     linear: Callable  # (x, weight, bias=None) -> x @ weight.T + bias
     attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,D], scale) -> [t,Hq,D]
     decode_attention: Callable  # (q [R,Hq,D], k/v [R,Lmax,Hkv,D], mask [R,Lmax], scale)
+    # (q [R,Hq,D], k/v cache [slots,Hkv,D], tables, table_rows [R], lengths [R], scale, block)
+    paged_decode: Callable
+    # (q [R,H,576], pages [blocks,B,1,576], block_table, seqlens, dv, scale, state) -> [R,H,dv]
+    mla_decode: Callable | None = None
+    # (x [T,H], gate_up [E,2I,H], down [E,H,I], topk_ids [T,k], topk_weights [T,k]) -> [T,H]
+    moe_experts: Callable | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -77,11 +102,18 @@ def _select(op: str, choice: str, device: str) -> tuple[str, Callable]:
     return choice, fn
 
 
-def select_kernels(device: str, linear: str = "auto", attention: str = "auto") -> Kernels:
+def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
+                   mla_decode: str = "auto", moe_experts: str = "auto") -> Kernels:
     """Pick one backend per op for `device`; an explicit name that cannot run is an error."""
-    lin_name, lin = _select("linear", linear, str(device))
-    att_name, att = _select("attention", attention, str(device))
-    dec_name, dec = _select("decode_attention", "auto", str(device))
-    names = {"linear": lin_name, "attention": att_name, "decode_attention": dec_name}
+    chosen = {op: _select(op, choice, str(device)) for op, choice in (
+        ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
+        ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts))}
+    names = {op: name for op, (name, _fn) in chosen.items()}
     log.info("kernels on %s: %s", device, names)
-    return Kernels(linear=lin, attention=att, decode_attention=dec, names=names)
+    return Kernels(**{op: fn for op, (_name, fn) in chosen.items()}, names=names)
+
+
+def moe_backend_for(linear: str) -> str:
+    """The MoE expert GEMMs follow the linear backend where one of the same name exists (the
+    persistent Triton grids), else "auto"."""
+    return linear if linear in BACKENDS["moe_experts"] else "auto"

@@ -43,3 +43,66 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     out = F.scaled_dot_product_attention(q_, k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask[:, None, None, :], scale=scale)
     return out.reshape(r, hq, d)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, table_rows: torch.Tensor,
+                           lengths: torch.Tensor, scale: float, block_size: int,
+                           num_splits: int | None = None) -> torch.Tensor:
+    """The oracle of the paged decode kernels (same arguments; num_splits is ignored): each
+    row's keys gathered through its block table, then plain attention. Rows of length 0 give 0.
+    """
+    out = torch.zeros_like(q)
+    for r in range(q.shape[0]):
+        length = int(lengths[r])
+        if length == 0:
+            continue
+        table = block_tables[int(table_rows[r])].long()
+        pos = torch.arange(length, device=q.device)
+        slots = table[pos // block_size] * block_size + pos % block_size
+        out[r] = attention(q[r:r + 1], k_cache[slots], v_cache[slots], scale)[0]
+    return out
+
+
+def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
+               seqlens: torch.Tensor, dv: int, scale: float, state: dict) -> torch.Tensor:
+    """Absorbed MLA decode, one query per row: q [R, H, Dk] against the latent pages
+    [blocks, B, 1, Dk] (keys: all Dk values; values: the first dv) of each row's first
+    seqlens[r] slots through its block table [R, max_blocks]. Returns [R, H, dv] in fp32."""
+    b = pages.shape[1]
+    slots = (block_table.long()[:, :, None] * b
+             + torch.arange(b, device=q.device)[None, None, :]).reshape(q.shape[0], -1)
+    width = int(seqlens.max())
+    slots = slots[:, :width]
+    mask = torch.arange(width, device=q.device)[None, :] < seqlens[:, None]
+    latent = pages.view(-1, pages.shape[-1]).index_select(0, slots.reshape(-1)).view(
+        *slots.shape, 1, -1).to(q.dtype)  # [R, L, 1, Dk]
+    k = latent.transpose(1, 2)  # [R, 1, L, Dk]: one head shared by every query head
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), k.expand(-1, q.shape[1], -1, -1),
+                                         k[..., :dv].expand(-1, q.shape[1], -1, -1),
+                                         attn_mask=mask[:, None, None, :], scale=scale)
+    return out.squeeze(2).float()
+
+
+def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """Routed experts: x [T, H], gate_up [E, 2I, H], down [E, H, I], ids/weights [T, k] ->
+    sum over each token's k experts of weight * down(silu(gate) * up), [T, H]. One GEMM pair
+    per expert that received tokens."""
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    weights = topk_weights.reshape(-1)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        sel = order[start:start + n]
+        start += n
+        tokens = sel // k
+        gate, up = F.linear(x[tokens], gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down[e])
+        out.index_add_(0, tokens, y.float() * weights[sel, None])
+    return out.to(x.dtype)

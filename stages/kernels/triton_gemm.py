@@ -10,7 +10,7 @@ Tiles are loaded with Hopper TMA through host-side tensor descriptors when the s
 (16-byte aligned rows: K and N multiples of 8), else with plain masked loads. Small M (decode) and
 anything that is not a bf16 CUDA tensor go to torch. Block configurations per shape come from a
 measured sweep on an H200 (``docs/bench/triton_gemm_tuning.json``, made by
-``python -m app.bench_contention --tune``); ``PPSERVE_TRITON_GEMM_TUNING=path.json`` overrides
+``python -m app.bench.contention --tune``); ``PPSERVE_TRITON_GEMM_TUNING=path.json`` overrides
 them with such a file.
 
 Imports cleanly without triton or CUDA: triton is imported lazily.

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.kv_cache import PagedKVCache
 from stages.model_config import ModelArgs
@@ -57,8 +57,11 @@ class RMSNorm(nn.Module):
 class Linear(nn.Module):
     """Holds a checkpoint's weight (and bias); the matmul runs on the chosen kernel backend."""
 
-    def __init__(self, n_in: int, n_out: int, bias: bool, kernels: Kernels, dtype, device):
+    def __init__(self, n_in: int, n_out: int, bias: bool, kernels: Kernels, dtype, device,
+                 parts: tuple[tuple[str, int], ...] = ()):
         super().__init__()
+        # A fused weight: (checkpoint module name, rows) of each tensor it concatenates.
+        self.parts = parts
         self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype, device=device)) if bias else None
         self.kernels = kernels
@@ -74,9 +77,10 @@ class Attention(nn.Module):
         self.hq, self.hkv, self.d = args.num_attention_heads, args.num_key_value_heads, d
         self.scale = d ** -0.5
         self.kernels = kernels
-        self.q_proj = Linear(h, self.hq * d, args.attention_bias, kernels, dtype, device)
-        self.k_proj = Linear(h, self.hkv * d, args.attention_bias, kernels, dtype, device)
-        self.v_proj = Linear(h, self.hkv * d, args.attention_bias, kernels, dtype, device)
+        # q, k and v in one GEMM (the loader concatenates the checkpoint's three tensors)
+        self.qkv_proj = Linear(h, (self.hq + 2 * self.hkv) * d, args.attention_bias, kernels,
+                               dtype, device, (("q_proj", self.hq * d), ("k_proj", self.hkv * d),
+                                               ("v_proj", self.hkv * d)))
         self.o_proj = Linear(self.hq * d, h, args.o_proj_bias, kernels, dtype, device)
         if args.qk_norm:
             self.q_norm = RMSNorm(d, args.rms_norm_eps, dtype, device)
@@ -84,12 +88,13 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                kv: PagedKVCache, local_layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache,
+                local_layer: int) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.hq, self.d)
-        k = self.k_proj(x).view(t, self.hkv, self.d)
-        v = self.v_proj(x).view(t, self.hkv, self.d)
+        q, k, v = self.qkv_proj(x).split(
+            [self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q, k, v = (y.view(t, -1, self.d) for y in (q, k, v))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin
@@ -97,6 +102,12 @@ class Attention(nn.Module):
         # New K/V go to the cache first, then each row attends to its whole prefix: decode rows
         # in padded groups (one call per group), the others one call per row.
         kv.write(local_layer, k, v, batch.slot_mapping)
+        if isinstance(batch, PagedDecodeBatch):
+            k_cache, v_cache = kv.kv[local_layer][0], kv.kv[local_layer][1]
+            o = self.kernels.paged_decode(q, k_cache, v_cache, batch.block_tables,
+                                          batch.table_rows, batch.lengths, self.scale,
+                                          batch.block_size, batch.num_splits)
+            return self.o_proj(o.reshape(t, self.hq * self.d))
         if len(batch.row_starts) == 1:  # a lone row (a long prompt's chunk): no output copy
             k_r, v_r = kv.gather(local_layer, batch.block_tables[0], batch.row_starts[0] + t,
                                  batch.prefix_slots[0])
@@ -121,12 +132,13 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
         super().__init__()
         h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
-        self.gate_proj = Linear(h, i, b, kernels, dtype, device)
-        self.up_proj = Linear(h, i, b, kernels, dtype, device)
+        self.gate_up_proj = Linear(h, 2 * i, b, kernels, dtype, device,
+                                   (("gate_proj", i), ("up_proj", i)))
         self.down_proj = Linear(i, h, b, kernels, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -174,7 +186,25 @@ class LlamaStage(nn.Module):
     def num_local_layers(self) -> int:
         return self.layer_end - self.layer_start
 
-    def forward(self, inputs: torch.Tensor, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+    def checkpoint_sources(self) -> dict[str, list[tuple[str, tuple]]]:
+        """Fused parameters -> (checkpoint tensor, rows of the parameter) per piece."""
+        out = {}
+        for module_name, module in self.named_modules():
+            if not isinstance(module, Linear) or not module.parts:
+                continue
+            owner = "model." + module_name.rpartition(".")[0]
+            for leaf in ("weight", "bias"):
+                if getattr(module, leaf) is None:
+                    continue
+                pieces, row = [], 0
+                for part, rows in module.parts:
+                    pieces.append((f"{owner}.{part}.{leaf}", (slice(row, row + rows),)))
+                    row += rows
+                out[f"{module_name}.{leaf}"] = pieces
+        return out
+
+    def forward(self, inputs: torch.Tensor, batch: ForwardBatch | PagedDecodeBatch,
+                kv: PagedKVCache) -> torch.Tensor:
         """Token ids [T] (first stage) or hidden [T, hidden] -> hidden [T, hidden], before the
         final norm."""
         h = self.embed_tokens(inputs) if self.is_first else inputs.to(self.dtype)

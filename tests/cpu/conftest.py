@@ -8,6 +8,9 @@ import pytest
 import torch
 
 ARCHS = ("llama", "llama3", "llama_tied", "qwen2", "qwen3")
+# DeepSeek MLA + MoE: with and without q LoRA, dense and MoE layers, both gate flavours, grouped
+# and ungrouped routing, YaRN and plain RoPE, interleaved and half-split rope dims.
+DEEPSEEK_ARCHS = ("ds_v2", "ds_v2_grouped", "ds_v3", "ds_v3_flat")
 
 _COMMON = dict(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -15,8 +18,44 @@ _COMMON = dict(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden
                initializer_range=0.1)  # larger than 0.02 so logits and RoPE effects are not tiny
 
 
+_DEEPSEEK = dict(vocab_size=200, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                 kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                 n_routed_experts=8, num_experts_per_tok=2, max_position_embeddings=256,
+                 rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, initializer_range=0.1)
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+         "mscale": 0.707, "mscale_all_dim": 0.707}
+
+
+def deepseek_config(arch: str):
+    import transformers as tf
+    if arch == "ds_v2":  # V2-Lite-like: no q LoRA, greedy softmax gate, first layer dense, YaRN
+        return tf.DeepseekV2Config(**_DEEPSEEK, q_lora_rank=None, n_shared_experts=2,
+                                   first_k_dense_replace=1, topk_method="greedy",
+                                   routed_scaling_factor=1.0, rope_scaling=dict(_YARN))
+    if arch == "ds_v2_grouped":  # q LoRA, group-limited greedy, biases, plain RoPE
+        return tf.DeepseekV2Config(**_DEEPSEEK, q_lora_rank=24, n_shared_experts=1,
+                                   first_k_dense_replace=2, topk_method="group_limited_greedy",
+                                   n_group=4, topk_group=1, routed_scaling_factor=2.0,
+                                   attention_bias=True, rope_theta=10000.0)
+    if arch == "ds_v3":  # q LoRA, sigmoid gate with bias, 4 groups of which 2, YaRN, interleaved
+        return tf.DeepseekV3Config(**_DEEPSEEK, q_lora_rank=24, n_shared_experts=1,
+                                   first_k_dense_replace=1, n_group=4, topk_group=2,
+                                   norm_topk_prob=True, routed_scaling_factor=2.5,
+                                   rope_interleave=True, rope_scaling=dict(_YARN))
+    if arch == "ds_v3_flat":  # no q LoRA, one group, no renormalisation, every layer MoE
+        return tf.DeepseekV3Config(**_DEEPSEEK, q_lora_rank=None, n_shared_experts=2,
+                                   first_k_dense_replace=0, n_group=1, topk_group=1,
+                                   norm_topk_prob=False, routed_scaling_factor=1.5,
+                                   rope_interleave=False, rope_theta=10000.0)
+    raise ValueError(f"unknown arch {arch!r}; choose from {DEEPSEEK_ARCHS}")
+
+
 def hf_config(arch: str):
     import transformers as tf
+    if arch in DEEPSEEK_ARCHS:
+        return deepseek_config(arch)
     if arch == "llama":
         return tf.LlamaConfig(**_COMMON, rope_theta=10000.0)
     if arch == "llama3":
@@ -34,14 +73,19 @@ def hf_config(arch: str):
 
 def hf_model(arch: str, seed: int = 0):
     import transformers as tf
-    cls = {"qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM}.get(arch,
-                                                                          tf.LlamaForCausalLM)
+    cls = {"qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
+           "ds_v2": tf.DeepseekV2ForCausalLM, "ds_v2_grouped": tf.DeepseekV2ForCausalLM,
+           "ds_v3": tf.DeepseekV3ForCausalLM, "ds_v3_flat": tf.DeepseekV3ForCausalLM,
+           }.get(arch, tf.LlamaForCausalLM)
     torch.manual_seed(seed)
     model = cls(hf_config(arch)).float().eval()
     with torch.no_grad():  # HF zero-inits biases; random ones make the qwen2 test meaningful
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0.0, 0.02)
+        for name, b in model.named_buffers():  # V3's router bias changes which experts win
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
     return model
 
 

@@ -44,7 +44,9 @@ def test_chunk_differs_from_top_left_causal():
 
 def test_registry_auto_and_explicit():
     kern = select_kernels("cpu")
-    assert kern.names == {"linear": "torch", "attention": "torch", "decode_attention": "torch"}
+    assert kern.names == {"linear": "torch", "attention": "torch", "decode_attention": "torch",
+                          "paged_decode": "torch", "mla_decode": "torch",
+                          "moe_experts": "torch"}
     with pytest.raises(ValueError, match="not available"):
         select_kernels("cpu", linear="triton-persistent")
     with pytest.raises(ValueError, match="unknown"):
@@ -128,3 +130,29 @@ def test_cudnn_split_pads_cuts_and_merges_exactly(monkeypatch, t, length):
         assert all(keys % ca.KEY_ALIGN == 0 for _, keys, causal in seen if not causal), seen
         has_prefix = length - t >= ca.KEY_ALIGN
         assert [c for _, _, c in seen] == ([True, False] if has_prefix else [True])
+
+
+def test_paged_decode_reference_reads_scattered_blocks():
+    """The paged decode oracle (what the Triton kernel is tested against on GPU) equals the
+    padded-group reference on each row's keys, read through a scattered block table; a row of
+    length 0 gives zeros."""
+    from stages.kernels.torch_ref import decode_attention, paged_decode_attention
+
+    g = torch.Generator().manual_seed(7)
+    block, hq, hkv, d = 4, 6, 2, 8
+    lengths = [1, 9, 0, 16]
+    k = torch.randn(40 * block, hkv, d, generator=g)
+    v = torch.randn(40 * block, hkv, d, generator=g)
+    q = torch.randn(len(lengths), hq, d, generator=g)
+    tables = torch.randperm(40, generator=g)[:20].view(5, 4).to(torch.int32)
+    table_rows = torch.tensor([3, 0, 1, 4])
+    out = paged_decode_attention(q, k, v, tables, table_rows, torch.tensor(lengths), 0.3, block)
+    for r, n in enumerate(lengths):
+        if n == 0:
+            assert torch.all(out[r] == 0)
+            continue
+        pos = torch.arange(n)
+        slots = tables[table_rows[r]].long()[pos // block] * block + pos % block
+        ref = decode_attention(q[r:r + 1], k[slots][None], v[slots][None],
+                               torch.ones(1, n, dtype=torch.bool), 0.3)
+        torch.testing.assert_close(out[r], ref[0])

@@ -7,7 +7,7 @@ import torch
 
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
-from stages.kv_cache import PagedKVCache, bytes_per_block
+from stages.kv_cache import bytes_per_block, make_kv_cache
 from stages.loader import build_stage_model, load_stage_weights
 from stages.model_config import BUILTIN_CONFIG, ModelArgs, load_model_args
 from stages.models.llama import LlamaStage
@@ -32,7 +32,7 @@ class Pipeline:
             m = build_stage_model(self.args, path, a, b, first, last, kernels, torch.float32,
                                   "cpu", seed)
             self.stages.append(m)
-            self.caches.append(PagedKVCache(self.args, b - a, num_blocks, block_size,
+            self.caches.append(make_kv_cache(self.args, b - a, num_blocks, block_size,
                                             torch.float32, "cpu"))
 
     @torch.no_grad()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from app.bench import chunk_plan, flow_shop_bound, main, parse_chunking
+from app.bench.engine import chunk_plan, flow_shop_bound, main, parse_chunking
 
 
 def test_flow_shop_bound():

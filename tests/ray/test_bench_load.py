@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from app.bench_load import main, percentile
+from app.bench.load import main, percentile
 
 
 def test_percentile():

@@ -70,8 +70,10 @@ def test_schema_documents_the_request_bodies(schema):
 def test_fuzz_family(served, schema, baseline, figures, family):
     from schemathesis import GenerationMode
     from schemathesis.checks import not_a_server_error
-    from schemathesis.specs.openapi.checks import (negative_data_rejection,
-                                                   response_schema_conformance)
+    from schemathesis.specs.openapi.checks import (
+        negative_data_rejection,
+        response_schema_conformance,
+    )
 
     path = FAMILIES[family]
     ops = [r.ok() for r in schema.get_all_operations() if r.ok().path == path]

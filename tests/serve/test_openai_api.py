@@ -190,7 +190,7 @@ def test_api_key_401(served):
 
 
 def test_bench_serve_runs(served, tmp_path):
-    from app.bench_serve import main
+    from app.bench.serve import main
 
     out = tmp_path / "bench.json"
     rc = main(["--base-url", served.base_url, "--request-rates", "4", "inf", "--num-prompts", "3",

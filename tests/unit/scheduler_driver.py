@@ -19,7 +19,8 @@ class Driver:
 
     def __init__(self, cfg, rng, p_stop=0.1, p_abort=0.02):
         self.cfg, self.rng, self.p_stop, self.p_abort = cfg, rng, p_stop, p_abort
-        self.s = Scheduler(cfg)
+        self.events = defaultdict(int)  # what the scheduler reported, event by event
+        self.s = Scheduler(cfg, on_output_event=self._on_output_event)
         self.reqs = {}  # req_id -> SchedRequest (accepted by add)
         self.admitted = set()
         self.finished = {}  # req_id -> reason
@@ -257,8 +258,13 @@ class Driver:
         assert s.num_running == len(self.admitted - set(self.finished))
         assert 0.0 <= s.kv_usage <= 1.0
 
+    def _on_output_event(self, event, counts):
+        self.events[event] += 1
+        assert counts[event] == self.events[event]  # the counts after the event
+
     def final_checks(self):
         s = self.s
+        assert {k: self.events[k] for k in s.comm_stats()} == s.comm_stats()
         assert not s.has_work() and s.inflight == 0 and s.num_running == 0
         assert s.pool.num_free == self.cfg.num_blocks and s.pool.num_reserved == 0
         assert s.kv_usage == 0.0

@@ -14,7 +14,7 @@ def test_llama_8b_cost_is_its_flops_per_layer():
     weights = 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336
     assert LLAMA_8B.token_cost == 2 * weights
     assert LLAMA_8B.pair_cost == 4 * 32 * 128
-    from app.bench import LLAMA3_8B
+    from app.bench.target import LLAMA3_8B
     from stages.model_config import ModelArgs
 
     assert ChunkCost.for_model(ModelArgs.from_hf_dict(LLAMA3_8B)) == LLAMA_8B

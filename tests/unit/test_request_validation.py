@@ -19,10 +19,7 @@ def refused(schema, body: dict) -> str:
     try:
         req = schema.model_validate(body)
         req.sampling_params()
-        if schema is ChatCompletionRequest:
-            req.message_dicts()
-        else:
-            req.single_prompt()
+        req.prompt_fields()
     except ValidationError as e:
         message, param = describe_error(e)
         assert param in message
@@ -101,8 +98,8 @@ def test_valid_requests_still_accepted():
     chat = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "system", "content": ""},
                       {"role": "user", "content": [{"type": "text", "text": "a"}]}]})
-    assert chat.message_dicts() == [{"role": "system", "content": ""},
-                                    {"role": "user", "content": "a"}]
+    assert chat.prompt_fields()["messages"] == [{"role": "system", "content": ""},
+                                                {"role": "user", "content": "a"}]
 
 
 def test_stop_token_ids_checked_against_the_vocabulary():

@@ -197,7 +197,7 @@ def test_abort_inflight_after_a_stage_failure():
     s.add(req("a", 8))
     s.add(req("b", 4))
     s.add(req("c", 4))
-    p0, p1 = s.schedule(), s.schedule()
+    p0, _ = s.schedule(), s.schedule()
     with pytest.raises(ValueError, match="no token"):
         s.retire(p0.mb_id, [])  # live requests sampled here: finish them first
     assert s.abort_inflight() == ["a", "b", "c"]

@@ -6,10 +6,16 @@ With kv_admission="on-demand" the scheduler may preempt: a request listed in a p
 NewRequest) and prefills its prompt + the tokens it generated, each admission in order."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from app.scheduler import (ChunkCost, SchedRequest, Scheduler, SchedulerConfig,
-                           SchedulerInvariantError)
+from app.scheduler import (
+    ChunkCost,
+    SchedRequest,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerInvariantError,
+)
 from tests.unit.scheduler_driver import drive
 
 # None = fixed chunks; else dynamic chunking (chunks shrink as the prefix grows)

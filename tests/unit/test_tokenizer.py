@@ -4,8 +4,14 @@ import json
 
 import pytest
 
-from app.tokenizer import (BYTE_BOS, BYTE_EOS, ByteTokenizer, IncrementalDetokenizer,
-                           StopStringMatcher, load_tokenizer)
+from app.tokenizer import (
+    BYTE_BOS,
+    BYTE_EOS,
+    ByteTokenizer,
+    IncrementalDetokenizer,
+    StopStringMatcher,
+    load_tokenizer,
+)
 
 TEXT = "héllo, wörld ✓ 日本語 🙂!"
 

@@ -15,25 +15,22 @@ import time
 
 import ray
 
-from app.bench import _environment, _ttft, write_model
-from app.config import EngineConfig
-from app.engine import Engine
+from app.bench.target import BenchEngine, environment, write_model
 from app.request import SamplingParams
 
 
 def measure(model_dir: str, warmup_len: int | None) -> dict:
-    cfg = EngineConfig(model=model_dir, load_format="dummy", pp_size=2, device="cuda",
-                       dtype="bfloat16", chunk_size=4096, max_model_len=40000,
-                       warmup_len=warmup_len)
     rng = random.Random(0)
     prompts = {n: [rng.randrange(1000, 120000) for _ in range(n)] for n in (32768, 20000)}
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
-    with Engine(cfg) as engine:
+    with BenchEngine(model=model_dir, load_format="dummy", pp_size=2, device="cuda",
+                     dtype="bfloat16", chunk_size=4096, max_model_len=40000,
+                     warmup_len=warmup_len) as engine:
         result = {"warmup_len": warmup_len, "startup_s": time.perf_counter() - t0,
                   "attention_warmup": engine.stats()["attention_warmup"], "ttft_s": []}
         for n in (32768, 32768, 20000, 20000):
-            result["ttft_s"].append((n, asyncio.run(_ttft(engine, prompts[n], params))))
+            result["ttft_s"].append((n, asyncio.run(engine.ttft(prompts[n], params))))
             print(warmup_len, result["ttft_s"][-1], flush=True)
     return result
 
@@ -43,7 +40,7 @@ def main(out: str) -> None:
     ray.init(num_gpus=2, num_cpus=8, include_dashboard=False,
              runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
     res = {"command": "python docs/bench/scripts/first_request.py " + out,
-           "environment": _environment(), "runs": []}
+           "environment": environment(), "runs": []}
     for warmup_len in (None, 0):
         res["runs"].append(measure(model_dir, warmup_len))
         json.dump(res, open(out, "w"), indent=1)

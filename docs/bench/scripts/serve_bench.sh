@@ -11,7 +11,7 @@ DEVICE=${DEVICE:-cuda}; LAYERS=${LAYERS:-32}; PP=${PP:-2}; HIDDEN=${HIDDEN:-4096
 MODEL=$(mktemp -d /tmp/ppserve-l8b-XXXX)
 python3 - "$MODEL" "$LAYERS" "$HIDDEN" <<'PY'
 import json, sys
-from app.bench import LLAMA3_8B
+from app.bench.target import LLAMA3_8B
 cfg = dict(LLAMA3_8B, num_hidden_layers=int(sys.argv[2]))
 if int(sys.argv[3]) != 4096:  # smoke runs: same heads layout, narrower
     h = int(sys.argv[3]); cfg.update(hidden_size=h, intermediate_size=2 * h, head_dim=h // 32)

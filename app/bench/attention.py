@@ -11,7 +11,7 @@ is timed with every way PyTorch offers on this host, against the whole-prompt sq
   square-*   t == L with is_causal (what PP=1's whole prompt runs), per SDPA backend
 Each output is checked against `ref` (max abs diff). Prints a table, writes JSON.
 
-    python -m app.bench_attention --out attention.json
+    python -m app.bench.attention --out attention.json
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _op_with_lse(kind: str, q, k, v, causal: bool, scale: float):
 
 
 def split_variant(kind: str):
-    """The split with KV heads repeated, on cuDNN or flash (the variants the engine did not take)."""
+    """The split with KV heads repeated, on cuDNN or flash (variants the engine did not take)."""
     def run(q, k, v, scale):
         t, length = q.shape[0], k.shape[0]
         q_, k_, v_ = _bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v))
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     result = {"hardware": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-              "command": "python -m app.bench_attention " + " ".join(argv or sys.argv[1:]),
+              "command": "python -m app.bench.attention " + " ".join(argv or sys.argv[1:]),
               "rows": rows}
     if args.out:
         with open(args.out, "w") as f:

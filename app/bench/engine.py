@@ -2,7 +2,7 @@
 no-contention bound, on a Llama-3-8B-shaped random model (DESIGN §12).
 
 One pipeline is loaded per (PP size, linear backend) and measured under every policy through
-Engine.set_policy, so the modes differ in nothing but the policy. The bound is the pipeline
+BenchEngine.set_policy, so the modes differ in nothing but the policy. The bound is the pipeline
 schedule (flow shop) over per-stage chunk times from CUDA events of the `auto` run (no recv
 waits mid-prompt there); efficiency = bound / TTFT.
 """
@@ -12,22 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 1048576,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
-}
+from app.bench.target import LLAMA3_8B, BenchEngine, environment, write_model
 
 # mode name -> (skip_mode, output_post, linear backend override or None)
 MODES = {
@@ -50,15 +40,6 @@ def flow_shop_bound(times: list[list[float]]) -> float:
     return finish[-1][-1]
 
 
-async def _ttft(engine, prompt, params) -> float:
-    t0 = time.perf_counter()
-    ttft = None
-    async for _delta in engine.stream(prompt, params):
-        if ttft is None:
-            ttft = time.perf_counter() - t0
-    return ttft
-
-
 def _stage_times(timings, pp: int, n_chunks: int) -> list[list[float]] | None:
     """[stage][chunk] seconds of a lone prompt's n_chunks chunks, or None when the run was not
     exactly n_chunks prefill microbatches + one decode step (max_tokens=2)."""
@@ -79,21 +60,6 @@ def parse_chunking(spec: str) -> tuple[str, float | None]:
     if name == "dynamic":
         return spec, float(smooth) if smooth else 0.75
     raise ValueError(f"chunking must be fixed, dynamic or dynamic:SMOOTH, got {spec!r}")
-
-
-def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
-    """(model dir or None, load_format, config dict): "llama8b" = Llama-3-8B shapes with random
-    weights (a config.json in a temp dir, load_format dummy); "tiny" = the built-in model."""
-    from stages.model_config import BUILTIN_CONFIG
-
-    if shape == "tiny" and layers is None:
-        return None, "auto", dict(BUILTIN_CONFIG)
-    base = BUILTIN_CONFIG if shape == "tiny" else LLAMA3_8B
-    cfg = dict(base, num_hidden_layers=layers or base["num_hidden_layers"])
-    d = tempfile.mkdtemp(prefix=f"ppserve-{shape}-")
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return d, "dummy", cfg
 
 
 def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict) -> list[int]:
@@ -130,17 +96,17 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
                                     dynamic_chunk_smooth=smooth)
         # set_policy rebuilt the attention plans of the new chunking (as a server does at
         # startup); two chunks also compile a Triton GEMM's kernels
-        asyncio.run(_ttft(engine, prompt[: min(prompt_len, 2 * chunk)], params))
+        asyncio.run(engine.ttft(prompt[: min(prompt_len, 2 * chunk)], params))
         ttfts, bounds, stage_times = [], [], None
-        comm0 = engine.stats()["pp_output_comm"]
+        comm0 = engine.comm()
         for _ in range(reps):
             engine.take_timings()
-            ttfts.append(asyncio.run(_ttft(engine, prompt, params)))
+            ttfts.append(asyncio.run(engine.ttft(prompt, params)))
             times = _stage_times(engine.take_timings(), pp, n_chunks)
             if times:
                 bounds.append(flow_shop_bound(times))
                 stage_times = times
-        comm1 = engine.stats()["pp_output_comm"]
+        comm1 = engine.comm()
         comm = {k: comm1[k] - comm0[k] for k in comm1}
         hit = comm["skipped"] / max(1, comm["skipped"] + comm["missed"])
         row = {"pp": pp, "linear": linear, "prompt_len": prompt_len, "chunk": chunk,
@@ -161,26 +127,6 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
     return rows
 
 
-def _environment() -> dict:
-    import torch
-
-    env = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    if torch.cuda.is_available():
-        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        env["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        pass
-    import ray
-
-    env["ray"] = ray.__version__
-    return env
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ppserve bench engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -194,8 +140,10 @@ def main(argv=None) -> int:
     p.add_argument("--chunking", default="fixed",
                    help="comma-separated: fixed, dynamic (smooth 0.75) or dynamic:SMOOTH")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
-                   help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
+    p.add_argument("--model-shape", choices=("llama8b", "deepseek-v2-lite", "tiny"),
+                   default="llama8b",
+                   help="llama8b / deepseek-v2-lite: those shapes with random weights; tiny: "
+                        "the built-in model")
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
@@ -204,9 +152,6 @@ def main(argv=None) -> int:
 
     import ray
 
-    from app.config import EngineConfig
-    from app.engine import Engine
-
     model_dir, load_format, model = write_model(a.model_shape, a.layers)
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
@@ -214,14 +159,13 @@ def main(argv=None) -> int:
              include_dashboard=False, runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
     rows = []
     for linear in a.linear.split(","):
-        cfg = EngineConfig(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
-                           dtype="bfloat16" if a.device == "cuda" else "float32",
-                           chunk_size=runs[0][1], linear_backend=linear,
-                           attention_backend=a.attention,
-                           max_model_len=longest + 64, num_kv_blocks=(longest + 256) // 64 + 8,
-                           max_inflight=a.max_inflight)
         t0 = time.perf_counter()
-        with Engine(cfg) as engine:
+        with BenchEngine(model=model_dir, load_format=load_format, pp_size=a.pp,
+                         device=a.device, dtype="bfloat16" if a.device == "cuda" else "float32",
+                         chunk_size=runs[0][1], linear_backend=linear,
+                         attention_backend=a.attention, max_model_len=longest + 64,
+                         num_kv_blocks=(longest + 256) // 64 + 8,
+                         max_inflight=a.max_inflight) as engine:
             print(f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s",
                   flush=True)
             for prompt_len, chunk in runs:
@@ -237,7 +181,7 @@ def main(argv=None) -> int:
 
 def _write(a, argv, rows, model) -> None:
     out = {"command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
-           "environment": _environment(), "model": model,
+           "environment": environment(), "model": model,
            "results": rows}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

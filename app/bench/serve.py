@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
+from tqdm import tqdm
 
 
 @dataclass
@@ -85,41 +86,17 @@ async def one_request(client: httpx.AsyncClient, a, prompt, n: int, m: int) -> R
     return res
 
 
-class Progress:
-    """tqdm when installed, else a line every 10 %."""
-
-    def __init__(self, total: int, desc: str):
-        try:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, file=sys.stderr)
-        except ImportError:
-            self.bar, self.total, self.done, self.desc = None, total, 0, desc
-
-    def update(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            return
-        self.done += 1
-        if self.done == self.total or self.done % max(1, self.total // 10) == 0:
-            print(f"{self.desc}: {self.done}/{self.total}", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 async def run_rate(a, rate: float, prompts) -> dict:
     rng = random.Random(a.seed)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     limits = httpx.Limits(max_connections=a.max_concurrency or len(prompts) + 1)
-    progress = Progress(len(prompts), f"rate {rate:g} req/s")
+    progress = tqdm(total=len(prompts), desc=f"rate {rate:g} req/s", file=sys.stderr)
     sem = asyncio.Semaphore(a.max_concurrency or len(prompts))
 
     async def limited(p, n, m):
         async with sem:
             res = await one_request(client, a, p, n, m)
-        progress.update()
+        progress.update(1)
         return res
 
     async with httpx.AsyncClient(base_url=a.base_url, headers=headers, limits=limits,
@@ -186,7 +163,8 @@ def comm_delta(before: dict | None, after: dict | None) -> dict:
         return {"pp_output_comm": None, "skip_hit_ratio": None}
     comm = {k: int(after[k] - before[k]) for k in COMM_SAMPLES}
     decided = comm["skipped"] + comm["missed"]
-    return {"pp_output_comm": comm, "skip_hit_ratio": comm["skipped"] / decided if decided else None}
+    ratio = comm["skipped"] / decided if decided else None
+    return {"pp_output_comm": comm, "skip_hit_ratio": ratio}
 
 
 def print_table(rows: list[dict]) -> None:

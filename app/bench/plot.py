@@ -1,6 +1,6 @@
 """Draw the lone-prompt engine bench (`ppserve bench engine` JSON files) as one PNG.
 
-    python -m app.bench_plot docs/bench/engine_*.json --out docs/bench/ttft.png
+    python -m app.bench.plot docs/bench/engine_*.json --out docs/bench/ttft.png
 
 One panel per prompt length; in each, a group of bars per (chunk, linear backend, PP, attention
 backend), one bar per skip mode / posting policy (TTFT median), and the no-contention bound of
@@ -106,7 +106,7 @@ def draw(panels: dict, out: str, title: str | None = None) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.bench_plot", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m app.bench.plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="JSON files written by `ppserve bench engine`")
     p.add_argument("--out", default="ttft.png")

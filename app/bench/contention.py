@@ -6,8 +6,8 @@ rank 1 has finished timing). Times come from CUDA events around each launch; the
 medians of ``--iters`` launches per round and of all rounds pooled. The device is never
 synchronised while the recv is posted (only the last timing event is waited on).
 
-    python -m app.bench_contention --out docs/bench/contention.json
-    python -m app.bench_contention --tune docs/bench/triton_gemm_tuning.json
+    python -m app.bench.contention --out docs/bench/contention.json
+    python -m app.bench.contention --tune docs/bench/triton_gemm_tuning.json
 
 Standalone: imports torch, triton and stages.kernels.triton_gemm only (no Ray). Needs 2 GPUs for
 the contention table, 1 for the sweep. NCCL_NVLS_ENABLE=0 is kept (set if absent).
@@ -42,7 +42,7 @@ SDPA_TOKENS, SDPA_HEADS, SDPA_HEAD_DIM = 16384, 32, 128
 
 
 def _command() -> str:
-    return "python -m app.bench_contention " + " ".join(sys.argv[1:])
+    return "python -m app.bench.contention " + " ".join(sys.argv[1:])
 
 
 def _environment() -> dict:
@@ -114,7 +114,10 @@ def tune(path: str) -> dict:
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         ref = F.linear(x, w)
         flops = 2.0 * m * n * k
-        cublas_ms = [triton.testing.do_bench(lambda: F.linear(x, w), return_mode="median")]
+        def cublas(x=x, w=w):
+            return F.linear(x, w)
+
+        cublas_ms = [triton.testing.do_bench(cublas, return_mode="median")]
         rows = []
         for cfg in candidate_configs(m):
             out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -124,14 +127,16 @@ def tune(path: str) -> dict:
                 torch.cuda.synchronize()
                 row["rel_err"] = _rel_err(out, ref)
                 if row["rel_err"] < 1e-2:
-                    ms = triton.testing.do_bench(lambda: tg.launch(x, w, None, out, sms, cfg),
-                                                 return_mode="median")
+                    def run(x=x, w=w, out=out, cfg=cfg):
+                        return tg.launch(x, w, None, out, sms, cfg)
+
+                    ms = triton.testing.do_bench(run, return_mode="median")
                     row["ms"] = ms
                     row["tflops"] = flops / ms / 1e9
             except Exception as exc:  # noqa: BLE001 - a config that fails to compile is data
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             rows.append(row)
-        cublas_ms.append(triton.testing.do_bench(lambda: F.linear(x, w), return_mode="median"))
+        cublas_ms.append(triton.testing.do_bench(cublas, return_mode="median"))
         timed = [r for r in rows if "ms" in r]
         best = min(timed, key=lambda r: r["ms"]) if timed else None
         cub = statistics.median(cublas_ms)
@@ -193,7 +198,7 @@ def _build_case(backend: str, m: int, n: int, k: int, dev: torch.device):
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
     info = {"M": m, "N": n, "K": k, "backend": backend}
     if backend == "cublas":
-        fn = lambda: F.linear(x, w)  # noqa: E731
+        fn = lambda x=x, w=w: F.linear(x, w)  # noqa: E731
     else:
         sm1 = backend == "triton-sm1"
         fn = (lambda: tg.linear_sm1(x, w)) if sm1 else (lambda: tg.linear(x, w))

@@ -9,7 +9,7 @@ decode — C concurrent short prompts with --decode-tokens outputs each: output 
 
 Both report the sent / skipped / missed / orphaned deltas of engine.stats()["pp_output_comm"]
 and the skip-hit ratio; medians of --reps runs. One Engine (one pipeline load) is measured under
-every mode with Engine.set_policy between runs, rep-major (modes interleaved within each rep).
+every mode with BenchEngine.set_policy between runs, rep-major (modes interleaved within each rep).
 
 Where `auto` and `sglang` differ: a microbatch holding a decode row whose token is needed is sent
 by both rules, so the difference lives in the decode-free microbatches (with PP=S, S-1 of every S
@@ -30,7 +30,8 @@ import statistics
 import sys
 import time
 
-from app.bench import _environment, _ttft, write_model
+from app.bench.target import BenchEngine, environment, write_model
+from stages.protocol import DEVICES
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -54,21 +55,10 @@ def _model(a) -> tuple[str | None, str, dict]:
     return write_model(a.model_shape, a.layers)
 
 
-def _wait_idle(engine, timeout: float = 120.0) -> dict:
-    t0 = time.monotonic()
-    while True:
-        s = engine.stats()
-        if not (s["num_running"] or s["num_waiting"] or s["inflight_microbatches"]):
-            return s
-        if time.monotonic() - t0 > timeout:
-            raise RuntimeError(f"the pipeline did not go idle: {s}")
-        time.sleep(0.01)
-
-
 async def _mixed_once(engine, longs, shorts, dec_tokens) -> dict:
     from app.request import SamplingParams
 
-    c0 = _wait_idle(engine)["pp_output_comm"]
+    c0 = engine.wait_idle()["pp_output_comm"]
     sp_dec = SamplingParams(max_tokens=dec_tokens, temperature=0.0, ignore_eos=True)
     sp_long = SamplingParams(max_tokens=LONG_MAX_TOKENS, temperature=0.0, ignore_eos=True)
     # One generate call queues every decode request before the coordinator schedules again, so
@@ -83,12 +73,12 @@ async def _mixed_once(engine, longs, shorts, dec_tokens) -> dict:
             raise RuntimeError("the decoding requests ended before the long prompts arrived")
         await asyncio.sleep(0.002)
     t0 = time.perf_counter()
-    ttfts = await asyncio.gather(*[_ttft(engine, p, sp_long) for p in longs])
+    ttfts = await asyncio.gather(*[engine.ttft(p, sp_long) for p in longs])
     long_s = time.perf_counter() - t0
     outlasted = not dec or not dec.done()
     if dec:
         await dec
-    comm, hit = _comm_delta(c0, _wait_idle(engine)["pp_output_comm"])
+    comm, hit = _comm_delta(c0, engine.wait_idle()["pp_output_comm"])
     return {"ttft_s": ttfts, "ttft_p50_s": percentile(ttfts, 50),
             "ttft_p99_s": percentile(ttfts, 99), "long_phase_s": long_s,
             "decodes_outlasted": outlasted, "comm": comm, "skip_hit_ratio": hit}
@@ -97,22 +87,29 @@ async def _mixed_once(engine, longs, shorts, dec_tokens) -> dict:
 def _decode_once(engine, prompts, n_tokens) -> dict:
     from app.request import SamplingParams
 
-    c0 = _wait_idle(engine)["pp_output_comm"]
+    c0 = engine.wait_idle()["pp_output_comm"]
+    engine.take_timings()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, SamplingParams(max_tokens=n_tokens, temperature=0.0,
                                                    ignore_eos=True))
     wall = time.perf_counter() - t0
     tokens = sum(len(o.token_ids) for o in outs)
-    comm, hit = _comm_delta(c0, _wait_idle(engine)["pp_output_comm"])
+    comm, hit = _comm_delta(c0, engine.wait_idle()["pp_output_comm"])
+    # Per microbatch: stage 0's forward (CUDA events; the median is a decode step's, the
+    # prefill is one microbatch of the run) and the wall shared among the microbatches.
+    forwards = [sec for stage, _mb, sec in engine.take_timings() if stage == 0]
     return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall,
-            "comm": comm, "skip_hit_ratio": hit}
+            "comm": comm, "skip_hit_ratio": hit, "microbatches": len(forwards),
+            "stage_forward_s": statistics.median(forwards) if forwards else None,
+            "wall_per_microbatch_s": wall / max(1, len(forwards))}
 
 
 def summarize(runs: list[dict], keys: tuple[str, ...]) -> dict:
     """Medians over reps of the numbers in `keys` and of each comm counter."""
     out = {"reps": len(runs)}
     for k in keys + ("skip_hit_ratio",):
-        out[k] = statistics.median(r[k] for r in runs)
+        values = [r[k] for r in runs if r[k] is not None]
+        out[k] = statistics.median(values) if values else None
     out["comm"] = {k: statistics.median(r["comm"][k] for r in runs) for k in COMM_KEYS}
     return out
 
@@ -121,7 +118,7 @@ def _sweep(engine, part: dict, write, keys, run, line) -> None:
     """Rep-major: every mode once per rep, set_policy on an idle pipeline before each run."""
     for rep in range(part["reps"]):
         for mode in part["modes"]:
-            _wait_idle(engine)
+            engine.wait_idle()
             engine.set_policy(skip_mode=mode)
             r = dict(mode=mode, rep=rep, **run())
             part["runs"].append(r)
@@ -160,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ppserve bench load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    p.add_argument("--device", choices=DEVICES, default="cuda")
     p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
                    help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
@@ -181,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--linear", default="auto", help="linear backend")
     p.add_argument("--attention", default="auto", help="attention backend")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="decode-only microbatches without CUDA graphs")
+    p.add_argument("--run-ahead", action="store_true")
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -216,21 +216,18 @@ def main(argv=None) -> int:
 
     import ray
 
-    from app.config import EngineConfig
-    from app.engine import Engine
-
     model_dir, load_format, model_cfg = _model(a)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         ray.init(num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
                  include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}})
-    cfg = EngineConfig(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
+    options = dict(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
                        dtype="bfloat16" if a.device == "cuda" else "float32",
                        chunk_size=a.chunk_size, max_num_batched_tokens=budget,
                        max_num_seqs=seqs, max_model_len=max_len + 64, num_kv_blocks=kv_blocks,
                        block_size=64, linear_backend=a.linear, attention_backend=a.attention,
-                       seed=a.seed)
+                       seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead)
     rng = random.Random(a.seed)
     lo, hi = (1000, 120000) if a.model_shape == "llama8b" else (0, 256)
 
@@ -239,9 +236,8 @@ def main(argv=None) -> int:
 
     longs, shorts = prompts(a.num_long, a.long_len), prompts(a.num_decode, a.short_len)
     conc = prompts(a.decode_concurrency, a.short_len)
-    res = {"command": "ppserve bench load " + " ".join(argv), "environment": _environment(),
-           "model": model_cfg, "model_shape": a.model_shape,
-           "engine": {k: v for k, v in cfg.to_dict().items() if k != "model"}}
+    res = {"command": "ppserve bench load " + " ".join(argv), "environment": environment(),
+           "model": model_cfg, "model_shape": a.model_shape}
     if "mixed" in parts:
         res["mixed"] = {"name": "mixed", "num_long": a.num_long, "long_len": a.long_len,
                         "num_decode": a.num_decode, "short_len": a.short_len,
@@ -256,8 +252,16 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
+    if "decode" in parts and a.device == "cuda":
+        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay.
+        from app.bench.decode_reference import graph_decode_step_s
+
+        res["decode"]["reference"] = graph_decode_step_s(
+            model_cfg, a.decode_concurrency, a.short_len + a.decode_tokens // 2)
+        print(f"decode reference: {res['decode']['reference']}", flush=True)
     t_load = time.perf_counter()
-    with Engine(cfg) as engine:
+    with BenchEngine(**options) as engine:
+        res["engine"] = {k: v for k, v in engine.config.to_dict().items() if k != "model"}
         print(f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
               f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}",
               flush=True)
@@ -271,10 +275,19 @@ def main(argv=None) -> int:
                    + ("" if r["decodes_outlasted"] else " (decodes ended early)"))
         if "decode" in parts:
             _decode_once(engine, conc, min(4, a.decode_tokens))  # warm-up
-            _sweep(engine, res["decode"], write, ("tokens_per_s", "wall_s"),
+            _sweep(engine, res["decode"], write,
+                   ("tokens_per_s", "wall_s", "stage_forward_s", "wall_per_microbatch_s"),
                    lambda: _decode_once(engine, conc, a.decode_tokens),
                    lambda r: f"{r['tokens_per_s']:.1f} tok/s ({r['output_tokens']} in "
-                   f"{r['wall_s']:.3f}s) comm {r['comm']}")
+                   f"{r['wall_s']:.3f}s) forward {r['stage_forward_s']} wall/mb "
+                   f"{r['wall_per_microbatch_s']:.5f} comm {r['comm']}")
+            ref = res["decode"].get("reference")
+            for s in res["decode"]["summary"].values():
+                if ref and s["stage_forward_s"]:
+                    s["forward_over_reference"] = s["stage_forward_s"] / ref["graph_step_s"]
+                if s["stage_forward_s"]:
+                    s["wall_over_forward"] = s["wall_per_microbatch_s"] / s["stage_forward_s"]
+            write()
     if owns_ray:
         ray.shutdown()
     _print_tables(res)

@@ -1,0 +1,182 @@
+"""The one way a benchmark reaches the engine: a BenchEngine (a pipeline with its policy knobs)
+and the synthetic models the benches load. Nothing in the serving path imports app/bench/."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+
+from app.request import RequestOutput, SamplingParams
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 1048576,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+
+
+class BenchEngine:
+    """One loaded pipeline: run prompts, read its counters, switch policy between runs."""
+
+    def __init__(self, **options) -> None:
+        from app.config import EngineConfig
+        from app.engine import Engine
+
+        self.config = EngineConfig(**options)
+        self._engine = Engine(self.config)
+
+    def generate(self, prompts: list, params: SamplingParams) -> list[RequestOutput]:
+        return self._engine.generate(prompts, params)
+
+    async def ttft(self, prompt, params: SamplingParams) -> float:
+        """Seconds to the first streamed delta; the request runs to its end."""
+        t0 = time.perf_counter()
+        first = None
+        async for _delta in self._engine.stream(prompt, params):
+            if first is None:
+                first = time.perf_counter() - t0
+        return first
+
+    def stats(self) -> dict:
+        return self._engine.stats()
+
+    def comm(self) -> dict:
+        """The output channel's sent / skipped / missed / orphaned counts so far."""
+        return self.stats()["pp_output_comm"]
+
+    def wait_idle(self, timeout: float = 120.0) -> dict:
+        t0 = time.monotonic()
+        while True:
+            s = self.stats()
+            if not (s["num_running"] or s["num_waiting"] or s["inflight_microbatches"]):
+                return s
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"the pipeline did not go idle: {s}")
+            time.sleep(0.01)
+
+    def set_policy(self, **knobs) -> list[dict]:
+        """Between requests: skip_mode, output_post, linear_backend, chunk_size, dynamic
+        chunking; returns each stage's kernels."""
+        return self._engine.call(_set_policy, **knobs)
+
+    def take_timings(self) -> list[tuple[int, int, float]]:
+        """(stage, mb_id, seconds) of every stage's forwards since the last call."""
+        return self._engine.call(_take_timings)
+
+    def close(self) -> None:
+        self._engine.shutdown()
+
+    def __enter__(self) -> BenchEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def _set_policy(
+    coordinator,
+    skip_mode: str | None = None,
+    output_post: str | None = None,
+    linear_backend: str | None = None,
+    chunk_size: int | None = None,
+    dynamic_chunking: bool | None = None,
+    dynamic_chunk_smooth: float | None = None,
+) -> list[dict]:
+    """Runs in the coordinator's actor, so one loaded pipeline is measured under every policy.
+    Idle pipelines only."""
+    s = coordinator.scheduler
+    if s.inflight or s.num_running or s.num_waiting:
+        raise RuntimeError("set_policy needs an idle pipeline")
+    changes: dict = {}
+    if skip_mode is not None:
+        changes["skip_mode"] = skip_mode
+    if chunk_size is not None:
+        changes.update(chunk_size=chunk_size, max_num_batched_tokens=chunk_size)
+    if dynamic_chunking is not None:
+        changes["chunk_cost"] = coordinator.chunk_cost if dynamic_chunking else None
+    if dynamic_chunk_smooth is not None:
+        changes["dynamic_chunk_smooth"] = dynamic_chunk_smooth
+    old, s.config = s.config, dataclasses.replace(s.config, **changes)
+    kernels = await asyncio.gather(
+        *[
+            stage.set_policy.remote(output_post, linear_backend)
+            for stage in coordinator.pipeline.stages
+        ]
+    )
+    chunking = ("chunk_size", "chunk_cost", "dynamic_chunk_smooth")
+    if any(getattr(old, k) != getattr(s.config, k) for k in chunking):
+        await coordinator.warm_up()  # the new chunking's shapes
+    return list(kernels)
+
+
+async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
+    """Runs in the coordinator's actor: the stage timings gathered since the last call, with
+    what the stages still hold once the pipeline is idle."""
+    if not coordinator.scheduler.inflight:
+        stages = coordinator.pipeline.stages
+        flushed = await asyncio.gather(*[s.flush_timings.remote() for s in stages])
+        for stage, timings in enumerate(flushed):
+            coordinator.stage_timings.extend((stage, mb, sec) for mb, sec in timings)
+    out = list(coordinator.stage_timings)
+    coordinator.stage_timings.clear()
+    return out
+
+
+def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
+    """(model dir or None, load_format, config dict): "llama8b" / "deepseek-v2-lite" = those
+    shapes with random weights (a config.json in a temp dir, load_format dummy); "tiny" = the
+    built-in model."""
+    from stages.deepseek_config import DEEPSEEK_V2_LITE
+    from stages.model_config import BUILTIN_CONFIG
+
+    if shape == "tiny" and layers is None:
+        return None, "auto", dict(BUILTIN_CONFIG)
+    base = {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE}.get(shape, LLAMA3_8B)
+    cfg = dict(base, num_hidden_layers=layers or base["num_hidden_layers"])
+    d = tempfile.mkdtemp(prefix=f"ppserve-{shape}-")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d, "dummy", cfg
+
+
+def environment() -> dict:
+    """Versions and devices, written into every result file."""
+    import ray
+    import torch
+
+    env = {"torch": torch.__version__, "python": sys.version.split()[0], "ray": ray.__version__}
+    if torch.cuda.is_available():
+        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        env["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env

@@ -1,0 +1,48 @@
+"""The typed messages between the OpenAI ingress and a PipelineServer replica (pure Python).
+
+The ingress sends one GenerateRequest; the server streams back Accepted (the request is
+queued) or a Failure, then Delta after Delta, and a Failure if the request fails later. A
+Failure is the one way an error travels, whenever it happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.request import InvalidRequest, RequestOutput, SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    params: SamplingParams
+    arrival_time: float  # the ingress's wall clock: TTFT counts from here
+    prompt: str | list[int] | None = None  # completions
+    messages: list[dict[str, str]] | None = None  # chat: rendered by the server's chat template
+    add_generation_prompt: bool = True
+    echo: bool = False
+
+
+@dataclass(frozen=True)
+class Accepted:
+    echo_text: str | None = None  # the prompt as text, when echo was asked
+
+
+@dataclass(frozen=True)
+class Delta:
+    out: RequestOutput
+    pieces: dict[int, str] = field(default_factory=dict)  # token id -> text, for logprobs
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str
+    status: int = 500
+    param: str | None = None
+
+    @classmethod
+    def of(cls, e: InvalidRequest) -> Failure:
+        return cls(str(e), e.status, e.param)
+
+
+Reply = Accepted | Delta | Failure

@@ -1,0 +1,136 @@
+"""DeepSeek-V2/V3 architecture arguments (MLA + MoE) from a Hugging Face config.json (standard
+library only). Semantics follow transformers' modeling_deepseek_v2 / modeling_deepseek_v3."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
+
+# DeepSeek-V2-Lite's shapes (random weights in the bench: `--load-format dummy`).
+DEEPSEEK_V2_LITE: dict = {
+    "model_type": "deepseek_v2",
+    "vocab_size": 102400,
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "n_shared_experts": 2,
+    "n_routed_experts": 64,
+    "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1,
+    "topk_method": "greedy",
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": False,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "tie_word_embeddings": False,
+    "bos_token_id": 100000,
+    "eos_token_id": 100001,
+}
+
+
+@dataclass(frozen=True)
+class DeepseekArgs:
+    version: str  # "v2": softmax gate (greedy / group-limited); "v3": sigmoid + bias-corrected
+    q_lora_rank: int | None  # None: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # rotary pairs (x0, x1), (x2, x3)...; else rotate_half halves
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int
+    moe_intermediate_size: int
+    first_k_dense_replace: int  # layers below this index keep a dense MLP
+    topk_method: str  # v2: greedy | group_limited_greedy; v3: noaux_tc
+    n_group: int
+    topk_group: int
+    routed_scaling_factor: float
+    norm_topk_prob: bool  # v3 only: transformers' V2 router never renormalises
+    fp8_block: tuple[int, int] | None  # weight_scale_inv block of an FP8 checkpoint
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Values one token keeps per layer in the cache: the compressed KV and its rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "DeepseekArgs":
+        version = "v2" if d["model_type"] == "deepseek_v2" else "v3"
+        experts = int(d.get("n_routed_experts") or 0)
+        n_group = int(d.get("n_group") or 1)
+        topk_group = int(d.get("topk_group") or 1)
+        if version == "v2":
+            method = d.get("topk_method") or "greedy"
+            if method not in V2_TOPK_METHODS:
+                raise ValueError(f"unsupported DeepSeek-V2 topk_method {method!r}; supported: "
+                                 f"{', '.join(V2_TOPK_METHODS)}")
+        else:
+            method = "noaux_tc"  # transformers' V3 router, whatever the config names
+        if experts and experts % n_group:
+            raise ValueError(f"n_routed_experts={experts} is not a multiple of n_group={n_group}")
+        if topk_group > n_group:
+            raise ValueError(f"topk_group={topk_group} exceeds n_group={n_group}")
+        quant = d.get("quantization_config") or {}
+        block = quant.get("weight_block_size")
+        if quant and quant.get("quant_method") != "fp8":
+            raise ValueError(f"unsupported quantization {quant.get('quant_method')!r} (only "
+                             f"block-scaled fp8)")
+        q_lora = d.get("q_lora_rank")
+        return cls(
+            version=version,
+            q_lora_rank=int(q_lora) if q_lora else None,
+            kv_lora_rank=int(d["kv_lora_rank"]),
+            qk_nope_head_dim=int(d["qk_nope_head_dim"]),
+            qk_rope_head_dim=int(d["qk_rope_head_dim"]),
+            v_head_dim=int(d["v_head_dim"]),
+            rope_interleave=True if version == "v2" else bool(d.get("rope_interleave", True)),
+            n_routed_experts=experts,
+            num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
+            n_shared_experts=int(d.get("n_shared_experts") or 0),
+            moe_intermediate_size=int(d.get("moe_intermediate_size") or 0),
+            first_k_dense_replace=int(d.get("first_k_dense_replace") or 0),
+            topk_method=method,
+            n_group=n_group,
+            topk_group=topk_group,
+            routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
+            norm_topk_prob=version == "v3" and bool(d.get("norm_topk_prob", True)),
+            fp8_block=(int(block[0]), int(block[1])) if block else (128, 128) if quant else None,
+        )
+
+
+def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def softmax_scale(args: DeepseekArgs, rope_scaling: dict | None) -> float:
+    """qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN (transformers'
+    yarn_apply_mscale)."""
+    scale = args.qk_head_dim ** -0.5
+    if rope_scaling and rope_scaling.get("mscale_all_dim"):
+        m = yarn_get_mscale(rope_scaling["factor"], rope_scaling["mscale_all_dim"])
+        scale *= m * m
+    return scale

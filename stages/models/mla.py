@@ -1,0 +1,179 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) over a paged cache that holds only the latent.
+
+Each token keeps kv_lora_rank + qk_rope_head_dim values per layer (576 for V2/V3 shapes): the
+normalised compressed KV and its rotated rope key. Rows of one token (decode) attend in the
+absorbed form: q_nope is folded through kv_b_proj's key half into latent space, attention runs
+over the latent as one shared head (FlashMLA's layout), and the output is unfolded through the
+value half. Rows of several tokens (prefill chunks) expand their prefix's latent into per-head
+K/V and run the dense attention kernel (SDPA / cuDNN), which is cheaper for many queries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from stages.deepseek_config import DeepseekArgs, softmax_scale, yarn_get_mscale
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import Kernels
+from stages.mla_cache import LatentKVCache
+from stages.model_config import ModelArgs
+from stages.models.llama import Linear, RMSNorm
+
+
+def yarn_inv_freq(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_factor) exactly as transformers' _compute_yarn_parameters."""
+    factor = s["factor"]
+    orig = s["original_max_position_embeddings"]
+    attention_factor = s.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = s.get("mscale"), s.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(
+                factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_get_mscale(factor)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers: prevent a singular ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extrapolation = 1 - ramp
+    inv_freq = ((1.0 / (factor * pos_freqs)) * (1 - extrapolation)
+                + (1.0 / pos_freqs) * extrapolation)
+    return inv_freq, float(attention_factor)
+
+
+def rope_tables(args: ModelArgs) -> tuple[torch.Tensor, float]:
+    """(inv_freq [qk_rope_head_dim / 2], cos/sin scale) for the model's rope dims."""
+    dim = args.deepseek.qk_rope_head_dim
+    if args.rope_scaling is None:
+        return 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
+    return yarn_inv_freq(dim, args.rope_theta, args.rope_scaling)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               interleave: bool) -> torch.Tensor:
+    """Rotate x [..., D] by angles whose cos/sin are [..., D/2]. Interleaved checkpoints pair
+    (x0, x1), (x2, x3)...; others pair the two halves. Either way the result is laid out as
+    [rotated firsts, rotated seconds]; q and k share the layout, so their dot products are the
+    checkpoint's."""
+    if interleave:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+@dataclass
+class MLADecodeRows:
+    """The batch's one-token rows, attended in the absorbed form in one kernel call per layer."""
+    token_index: torch.Tensor  # [R] long: each row's token in T
+    block_table: torch.Tensor  # [R, max_blocks] int32, padded with block 0
+    seqlens: torch.Tensor  # [R] int32: keys each row attends to (its own included)
+    state: dict = field(default_factory=dict)  # a kernel's per-batch plan, shared by layers
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, device: torch.device) -> "MLADecodeRows | None":
+        rows = [i for i, n in enumerate(batch.row_lens) if n == 1]
+        if not rows:
+            return None
+        width = max(len(batch.block_tables[i]) for i in rows)
+        table = torch.zeros(len(rows), width, dtype=torch.int32)
+        for j, i in enumerate(rows):
+            table[j, :len(batch.block_tables[i])] = torch.tensor(batch.block_tables[i],
+                                                                  dtype=torch.int32)
+        host = torch.cat([torch.tensor([batch.row_offsets[i] for i in rows], dtype=torch.int32),
+                          torch.tensor([batch.row_starts[i] + 1 for i in rows], dtype=torch.int32),
+                          table.reshape(-1)])
+        if device.type == "cuda":  # one pinned copy: a pageable one makes the host wait
+            host = host.pin_memory().to(device, non_blocking=True)
+        r = len(rows)
+        return cls(host[:r].long(), host[2 * r:].view(r, width), host[r:2 * r])
+
+
+class MLAttention(nn.Module):
+    def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
+        super().__init__()
+        d: DeepseekArgs = args.deepseek
+        h, bias = args.hidden_size, args.attention_bias
+        self.d, self.heads, self.kernels = d, args.num_attention_heads, kernels
+        self.scale = softmax_scale(d, args.rope_scaling)
+        qk = self.heads * d.qk_head_dim
+        if d.q_lora_rank is None:
+            self.q_proj = Linear(h, qk, False, kernels, dtype, device)
+        else:
+            self.q_a_proj = Linear(h, d.q_lora_rank, bias, kernels, dtype, device)
+            self.q_a_layernorm = RMSNorm(d.q_lora_rank, 1e-6, dtype, device)  # HF's default eps
+            self.q_b_proj = Linear(d.q_lora_rank, qk, False, kernels, dtype, device)
+        self.kv_a_proj_with_mqa = Linear(h, d.latent_dim, bias, kernels, dtype, device)
+        self.kv_a_layernorm = RMSNorm(d.kv_lora_rank, 1e-6, dtype, device)
+        self.kv_b_proj = Linear(d.kv_lora_rank, self.heads * (d.qk_nope_head_dim + d.v_head_dim),
+                                False, kernels, dtype, device)
+        self.o_proj = Linear(self.heads * d.v_head_dim, h, bias, kernels, dtype, device)
+
+    def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj's weight as W_UK [H, nope, rank] and W_UV [H, v, rank]."""
+        d = self.d
+        w = self.kv_b_proj.weight.view(self.heads, d.qk_nope_head_dim + d.v_head_dim,
+                                       d.kv_lora_rank)
+        return w[:, :d.qk_nope_head_dim], w[:, d.qk_nope_head_dim:]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, decode: MLADecodeRows | None, kv: LatentKVCache,
+                local_layer: int) -> torch.Tensor:
+        d, t = self.d, x.shape[0]
+        if d.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(t, self.heads, d.qk_head_dim)
+        q_nope, q_pe = q.split([d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
+        q_pe = apply_rope(q_pe, cos[:, None], sin[:, None], d.rope_interleave)
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
+        k_pe = apply_rope(k_pe, cos, sin, d.rope_interleave)
+        kv.write(local_layer, torch.cat((self.kv_a_layernorm(c), k_pe), dim=-1),
+                 batch.slot_mapping)
+        o = x.new_empty(t, self.heads, d.v_head_dim)
+        w_uk, w_uv = self._kv_b()
+        if decode is not None:
+            idx = decode.token_index
+            q_lat = torch.einsum("rhn,hnc->rhc", q_nope[idx], w_uk)
+            out = self.kernels.mla_decode(torch.cat((q_lat, q_pe[idx]), dim=-1),
+                                          kv.pages(local_layer), decode.block_table,
+                                          decode.seqlens, d.kv_lora_rank, self.scale,
+                                          decode.state)
+            o[idx] = torch.einsum("rhc,hvc->rhv", out.to(x.dtype), w_uv)
+        q = None  # the chunk rows' queries with their rope dims rotated, built if needed
+        for n, off, idx in zip(batch.row_lens, batch.row_offsets, batch.prefix_slots):
+            if n == 1:  # attended above
+                continue
+            if q is None:
+                q = torch.cat((q_nope, q_pe), dim=-1)
+            o[off:off + n] = self._expanded(q[off:off + n], kv.gather(local_layer, idx))
+        return self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
+
+    def _expanded(self, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """A chunk's queries [n, H, qk] over its prefix's latent [L, rank + rope] expanded to
+        per-head K/V; V is zero-padded to the q/k width so every SDPA backend takes it."""
+        d, length = self.d, latent.shape[0]
+        latent = latent.to(q.dtype)
+        kv = self.kv_b_proj(latent[:, :d.kv_lora_rank]).view(
+            length, self.heads, d.qk_nope_head_dim + d.v_head_dim)
+        k_nope, v = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
+        k_pe = latent[:, None, d.kv_lora_rank:].expand(length, self.heads, d.qk_rope_head_dim)
+        k = torch.cat((k_nope, k_pe), dim=-1)
+        v = nn.functional.pad(v, (0, d.qk_head_dim - d.v_head_dim))
+        return self.kernels.attention(q, k, v, self.scale)[..., :d.v_head_dim]
