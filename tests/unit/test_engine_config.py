@@ -22,3 +22,16 @@ def test_dynamic_chunking_and_warmup_options_from_cli_names():
 def test_bad_values_are_rejected_by_name(bad, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig.from_dict(bad)
+
+
+def test_run_ahead_defaults_on_for_cuda_only_and_can_be_turned_off():
+    from app.cli import build_parser
+
+    assert EngineConfig(device="cuda").resolved_run_ahead
+    assert EngineConfig(device="cuda").inflight == 4  # 2 x pp: step t+1 leaves while t runs
+    assert not EngineConfig(device="cpu").resolved_run_ahead
+    assert not EngineConfig(device="cuda", run_ahead=False).resolved_run_ahead
+    assert EngineConfig(device="cuda", run_ahead=False).scheduler_config(
+        100, 256, None).run_ahead is False
+    a = build_parser().parse_args(["serve", "--device", "cuda", "--no-run-ahead"])
+    assert a.run_ahead is False

@@ -1,0 +1,27 @@
+"""Fixtures shared by every test layer: the real SmolLM2 checkpoint and its transformers oracle.
+
+The checkpoint comes from `ppserve download smollm2` into the usual cache ($PPSERVE_CACHE, else
+~/.cache/ppserve): a fresh CI machine fetches it once, at the first test that asks, and every
+later test file of the run reads it from there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    from app.models_cache import ensure_model
+
+    return str(ensure_model("smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_dir):
+    """(transformers model in float32, its tokenizer) on the converted checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_dir)

@@ -1,0 +1,118 @@
+"""The real tokenizer paths over real HTTP with the official openai client, on SmolLM2-135M-
+Instruct: BPE merges, the ChatML template, special tokens in text, multi-byte UTF-8 characters
+split across tokens, stop strings across a token boundary, logprobs; transformers is the oracle."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.serve.conftest import start_cluster, stop_cluster
+from tests.smollm2_ref import EOS, SERVED_NAME, chat_ids, hf_greedy, hf_logprobs
+
+REPLACEMENT = "\ufffd"
+CHINESE = "你好，世界！你好，"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_dir):
+    args = {"model": smollm2_dir, "served_model_name": SERVED_NAME, "pp": 2, "chunk_size": 8,
+            "max_model_len": 512, "block_size": 16, "num_kv_blocks": 96, "max_num_seqs": 8,
+            "channel_check": True}
+    try:
+        yield start_cluster({"smollm2": ("/", args)}).client()
+    finally:
+        stop_cluster()
+
+
+def complete(client, prompt, **kw):
+    return client.completions.create(model=SERVED_NAME, prompt=prompt, temperature=0, **kw)
+
+
+def streamed_texts(client, prompt, **kw) -> list[str]:
+    chunks = complete(client, prompt, stream=True, **kw)
+    return [c.choices[0].text for c in chunks if c.choices]
+
+
+def test_completion_bpe_matches_transformers(client, smollm2_hf):
+    model, tok = smollm2_hf
+    prompt = "The capital of France is"
+    ids = tok.encode(prompt)
+    assert len(ids) < len(prompt.split()) + 1  # merges: whole words are single tokens
+    want = hf_greedy(model, ids, 12)
+    r = complete(client, prompt, max_tokens=12)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].text == tok.decode(want, skip_special_tokens=True)
+    assert r.choices[0].text.startswith(" Paris")
+    assert [m.id for m in client.models.list().data] == [SERVED_NAME]
+
+
+def test_chat_template(client, smollm2_hf):
+    model, tok = smollm2_hf
+    ids = chat_ids(tok, QUESTION)
+    assert ids[0] == 1 and ids.count(EOS) == 2  # <|im_start|>, system + user turns closed
+    want = hf_greedy(model, ids, 32)
+    assert want[-1] == EOS  # the answer ends its turn
+    r = client.chat.completions.create(model=SERVED_NAME, messages=QUESTION, max_tokens=32,
+                                       temperature=0)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == len(want)
+
+
+def test_special_tokens_in_a_text_prompt(client, smollm2_hf):
+    """The rendered template as a plain completion prompt: its <|im_start|>/<|im_end|> are read
+    as the special tokens (not spelled out in BPE pieces), so the answer equals the chat one."""
+    _, tok = smollm2_hf
+    text = tok.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
+    r = complete(client, text, max_tokens=32)
+    assert r.usage.prompt_tokens == len(chat_ids(tok, QUESTION))
+    chat = client.chat.completions.create(model=SERVED_NAME, messages=QUESTION, max_tokens=32,
+                                          temperature=0)
+    assert r.choices[0].text == chat.choices[0].message.content
+    assert "<|im_end|>" not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+
+
+def test_multibyte_stream_equals_whole_text(client, smollm2_hf):
+    model, tok = smollm2_hf
+    want = hf_greedy(model, tok.encode(CHINESE), 16)
+    pieces = [tok.decode([t]) for t in want]
+    # the test is about characters split across tokens: make sure the output has some
+    assert any(REPLACEMENT in p for p in pieces), pieces
+    whole = complete(client, CHINESE, max_tokens=16).choices[0].text
+    assert whole == tok.decode(want, skip_special_tokens=True)
+    deltas = streamed_texts(client, CHINESE, max_tokens=16)
+    assert "".join(deltas) == whole
+    assert not any(REPLACEMENT in d for d in deltas[:-1])  # no half character mid-stream
+
+
+def test_stop_string_across_a_token_boundary(client, smollm2_hf):
+    model, tok = smollm2_hf
+    prompt = "Here is a short list of fruits: apple, banana,"
+    want = hf_greedy(model, tok.encode(prompt), 12)
+    text = tok.decode(want)
+    # the last two characters of one token and the first two of the next
+    k = next(i for i in range(1, len(want) - 1)
+             if len(tok.decode(want[i]).strip()) >= 2 and len(tok.decode(want[i + 1])) >= 2)
+    stop = tok.decode(want[k])[-2:] + tok.decode(want[k + 1])[:2]
+    expected = text[:text.index(stop)]
+    r = complete(client, prompt, max_tokens=12, stop=[stop])
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (expected, "stop")
+    assert "".join(streamed_texts(client, prompt, max_tokens=12, stop=[stop])) == expected
+
+
+def test_logprobs_match_transformers(client, smollm2_hf):
+    model, tok = smollm2_hf
+    prompt = "Here is a short list of fruits: apple, banana,"
+    ids = tok.encode(prompt)
+    want = hf_greedy(model, ids, 8)
+    ref = hf_logprobs(model, ids, want)
+    lp = complete(client, prompt, max_tokens=8, logprobs=3).choices[0].logprobs
+    assert len(lp.token_logprobs) == len(want)
+    for i, t in enumerate(want):
+        assert abs(lp.token_logprobs[i] - ref[i, t].item()) < 1e-4
+        best = ref[i].topk(3)
+        got = sorted(lp.top_logprobs[i].values(), reverse=True)
+        assert got == pytest.approx(best.values.tolist(), abs=1e-4)
