@@ -120,6 +120,9 @@ class EngineConfig:
     placement_strategy: str = option(
         "PACK", "Ray placement group strategy for a pipeline's stages.",
         choices=PLACEMENT_STRATEGIES)
+    placement_timeout_s: float = option(
+        300.0, "Seconds to wait for a pipeline's placement group (at start and on each rebuild "
+        "attempt) before failing; a lost node whose bundles fit nowhere else ends in a 503.")
     stage_num_cpus: float = option(1.0, "Logical Ray CPUs per stage on CPU.")
     torch_threads: int = option(1, "Intra-op torch threads per CPU stage.")
     seed: int = option(0, "Seed of the built-in random model's (or dummy) weights.")
@@ -137,6 +140,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.placement_timeout_s <= 0:
+            raise ValueError(f"placement_timeout_s must be > 0, got {self.placement_timeout_s}")
         if self.warmup_len is not None and self.warmup_len < 0:
             raise ValueError(f"warmup_len must be >= 0, got {self.warmup_len}")
         if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:

@@ -101,7 +101,7 @@ class Engine:
                      log_to_driver=False)
         self._pg = placement_group(placement_bundles(self.config),
                                    strategy=self.config.placement_strategy)
-        ray.get(self._pg.ready(), timeout=300)
+        ray.get(self._pg.ready(), timeout=self.config.placement_timeout_s)
         self._actor = CoordinatorActor.options(
             num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
             scheduling_strategy=PlacementGroupSchedulingStrategy(

@@ -8,7 +8,11 @@ import logging
 import uuid
 
 import ray
-from ray.util.placement_group import PlacementGroup, get_current_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    placement_group_table,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
@@ -40,6 +44,23 @@ def placement_bundles(config: EngineConfig) -> list[dict]:
     return [{"CPU": COORDINATOR_CPUS}] + [dict(stage) for _ in range(config.pp_size)]
 
 
+async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
+    """Wait until every bundle is placed. After a node is lost Ray reschedules its bundles; an
+    actor created in one not yet placed would wait forever, so give up with a clear error."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        state = placement_group_table(pg).get("state")
+        if state == "CREATED":
+            return
+        if loop.time() >= deadline:
+            raise RuntimeError(
+                f"the placement group of the pipeline is {state} after {timeout_s:g} s: its "
+                f"bundles {pg.bundle_specs} (strategy {placement_group_table(pg).get('strategy')})"
+                " do not fit on the cluster's live nodes")
+        await asyncio.sleep(0.2)
+
+
 class Pipeline:
     def __init__(self, config: EngineConfig, args: ModelArgs,
                  placement_group: PlacementGroup | None = None):
@@ -67,6 +88,7 @@ class Pipeline:
         if self.pg is None:
             raise RuntimeError("the pipeline needs a placement group (see placement_bundles)")
         c = self.config
+        await wait_placed(self.pg, c.placement_timeout_s)
         gpu = c.device == "cuda"
         self.stages = [
             StageActor.options(

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from ray import serve
 from ray.serve import Application
 
+from app.autoscaling import LOAD_METRIC, pipeline_load
 from app.config import EngineConfig
 from app.coordinator import Coordinator
 from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply
@@ -94,6 +95,12 @@ class PipelineServer:
 
     async def stats(self) -> dict:
         return self.coordinator.stats()
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom metrics hook, read by app/autoscaling.py's PipelineLoadPolicy."""
+        s = self.coordinator.stats()
+        return {LOAD_METRIC: pipeline_load(s["waiting_prompt_tokens"], s["kv_cache_usage"],
+                                           s["kv_capacity_tokens"])}
 
     async def health(self) -> bool:
         self.coordinator.stats()  # raises when the coordinator is broken

@@ -68,6 +68,7 @@ class StageActor:
         return {"stage": self.spec.stage_index, "layers": [self.spec.layer_start,
                 self.spec.layer_end], "kernels": dict(self.runner.kernels.names),
                 "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "decode_graphs": dict(self.runner.decode_graph_info)}
 
     def close(self) -> bool:

@@ -72,6 +72,11 @@ class Scheduler:
         return len(self._free_slots)
 
     @property
+    def waiting_prompt_tokens(self) -> int:
+        """Prompt tokens of the requests not yet admitted: load the KV cache has yet to take."""
+        return sum(r.prompt_len for r in self._waiting.values())
+
+    @property
     def kv_usage(self) -> float:
         return self.pool.usage
 
