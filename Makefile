@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install download serve lint test test-unit test-gpu bench clean
+.PHONY: install download serve lint test test-unit test-gpu test-reliability fuzz soak bench clean
 
 install: $(STAMP)
 
@@ -36,8 +36,25 @@ lint: install
 	$(VENV)/bin/ruff format --check $(FORMATTED)
 	$(VENV)/bin/mypy $(TYPED)
 
+# CI: lint, then everything but GPU tests and the slow soak; the fuzz run at its small CI size.
 test: install lint
-	$(PY) -m pytest tests -m "not gpu" -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not gpu and not slow" -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# schemathesis against /openapi.json, 500 generated cases per POST endpoint (a few minutes).
+fuzz: install
+	PPSERVE_FUZZ_EXAMPLES=500 $(PY) -m pytest tests/serve/test_fuzz_openapi.py -q -s \
+		-p no:cacheprovider
+
+# 256 concurrent streaming requests of 1-2K prompt tokens (a few minutes on 2 cores).
+soak: install
+	$(PY) -m pytest tests/serve/test_soak_http.py -q -s -p no:cacheprovider
+
+# Bad input, fuzz (full), overload, soak and stage failures.
+test-reliability: install
+	PPSERVE_FUZZ_EXAMPLES=500 $(PY) -m pytest -q -s -p no:cacheprovider \
+		tests/unit/test_request_validation.py tests/serve/test_bad_input_http.py \
+		tests/serve/test_fuzz_openapi.py tests/serve/test_overload_http.py \
+		tests/serve/test_soak_http.py tests/ray/test_stage_failure.py
 
 test-unit: install
 	$(PY) -m pytest tests/unit -q

@@ -74,6 +74,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                  help="Require 'Authorization: Bearer KEY' on /v1/*.")
     _server_flag(g, "--num-replicas", type=int, default=None, doc="1",
                  help="Pipelines (Serve replicas of PipelineServer) to run.")
+    _server_flag(g, "--max-request-bytes", type=int, default=None, doc="32 MiB",
+                 help="Largest request body accepted; larger ones get a 413 (read no further).")
 
 
 def engine_args(a: argparse.Namespace) -> dict:
@@ -152,6 +154,8 @@ def cmd_serve(a) -> int:
         args["api_key"] = a.api_key
     if a.num_replicas:
         args["num_replicas"] = a.num_replicas
+    if a.max_request_bytes is not None:
+        args["max_request_bytes"] = a.max_request_bytes
     app = build_app(args)  # validates the flags before anything starts
     _init_ray(a, a.metrics_port)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.

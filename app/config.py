@@ -59,6 +59,9 @@ class EngineConfig:
     max_model_len: int | None = option(
         None, "Longest prompt + completion in tokens; longer prompts get a 400.",
         doc_default="the model's max_position_embeddings")
+    max_waiting_requests: int | None = option(
+        None, "Requests waiting for admission past which new ones get a 429 with Retry-After.",
+        doc_default="no bound")
     max_inflight: int | None = option(
         None, "Microbatches in flight across the pipeline.",
         doc_default="--pp (2 x --pp with --run-ahead)")
@@ -135,7 +138,8 @@ class EngineConfig:
             if choices and value not in choices:
                 raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
         positive = ("pp_size", "chunk_size", "max_num_batched_tokens", "max_num_seqs",
-                    "block_size", "max_inflight", "num_kv_blocks", "torch_threads")
+                    "max_waiting_requests", "block_size", "max_inflight", "num_kv_blocks",
+                    "torch_threads")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value < 1:

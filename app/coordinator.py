@@ -17,7 +17,7 @@ from typing import AsyncIterator
 
 from app.config import EngineConfig
 from app.pipeline import Pipeline
-from app.request import InvalidRequest, RequestOutput, SamplingParams
+from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, PrefixCacheStats, SchedRequest, Scheduler
 from app.tokenizer import load_tokenizer
@@ -134,6 +134,11 @@ class Coordinator:
                 f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
                 f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
                 param="max_tokens")
+        params.check_vocab(self.args.vocab_size)
+        limit = self.config.max_waiting_requests
+        if limit is not None and self.scheduler.num_waiting >= limit:
+            raise Overloaded(f"The server is overloaded: {self.scheduler.num_waiting} requests "
+                             "are waiting already. Please retry later.")
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
@@ -319,6 +324,7 @@ class Coordinator:
             "kv_capacity_tokens": self.pipeline.num_blocks * self.config.block_size,
             "kv_blocks_total": self.pipeline.num_blocks,
             "kv_blocks_free": s.pool.num_free,
+            "slots_free": s.num_free_slots,
             "num_preemptions": s.num_preemptions,
             "prefix_cache_queries": s.prefix_stats.queries,
             "prefix_cache_hits": s.prefix_stats.hits,

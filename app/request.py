@@ -18,6 +18,13 @@ class InvalidRequest(ValueError):
         self.status = status
 
 
+class Overloaded(InvalidRequest):
+    """Too many requests wait already: the API answers 429 with Retry-After; nothing queued."""
+
+    def __init__(self, message: str):
+        super().__init__(message, status=429)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """vLLM's sampling parameters, same names and defaults where they mean the same."""
@@ -80,6 +87,13 @@ class SamplingParams:
             bad(f"logprobs must be between 0 and 20, got {self.logprobs}.", "logprobs")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty.", "stop")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the sampler indexes with must exist in the model's vocabulary."""
+        bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidRequest(f"stop_token_ids: token id {bad[0]} is out of range for a "
+                                 f"vocabulary of {vocab_size}.", param="stop_token_ids")
 
     def to_spec(self, eos_token_ids: Iterable[int]) -> SamplingSpec:
         """What the last stage needs to sample: the model's EOS ids are banned, with

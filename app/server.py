@@ -28,7 +28,8 @@ from app.request import InvalidRequest, RequestOutput
 log = logging.getLogger("ppserve.server")
 
 SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
-               "ingress_num_cpus")
+               "ingress_num_cpus", "max_request_bytes")
+DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
 def _pipeline_id() -> str:
@@ -124,7 +125,10 @@ def build_app(args: dict | None = None) -> Application:
     config = EngineConfig.from_dict(args)  # validates early, in the driver
     bundles = placement_bundles(config)
     # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
-    ongoing = int(server.get("max_ongoing_requests") or max(4 * config.max_num_seqs, 128))
+    # With a waiting bound, every request must reach the coordinator to be counted against it,
+    # not queue unseen in front of the replica.
+    ongoing = int(server.get("max_ongoing_requests") or max(
+        4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)))
     scaling = {"autoscaling_config": server["autoscaling_config"]} \
         if "autoscaling_config" in server else {"num_replicas": server.get("num_replicas", 1)}
     pipeline = serve.deployment(
@@ -136,7 +140,8 @@ def build_app(args: dict | None = None) -> Application:
     ).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
-    ingress_cls = make_ingress(config.model_name, api_key)
+    max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
+    ingress_cls = make_ingress(config.model_name, api_key, max_bytes)
     ingress = serve.deployment(
         ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},

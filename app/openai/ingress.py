@@ -5,7 +5,6 @@ streams a PipelineServer's deltas back as OpenAI bodies or SSE. It owns no model
 # class-based routes that serve.ingress rewrites.
 
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -17,7 +16,9 @@ from pydantic import ValidationError
 from ray import serve
 
 from app.messages import Accepted, Delta, Failure, GenerateRequest
-from app.openai.protocol import ChatCompletionRequest, CompletionRequest
+from app.openai.body import read_json_object
+from app.openai.openapi import document_request_bodies
+from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
 from app.openai.responses import (
     SSE_DONE,
     ResponseBuilder,
@@ -31,14 +32,6 @@ from app.openai.responses import (
 from app.request import InvalidRequest
 
 log = logging.getLogger("ppserve.ingress")
-
-
-def _validation_message(e: ValidationError) -> tuple[str, str | None]:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err.get("loc", ()) if not isinstance(x, int)) or None
-    if err.get("type") == "missing":
-        return f"Missing required field '{loc}'.", loc
-    return f"Invalid value for '{loc}': {err.get('msg')}.", loc
 
 
 class _Stream:
@@ -65,9 +58,11 @@ class _Stream:
         return usage(self.prompt_tokens, self.completion_tokens)
 
 
-def make_ingress(model_name: str, api_key: str | None):
+def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
     """The ingress deployment class; FastAPI routes need an app object, built here per call."""
     fastapi_app = FastAPI(title="ppserve", docs_url=None, redoc_url=None)
+    document_request_bodies(fastapi_app, {"/v1/completions": CompletionRequest,
+                                          "/v1/chat/completions": ChatCompletionRequest})
 
     @serve.ingress(fastapi_app)
     class OpenAIIngress:
@@ -116,16 +111,13 @@ def make_ingress(model_name: str, api_key: str | None):
             arrival = time.time()  # TTFT counts from here (wall clock: crosses processes)
             if (denied := self._auth(request)) is not None:
                 return denied
-            try:
-                body = json.loads(await request.body())
-            except (ValueError, UnicodeDecodeError) as e:
-                return error_response(f"Invalid JSON in the request body: {e}", 400)
+            body = await read_json_object(request, max_request_bytes)
             if not isinstance(body, dict):
-                return error_response("The request body must be a JSON object.", 400)
+                return body  # the error
             try:
                 req = schema.model_validate(body)
             except ValidationError as e:
-                message, param = _validation_message(e)
+                message, param = describe_error(e)
                 return error_response(message, 400, param)
             if req.model is not None and req.model != self.model:
                 return error_response(f"The model `{req.model}` does not exist.", 404,

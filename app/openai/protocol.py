@@ -2,42 +2,73 @@
 
 Field names and defaults follow OpenAI, plus vLLM's extra sampling fields (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, ...). Unknown fields are ignored, as
-OpenAI clients send newer ones freely.
+OpenAI clients send newer ones freely. Types are strict (OpenAI refuses "max_tokens": "5" and
+"stream": 1 too) and numbers finite: a NaN temperature must never reach a sampler. Value ranges
+live in SamplingParams.validate, the one place the engine's own callers go through as well.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from app.request import InvalidRequest, SamplingParams
 
+
+def _utf8(text: str) -> str:
+    # JSON may spell lone surrogates ("\ud800"): valid JSON, but no UTF-8 text to tokenize.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid UTF-8 text ({e.reason} at {e.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
 TokenIds = list[int]
+# Strict types, finite numbers; unknown fields ignored.
+_STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def describe_error(e: ValidationError) -> tuple[str, str | None]:
+    """OpenAI-style message and `param` (a dotted field path, without list indexes or the
+    type tags pydantic adds inside unions) for the first error."""
+    err = e.errors()[0]
+    path = [x for x in err.get("loc", ()) if isinstance(x, str)]
+    fields = path[:1] + [x for x in path[1:] if x.isidentifier() and x not in _TYPE_TAGS]
+    loc = ".".join(fields) or None
+    if err.get("type") == "missing":
+        return f"Missing required field '{loc}'.", loc
+    return f"Invalid value for '{loc}': {err.get('msg')}.", loc
 
 
 class StreamOptions(BaseModel):
+    model_config = _STRICT
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
 
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
+    stop: Union[Text, list[Text], None] = None
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: Text | None = None
     # vLLM's extras
     top_k: int | None = None
     min_p: float | None = None
@@ -69,11 +100,11 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, TokenIds, list[str], list[TokenIds]]
+    prompt: Union[Text, TokenIds, list[Text], list[TokenIds]]
     max_tokens: int | None = 16  # OpenAI's default for completions
     logprobs: int | None = None
     echo: bool = False
-    suffix: str | None = None
+    suffix: Text | None = None
     best_of: int | None = None
 
     def single_prompt(self) -> str | list[int]:
@@ -102,16 +133,17 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: str = "text"
-    text: str = ""
+    model_config = _STRICT
+    type: Text = "text"
+    text: Text = ""
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[ContentPart], None] = None
-    name: str | None = None
+    # Required: without tool calls (unsupported) a message without content means nothing.
+    content: Union[Text, list[ContentPart]]
+    name: Text | None = None
 
     def as_dict(self) -> dict:
         content = self.content
@@ -120,7 +152,7 @@ class ChatMessage(BaseModel):
                 raise InvalidRequest("only text content parts are supported.",
                                      param="messages")
             content = "".join(p.text for p in content)
-        return {"role": self.role, "content": content or ""}
+        return {"role": self.role, "content": content}
 
 
 class ChatCompletionRequest(_Sampling):

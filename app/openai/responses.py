@@ -11,6 +11,7 @@ import time
 from fastapi.responses import JSONResponse
 
 SSE_DONE = "data: [DONE]\n\n"
+RETRY_AFTER_S = "1"
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                 404: "invalid_request_error", 413: "invalid_request_error",
@@ -25,7 +26,10 @@ def error_body(message: str, status: int = 400, param: str | None = None,
 
 def error_response(message: str, status: int = 400, param: str | None = None,
                    code: str | int | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param, code), status_code=status)
+    # Overloaded: tell clients (the openai client honours it) when to come back.
+    headers = {"Retry-After": RETRY_AFTER_S} if status in (429, 503) else None
+    return JSONResponse(error_body(message, status, param, code), status_code=status,
+                        headers=headers)
 
 
 def sse(obj: dict) -> str:

@@ -76,6 +76,10 @@ class Scheduler:
         return len(self._waiting)
 
     @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    @property
     def waiting_prompt_tokens(self) -> int:
         """Prompt tokens of the requests not yet admitted: load the KV cache has yet to take."""
         return sum(r.prompt_len for r in self._waiting.values())
