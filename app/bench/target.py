@@ -46,6 +46,9 @@ class BenchEngine:
         from app.config import EngineConfig
         from app.engine import Engine
 
+        # Benches send the same prompts under every mode and rep: a prefix-cache hit would
+        # measure a shorter prefill than the one asked for.
+        options.setdefault("enable_prefix_caching", False)
         self.config = EngineConfig(**options)
         self._engine = Engine(self.config)
 
