@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app import Engine, EngineConfig, SamplingParams
+from app import SamplingParams
+from app.bench.target import BenchEngine
 from tests.smollm2_ref import EOS, hf_greedy
 
 MAX_NEW = 10
@@ -34,10 +35,11 @@ def test_reference_is_sensible(smollm2_hf, cases):
 def test_greedy_matches_transformers(ray_cluster, smollm2_dir, cases, pp):
     prompts, reference = cases
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
-    cfg = EngineConfig(model=smollm2_dir, pp_size=pp, device="cpu", chunk_size=8,
-                       block_size=16, max_num_seqs=8, max_model_len=256, num_kv_blocks=96,
-                       channel_check=True, stage_num_cpus=0.5)
-    with Engine(cfg) as engine:
+    # BenchEngine: the engine plus set_policy between runs (and no prefix cache, so every run
+    # prefills its whole prompt under the chunking and skip mode it names)
+    with BenchEngine(model=smollm2_dir, pp_size=pp, device="cpu", chunk_size=8, block_size=16,
+                     max_num_seqs=8, max_model_len=256, num_kv_blocks=96, channel_check=True,
+                     stage_num_cpus=0.5) as engine:
         # chunk 8: every prompt spans several chunks; 512: each prompt in one microbatch
         for chunk in (8, 512):
             for skip in ("off", "sglang", "auto"):
