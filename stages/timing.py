@@ -19,9 +19,6 @@ class Measurement:
     end: object
     seconds: float | None = None  # known at stop on CPU, on first read on CUDA
 
-    def query(self) -> bool:
-        return self.end is None or self.end.query()
-
 
 class StageTimer:
     def __init__(self, device: torch.device):

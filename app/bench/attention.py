@@ -34,7 +34,8 @@ CASES = [(4096, 8192), (4096, 32768), (8192, 16384), (8192, 65536), (8192, 13107
 SQUARES = [8192, 16384, 32768]
 
 
-def _time(fn, reps: int = 5) -> float:
+def cuda_median_ms(fn, reps: int = 5) -> float:
+    """Median milliseconds of fn() over reps, CUDA events, after one warm-up call."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
             try:
                 out = fn(q, k, v, scale)
                 row["max_abs_diff"] = float((out.float() - ref.float()).abs().max())
-                ms = _time(lambda: fn(q, k, v, scale))
+                ms = cuda_median_ms(lambda: fn(q, k, v, scale))
                 row["ms"] = round(ms, 3)
                 row["tflops"] = round(flops / ms / 1e9, 1)
             except Exception as e:  # a backend that refuses this shape is a finding, not a crash

@@ -8,8 +8,6 @@ model's shapes. What ppserve's decode step is measured against (issue 12's targe
 
 from __future__ import annotations
 
-import statistics
-
 
 def graph_decode_step_s(cfg: dict, rows: int, kv_len: int, steps: int = 50) -> dict:
     """Median seconds of one replayed decode step of `rows` rows over `kv_len` keys, for the
@@ -25,6 +23,8 @@ def graph_decode_step_s(cfg: dict, rows: int, kv_len: int, steps: int = 50) -> d
 def _measure(cfg: dict, rows: int, kv_len: int, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
+
+    from app.bench.attention import cuda_median_ms
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
@@ -69,17 +69,6 @@ def _measure(cfg: dict, rows: int, kv_len: int, steps: int) -> dict:
             x = x + F.linear(F.silu(gate) * up, lw["down"])
         return torch.argmax(F.linear(norm(x, torch.ones_like(x[0])), head).float(), -1)
 
-    def timed(fn) -> float:
-        times = []
-        for _ in range(steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times)
-
     with torch.inference_mode():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -87,9 +76,9 @@ def _measure(cfg: dict, rows: int, kv_len: int, steps: int) -> dict:
             for _ in range(3):
                 step()
         torch.cuda.current_stream().wait_stream(side)
-        eager = timed(step)
+        eager = cuda_median_ms(step, steps) / 1e3
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        replay = timed(graph.replay)
+        replay = cuda_median_ms(graph.replay, steps) / 1e3
     return {"rows": rows, "kv_len": kv_len, "eager_step_s": eager, "graph_step_s": replay}
