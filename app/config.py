@@ -64,7 +64,7 @@ class EngineConfig:
         doc_default="no bound")
     max_inflight: int | None = option(
         None, "Microbatches in flight across the pipeline.",
-        doc_default="--pp (2 x --pp with --run-ahead)")
+        doc_default="--pp; with --run-ahead 2 x --pp, 3 at --pp 1")
     block_size: int = option(64, "Tokens per KV cache block.")
     num_kv_blocks: int | None = option(
         None, "KV cache blocks per stage, overriding the count derived from memory.",
@@ -167,9 +167,14 @@ class EngineConfig:
     @property
     def inflight(self) -> int:
         # Run-ahead puts a request's consecutive steps >= pp_size microbatches apart: with only
-        # pp_size in flight, step t+1 could never leave before step t retires.
-        return self.max_inflight or (
-            2 * self.pp_size if self.resolved_run_ahead else self.pp_size)
+        # pp_size in flight, step t+1 could never leave before step t retires. One stage
+        # collects each result after the next launch (Pipeline.defers_results): one more keeps
+        # a launch queued behind every collect.
+        if self.max_inflight:
+            return self.max_inflight
+        if not self.resolved_run_ahead:
+            return self.pp_size
+        return 3 if self.pp_size == 1 else 2 * self.pp_size
 
     @property
     def resolved_run_ahead(self) -> bool:

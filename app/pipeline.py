@@ -71,9 +71,9 @@ class Pipeline:
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
         self.pipeline_id = uuid.uuid4().hex[:8]  # unique per Pipeline: names never collide
-        # Deferred collection (PP=1 with run-ahead): the last launched microbatch, whose collect
-        # call waits for the next launch or for flush().
-        self._uncollected: tuple[int, asyncio.Future] | None = None
+        # Deferred results (PP=1 with run-ahead): the last launched microbatch's result, which
+        # the next advance call (the next dispatch or flush()) returns.
+        self._uncollected: asyncio.Future | None = None
 
     @property
     def defers_results(self) -> bool:
@@ -126,25 +126,27 @@ class Pipeline:
         n = len(self.stages)
         if not self.defers_results:
             return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
-        launched = self.stages[0].launch.remote(plan.for_stage(0, 1))
-        self.flush()  # the previous microbatch's collect queues behind this launch
-        collect: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._uncollected = (plan.mb_id, collect)
-        return [self._deferred_result(launched, collect)]
+        advanced = self.stages[0].advance.remote(plan.for_stage(0, 1))
+        self._settle_previous(advanced)
+        result: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._uncollected = result
+        return [self._deferred_result(advanced, result)]
 
     @staticmethod
-    async def _deferred_result(launched, collect: asyncio.Future) -> StepResult:
-        await launched  # a failed launch fails the microbatch at once
-        return await (await collect)
+    async def _deferred_result(advanced, result: asyncio.Future) -> StepResult:
+        await advanced  # a failed launch fails this microbatch at once
+        return await (await result)
+
+    def _settle_previous(self, ref) -> None:
+        """The previous microbatch's result is what `ref` (a later advance call) returns."""
+        if self._uncollected is not None and not self._uncollected.done():
+            self._uncollected.set_result(ref)
+        self._uncollected = None
 
     def flush(self) -> None:
-        """Collect the last launched microbatch now (nothing else will be launched soon)."""
-        if self._uncollected is None:
-            return
-        mb_id, collect = self._uncollected
-        self._uncollected = None
-        if not collect.done():
-            collect.set_result(self.stages[0].collect.remote(mb_id))
+        """Return the last launched microbatch now (nothing else will be launched soon)."""
+        if self._uncollected is not None:
+            self._settle_previous(self.stages[0].advance.remote(None))
 
     async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""

@@ -27,7 +27,7 @@ class StageActor:
         self.spec = spec
         self.runner = StageRunner(spec)
         self._store = None  # stage 0 keeps the rendezvous store alive
-        self._launched: dict = {}  # mb_id -> LaunchedStep not yet collected (launch/collect)
+        self._launched = None  # the LaunchedStep the next advance() call returns
 
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
@@ -56,20 +56,18 @@ class StageActor:
     def step(self, plan: MicrobatchPlan) -> StepResult:
         return self.runner.step(plan)
 
-    # A single stage (PP=1) is driven by launch/collect instead of step: the pipeline collects a
-    # microbatch's result after launching the next one, so the device computes the next step
-    # while this result travels back and the coordinator plans the one after.
-    def launch(self, plan: MicrobatchPlan) -> None:
-        if self._launched and self.runner.reads_sampled_history(plan):
-            for launched in self._launched.values():  # their tokens first (kept for collect)
-                self.runner.finish(launched)
-        self._launched[plan.mb_id] = self.runner.launch(plan)
-
-    def collect(self, mb_id: int) -> StepResult:
-        launched = self._launched.pop(mb_id, None)
-        if launched is None:
-            raise RuntimeError(f"microbatch {mb_id} was not launched on this stage")
-        return self.runner.finish(launched)
+    # A single stage (PP=1) is driven by advance instead of step: each call launches its
+    # microbatch and then returns the previous one's result, so the device computes the next
+    # step while a result travels back and the coordinator plans the one after.
+    def advance(self, plan: MicrobatchPlan | None) -> StepResult | None:
+        """Launch `plan` (None: launch nothing), then finish and return the microbatch
+        launched by the previous call (None if there was none)."""
+        previous, self._launched = self._launched, None
+        if plan is not None:
+            if previous is not None and self.runner.reads_sampled_history(plan):
+                self.runner.finish(previous)  # its tokens first; the result is kept
+            self._launched = self.runner.launch(plan)
+        return self.runner.finish(previous) if previous is not None else None
 
     def set_policy(self, output_post: str | None = None,
                    linear_backend: str | None = None) -> dict:

@@ -20,7 +20,7 @@ from stages.kv_cache import PagedKVCache, bytes_per_block, bytes_per_token_layer
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
-from stages.sampler import Picked, RowToSample, Sampler, reads_history
+from stages.sampler import Picked, RowToSample, Sampler
 from stages.sync_guard import install_sync_guard
 from stages.timing import Measurement, StageTimer
 
@@ -202,8 +202,10 @@ class StageRunner:
                 timings=self.timer.take_finished(), graphed=graphed))
         picked = self._pick(plan, hidden, batch)
         timing = self.timer.stop()
-        if self.spec.is_first and picked is not None:  # PP=1: the "channel" is a local scatter
-            self._scatter_local(plan, picked.token_ids)
+        if picked is not None:
+            if self.spec.is_first:  # PP=1: the "channel" is a local scatter
+                self._scatter_local(plan, picked.token_ids)
+            picked.copy_to_host()
         return LaunchedStep(plan, graphed, picked, timing)
 
     def finish(self, launched: LaunchedStep) -> StepResult:
@@ -232,7 +234,7 @@ class StageRunner:
         those of a launched step are only known once it is finished."""
         new = {n.req_id: n.sampling for n in plan.new_requests}
         specs = (self.sampling.get(r.req_id) or new.get(r.req_id) for r in plan.rows if r.sample)
-        return any(spec is not None and reads_history(spec) for spec in specs)
+        return any(spec is not None and spec.needs_history for spec in specs)
 
     def _apply_deltas(self, plan: MicrobatchPlan) -> None:
         for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them

@@ -37,12 +37,6 @@ def _row_seed(seed: int, output_index: int) -> int:
     return z ^ (z >> 29)
 
 
-def reads_history(spec: SamplingSpec) -> bool:
-    """Whether sampling this row reads the tokens the request sampled before (penalties)."""
-    return (spec.repetition_penalty != 1.0 or bool(spec.presence_penalty)
-            or bool(spec.frequency_penalty))
-
-
 def _apply_penalties(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
     spec = row.spec
     if spec.repetition_penalty != 1.0:
@@ -84,6 +78,24 @@ class Picked:
     token_ids: torch.Tensor  # [R] long
     rows: list[RowToSample]
     logprobs: torch.Tensor | None  # [R, V] log-softmax of the raw logits, when a row asks
+    # CUDA: the ids copied to pinned host memory as soon as they are chosen, and the event that
+    # marks the copy done. Reading them waits for this step only, not for work queued after it.
+    host_ids: torch.Tensor | None = None
+    copied: torch.cuda.Event | None = None
+
+    def copy_to_host(self) -> None:
+        if self.token_ids.device.type != "cuda":
+            return
+        self.host_ids = torch.empty(self.token_ids.shape, dtype=torch.long, pin_memory=True)
+        self.host_ids.copy_(self.token_ids, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+
+    def ids(self) -> list[int]:
+        if self.copied is None:
+            return self.token_ids.tolist()
+        self.copied.synchronize()
+        return self.host_ids.tolist()
 
 
 def _plain_greedy(row: RowToSample) -> bool:
@@ -138,7 +150,7 @@ class Sampler:
     def collect(picked: Picked) -> list[Sampled]:
         """The host's copy of the chosen tokens (and logprobs): waits for the device."""
         out: list[Sampled] = []
-        ids = picked.token_ids.tolist()
+        ids = picked.ids()
         for i, (row, tok) in enumerate(zip(picked.rows, ids)):
             k = row.spec.logprobs
             if k is None:

@@ -92,6 +92,9 @@ class OnDemandAdmission(ReserveAdmission):
         k = self.config.blocks_for(end) - len(st.blocks)
         if k <= 0:
             return True
+        if k <= self.pool.num_free - self._plan_need:  # fits: no need to look for victims
+            self._plan_need += k
+            return True
         taken = {s.req_id for s in named}
         while k > self.pool.num_free - self._plan_need + self._pending_release(running):
             victim = next(

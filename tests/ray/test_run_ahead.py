@@ -26,7 +26,7 @@ def _cfg(checkpoint, pp, skip, run_ahead, budget=None):
 @pytest.mark.parametrize("pp", [1, 2, 3])
 @pytest.mark.parametrize("skip", ["off", "auto"])
 def test_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference, pp, skip):
-    assert _cfg(checkpoint, pp, skip, True).inflight == 2 * pp
+    assert _cfg(checkpoint, pp, skip, True).inflight == (3 if pp == 1 else 2 * pp)
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     with Engine(_cfg(checkpoint, pp, skip, True)) as engine:
         outs = engine.generate(prompts, greedy)
