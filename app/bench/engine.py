@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from app.bench.target import LLAMA3_8B, BenchEngine, environment, write_model
+from app.bench.target import LLAMA3_8B, MODEL_SHAPES, BenchEngine, environment, write_model
 
 # mode name -> (skip_mode, output_post, linear backend override or None)
 MODES = {
@@ -140,10 +140,9 @@ def main(argv=None) -> int:
     p.add_argument("--chunking", default="fixed",
                    help="comma-separated: fixed, dynamic (smooth 0.75) or dynamic:SMOOTH")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--model-shape", choices=("llama8b", "deepseek-v2-lite", "tiny"),
-                   default="llama8b",
-                   help="llama8b / deepseek-v2-lite: those shapes with random weights; tiny: "
-                        "the built-in model")
+    p.add_argument("--model-shape", choices=MODEL_SHAPES, default="llama8b",
+                   help="that shape with random weights (app/bench/target.py); tiny: the "
+                        "built-in model")
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")

@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 
-from app.bench.target import BenchEngine, environment, write_model
+from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
 from stages.protocol import DEVICES
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
@@ -158,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--device", choices=DEVICES, default="cuda")
-    p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
-                   help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
+    p.add_argument("--model-shape", choices=MODEL_SHAPES, default="llama8b",
+                   help="that shape with random weights (app/bench/target.py); tiny: the "
+                        "built-in model")
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--parts", default="mixed,decode", help="mixed, decode or both")
     p.add_argument("--long-len", type=int, default=32768)
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
                        block_size=64, linear_backend=a.linear, attention_backend=a.attention,
                        seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead)
     rng = random.Random(a.seed)
-    lo, hi = (1000, 120000) if a.model_shape == "llama8b" else (0, 256)
+    lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)
 
     def prompts(n, length):
         return [[rng.randrange(lo, hi) for _ in range(length)] for _ in range(n)]

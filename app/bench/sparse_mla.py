@@ -15,7 +15,7 @@ import torch
 
 from app.bench.attention import cuda_median_ms
 from app.bench.target import environment
-from stages.kernels import flash_mla, fp8_latent
+from stages.kernels import flash_mla, fp8_latent, torch_ref, triton_indexer
 
 TOPK = 2048
 SCALE = 192 ** -0.5
@@ -49,6 +49,21 @@ def decode_case(heads: int, rows: int, keys: int, g: torch.Generator) -> dict:
             "fp8_decode_ms": round(fp8, 4), "bf16_prefill_kernel_ms": round(bf16, 4)}
 
 
+def indexer_case(queries: int, keys: int, g: torch.Generator) -> dict:
+    """V3.2's indexer: 64 heads of 128, bf16 (the torch reference on its bf16 matmuls)."""
+    q = torch.randn(queries, 64, 128, generator=g, device="cuda").bfloat16()
+    k = torch.randn(keys, 128, generator=g, device="cuda").bfloat16()
+    w = torch.randn(queries, 64, generator=g, device="cuda")
+    triton = cuda_median_ms(lambda: triton_indexer.indexer_logits(q, k, w, 128 ** -0.5), reps=5)
+    ref = cuda_median_ms(lambda: torch_ref.indexer_logits(q, k, w, 128 ** -0.5), reps=3)
+    logits = triton_indexer.indexer_logits(q, k, w, 128 ** -0.5)
+    topk = cuda_median_ms(lambda: logits.topk(TOPK, dim=-1), reps=3)
+    return {"kernel": "indexer_logits", "heads": 64, "head_dim": 128, "queries": queries,
+            "keys": keys, "triton_ms": round(triton, 3), "torch_ms": round(ref, 3),
+            "topk_2048_ms": round(topk, 3),
+            "triton_tflops": round(2 * queries * keys * 64 * 128 / triton / 1e9, 1)}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
@@ -64,6 +79,9 @@ def main(argv: list[str] | None = None) -> None:
         for n in (256, 512, 1024):
             rows.append(decode_case(heads, n, 16384, g))
             print(rows[-1], flush=True)
+    for keys in (32768, 131072):
+        rows.append(indexer_case(4096, keys, g))
+        print(rows[-1], flush=True)
     report = {"command": "python -m app.bench.sparse_mla " + " ".join(sys.argv[1:]),
               "environment": environment(), "rows": rows}
     with open(args.out, "w") as f:
