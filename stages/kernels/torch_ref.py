@@ -84,6 +84,46 @@ def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
     return out.squeeze(2).float()
 
 
+# Elements of the fp32 temporaries one tile of the sparse references materialises: they run
+# over whole long-prompt chunks, whose full score tensors would not fit.
+TILE_ELEMENTS = 1 << 26
+
+
+def mla_sparse(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int,
+               scale: float) -> torch.Tensor:
+    """Sparse MLA in the absorbed form (FlashMLA's flash_mla_sparse_fwd contract): query t
+    attends to the keys kv[indices[t]] only, one latent head shared by every query head; keys
+    are all d_qk values, values the first dv. q [T, H, d_qk], kv [slots, 1, d_qk],
+    indices [T, K] int32 (-1: no key) -> [T, H, dv] in q's dtype; a query with no key gets 0."""
+    t, _, d = q.shape
+    flat = kv.view(-1, kv.shape[-1])
+    out = q.new_empty(t, q.shape[1], dv)
+    step = max(1, TILE_ELEMENTS // max(1, indices.shape[1] * d))
+    for i in range(0, t, step):
+        idx = indices[i:i + step].long()
+        keys = flat.index_select(0, idx.clamp(min=0).reshape(-1)).view(*idx.shape, d).float()
+        scores = torch.einsum("thd,tkd->thk", q[i:i + step].float(), keys) * scale
+        scores = scores.masked_fill((idx < 0)[:, None, :], float("-inf"))
+        probs = scores.softmax(dim=-1).nan_to_num(0.0)  # all -inf: softmax gives NaN
+        out[i:i + step] = torch.einsum("thk,tkv->thv", probs, keys[..., :dv]).to(q.dtype)
+    return out
+
+
+def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """DeepSeek-V3.2's lightning-indexer scores, in transformers' order of operations:
+    logits[t, l] = sum_h weights[t, h] * relu(scale * q[t, h] . k[l]).
+    q [T, Hi, D], k [L, D], weights [T, Hi] fp32 -> [T, L] fp32 (no causal mask: the caller's)."""
+    t, heads, _ = q.shape
+    k_t = k.float().T
+    out = torch.empty(t, k.shape[0], dtype=torch.float32, device=q.device)
+    step = max(1, TILE_ELEMENTS // max(1, heads * k.shape[0]))
+    for i in range(0, t, step):
+        scores = torch.relu(torch.matmul(q[i:i + step].float(), k_t) * scale)  # [n, Hi, L]
+        out[i:i + step] = torch.matmul(weights[i:i + step, None, :].float(), scores)[:, 0]
+    return out
+
+
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
     """Routed experts: x [T, H], gate_up [E, 2I, H], down [E, H, I], ids/weights [T, k] ->
