@@ -33,7 +33,7 @@ class SparseRow:
     num_tokens: int
     prefix: torch.Tensor | slice  # gather index of its keys 0..start+n-1 (a slice: in place)
     slots: torch.Tensor  # [start + n] long: the slot of each prefix position
-    future: torch.Tensor | None  # [n, start + n] bool: keys after each query (None: n == 1)
+    future: torch.Tensor | None  # [n, n] bool: its own chunk's keys after each query (n > 1)
 
 
 @dataclass
@@ -46,28 +46,40 @@ class SparseRows:
     @classmethod
     def build(cls, batch: ForwardBatch, block_size: int, topk: int,
               device: torch.device) -> "SparseRows":
+        # Rows of a decode group have no prefix index: theirs from their block tables, copied
+        # in one transfer (a pageable copy per row would make the host wait for the stream).
+        missing = [i for i, p in enumerate(batch.prefix_slots) if p is None]
+        host = []
+        for i in missing:
+            table = torch.tensor(batch.block_tables[i], dtype=torch.long)
+            pos = torch.arange(batch.row_starts[i] + 1)
+            host.append(table[pos // block_size] * block_size + pos % block_size)
+        built = {}
+        if host:
+            flat = torch.cat(host)
+            if device.type == "cuda":
+                flat = flat.pin_memory().to(device, non_blocking=True)
+            built = dict(zip(missing, flat.split([h.numel() for h in host])))
         dense = torch.full((batch.num_tokens, topk), -1, dtype=torch.int32, device=device)
         selecting = []
         for i, (start, n, off) in enumerate(zip(batch.row_starts, batch.row_lens,
                                                 batch.row_offsets)):
             length = start + n
             prefix = batch.prefix_slots[i]
-            if isinstance(prefix, slice):
+            if prefix is None:
+                prefix = slots = built[i]
+            elif isinstance(prefix, slice):
                 slots = torch.arange(prefix.start, prefix.stop, device=device)
-            elif prefix is not None:
-                slots = prefix
-            else:  # a row of a decode group: its slots from its block table
-                table = torch.tensor(batch.block_tables[i], dtype=torch.long)
-                pos = torch.arange(length)
-                slots = (table[pos // block_size] * block_size + pos % block_size).to(device)
-                prefix = slots
-            keys = torch.arange(length, device=device)
-            queries = torch.arange(start, length, device=device)
-            future = keys[None, :] > queries[:, None]  # [n, L]
-            if length <= topk:
-                dense[off:off + n, :length] = slots[None, :].masked_fill(future, -1).int()
             else:
-                selecting.append(SparseRow(off, n, prefix, slots, future if n > 1 else None))
+                slots = prefix
+            future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1) if n > 1 else None
+            if length <= topk:
+                row = slots[None, :].repeat(n, 1)
+                if future is not None:
+                    row[:, start:] = row[:, start:].masked_fill(future, -1)
+                dense[off:off + n, :length] = row.int()
+            else:
+                selecting.append(SparseRow(off, n, prefix, slots, future))
         return cls(dense, selecting)
 
 
@@ -138,8 +150,8 @@ class DSAttention(MLAttention):
             logits = self.kernels.indexer_logits(
                 q[span], kv.gather(local_layer, row.prefix, INDEXER_KEY), weights[span],
                 self.indexer.scale)
-            if row.future is not None:
-                logits = logits.masked_fill(row.future, float("-inf"))
+            if row.future is not None:  # keys of the chunk after the query
+                logits[:, -row.num_tokens:].masked_fill_(row.future, float("-inf"))
             best, pos = logits.topk(topk, dim=-1)
             # a query with fewer than topk keys before it picks some future ones: none
             indices[span] = row.slots[pos].masked_fill(best == float("-inf"), -1).int()
