@@ -1,12 +1,13 @@
-"""DeepSeek-V2/V3 architecture arguments (MLA + MoE) from a Hugging Face config.json (standard
-library only). Semantics follow transformers' modeling_deepseek_v2 / modeling_deepseek_v3."""
+"""DeepSeek-V2/V3/V3.2 architecture arguments (MLA + MoE, V3.2's sparse-attention indexer) from a
+Hugging Face config.json (standard library only). Semantics follow transformers'
+modeling_deepseek_v2 / _v3 / _v32."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 # DeepSeek-V2-Lite's shapes (random weights in the bench: `--load-format dummy`).
@@ -45,6 +46,24 @@ DEEPSEEK_V2_LITE: dict = {
 
 
 @dataclass(frozen=True)
+class IndexerArgs:
+    """DeepSeek-V3.2's lightning indexer (DSA): scores every prefix key of each query with
+    n_heads small heads and keeps the top `topk` keys for the layer's MLA."""
+    topk: int  # index_topk
+    n_heads: int  # index_n_heads
+    head_dim: int  # index_head_dim: also the width of its per-token cached key
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "IndexerArgs":
+        # transformers' DeepseekV32Config defaults
+        out = cls(topk=int(d.get("index_topk", 2048)), n_heads=int(d.get("index_n_heads", 64)),
+                  head_dim=int(d.get("index_head_dim", 128)))
+        if min(out.topk, out.n_heads) < 1 or out.head_dim < int(d["qk_rope_head_dim"]):
+            raise ValueError(f"bad indexer shape {out} (index_head_dim must hold the rope dims)")
+        return out
+
+
+@dataclass(frozen=True)
 class DeepseekArgs:
     version: str  # "v2": softmax gate (greedy / group-limited); "v3": sigmoid + bias-corrected
     q_lora_rank: int | None  # None: a plain q_proj
@@ -64,6 +83,7 @@ class DeepseekArgs:
     routed_scaling_factor: float
     norm_topk_prob: bool  # v3 only: transformers' V2 router never renormalises
     fp8_block: tuple[int, int] | None  # weight_scale_inv block of an FP8 checkpoint
+    indexer: IndexerArgs | None = None  # V3.2: every layer attends sparsely (DSA)
 
     @property
     def qk_head_dim(self) -> int:
@@ -79,7 +99,8 @@ class DeepseekArgs:
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "DeepseekArgs":
-        version = "v2" if d["model_type"] == "deepseek_v2" else "v3"
+        version = "v2" if d["model_type"] == "deepseek_v2" else "v3"  # V3.2 routes as V3
+        sparse = d["model_type"] == "deepseek_v32"
         experts = int(d.get("n_routed_experts") or 0)
         n_group = int(d.get("n_group") or 1)
         topk_group = int(d.get("topk_group") or 1)
@@ -100,6 +121,16 @@ class DeepseekArgs:
             raise ValueError(f"unsupported quantization {quant.get('quant_method')!r} (only "
                              f"block-scaled fp8)")
         q_lora = d.get("q_lora_rank")
+        first_dense = int(d.get("first_k_dense_replace") or 0)
+        if sparse:
+            if not q_lora:
+                raise ValueError("deepseek_v32 needs q_lora_rank: its indexer reads the q LoRA")
+            layers = int(d["num_hidden_layers"])
+            dense = min(first_dense, layers)
+            if d.get("mlp_layer_types") not in (None, ["dense"] * dense + ["sparse"] * (
+                    layers - dense)):
+                raise ValueError("mlp_layer_types other than first_k_dense_replace dense layers "
+                                 "then MoE are not supported")
         return cls(
             version=version,
             q_lora_rank=int(q_lora) if q_lora else None,
@@ -107,18 +138,21 @@ class DeepseekArgs:
             qk_nope_head_dim=int(d["qk_nope_head_dim"]),
             qk_rope_head_dim=int(d["qk_rope_head_dim"]),
             v_head_dim=int(d["v_head_dim"]),
-            rope_interleave=True if version == "v2" else bool(d.get("rope_interleave", True)),
+            # transformers' V3.2 always interleaves its MLA rope dims
+            rope_interleave=(True if version == "v2" or sparse
+                             else bool(d.get("rope_interleave", True))),
             n_routed_experts=experts,
             num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
             n_shared_experts=int(d.get("n_shared_experts") or 0),
             moe_intermediate_size=int(d.get("moe_intermediate_size") or 0),
-            first_k_dense_replace=int(d.get("first_k_dense_replace") or 0),
+            first_k_dense_replace=first_dense,
             topk_method=method,
             n_group=n_group,
             topk_group=topk_group,
             routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
             norm_topk_prob=version == "v3" and bool(d.get("norm_topk_prob", True)),
             fp8_block=(int(block[0]), int(block[1])) if block else (128, 128) if quant else None,
+            indexer=IndexerArgs.from_hf_dict(d) if sparse else None,
         )
 
 

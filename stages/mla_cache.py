@@ -1,9 +1,10 @@
 """Paged cache of MLA latents: one stage's layers, the same block ids as every other stage.
 
 Each layer holds named per-token components side by side, each its own tensor
-[num_blocks, block_size, 1, width] (FlashMLA's page layout for the latent): today the latent
-(kv_lora_rank + qk_rope_head_dim values); DeepSeek-V3.2's indexer keys are a second component
-with the same block ids. Bytes per token per layer is the sum of the widths.
+[num_blocks, block_size, 1, width] (FlashMLA's page layout for the latent): the latent
+(kv_lora_rank + qk_rope_head_dim values) and, for DeepSeek-V3.2, its lightning indexer's key
+(index_head_dim values), paged under the same block ids. Bytes per token per layer is the sum of
+the widths, so the scheduler's block budget (admission) counts both.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import torch
 from stages.model_config import ModelArgs
 
 LATENT = "latent"
+INDEXER_KEY = "indexer_key"
 
 
 def latent_components(args: ModelArgs) -> dict[str, int]:
     """Component name -> values per token per layer."""
-    return {LATENT: args.deepseek.latent_dim}
+    d = args.deepseek
+    out = {LATENT: d.latent_dim}
+    if d.indexer is not None:
+        out[INDEXER_KEY] = d.indexer.head_dim
+    return out
 
 
 class LatentKVCache:

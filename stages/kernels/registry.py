@@ -38,6 +38,14 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.torch_ref:mla_decode",
         "flash-mla": "stages.kernels.flash_mla:mla_decode",
     },
+    # DeepSeek-V3.2 sparse MLA (absorbed form) over the indexer's selected latent slots.
+    "mla_sparse": {
+        "torch": "stages.kernels.torch_ref:mla_sparse",
+    },
+    # DeepSeek-V3.2 lightning-indexer scores of queries against a row's prefix keys.
+    "indexer_logits": {
+        "torch": "stages.kernels.torch_ref:indexer_logits",
+    },
     # Routed MoE experts: per-expert cuBLAS GEMMs, or one grouped persistent Triton kernel.
     "moe_experts": {
         "torch": "stages.kernels.torch_ref:moe_experts",
@@ -54,6 +62,8 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "decode_attention": ("torch",),
     "paged_decode": ("triton", "torch"),
     "mla_decode": ("flash-mla", "torch"),
+    "mla_sparse": ("torch",),
+    "indexer_logits": ("torch",),
     "moe_experts": ("triton-persistent", "torch"),
 }
 
@@ -69,6 +79,12 @@ class Kernels:
     mla_decode: Callable | None = None
     # (x [T,H], gate_up [E,2I,H], down [E,H,I], topk_ids [T,k], topk_weights [T,k]) -> [T,H]
     moe_experts: Callable | None = None
+    # (q [T,H,576], kv [slots,1,576], indices [T,topk] int32 slot ids (-1: none), dv, scale)
+    # -> [T,H,dv] in q's dtype: FlashMLA's flash_mla_sparse_fwd contract
+    mla_sparse: Callable | None = None
+    # (q [T,Hi,D], k [L,D], weights [T,Hi] fp32, scale) -> [T,L] fp32:
+    # sum_h weights[t,h] * relu(scale * q[t,h].k[l]); the model masks causally, takes top-k
+    indexer_logits: Callable | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -103,11 +119,13 @@ def _select(op: str, choice: str, device: str) -> tuple[str, Callable]:
 
 
 def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
-                   mla_decode: str = "auto", moe_experts: str = "auto") -> Kernels:
+                   mla_decode: str = "auto", moe_experts: str = "auto",
+                   mla_sparse: str = "auto", indexer_logits: str = "auto") -> Kernels:
     """Pick one backend per op for `device`; an explicit name that cannot run is an error."""
     chosen = {op: _select(op, choice, str(device)) for op, choice in (
         ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
-        ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts))}
+        ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts),
+        ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits))}
     names = {op: name for op, (name, _fn) in chosen.items()}
     log.info("kernels on %s: %s", device, names)
     return Kernels(**{op: fn for op, (_name, fn) in chosen.items()}, names=names)

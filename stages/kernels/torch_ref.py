@@ -84,22 +84,43 @@ def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
     return out.squeeze(2).float()
 
 
+# Elements of the fp32 temporaries one tile of the sparse references materialises: they run
+# over whole long-prompt chunks, whose full score tensors would not fit.
+TILE_ELEMENTS = 1 << 26
+
+
 def mla_sparse(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int,
                scale: float) -> torch.Tensor:
-    """Top-k sparse MLA in the absorbed form: q [T, H, Dk] against the keys kv [slots, 1, Dk]
-    named by indices [T, topk] (slot ids, -1 = none; values: the first dv of each key).
-    A row with no key gives 0. Returns [T, H, dv] in q's dtype; rows go in slices so the
-    gathered keys stay small."""
-    out = q.new_zeros(q.shape[0], q.shape[1], dv)
-    flat = kv.view(kv.shape[0], kv.shape[-1])
-    for start in range(0, q.shape[0], 64):
-        idx = indices[start:start + 64].long()
-        valid = idx >= 0
-        keys = flat.index_select(0, idx.clamp_min(0).reshape(-1)).view(*idx.shape, -1).float()
-        s = torch.einsum("thd,tkd->thk", q[start:start + 64].float(), keys) * scale
-        s = s.masked_fill(~valid[:, None, :], float("-inf"))
-        p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all -inf (no key): zeros
-        out[start:start + 64] = torch.einsum("thk,tkd->thd", p, keys[..., :dv]).to(q.dtype)
+    """Sparse MLA in the absorbed form (FlashMLA's flash_mla_sparse_fwd contract): query t
+    attends to the keys kv[indices[t]] only, one latent head shared by every query head; keys
+    are all d_qk values, values the first dv. q [T, H, d_qk], kv [slots, 1, d_qk],
+    indices [T, K] int32 (-1: no key) -> [T, H, dv] in q's dtype; a query with no key gets 0."""
+    t, _, d = q.shape
+    flat = kv.view(-1, kv.shape[-1])
+    out = q.new_empty(t, q.shape[1], dv)
+    step = max(1, TILE_ELEMENTS // max(1, indices.shape[1] * d))
+    for i in range(0, t, step):
+        idx = indices[i:i + step].long()
+        keys = flat.index_select(0, idx.clamp(min=0).reshape(-1)).view(*idx.shape, d).float()
+        scores = torch.einsum("thd,tkd->thk", q[i:i + step].float(), keys) * scale
+        scores = scores.masked_fill((idx < 0)[:, None, :], float("-inf"))
+        probs = scores.softmax(dim=-1).nan_to_num(0.0)  # all -inf: softmax gives NaN
+        out[i:i + step] = torch.einsum("thk,tkv->thv", probs, keys[..., :dv]).to(q.dtype)
+    return out
+
+
+def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """DeepSeek-V3.2's lightning-indexer scores, in transformers' order of operations:
+    logits[t, l] = sum_h weights[t, h] * relu(scale * q[t, h] . k[l]).
+    q [T, Hi, D], k [L, D], weights [T, Hi] fp32 -> [T, L] fp32 (no causal mask: the caller's)."""
+    t, heads, _ = q.shape
+    k_t = k.float().T
+    out = torch.empty(t, k.shape[0], dtype=torch.float32, device=q.device)
+    step = max(1, TILE_ELEMENTS // max(1, heads * k.shape[0]))
+    for i in range(0, t, step):
+        scores = torch.relu(torch.matmul(q[i:i + step].float(), k_t) * scale)  # [n, Hi, L]
+        out[i:i + step] = torch.matmul(weights[i:i + step, None, :].float(), scores)[:, 0]
     return out
 
 

@@ -1,4 +1,5 @@
-"""One pipeline stage of a DeepSeek-V2/V3 model: MLA attention, MoE (or dense) MLP per layer.
+"""One pipeline stage of a DeepSeek-V2/V3/V3.2 model: MLA attention (V3.2: sparse, DSA), MoE (or
+dense) MLP per layer.
 
 Parameter names are the checkpoint's minus `model.`, except the stacked routed experts, which
 `checkpoint_sources` maps to the checkpoint's per-expert tensors.
@@ -13,6 +14,7 @@ from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels
 from stages.mla_cache import LatentKVCache
 from stages.model_config import ModelArgs
+from stages.models.dsa import DSAttention, SparseRows
 from stages.models.llama import Linear, RMSNorm
 from stages.models.mla import MLADecodeRows, MLAttention, rope_tables
 from stages.models.moe import MoE, SwiGLU
@@ -21,7 +23,8 @@ from stages.models.moe import MoE, SwiGLU
 class DeepseekDecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer: int, kernels: Kernels, dtype, device):
         super().__init__()
-        self.self_attn = MLAttention(args, kernels, dtype, device)
+        attention = MLAttention if args.deepseek.indexer is None else DSAttention
+        self.self_attn = attention(args, kernels, dtype, device)
         if args.deepseek.is_moe_layer(layer):
             self.mlp = MoE(args, kernels, dtype, device)
         else:
@@ -30,8 +33,9 @@ class DeepseekDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
 
-    def forward(self, h, cos, sin, batch, decode, kv, local_layer):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, decode, kv, local_layer)
+    def forward(self, h, cos, sin, batch, rows, kv, local_layer):
+        """rows: the forward's per-row attention metadata (MLADecodeRows or SparseRows)."""
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, rows, kv, local_layer)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -87,9 +91,11 @@ class DeepseekStage(nn.Module):
         freqs = batch.positions[:, None].float() * self.inv_freq[None, :]
         cos = (freqs.cos() * self.rope_scale).to(h.dtype)  # [T, rope / 2]
         sin = (freqs.sin() * self.rope_scale).to(h.dtype)
-        decode = MLADecodeRows.build(batch, h.device)
+        indexer = self.args.deepseek.indexer
+        rows = (MLADecodeRows.build(batch, h.device) if indexer is None
+                else SparseRows.build(batch, kv.block_size, indexer.topk, h.device))
         for local, layer in enumerate(self.layers.values()):
-            h = layer(h, cos, sin, batch, decode, kv, local)
+            h = layer(h, cos, sin, batch, rows, kv, local)
         return h
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:

@@ -131,14 +131,17 @@ class MLAttention(nn.Module):
                                        d.kv_lora_rank)
         return w[:, :d.qk_nope_head_dim], w[:, d.qk_nope_head_dim:]
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, decode: MLADecodeRows | None, kv: LatentKVCache,
-                local_layer: int) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
+                kv: LatentKVCache, local_layer: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Writes the tokens' latent to the cache; returns their queries' nope dims [T, H, nope],
+        rotated rope dims [T, H, rope] and the q LoRA's normalised output (None without one)."""
         d, t = self.d, x.shape[0]
         if d.q_lora_rank is None:
-            q = self.q_proj(x)
+            q_resid, q = None, self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q_resid = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_resid)
         q = q.view(t, self.heads, d.qk_head_dim)
         q_nope, q_pe = q.split([d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
         q_pe = apply_rope(q_pe, cos[:, None], sin[:, None], d.rope_interleave)
@@ -146,16 +149,29 @@ class MLAttention(nn.Module):
         k_pe = apply_rope(k_pe, cos, sin, d.rope_interleave)
         kv.write(local_layer, torch.cat((self.kv_a_layernorm(c), k_pe), dim=-1),
                  batch.slot_mapping)
+        return q_nope, q_pe, q_resid
+
+    def absorbed_query(self, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
+        """[R, H, rank + rope]: q_nope folded through W_UK into latent space, then q_pe."""
+        return torch.cat((torch.einsum("rhn,hnc->rhc", q_nope, self._kv_b()[0]), q_pe), dim=-1)
+
+    def unabsorb(self, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Attention output in latent space [R, H, rank] -> per-head values [R, H, v]."""
+        return torch.einsum("rhc,hvc->rhv", out.to(dtype), self._kv_b()[1])
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, decode: MLADecodeRows | None, kv: LatentKVCache,
+                local_layer: int) -> torch.Tensor:
+        d, t = self.d, x.shape[0]
+        q_nope, q_pe, _ = self.project(x, cos, sin, batch, kv, local_layer)
         o = x.new_empty(t, self.heads, d.v_head_dim)
-        w_uk, w_uv = self._kv_b()
         if decode is not None:
             idx = decode.token_index
-            q_lat = torch.einsum("rhn,hnc->rhc", q_nope[idx], w_uk)
-            out = self.kernels.mla_decode(torch.cat((q_lat, q_pe[idx]), dim=-1),
+            out = self.kernels.mla_decode(self.absorbed_query(q_nope[idx], q_pe[idx]),
                                           kv.pages(local_layer), decode.block_table,
                                           decode.seqlens, d.kv_lora_rank, self.scale,
                                           decode.state)
-            o[idx] = torch.einsum("rhc,hvc->rhv", out.to(x.dtype), w_uv)
+            o[idx] = self.unabsorb(out, x.dtype)
         q = None  # the chunk rows' queries with their rope dims rotated, built if needed
         for n, off, idx in zip(batch.row_lens, batch.row_offsets, batch.prefix_slots):
             if n == 1:  # attended above

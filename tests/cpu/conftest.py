@@ -9,8 +9,11 @@ import torch
 
 ARCHS = ("llama", "llama3", "llama_tied", "qwen2", "qwen3")
 # DeepSeek MLA + MoE: with and without q LoRA, dense and MoE layers, both gate flavours, grouped
-# and ungrouped routing, YaRN and plain RoPE, interleaved and half-split rope dims.
-DEEPSEEK_ARCHS = ("ds_v2", "ds_v2_grouped", "ds_v3", "ds_v3_flat")
+# and ungrouped routing, YaRN and plain RoPE, interleaved and half-split rope dims; V3.2's sparse
+# attention (DSA) with index_topk below the prompts' lengths (the indexer drops keys) and above.
+DSA_ARCHS = ("ds_v32_sparse", "ds_v32_dense")
+DEEPSEEK_ARCHS = ("ds_v2", "ds_v2_grouped", "ds_v3", "ds_v3_flat", *DSA_ARCHS)
+DSA_SPARSE_TOPK = 8
 
 _COMMON = dict(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -49,6 +52,17 @@ def deepseek_config(arch: str):
                                    first_k_dense_replace=0, n_group=1, topk_group=1,
                                    norm_topk_prob=False, routed_scaling_factor=1.5,
                                    rope_interleave=False, rope_theta=10000.0)
+    if arch == "ds_v32_sparse":  # keeps 8 keys per query; YaRN (the indexer shares its rope)
+        return tf.DeepseekV32Config(**_DEEPSEEK, q_lora_rank=24, n_shared_experts=1,
+                                    first_k_dense_replace=1, n_group=4, topk_group=2,
+                                    routed_scaling_factor=2.5, rope_parameters=dict(_YARN),
+                                    index_topk=DSA_SPARSE_TOPK, index_n_heads=8,
+                                    index_head_dim=16)
+    if arch == "ds_v32_dense":  # index_topk beyond every test prompt: attends densely
+        return tf.DeepseekV32Config(**_DEEPSEEK, q_lora_rank=24, n_shared_experts=2,
+                                    first_k_dense_replace=0, n_group=1, topk_group=1,
+                                    norm_topk_prob=False, routed_scaling_factor=1.5,
+                                    index_topk=64, index_n_heads=4, index_head_dim=12)
     raise ValueError(f"unknown arch {arch!r}; choose from {DEEPSEEK_ARCHS}")
 
 
@@ -76,6 +90,7 @@ def hf_model(arch: str, seed: int = 0):
     cls = {"qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
            "ds_v2": tf.DeepseekV2ForCausalLM, "ds_v2_grouped": tf.DeepseekV2ForCausalLM,
            "ds_v3": tf.DeepseekV3ForCausalLM, "ds_v3_flat": tf.DeepseekV3ForCausalLM,
+           **dict.fromkeys(DSA_ARCHS, tf.DeepseekV32ForCausalLM),
            }.get(arch, tf.LlamaForCausalLM)
     torch.manual_seed(seed)
     model = cls(hf_config(arch)).float().eval()

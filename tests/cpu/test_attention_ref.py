@@ -46,7 +46,8 @@ def test_registry_auto_and_explicit():
     kern = select_kernels("cpu")
     assert kern.names == {"linear": "torch", "attention": "torch", "decode_attention": "torch",
                           "paged_decode": "torch", "mla_decode": "torch",
-                          "moe_experts": "torch"}
+                          "moe_experts": "torch", "mla_sparse": "torch",
+                          "indexer_logits": "torch"}
     with pytest.raises(ValueError, match="not available"):
         select_kernels("cpu", linear="triton-persistent")
     with pytest.raises(ValueError, match="unknown"):
@@ -156,3 +157,41 @@ def test_paged_decode_reference_reads_scattered_blocks():
         ref = decode_attention(q[r:r + 1], k[slots][None], v[slots][None],
                                torch.ones(1, n, dtype=torch.bool), 0.3)
         torch.testing.assert_close(out[r], ref[0])
+
+
+def test_sparse_mla_reference(monkeypatch):
+    """mla_sparse over every key of each row, in any order and padded with -1, equals the dense
+    absorbed MLA decode reference; a query with no key gets 0; tiles of rows change nothing."""
+    g = torch.Generator().manual_seed(5)
+    blocks, b, d, dv, h = 6, 4, 24, 16, 3
+    pages = torch.randn(blocks, b, 1, d, generator=g)
+    table = torch.tensor([[4, 1, 5], [2, 0, 3]], dtype=torch.int32)
+    seqlens = torch.tensor([11, 7], dtype=torch.int32)
+    q = torch.randn(2, h, d, generator=g)
+    want = torch_ref.mla_decode(q, pages, table, seqlens, dv, 0.3, {})
+    indices = torch.full((3, 16), -1, dtype=torch.int32)  # row 2: no key
+    for r in range(2):
+        slots = [int(table[r, p // b]) * b + p % b for p in range(int(seqlens[r]))]
+        perm = torch.randperm(16, generator=g)[:len(slots)]
+        indices[r, perm] = torch.tensor(slots, dtype=torch.int32)
+    q3 = torch.cat((q, torch.randn(1, h, d, generator=g)))
+    out = torch_ref.mla_sparse(q3, pages.view(-1, 1, d), indices, dv, 0.3)
+    assert out.shape == (3, h, dv) and out.dtype == q3.dtype
+    torch.testing.assert_close(out[:2], want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[2], torch.zeros(h, dv))
+    monkeypatch.setattr(torch_ref, "TILE_ELEMENTS", 1)  # one row per tile
+    assert torch.equal(torch_ref.mla_sparse(q3, pages.view(-1, 1, d), indices, dv, 0.3), out)
+
+
+def test_indexer_logits_reference(monkeypatch):
+    """Sum over heads of weight x relu(scale x q.k), in one tile or one query per tile."""
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(5, 4, 8, generator=g), torch.randn(9, 8, generator=g)
+    w = torch.randn(5, 4, generator=g)
+    out = torch_ref.indexer_logits(q, k, w, 0.5)
+    naive = torch.einsum("th,thl->tl", w.double(),
+                         torch.relu(torch.einsum("thd,ld->thl", q.double(), k.double()) * 0.5))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, naive.float(), atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(torch_ref, "TILE_ELEMENTS", 1)
+    torch.testing.assert_close(torch_ref.indexer_logits(q, k, w, 0.5), out, atol=0, rtol=0)

@@ -66,9 +66,10 @@ def test_chunks_then_absorbed_decode(checkpoints, hf_logits, arch):
         assert (logits[0] - hf_next_logits(arch, ids)).abs().max().item() <= TOL
 
 
-def test_decode_rows_and_a_chunk_in_one_batch(checkpoints):
-    """Two decode rows (absorbed, one kernel call) beside a prefill chunk (expanded)."""
-    arch = "ds_v3"
+@pytest.mark.parametrize("arch", ["ds_v3", "ds_v32_sparse"])
+def test_decode_rows_and_a_chunk_in_one_batch(checkpoints, arch):
+    """Two decode rows (absorbed, one kernel call) beside a prefill chunk (expanded; V3.2: every
+    row sparse, the decode rows' prefixes read through their block tables)."""
     pipe = Pipeline(checkpoints[arch], num_stages=3, block_size=4, num_blocks=24)
     a, b, c = PROMPT[:9], PROMPT[3:17], PROMPT[:20]
     ta, tb, tc = [0, 5, 10], [1, 6, 11, 16], [2, 7, 12, 17, 22]
@@ -207,21 +208,27 @@ def test_grouped_routing_is_exercised(checkpoints):
         ModelArgs.from_hf_dict({**cfg, "rope_parameters": {"rope_type": "longrope"}})
 
 
-def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog):
+@pytest.mark.parametrize("arch,indexer_width", [("ds_v3", 0), ("ds_v32_sparse", 16)])
+def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog, arch, indexer_width):
     """The stage's block count comes from the latent's bytes (kv_lora_rank + rope per token and
-    layer), and the stage logs that figure at start."""
+    layer, plus V3.2's indexer key), and the stage logs that figure at start."""
+    from stages.mla_cache import INDEXER_KEY
     from stages.protocol import StageSpec
     from stages.runner import StageRunner
 
     caplog.set_level("INFO", logger="ppserve.stage")
     spec = StageSpec(stage_index=0, num_stages=2, layer_start=0, layer_end=2,
-                     model_path=checkpoints["ds_v3"], block_size=4, kv_cache_bytes=1 << 20)
+                     model_path=checkpoints[arch], block_size=4, kv_cache_bytes=1 << 20)
     runner = StageRunner(spec)
-    per_token_layer = (32 + 8) * 4  # fp32 latent of the tiny config
+    per_token_layer = (32 + 8 + indexer_width) * 4  # fp32 latent (+ key) of the tiny config
     assert f"{per_token_layer} bytes per token per layer" in caplog.text
     assert runner.kv_capacity() == (1 << 20) // (2 * 4 * per_token_layer)
     runner.allocate_kv(3)
     assert runner.kv.pages(1).shape == (3, 4, 1, 40)
+    if indexer_width:
+        assert runner.kv.pages(1, INDEXER_KEY).shape == (3, 4, 1, indexer_width)
+    else:
+        assert INDEXER_KEY not in runner.kv.components
 
 
 def test_experts_saved_stacked(tmp_path, checkpoints, hf_logits):

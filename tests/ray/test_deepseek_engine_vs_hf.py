@@ -1,4 +1,4 @@
-"""DeepSeek-V2/V3 through Ray end to end: greedy tokens identical to transformers' generate.
+"""DeepSeek-V2/V3/V3.2 through Ray end to end: greedy tokens identical to transformers' generate.
 
 Each tiny checkpoint runs once per PP size; chunk sizes (odd) and skip modes rotate so that
 every checkpoint meets every skip mode and every PP size meets every skip mode and chunk size.

@@ -1,0 +1,158 @@
+"""DeepSeek-V3.2 sparse attention (DSA): MLA over the keys a lightning indexer selects.
+
+For every query, the indexer scores each key of the query's whole prefix (all cached tokens plus
+the causal part of its own chunk) with a few small heads and keeps the top index_topk; MLA then
+attends to those keys only, in the absorbed form (one latent head shared by every query head),
+through the `mla_sparse` op (FlashMLA's sparse contract: slot ids into the flat latent cache, -1
+for none). A row whose prefix fits in index_topk keys attends to all of it (dense), as in
+transformers. The indexer's key (index_head_dim values per token, after its LayerNorm and rope)
+is a second component of the latent cache, under the same block ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.deepseek_config import IndexerArgs
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import Kernels
+from stages.mla_cache import INDEXER_KEY, LatentKVCache
+from stages.model_config import ModelArgs
+from stages.models.llama import Linear
+from stages.models.mla import MLAttention, apply_rope
+
+
+@dataclass
+class SparseRow:
+    """One row of the batch whose prefix is longer than index_topk: the indexer selects."""
+    offset: int  # its first token in T
+    num_tokens: int
+    prefix: torch.Tensor | slice  # gather index of its keys 0..start+n-1 (a slice: in place)
+    slots: torch.Tensor  # [start + n] long: the slot of each prefix position
+    future: torch.Tensor | None  # [n, n] bool: its own chunk's keys after each query (n > 1)
+
+
+@dataclass
+class SparseRows:
+    """What every DSA layer of a forward shares: the indices of rows that attend densely (fixed
+    for the whole forward) and, per selecting row, its prefix."""
+    dense: torch.Tensor  # [T, topk] int32 slot ids, -1 padded; selecting rows' are overwritten
+    selecting: list[SparseRow]
+
+    @classmethod
+    def build(cls, batch: ForwardBatch, block_size: int, topk: int,
+              device: torch.device) -> "SparseRows":
+        # Rows of a decode group have no prefix index: theirs from their block tables, copied
+        # in one transfer (a pageable copy per row would make the host wait for the stream).
+        missing = [i for i, p in enumerate(batch.prefix_slots) if p is None]
+        host = []
+        for i in missing:
+            table = torch.tensor(batch.block_tables[i], dtype=torch.long)
+            pos = torch.arange(batch.row_starts[i] + 1)
+            host.append(table[pos // block_size] * block_size + pos % block_size)
+        built = {}
+        if host:
+            flat = torch.cat(host)
+            if device.type == "cuda":
+                flat = flat.pin_memory().to(device, non_blocking=True)
+            built = dict(zip(missing, flat.split([h.numel() for h in host])))
+        dense = torch.full((batch.num_tokens, topk), -1, dtype=torch.int32, device=device)
+        selecting = []
+        for i, (start, n, off) in enumerate(zip(batch.row_starts, batch.row_lens,
+                                                batch.row_offsets)):
+            length = start + n
+            prefix = batch.prefix_slots[i]
+            if prefix is None:
+                prefix = slots = built[i]
+            elif isinstance(prefix, slice):
+                slots = torch.arange(prefix.start, prefix.stop, device=device)
+            else:
+                slots = prefix
+            future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1) if n > 1 else None
+            if length <= topk:
+                row = slots[None, :].repeat(n, 1)
+                if future is not None:
+                    row[:, start:] = row[:, start:].masked_fill(future, -1)
+                dense[off:off + n, :length] = row.int()
+            else:
+                selecting.append(SparseRow(off, n, prefix, slots, future))
+        return cls(dense, selecting)
+
+
+class Indexer(nn.Module):
+    """transformers' DeepseekV32Indexer: queries from the q LoRA's output, one shared key per
+    token (LayerNorm, then half-split rope on its first qk_rope_head_dim values), per-head
+    weights from the hidden state (an fp32 projection, as transformers keeps it)."""
+
+    def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
+        super().__init__()
+        d = args.deepseek
+        ix: IndexerArgs = d.indexer
+        self.ix, self.rope_dim = ix, d.qk_rope_head_dim
+        self.scale = ix.head_dim ** -0.5
+        self.wq_b = Linear(d.q_lora_rank, ix.n_heads * ix.head_dim, False, kernels, dtype, device)
+        self.wk = Linear(args.hidden_size, ix.head_dim, False, kernels, dtype, device)
+        self.k_norm = nn.LayerNorm(ix.head_dim, eps=1e-6, dtype=dtype, device=device)
+        self.weights_proj = nn.Linear(args.hidden_size, ix.n_heads, bias=False,
+                                      dtype=torch.float32, device=device)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rot, rest = x.split([self.rope_dim, x.shape[-1] - self.rope_dim], dim=-1)
+        return torch.cat((apply_rope(rot, cos, sin, interleave=False), rest), dim=-1)
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """[T, head_dim]: what the cache keeps per token."""
+        return self._rope(self.k_norm(self.wk(x)), cos, sin)
+
+    def queries(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries [T, n_heads, head_dim], head weights [T, n_heads] fp32)."""
+        q = self.wq_b(q_resid).view(x.shape[0], self.ix.n_heads, self.ix.head_dim)
+        weights = F.linear(x.float(), self.weights_proj.weight) * self.ix.n_heads ** -0.5
+        return self._rope(q, cos[:, None], sin[:, None]), weights
+
+
+class DSAttention(MLAttention):
+    """MLA whose every row attends, in the absorbed form, to the keys its indexer selects."""
+
+    def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
+        super().__init__(args, kernels, dtype, device)
+        self.indexer = Indexer(args, kernels, dtype, device)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                batch: ForwardBatch, rows: SparseRows, kv: LatentKVCache,
+                local_layer: int) -> torch.Tensor:
+        d, t = self.d, x.shape[0]
+        q_nope, q_pe, q_resid = self.project(x, cos, sin, batch, kv, local_layer)
+        kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
+        indices = self._select(x, q_resid, cos, sin, rows, kv, local_layer)
+        pages = kv.pages(local_layer)
+        out = self.kernels.mla_sparse(self.absorbed_query(q_nope, q_pe),
+                                      pages.view(-1, 1, pages.shape[-1]), indices,
+                                      d.kv_lora_rank, self.scale)
+        o = self.unabsorb(out, x.dtype)
+        return self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
+
+    def _select(self, x, q_resid, cos, sin, rows: SparseRows, kv: LatentKVCache,
+                local_layer: int) -> torch.Tensor:
+        """[T, topk] int32 slot ids each query attends to (-1: none)."""
+        if not rows.selecting:
+            return rows.dense
+        indices = rows.dense.clone()
+        q, weights = self.indexer.queries(x, q_resid, cos, sin)
+        topk = indices.shape[1]
+        for row in rows.selecting:
+            span = slice(row.offset, row.offset + row.num_tokens)
+            logits = self.kernels.indexer_logits(
+                q[span], kv.gather(local_layer, row.prefix, INDEXER_KEY), weights[span],
+                self.indexer.scale)
+            if row.future is not None:  # keys of the chunk after the query
+                logits[:, -row.num_tokens:].masked_fill_(row.future, float("-inf"))
+            best, pos = logits.topk(topk, dim=-1)
+            # a query with fewer than topk keys before it picks some future ones: none
+            indices[span] = row.slots[pos].masked_fill(best == float("-inf"), -1).int()
+        return indices

@@ -1,0 +1,63 @@
+"""DeepSeek-V3.2 (DSA) stage on CUDA == the same stage on CPU (which CI holds to transformers):
+chunked prefill whose later chunks select over the whole prefix, then a batch of grouped decode
+rows (their prefixes copied from block tables in one pinned transfer) beside a chunk. fp32 with
+the torch backends, so any difference is the model's device handling, not a kernel's rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import ModelArgs
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+TINY_V32 = {
+    "model_type": "deepseek_v32", "vocab_size": 200, "hidden_size": 64, "intermediate_size": 96,
+    "moe_intermediate_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 24, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+    "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "index_topk": 8,
+    "index_n_heads": 8, "index_head_dim": 16, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def _run(device: str) -> list[torch.Tensor]:
+    args = ModelArgs.from_hf_dict(TINY_V32)
+    kernels = select_kernels(device, linear="torch", attention="torch", mla_decode="torch",
+                             moe_experts="torch", mla_sparse="torch", indexer_logits="torch")
+    model = build_stage_model(args, None, 0, 3, True, True, kernels, torch.float32, device, 3)
+    kv = make_kv_cache(args, 3, 24, 4, torch.float32, device)
+    g = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randint(3, 200, (n,), generator=g).tolist() for n in (30, 23, 10))
+    ta, tb, tc = [9, 2, 17, 4, 11, 0, 20, 6], [1, 15, 8, 22, 3, 18], [5, 12, 23]
+    out = []
+
+    def forward(ids, rows):
+        batch = ForwardBatch.build(rows, 4, device)
+        h = model(torch.tensor(ids, device=device), batch, kv)
+        out.append(model.compute_logits(h[batch.sample_indices]).cpu())
+
+    for start in range(0, 28, 7):  # chunks of 7 over non-consecutive blocks
+        forward(a[start:start + 7], [(start, 7, ta, True)])
+    forward(b[:12], [(0, 12, tb, True)])
+    forward(b[12:21], [(12, 9, tb, True)])
+    # two decode rows of one decode group (prefixes of 29 and 22 keys) beside c's first chunk
+    for step in range(2):
+        forward([a[28 + step], b[21 + step]] + (c if step == 0 else []),
+                [(28 + step, 1, ta, True), (21 + step, 1, tb, True)]
+                + ([(0, 10, tc, True)] if step == 0 else []))
+    return out
+
+
+def test_dsa_stage_on_cuda_matches_cpu():
+    cpu, cuda = _run("cpu"), _run("cuda")
+    for c, g in zip(cpu, cuda):
+        assert (c - g).abs().max().item() <= 1e-3
