@@ -41,10 +41,12 @@ BACKENDS: dict[str, dict[str, str]] = {
     # DeepSeek-V3.2 sparse MLA (absorbed form) over the indexer's selected latent slots.
     "mla_sparse": {
         "torch": "stages.kernels.torch_ref:mla_sparse",
+        "flash-mla": "stages.kernels.flash_mla:mla_sparse",
     },
     # DeepSeek-V3.2 lightning-indexer scores of queries against a row's prefix keys.
     "indexer_logits": {
         "torch": "stages.kernels.torch_ref:indexer_logits",
+        "triton": "stages.kernels.triton_indexer:indexer_logits",
     },
     # Routed MoE experts: per-expert cuBLAS GEMMs, or one grouped persistent Triton kernel.
     "moe_experts": {
@@ -62,8 +64,8 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "decode_attention": ("torch",),
     "paged_decode": ("triton", "torch"),
     "mla_decode": ("flash-mla", "torch"),
-    "mla_sparse": ("torch",),
-    "indexer_logits": ("torch",),
+    "mla_sparse": ("flash-mla", "torch"),
+    "indexer_logits": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
 }
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from stages.forward_batch import ForwardBatch
+from stages.kernels import flash_mla
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
@@ -61,3 +62,38 @@ def test_dsa_stage_on_cuda_matches_cpu():
     cpu, cuda = _run("cpu"), _run("cuda")
     for c, g in zip(cpu, cuda):
         assert (c - g).abs().max().item() <= 1e-3
+
+
+# FlashMLA's shapes: a 576-wide latent (512 + 64 rope); 16 query heads (zero-padded to 64 by
+# the wrapper); prompts past index_topk so the indexer selects.
+FLASH_V32 = dict(TINY_V32, hidden_size=512, num_attention_heads=16, num_key_value_heads=16,
+                 kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                 q_lora_rank=256, num_hidden_layers=1, first_k_dense_replace=1, index_topk=128,
+                 index_n_heads=8, index_head_dim=128, vocab_size=500)
+
+
+def _logits_bf16(mla_sparse: str, device: str = "cuda") -> torch.Tensor:
+    torch.manual_seed(0)
+    args = ModelArgs.from_hf_dict(FLASH_V32)
+    # the indexer on torch in both runs: identical selections, so only the MLA kernel differs
+    kernels = select_kernels(device, mla_sparse=mla_sparse, indexer_logits="torch")
+    model = build_stage_model(args, None, 0, 1, True, True, kernels, torch.bfloat16, device, 1)
+    kv = make_kv_cache(args, 1, 16, 64, torch.bfloat16, device)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 500, (400,), generator=g).tolist()
+    out = []
+    for start in range(0, 384, 128):  # later chunks select 128 of up to 384 keys
+        batch = ForwardBatch.build([(start, 128, list(range(8)), True)], 64, device)
+        h = model(torch.tensor(ids[start:start + 128], device=device), batch, kv)
+        out.append(model.compute_logits(h[batch.sample_indices]).float().cpu())
+    for pos in (384, 385):  # decode rows
+        batch = ForwardBatch.build([(pos, 1, list(range(8)), True)], 64, device)
+        h = model(torch.tensor([ids[pos]], device=device), batch, kv)
+        out.append(model.compute_logits(h[batch.sample_indices]).float().cpu())
+    return torch.cat(out)
+
+
+@pytest.mark.skipif(not flash_mla.is_available("cuda"), reason="needs sgl-flash-mla on SM90")
+def test_dsa_on_flash_mla_sparse_matches_torch_kernels():
+    flash, ref = _logits_bf16("flash-mla"), _logits_bf16("torch")
+    assert ((flash - ref).norm() / ref.norm()).item() < 2e-2
