@@ -30,11 +30,15 @@ TINY_V32 = {
 }
 
 
-def _run(device: str) -> list[torch.Tensor]:
+def _run(device: str, weights: dict | None = None) -> tuple[list[torch.Tensor], dict]:
+    """Logits of each forward, and the weights (random init draws on the parameter's device, so
+    the CUDA run takes the CPU run's)."""
     args = ModelArgs.from_hf_dict(TINY_V32)
     kernels = select_kernels(device, linear="torch", attention="torch", mla_decode="torch",
                              moe_experts="torch", mla_sparse="torch", indexer_logits="torch")
     model = build_stage_model(args, None, 0, 3, True, True, kernels, torch.float32, device, 3)
+    if weights is not None:
+        model.load_state_dict(weights)
     kv = make_kv_cache(args, 3, 24, 4, torch.float32, device)
     g = torch.Generator().manual_seed(1)
     a, b, c = (torch.randint(3, 200, (n,), generator=g).tolist() for n in (30, 23, 10))
@@ -55,11 +59,12 @@ def _run(device: str) -> list[torch.Tensor]:
         forward([a[28 + step], b[21 + step]] + (c if step == 0 else []),
                 [(28 + step, 1, ta, True), (21 + step, 1, tb, True)]
                 + ([(0, 10, tc, True)] if step == 0 else []))
-    return out
+    return out, model.state_dict()
 
 
 def test_dsa_stage_on_cuda_matches_cpu():
-    cpu, cuda = _run("cpu"), _run("cuda")
+    cpu, weights = _run("cpu")
+    cuda, _ = _run("cuda", weights)
     for c, g in zip(cpu, cuda):
         assert (c - g).abs().max().item() <= 1e-3
 
