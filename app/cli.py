@@ -250,14 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands everything after `bench` to the bench's own parser.
     sub.add_parser("bench", add_help=False, help="'bench serve': load a running endpoint; "
                    "'bench engine' (the default), 'bench contention', 'bench load', "
-                   "'bench attention': GPU benches. "
+                   "'bench attention', 'bench prefix': GPU benches. "
                    "'ppserve bench serve --help' etc. for their flags.")
     return p
 
 
 def cmd_bench(rest: list[str]) -> int:
     """serve: load a running endpoint; engine / contention (GPU benches); else the engine."""
-    benches = ("serve", "engine", "contention", "load", "attention")
+    benches = ("serve", "engine", "contention", "load", "attention", "prefix")
     which = rest[0] if rest and rest[0] in benches else "engine"
     if rest and rest[0] == which:
         rest = rest[1:]
