@@ -182,3 +182,31 @@ def test_rank_is_a_permutation_led_by_a_holder_unless_saturated(loads, sent, ask
         assert t.matched_blocks(first, key) == best
     else:
         assert (loads[first] or 0) == min(q or 0 for q in loads.values())
+
+
+def _router_config(args: dict):
+    from app.server import build_app
+
+    app = build_app({"device": "cpu", "max_num_seqs": 12, **args})
+    pipeline = app._bound_deployment.init_args[0]  # the ingress is bound to PipelineServer
+    return pipeline._bound_deployment._deployment_config.request_router_config
+
+
+def test_build_app_routes_by_prefix_wherever_several_pipelines_may_run():
+    from ray.serve.config import RequestRouterConfig
+
+    from app.prefix_router import PrefixAffinityRouter
+
+    default = RequestRouterConfig().request_router_class
+    assert _router_config({}).request_router_class == default  # one pipeline
+    routed = _router_config({"num_replicas": 2})
+    assert routed.request_router_class == "app.prefix_router.PrefixAffinityRouter"
+    assert routed.get_request_router_class() is PrefixAffinityRouter
+    assert routed.request_router_kwargs == {"max_queue": 12}  # --max-num-seqs
+    scaled = _router_config({"autoscaling_config": {"min_replicas": 1, "max_replicas": 3},
+                             "prefix_routing_max_queue": 5})
+    assert scaled.request_router_kwargs == {"max_queue": 5}
+    off = _router_config({"num_replicas": 2, "prefix_routing_max_queue": 0})
+    assert off.request_router_class == default
+    with pytest.raises(ValueError, match="prefix_routing_max_queue"):
+        _router_config({"num_replicas": 2, "prefix_routing_max_queue": -1})
