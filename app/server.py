@@ -146,17 +146,17 @@ def build_app(args: dict | None = None) -> Application:
     # not queue unseen in front of the replica.
     ongoing = int(server.get("max_ongoing_requests") or max(
         4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)))
-    scaling = {"autoscaling_config": server["autoscaling_config"]} \
+    options = {"autoscaling_config": server["autoscaling_config"]} \
         if "autoscaling_config" in server else {"num_replicas": server.get("num_replicas", 1)}
     router = _prefix_router(config, server)
     if router is not None:
-        scaling["request_router_config"] = router
+        options["request_router_config"] = router
     pipeline = serve.deployment(
         PipelineServer, name="PipelineServer", max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": bundles[0].get("CPU", 0),
                            "num_gpus": bundles[0].get("GPU", 0)},
         placement_group_bundles=bundles, placement_group_strategy=config.placement_strategy,
-        **scaling,
+        **options,
     ).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
