@@ -26,10 +26,11 @@ serve: install
 	$(VENV)/bin/ppserve serve $(ARGS)
 
 # Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
-FORMATTED := app/scheduler stages/protocol.py app/messages.py app/dashboard.py app/bench/target.py \
-	app/bench/__init__.py app/bench/__main__.py tests/unit/test_options.py \
-	tests/unit/test_dashboard.py tests/unit/test_bench_layout.py
-TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/dashboard.py
+FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing.py \
+	app/dashboard.py app/bench/target.py app/bench/__init__.py app/bench/__main__.py \
+	tests/unit/test_options.py tests/unit/test_dashboard.py tests/unit/test_bench_layout.py
+TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
+	app/dashboard.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

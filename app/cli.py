@@ -74,6 +74,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                  help="Require 'Authorization: Bearer KEY' on /v1/*.")
     _server_flag(g, "--num-replicas", type=int, default=None, doc="1",
                  help="Pipelines (Serve replicas of PipelineServer) to run.")
+    _server_flag(g, "--prefix-routing-max-queue", type=int, default=None, doc="--max-num-seqs",
+                 help="With several pipelines, a request goes to the one most likely to hold its "
+                 "prompt's prefix in its prefix cache unless that one has this many requests "
+                 "already; then to the least loaded. 0 = Serve's default router.")
     _server_flag(g, "--max-request-bytes", type=int, default=None, doc="32 MiB",
                  help="Largest request body accepted; larger ones get a 413 (read no further).")
 
@@ -156,6 +160,8 @@ def cmd_serve(a) -> int:
         args["num_replicas"] = a.num_replicas
     if a.max_request_bytes is not None:
         args["max_request_bytes"] = a.max_request_bytes
+    if a.prefix_routing_max_queue is not None:
+        args["prefix_routing_max_queue"] = a.prefix_routing_max_queue
     app = build_app(args)  # validates the flags before anything starts
     _init_ray(a, a.metrics_port)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.
@@ -244,14 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands everything after `bench` to the bench's own parser.
     sub.add_parser("bench", add_help=False, help="'bench serve': load a running endpoint; "
                    "'bench engine' (the default), 'bench contention', 'bench load', "
-                   "'bench attention': GPU benches. "
+                   "'bench attention', 'bench prefix': GPU benches. "
                    "'ppserve bench serve --help' etc. for their flags.")
     return p
 
 
 def cmd_bench(rest: list[str]) -> int:
     """serve: load a running endpoint; engine / contention (GPU benches); else the engine."""
-    benches = ("serve", "engine", "contention", "load", "attention")
+    benches = ("serve", "engine", "contention", "load", "attention", "prefix")
     which = rest[0] if rest and rest[0] in benches else "engine"
     if rest and rest[0] == which:
         rest = rest[1:]

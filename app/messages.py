@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.prefix_routing import PrefixKey
 from app.request import InvalidRequest, RequestOutput, SamplingParams
 
 
@@ -21,6 +22,7 @@ class GenerateRequest:
     messages: list[dict[str, str]] | None = None  # chat: rendered by the server's chat template
     add_generation_prompt: bool = True
     echo: bool = False
+    prefix_key: PrefixKey | None = None  # for the router (app/prefix_router.py), when it routes
 
 
 @dataclass(frozen=True)

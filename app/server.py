@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from app.autoscaling import LOAD_METRIC, pipeline_load
 from app.config import EngineConfig
@@ -23,12 +24,13 @@ from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply
 from app.metrics import EngineMetrics
 from app.openai.ingress import make_ingress
 from app.pipeline import placement_bundles
+from app.prefix_router import ROUTER_CLASS
 from app.request import InvalidRequest, RequestOutput
 
 log = logging.getLogger("ppserve.server")
 
 SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
-               "ingress_num_cpus", "max_request_bytes")
+               "ingress_num_cpus", "max_request_bytes", "prefix_routing_max_queue")
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
@@ -118,6 +120,21 @@ class PipelineServer:
                 pass
 
 
+def _prefix_router(config: EngineConfig, server: dict) -> RequestRouterConfig | None:
+    """Prefix-aware routing (app/prefix_router.py) wherever more than one pipeline may run; a
+    pipeline is saturated for it at `prefix_routing_max_queue` requests (default: all its
+    running slots, --max-num-seqs), 0 = off (Serve's default power-of-two router)."""
+    max_queue = server.get("prefix_routing_max_queue")
+    max_queue = config.max_num_seqs if max_queue is None else int(max_queue)
+    if max_queue < 0:
+        raise ValueError(f"prefix_routing_max_queue must be >= 0, got {max_queue}")
+    several = "autoscaling_config" in server or int(server.get("num_replicas", 1)) > 1
+    if not several or max_queue == 0:
+        return None
+    return RequestRouterConfig(request_router_class=ROUTER_CLASS,
+                               request_router_kwargs={"max_queue": max_queue})
+
+
 def build_app(args: dict | None = None) -> Application:
     """The Serve application for `args` (engine options + SERVER_KEYS)."""
     args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
@@ -129,19 +146,23 @@ def build_app(args: dict | None = None) -> Application:
     # not queue unseen in front of the replica.
     ongoing = int(server.get("max_ongoing_requests") or max(
         4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)))
-    scaling = {"autoscaling_config": server["autoscaling_config"]} \
+    options = {"autoscaling_config": server["autoscaling_config"]} \
         if "autoscaling_config" in server else {"num_replicas": server.get("num_replicas", 1)}
+    router = _prefix_router(config, server)
+    if router is not None:
+        options["request_router_config"] = router
     pipeline = serve.deployment(
         PipelineServer, name="PipelineServer", max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": bundles[0].get("CPU", 0),
                            "num_gpus": bundles[0].get("GPU", 0)},
         placement_group_bundles=bundles, placement_group_strategy=config.placement_strategy,
-        **scaling,
+        **options,
     ).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
-    ingress_cls = make_ingress(config.model_name, api_key, max_bytes)
+    ingress_cls = make_ingress(config.model_name, api_key, max_bytes,
+                               config.block_size if router is not None else None)
     ingress = serve.deployment(
         ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},

@@ -57,12 +57,18 @@ class BenchEngine:
 
     async def ttft(self, prompt, params: SamplingParams) -> float:
         """Seconds to the first streamed delta; the request runs to its end."""
+        return (await self.timed(prompt, params))[0]
+
+    async def timed(self, prompt, params: SamplingParams) -> tuple[float, list[int]]:
+        """(seconds to the first streamed delta, every generated token id); runs to the end."""
         t0 = time.perf_counter()
         first = None
-        async for _delta in self._engine.stream(prompt, params):
+        tokens: list[int] = []
+        async for delta in self._engine.stream(prompt, params):
             if first is None:
                 first = time.perf_counter() - t0
-        return first
+            tokens.extend(delta.token_ids)
+        return first, tokens
 
     def stats(self) -> dict:
         return self._engine.stats()

@@ -29,6 +29,7 @@ from app.openai.responses import (
     sse,
     usage,
 )
+from app.prefix_routing import prompt_key
 from app.request import InvalidRequest
 
 log = logging.getLogger("ppserve.ingress")
@@ -58,8 +59,10 @@ class _Stream:
         return usage(self.prompt_tokens, self.completion_tokens)
 
 
-def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
-    """The ingress deployment class; FastAPI routes need an app object, built here per call."""
+def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
+                 routing_block_size: int | None = None):
+    """The ingress deployment class; FastAPI routes need an app object, built here per call.
+    routing_block_size: with prefix-aware routing, the block size of its keys."""
     fastapi_app = FastAPI(title="ppserve", docs_url=None, redoc_url=None)
     document_request_bodies(fastapi_app, {"/v1/completions": CompletionRequest,
                                           "/v1/chat/completions": ChatCompletionRequest})
@@ -124,9 +127,13 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
                                       "model", code="model_not_found")
             prefix = "chatcmpl" if kind == "chat" else "cmpl"
             try:
+                fields = req.prompt_fields()
+                if routing_block_size:
+                    fields["prefix_key"] = prompt_key(fields.get("prompt"),
+                                                      fields.get("messages"), routing_block_size)
                 gen_req = GenerateRequest(
                     request_id=f"{prefix}-{uuid.uuid4().hex}", params=req.sampling_params(),
-                    arrival_time=arrival, **req.prompt_fields())
+                    arrival_time=arrival, **fields)
             except InvalidRequest as e:
                 return error_response(str(e), e.status, e.param)
             gen = self.server.options(stream=True).generate.remote(gen_req)

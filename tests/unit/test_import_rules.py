@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["app/scheduler", "app/request.py", "stages/protocol.py", "stages/partition.py",
-        "stages/model_config.py"]
+PURE = ["app/scheduler", "app/request.py", "app/prefix_routing.py", "stages/protocol.py",
+        "stages/partition.py", "stages/model_config.py"]
 MAX_LINES = 500
 
 
