@@ -170,7 +170,7 @@ def shape_config(shape: str) -> dict:
         return dict(DEEPSEEK_V2_LITE, model_type="deepseek_v32", num_attention_heads=64,
                     num_key_value_heads=64, q_lora_rank=1536, index_topk=2048,
                     index_n_heads=64, index_head_dim=128, topk_method="noaux_tc",
-                    norm_topk_prob=True)
+                    norm_topk_prob=True, max_position_embeddings=1 << 20)  # 256K+ rows
     return {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
             "llama8b": LLAMA3_8B}[shape]
 

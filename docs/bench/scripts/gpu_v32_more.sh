@@ -7,7 +7,7 @@ mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for c in 512 1024; do
+for c in ${DECODE_ROWS-512 1024}; do
   timeout 100 python3 -m app.bench.load --model-shape deepseek-v32-bench --pp 1 --device cuda \
       --parts decode --decode-concurrency $c --decode-tokens 16 --reps 1 --decode-modes auto \
       --run-ahead --out "$OUT/deepseek_v32_decode_$c.json" 2>&1 | grep -v "^(raylet)" | tail -3
