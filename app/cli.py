@@ -76,6 +76,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                  help="Pipelines (Serve replicas of PipelineServer) to run.")
     _server_flag(g, "--max-request-bytes", type=int, default=None, doc="32 MiB",
                  help="Largest request body accepted; larger ones get a 413 (read no further).")
+    _server_flag(g, "--allowed-origins", default=None, doc="none (no CORS headers)",
+                 help="Comma-separated origins (e.g. https://app.example.com, or *) whose "
+                 "browser pages may call the API: CORS headers and preflight answers for them.")
 
 
 def engine_args(a: argparse.Namespace) -> dict:
@@ -156,6 +159,8 @@ def cmd_serve(a) -> int:
         args["num_replicas"] = a.num_replicas
     if a.max_request_bytes is not None:
         args["max_request_bytes"] = a.max_request_bytes
+    if a.allowed_origins:
+        args["allowed_origins"] = a.allowed_origins
     app = build_app(args)  # validates the flags before anything starts
     _init_ray(a, a.metrics_port)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.

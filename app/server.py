@@ -28,7 +28,7 @@ from app.request import InvalidRequest, RequestOutput
 log = logging.getLogger("ppserve.server")
 
 SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
-               "ingress_num_cpus", "max_request_bytes")
+               "ingress_num_cpus", "max_request_bytes", "allowed_origins")
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
@@ -102,9 +102,8 @@ class PipelineServer:
         return {LOAD_METRIC: pipeline_load(s["waiting_prompt_tokens"], s["kv_cache_usage"],
                                            s["kv_capacity_tokens"])}
 
-    async def health(self) -> bool:
-        self.coordinator.stats()  # raises when the coordinator is broken
-        return True
+    async def health(self) -> dict:
+        return self.coordinator.health()  # raises when the coordinator is broken
 
     async def check_health(self) -> None:  # Serve's periodic replica health check
         self.coordinator.stats()
@@ -116,6 +115,12 @@ class PipelineServer:
                 coordinator.shutdown()
             except Exception:  # the stage actors may already be gone with the cluster
                 pass
+
+
+def allowed_origins(value: str | list[str] | None) -> tuple[str, ...]:
+    """CORS origins from a comma-separated string (the CLI) or a list (Serve config, Helm)."""
+    items = value.split(",") if isinstance(value, str) else (value or [])
+    return tuple(o.strip() for o in items if o.strip())
 
 
 def build_app(args: dict | None = None) -> Application:
@@ -141,7 +146,8 @@ def build_app(args: dict | None = None) -> Application:
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
-    ingress_cls = make_ingress(config.model_name, api_key, max_bytes)
+    ingress_cls = make_ingress(config.model_name, api_key, max_bytes,
+                               allowed_origins(server.get("allowed_origins")))
     ingress = serve.deployment(
         ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},

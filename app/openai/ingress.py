@@ -5,17 +5,17 @@ streams a PipelineServer's deltas back as OpenAI bodies or SSE. It owns no model
 # class-based routes that serve.ingress rewrites.
 
 import hmac
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 
-from app.messages import Accepted, Delta, Failure, GenerateRequest
+from app.messages import PIPELINE_UNAVAILABLE, Accepted, Delta, Failure, GenerateRequest
 from app.openai.body import read_json_object
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
@@ -26,12 +26,11 @@ from app.openai.responses import (
     completion_logprobs,
     error_body,
     error_response,
+    health_response,
     sse,
     usage,
 )
 from app.request import InvalidRequest
-
-log = logging.getLogger("ppserve.ingress")
 
 
 class _Stream:
@@ -58,9 +57,15 @@ class _Stream:
         return usage(self.prompt_tokens, self.completion_tokens)
 
 
-def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
-    """The ingress deployment class; FastAPI routes need an app object, built here per call."""
+def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
+                 allowed_origins: tuple[str, ...] = ()):
+    """The ingress deployment class; FastAPI routes need an app object, built here per call.
+    Browsers get CORS headers only for `allowed_origins` (none by default)."""
     fastapi_app = FastAPI(title="ppserve", docs_url=None, redoc_url=None)
+    if allowed_origins:
+        fastapi_app.add_middleware(
+            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"])
     document_request_bodies(fastapi_app, {"/v1/completions": CompletionRequest,
                                           "/v1/chat/completions": ChatCompletionRequest})
 
@@ -82,10 +87,17 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
 
         @fastapi_app.get("/health")
         async def health(self):
+            """200 {"status": "ok"} when serving; 503 otherwise, so that a readiness probe
+            takes the endpoint out of rotation: {"status": "degraded"} while the pipeline is
+            rebuilt after a stage failure, {"status": "unavailable"} while the replica is
+            down or being replaced."""
             try:
-                await self.server.health.remote()
-            except Exception as e:  # the pipeline is down or restarting
-                return error_response(f"unhealthy: {e}", 503)
+                state = await self.server.health.remote()
+            except Exception as e:  # the replica is down or being replaced
+                failure = Failure.internal(PIPELINE_UNAVAILABLE, e)
+                return health_response("unavailable", failure.message)
+            if state["status"] != "ok":
+                return health_response(state["status"], state.get("message"))
             return JSONResponse({"status": "ok"})
 
         @fastapi_app.get("/v1/models")
@@ -132,10 +144,9 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int):
             gen = self.server.options(stream=True).generate.remote(gen_req)
             try:
                 first = await gen.__anext__()  # the request is queued, or refused
-            except Exception as e:
+            except Exception as e:  # the replica died, or is being replaced
                 gen.cancel()
-                log.exception("pipeline call failed")
-                first = Failure(f"The pipeline failed: {e}", 503)
+                first = Failure.internal(PIPELINE_UNAVAILABLE, e)
             if isinstance(first, Failure):
                 return error_response(first.message, first.status, first.param)
             state = _Stream(ResponseBuilder(kind, gen_req.request_id, self.model), first,
@@ -154,8 +165,7 @@ async def _replies(gen) -> AsyncIterator[Delta | Failure]:
         async for reply in gen:
             yield reply
     except Exception as e:
-        log.exception("pipeline stream failed")
-        yield Failure(f"The pipeline failed: {e}", 503)
+        yield Failure.internal(PIPELINE_UNAVAILABLE, e)
 
 
 async def _collect(gen, state: _Stream):
