@@ -54,8 +54,9 @@ class Failure:
 
 # What a client is told when the PipelineServer replica behind the ingress is unreachable (it
 # died, or Serve is replacing it): retryable, with no detail of the cluster.
-PIPELINE_UNAVAILABLE = ("The model server is restarting or unavailable; please retry in a few "
-                        "seconds.")
+PIPELINE_UNAVAILABLE = (
+    "The model server is restarting or unavailable; please retry in a few seconds."
+)
 
 
 Reply = Accepted | Delta | Failure
