@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from ray import serve
 
 from app.messages import PIPELINE_UNAVAILABLE, Accepted, Delta, Failure, GenerateRequest
+from app.openai.availability import ReplicaWatch
 from app.openai.body import read_json_object
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
@@ -73,6 +74,7 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
     class OpenAIIngress:
         def __init__(self, server):
             self.server = server  # DeploymentHandle of the PipelineServer
+            self.replicas = ReplicaWatch(server.deployment_name)
             self.model = model_name
             self._info: dict | None = None
 
@@ -92,7 +94,8 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
             rebuilt after a stage failure, {"status": "unavailable"} while the replica is
             down or being replaced."""
             try:
-                state = await self.server.health.remote()
+                call = self.server.health.remote()
+                state = await self.replicas.first(call, call.cancel)
             except Exception as e:  # the replica is down or being replaced
                 failure = Failure.internal(PIPELINE_UNAVAILABLE, e)
                 return health_response("unavailable", failure.message)
@@ -142,8 +145,8 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
             except InvalidRequest as e:
                 return error_response(str(e), e.status, e.param)
             gen = self.server.options(stream=True).generate.remote(gen_req)
-            try:
-                first = await gen.__anext__()  # the request is queued, or refused
+            try:  # the request is queued, or refused
+                first = await self.replicas.first(gen.__anext__(), gen.cancel)
             except Exception as e:  # the replica died, or is being replaced
                 gen.cancel()
                 first = Failure.internal(PIPELINE_UNAVAILABLE, e)

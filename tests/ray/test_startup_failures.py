@@ -86,6 +86,7 @@ def test_failed_start_releases_everything(tmp_path):
         ray.shutdown()
 
 
+@pytest.mark.slow  # Serve retries the replica a few times before it gives up (about a minute)
 def test_serve_replica_start_fails_clearly(tmp_path):
     """The application's status carries the replica's error: the missing config.json."""
     from ray import serve
