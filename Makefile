@@ -27,8 +27,9 @@ serve: install
 
 # Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
 FORMATTED := app/scheduler stages/protocol.py app/messages.py app/dashboard.py app/bench/target.py \
-	app/bench/__init__.py app/bench/__main__.py tests/unit/test_options.py \
-	tests/unit/test_dashboard.py tests/unit/test_bench_layout.py
+	app/bench/__init__.py app/bench/__main__.py tests/unit/test_options.py app/openai/availability.py \
+	tests/unit/test_dashboard.py tests/unit/test_bench_layout.py \
+	tests/unit/test_request_data_never_executed.py
 TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/dashboard.py
 
 lint: install

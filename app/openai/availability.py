@@ -39,8 +39,7 @@ class ReplicaWatch:
         app = serve.status().applications.get(self._app)
         dep = app.deployments.get(self.deployment) if app else None
         # Scaled to zero: the call itself is what brings a replica up, so it waits.
-        return dep is None or dep.replica_states.get("RUNNING", 0) > 0 or \
-            dep.status == "UPSCALING"
+        return dep is None or dep.replica_states.get("RUNNING", 0) > 0 or dep.status == "UPSCALING"
 
     async def running(self) -> bool:
         now = time.monotonic()

@@ -20,8 +20,11 @@ def _offences(path: Path) -> list[str]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
             found += [f"import {n}" for n in names if n.split(".")[0] in MODULES]
         if not isinstance(node, ast.Call):
             continue
@@ -32,8 +35,12 @@ def _offences(path: Path) -> list[str]:
             owner, attr = fn.value.id, fn.attr
             if owner == "yaml" and attr in ("load", "unsafe_load", "full_load"):
                 found.append(f"yaml.{attr}()")
-            weights_only = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant)
-                               and k.value.value is True for k in node.keywords)
+            weights_only = any(
+                k.arg == "weights_only"
+                and isinstance(k.value, ast.Constant)
+                and k.value.value is True
+                for k in node.keywords
+            )
             if owner == "torch" and attr == "load" and not weights_only:
                 found.append("torch.load() without weights_only=True")
     return found
@@ -48,8 +55,14 @@ def test_no_code_from_data():
 
 def test_the_scan_finds_what_it_looks_for(tmp_path):
     bad = tmp_path / "sample.py"
-    bad.write_text("import pickle\nimport yaml\nimport torch\n"
-                   "pickle.loads(b'')\neval('1')\nyaml.load('')\ntorch.load('x')\n"
-                   "torch.load('y', weights_only=True)\nyaml.safe_load('')\n")
-    assert _offences(bad) == ["import pickle", "eval()", "yaml.load()",
-                              "torch.load() without weights_only=True"]
+    bad.write_text(
+        "import pickle\nimport yaml\nimport torch\n"
+        "pickle.loads(b'')\neval('1')\nyaml.load('')\ntorch.load('x')\n"
+        "torch.load('y', weights_only=True)\nyaml.safe_load('')\n"
+    )
+    assert _offences(bad) == [
+        "import pickle",
+        "eval()",
+        "yaml.load()",
+        "torch.load() without weights_only=True",
+    ]
