@@ -229,6 +229,8 @@ class Coordinator:
         while True:
             plan = self.scheduler.schedule()
             if plan is None:
+                if len(self._inflight) < self.config.inflight:  # room, but nothing to launch
+                    self.pipeline.flush()
                 return
             now = time.time()
             for row in plan.rows:

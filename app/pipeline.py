@@ -22,7 +22,7 @@ from stages.kv_cache import bytes_per_token_layer
 from stages.loader import resolve_dtype
 from stages.model_config import ModelArgs
 from stages.partition import layer_ranges
-from stages.protocol import MicrobatchPlan, StageSpec
+from stages.protocol import MicrobatchPlan, StageSpec, StepResult
 
 log = logging.getLogger("ppserve.pipeline")
 
@@ -76,6 +76,16 @@ class Pipeline:
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
         self.pipeline_id = uuid.uuid4().hex[:8]  # unique per Pipeline: names never collide
+        # Deferred collection (PP=1 with run-ahead): the last launched microbatch, whose collect
+        # call waits for the next launch or for flush().
+        self._uncollected: tuple[int, asyncio.Future] | None = None
+
+    @property
+    def defers_results(self) -> bool:
+        """One stage with run-ahead: a microbatch's result is collected after the next one is
+        launched, so the device runs that step while this result returns to the coordinator
+        (the host gap between decode steps; docs/PERFORMANCE.md)."""
+        return len(self.stages) == 1 and self.config.resolved_run_ahead
 
     def stage_name(self, i: int, generation: int | None = None) -> str:
         """`ppserve-<id>-stage<i>`; a rebuilt pipeline's actors get `ppserve-<id>-g<n>-stage<i>`
@@ -134,7 +144,27 @@ class Pipeline:
 
     def dispatch(self, plan: MicrobatchPlan) -> list:
         n = len(self.stages)
-        return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
+        if not self.defers_results:
+            return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
+        launched = self.stages[0].launch.remote(plan.for_stage(0, 1))
+        self.flush()  # the previous microbatch's collect queues behind this launch
+        collect: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._uncollected = (plan.mb_id, collect)
+        return [self._deferred_result(launched, collect)]
+
+    @staticmethod
+    async def _deferred_result(launched, collect: asyncio.Future) -> StepResult:
+        await launched  # a failed launch fails the microbatch at once
+        return await (await collect)
+
+    def flush(self) -> None:
+        """Collect the last launched microbatch now (nothing else will be launched soon)."""
+        if self._uncollected is None:
+            return
+        mb_id, collect = self._uncollected
+        self._uncollected = None
+        if not collect.done():
+            collect.set_result(self.stages[0].collect.remote(mb_id))
 
     async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""
@@ -152,6 +182,7 @@ class Pipeline:
         return None
 
     def kill(self) -> None:
+        self._uncollected = None
         for s in self.stages:
             ray.kill(s, no_restart=True)
         self.stages = []

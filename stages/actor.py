@@ -26,6 +26,7 @@ class StageActor:
 
         self.spec = spec
         self._store = None  # stage 0 keeps the rendezvous store alive
+        self._launched: dict = {}  # mb_id -> LaunchedStep not yet collected (launch/collect)
         # Kept for started(): an exception out of __init__ reaches the caller only as the text
         # of an ActorDiedError (a traceback), not as the error itself.
         self.start_error: Exception | None = None
@@ -68,6 +69,21 @@ class StageActor:
 
     def step(self, plan: MicrobatchPlan) -> StepResult:
         return self.runner.step(plan)
+
+    # A single stage (PP=1) is driven by launch/collect instead of step: the pipeline collects a
+    # microbatch's result after launching the next one, so the device computes the next step
+    # while this result travels back and the coordinator plans the one after.
+    def launch(self, plan: MicrobatchPlan) -> None:
+        if self._launched and self.runner.reads_sampled_history(plan):
+            for launched in self._launched.values():  # their tokens first (kept for collect)
+                self.runner.finish(launched)
+        self._launched[plan.mb_id] = self.runner.launch(plan)
+
+    def collect(self, mb_id: int) -> StepResult:
+        launched = self._launched.pop(mb_id, None)
+        if launched is None:
+            raise RuntimeError(f"microbatch {mb_id} was not launched on this stage")
+        return self.runner.finish(launched)
 
     def set_policy(self, output_post: str | None = None,
                    linear_backend: str | None = None) -> dict:

@@ -20,7 +20,7 @@ from stages.kv_cache import PagedKVCache, bytes_per_block, bytes_per_token_layer
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
-from stages.sampler import Picked, RowToSample, Sampler
+from stages.sampler import Picked, RowToSample, Sampler, reads_history
 from stages.sync_guard import install_sync_guard
 from stages.timing import Measurement, StageTimer
 
@@ -214,7 +214,10 @@ class StageRunner:
         sampled = Sampler.collect(launched.picked) if launched.picked is not None else []
         rows = [r for r in plan.rows if r.sample]
         for r, p in zip(rows, sampled):
-            self.output_ids[r.req_id].append(p.token_id)
+            # A request can be finished (its state dropped) by a plan launched after this one.
+            history = self.output_ids.get(r.req_id)
+            if history is not None:
+                history.append(p.token_id)
         launched.result = StepResult(
             plan.mb_id, self.spec.stage_index,
             sampled=tuple(SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
@@ -223,6 +226,13 @@ class StageRunner:
             output_sends=self.channels.output_sends if self.channels else 0,
             timings=self.timer.take_finished(), graphed=launched.graphed)
         return launched.result
+
+    def reads_sampled_history(self, plan: MicrobatchPlan) -> bool:
+        """Whether sampling this plan reads earlier sampled tokens on the host (penalties):
+        those of a launched step are only known once it is finished."""
+        new = {n.req_id: n.sampling for n in plan.new_requests}
+        specs = (self.sampling.get(r.req_id) or new.get(r.req_id) for r in plan.rows if r.sample)
+        return any(spec is not None and reads_history(spec) for spec in specs)
 
     def _apply_deltas(self, plan: MicrobatchPlan) -> None:
         for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them

@@ -37,6 +37,12 @@ def _row_seed(seed: int, output_index: int) -> int:
     return z ^ (z >> 29)
 
 
+def reads_history(spec: SamplingSpec) -> bool:
+    """Whether sampling this row reads the tokens the request sampled before (penalties)."""
+    return (spec.repetition_penalty != 1.0 or bool(spec.presence_penalty)
+            or bool(spec.frequency_penalty))
+
+
 def _apply_penalties(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
     spec = row.spec
     if spec.repetition_penalty != 1.0:

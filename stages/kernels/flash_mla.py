@@ -53,3 +53,64 @@ def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
         q.unsqueeze(1).contiguous(), pages, block_table, seqlens, dv, meta,
         softmax_scale=scale, causal=True, use_legacy=True)
     return out.squeeze(1)
+
+
+# The SM90 sparse kernels take 64 or 128 query heads; fewer heads are
+# zero-padded (their outputs dropped), top-k is padded with -1 (no key) to a multiple of 128
+# (the prefill kernel works in pairs of 64-key tiles).
+SPARSE_HEADS = (64, 128)
+TOPK_STEP = 128
+LATENT_DIM = 576
+
+
+def _pad_heads(q: torch.Tensor) -> torch.Tensor | None:
+    h = q.shape[-2]
+    target = next((n for n in SPARSE_HEADS if h <= n), None)
+    if target is None:
+        return None
+    if target == h:
+        return q
+    pad = q.new_zeros(*q.shape[:-2], target - h, q.shape[-1])
+    return torch.cat((q, pad), dim=-2)
+
+
+def _pad_topk(indices: torch.Tensor) -> torch.Tensor:
+    extra = -indices.shape[-1] % TOPK_STEP
+    if extra == 0:
+        return indices.to(torch.int32).contiguous()
+    pad = indices.new_full((*indices.shape[:-1], extra), -1)
+    return torch.cat((indices, pad), dim=-1).to(torch.int32).contiguous()
+
+
+def mla_sparse(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int,
+               scale: float) -> torch.Tensor:
+    """torch_ref.mla_sparse on flash_mla_sparse_fwd (bf16 latent, 576 wide, dv 512)."""
+    qp = _pad_heads(q)
+    if (qp is None or q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16
+            or q.shape[-1] != LATENT_DIM or dv != 512):
+        return torch_ref.mla_sparse(q, kv, indices, dv, scale)
+    out, _max, _lse = _module().flash_mla_sparse_fwd(
+        qp.contiguous(), kv, _pad_topk(indices).unsqueeze(1), scale, dv, use_legacy=True,
+        return_log2_lse=False)
+    return out[:, :q.shape[1]]
+
+
+def mla_sparse_fp8_decode(q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor,
+                          dv: int, scale: float, state: dict) -> torch.Tensor:
+    """One query per row, q [R, H, 576] bf16, over FP8 latent pages [blocks, B, 1, 656]
+    (stages.kernels.fp8_latent's layout) at slot ids indices [R, topk] (-1 = none) ->
+    [R, H, dv] bf16. The plan built on the first call is kept in `state` for the other layers.
+    """
+    qp = _pad_heads(q)
+    if qp is None:
+        raise ValueError(f"FlashMLA's sparse decode takes at most 128 query heads, "
+                         f"got {q.shape[1]}")
+    fm = _module()
+    meta = state.get("flash_mla_sparse")
+    if meta is None:
+        meta = state["flash_mla_sparse"] = fm.get_mla_metadata()[0]
+    out, _lse = fm.flash_mla_with_kvcache(
+        qp.unsqueeze(1).contiguous(), pages, None, None, dv, meta, softmax_scale=scale,
+        causal=False, is_fp8_kvcache=True, indices=_pad_topk(indices).unsqueeze(1),
+        use_legacy=True)
+    return out[:, 0, :q.shape[1]]

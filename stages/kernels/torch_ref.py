@@ -84,6 +84,25 @@ def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
     return out.squeeze(2).float()
 
 
+def mla_sparse(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int,
+               scale: float) -> torch.Tensor:
+    """Top-k sparse MLA in the absorbed form: q [T, H, Dk] against the keys kv [slots, 1, Dk]
+    named by indices [T, topk] (slot ids, -1 = none; values: the first dv of each key).
+    A row with no key gives 0. Returns [T, H, dv] in q's dtype; rows go in slices so the
+    gathered keys stay small."""
+    out = q.new_zeros(q.shape[0], q.shape[1], dv)
+    flat = kv.view(kv.shape[0], kv.shape[-1])
+    for start in range(0, q.shape[0], 64):
+        idx = indices[start:start + 64].long()
+        valid = idx >= 0
+        keys = flat.index_select(0, idx.clamp_min(0).reshape(-1)).view(*idx.shape, -1).float()
+        s = torch.einsum("thd,tkd->thk", q[start:start + 64].float(), keys) * scale
+        s = s.masked_fill(~valid[:, None, :], float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all -inf (no key): zeros
+        out[start:start + 64] = torch.einsum("thk,tkd->thd", p, keys[..., :dv]).to(q.dtype)
+    return out
+
+
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                 topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
     """Routed experts: x [T, H], gate_up [E, 2I, H], down [E, H, I], ids/weights [T, k] ->

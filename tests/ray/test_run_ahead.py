@@ -23,7 +23,7 @@ def _cfg(checkpoint, pp, skip, run_ahead, budget=None):
                         run_ahead=run_ahead)
 
 
-@pytest.mark.parametrize("pp", [2, 3])
+@pytest.mark.parametrize("pp", [1, 2, 3])
 @pytest.mark.parametrize("skip", ["off", "auto"])
 def test_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference, pp, skip):
     assert _cfg(checkpoint, pp, skip, True).inflight == 2 * pp
@@ -37,7 +37,8 @@ def test_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference
         assert comm["missed"] == 0
     else:
         assert comm["skipped"] == 0
-    assert stats["channel_output_sends"] == comm["sent"]
+    # PP=1 has no channel: its "sends" are local scatters of the sampled ids
+    assert stats["channel_output_sends"] == (comm["sent"] if pp > 1 else 0)
     assert stats["kv_cache_usage"] == 0.0
 
 
@@ -94,3 +95,29 @@ def test_seeded_sampling_is_the_same_with_and_without_run_ahead(runs):
     tokens = {k: [o.token_ids for o in r["sampled"]] for k, r in runs.items()}
     assert tokens[True] == tokens[False]
     assert all(len(t) == MAX_NEW for t in tokens[True])
+
+
+def test_one_stage_collects_after_the_next_launch(ray_cluster, checkpoint, prompts, reference):
+    """PP=1 with run-ahead: each step's result is collected after the next step is launched.
+    Penalties read the earlier tokens, so their steps are finished first: same tokens as
+    without run-ahead, greedy, seeded and penalised, alone and batched; a stop in flight and
+    the next requests are unaffected."""
+    penalised = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, repetition_penalty=1.3,
+                               presence_penalty=0.5, frequency_penalty=0.3)
+    seeded = SamplingParams(max_tokens=MAX_NEW, temperature=0.9, top_p=0.95, seed=7,
+                            ignore_eos=True)
+    stop = SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
+                          stop_token_ids=[_stop_token(reference)])
+    out = {}
+    for run_ahead in (False, True):
+        with Engine(_cfg(checkpoint, 1, "auto", run_ahead)) as engine:
+            out[run_ahead] = [[o.token_ids for o in engine.generate(prompts, p)]
+                              for p in (penalised, seeded, stop)]
+            out[run_ahead].append([engine.generate([q], penalised)[0].token_ids
+                                   for q in prompts[:2]])
+            greedy = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW,
+                                                             temperature=0.0))
+            assert [o.token_ids for o in greedy] == reference
+            assert engine.stats()["kv_cache_usage"] == 0.0
+    assert out[True] == out[False]
+    assert out[True][0] != reference  # the penalties changed the greedy tokens

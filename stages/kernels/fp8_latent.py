@@ -1,0 +1,42 @@
+"""DeepSeek-V3.2's FP8 latent layout (656 bytes per token), the one FlashMLA's SM90 sparse
+decode reads: the 512 no-rope values as float8_e4m3 in 4 tiles of 128, each tile's float32
+scale (a power of two: exact to apply), then the 64 rope values kept in bf16.
+
+Values are scaled so each tile's largest magnitude maps to e4m3's 448.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NOPE, ROPE, TILE = 512, 64, 128
+TILES = NOPE // TILE
+BYTES = NOPE + 4 * TILES + 2 * ROPE  # 656
+FP8_MAX = 448.0
+
+
+def quantize(latent: torch.Tensor) -> torch.Tensor:
+    """[T, 576] (any float dtype) -> [T, 656] uint8 in the layout above."""
+    if latent.shape[-1] != NOPE + ROPE:
+        raise ValueError(f"the FP8 layout holds {NOPE + ROPE} values per token, got "
+                         f"{latent.shape[-1]}")
+    t = latent.shape[0]
+    out = torch.empty(t, BYTES, dtype=torch.uint8, device=latent.device)
+    nope = latent[:, :NOPE].float().view(t, TILES, TILE)
+    amax = nope.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
+    scale = torch.exp2(torch.ceil(torch.log2(amax)))  # [T, TILES]
+    out[:, :NOPE] = (nope / scale[..., None]).view(t, NOPE).to(torch.float8_e4m3fn).view(
+        torch.uint8)
+    out[:, NOPE:NOPE + 4 * TILES] = scale.contiguous().view(torch.uint8)
+    out[:, NOPE + 4 * TILES:] = latent[:, NOPE:].to(torch.bfloat16).contiguous().view(
+        torch.uint8)
+    return out
+
+
+def dequantize(packed: torch.Tensor) -> torch.Tensor:
+    """[T, 656] uint8 -> [T, 576] bf16."""
+    t = packed.shape[0]
+    nope = packed[:, :NOPE].contiguous().view(torch.float8_e4m3fn).float().view(t, TILES, TILE)
+    scale = packed[:, NOPE:NOPE + 4 * TILES].contiguous().view(torch.float32)
+    rope = packed[:, NOPE + 4 * TILES:].contiguous().view(torch.bfloat16)
+    return torch.cat(((nope * scale[..., None]).view(t, NOPE).bfloat16(), rope), dim=-1)
