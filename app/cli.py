@@ -128,6 +128,16 @@ def _model_args(a) -> dict:
         sys.exit(f"ppserve: {e}")
 
 
+def _check_model(path: str | None) -> None:
+    """Exits with the cause on a missing directory, no config.json or an unsupported model."""
+    from stages.model_config import load_model_args
+
+    try:
+        load_model_args(path)
+    except (OSError, ValueError) as e:
+        sys.exit(f"ppserve: {e}")
+
+
 def cmd_download(a) -> int:
     from app.models_cache import ModelDownloadError, ensure_model, is_cached
 
@@ -162,6 +172,8 @@ def cmd_serve(a) -> int:
     if a.allowed_origins:
         args["allowed_origins"] = a.allowed_origins
     app = build_app(args)  # validates the flags before anything starts
+    if not a.address:  # a local cluster reads the model here: check it before anything starts
+        _check_model(args.get("model"))
     _init_ray(a, a.metrics_port)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.
     # SIGINT too: a shell that backgrounds the process would otherwise leave it ignored.
@@ -202,7 +214,9 @@ def cmd_generate(a) -> int:
         import ray
 
         ray.init(address=a.address)
-    engine = Engine(EngineConfig.from_dict(_model_args(a)), num_cpus=a.num_cpus)
+    args = _model_args(a)
+    _check_model(args.get("model"))
+    engine = Engine(EngineConfig.from_dict(args), num_cpus=a.num_cpus)
     try:
         for out in engine.generate([a.prompt], params):
             print(out.text)

@@ -2,7 +2,8 @@
 starts, with the cause as the message; a stage that fails in __init__ fails the Engine with its
 own error (not Ray's ActorDiedError text) and the failed construction gives back its placement
 group, its actors and the Ray cluster it started, so a second Engine in the same process works.
-Serve's replica start fails the same clear way, in the application's status."""
+Serve's replica start fails the same clear way, in the application's status, and `ppserve serve`
+/ `generate` on a local cluster check the model before starting anything."""
 
 from __future__ import annotations
 
@@ -42,6 +43,18 @@ def test_bad_model_directory_raises_before_ray_starts(tmp_path, case, error, mes
         Engine(EngineConfig(model=model, pp_size=2, device="cpu", stage_num_cpus=0.5))
     assert "ActorDiedError" not in str(info.value)
     assert not ray.is_initialized()  # nothing was started
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_cli_exits_with_the_cause(tmp_path, command):
+    from app.cli import main
+
+    model = _model_dir(tmp_path, {**BUILTIN_CONFIG, "model_type": "deepseek_v32"})
+    argv = [command, *(["hi"] if command == "generate" else []), "--model", model]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert str(info.value).startswith("ppserve: unsupported model_type 'deepseek_v32'")
+    assert not ray.is_initialized()
 
 
 def _ppserve_actors() -> list[str]:
