@@ -16,7 +16,7 @@ from collections import deque
 from typing import AsyncIterator
 
 from app.config import EngineConfig
-from app.pipeline import Pipeline
+from app.pipeline import PUBLIC_ERRORS, Pipeline
 from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, PrefixCacheStats, SchedRequest, Scheduler
@@ -301,10 +301,11 @@ class Coordinator:
                 return
             except Exception as e:  # e.g. the new actors cannot be placed yet
                 log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
+                cause = f": {e}" if isinstance(e, PUBLIC_ERRORS) else ""
                 await asyncio.sleep(2 ** attempt)
         # Out of service: new requests get a 503, and stats()/health checks raise so that Serve
         # replaces this replica (a fresh pipeline) instead of leaving requests hanging.
-        self._broken = "The pipeline is down and could not be rebuilt; please retry later."
+        self._broken = f"The pipeline is down and could not be rebuilt{cause}; please retry later."
         for stream in list(self._streams.values()):
             self._finish(stream, "error", self._broken)
 

@@ -45,6 +45,10 @@ def placement_bundles(config: EngineConfig) -> list[dict]:
     return [{"CPU": COORDINATOR_CPUS}] + [dict(stage) for _ in range(config.pp_size)]
 
 
+class PlacementTimeout(RuntimeError):
+    """A pipeline's placement group was not placed in time."""
+
+
 async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
     """Wait until every bundle is placed. After a node is lost Ray reschedules its bundles; an
     actor created in one not yet placed would wait forever, so give up with a clear error."""
@@ -55,7 +59,7 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
         if state == "CREATED":
             return
         if loop.time() >= deadline:
-            raise RuntimeError(
+            raise PlacementTimeout(
                 f"the placement group of the pipeline is {state} after {timeout_s:g} s: its "
                 f"bundles {pg.bundle_specs} (strategy {placement_group_table(pg).get('strategy')})"
                 " do not fit on the cluster's live nodes")
@@ -64,6 +68,10 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
 
 class StageStartError(RuntimeError):
     """A stage actor could not start; the message is the cause (Ray's wrapping removed)."""
+
+
+# Errors whose message ppserve wrote, free of Ray's internals: fit for a client to read.
+PUBLIC_ERRORS = (PlacementTimeout, StageStartError)
 
 
 class Pipeline:
