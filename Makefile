@@ -28,7 +28,8 @@ serve: install
 # Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
 FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py app/bench/target.py app/bench/__init__.py app/bench/__main__.py \
-	tests/unit/test_options.py tests/unit/test_dashboard.py tests/unit/test_bench_layout.py
+	app/openai/availability.py tests/unit/test_options.py tests/unit/test_dashboard.py \
+	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py
 TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py
 
@@ -50,12 +51,15 @@ fuzz: install
 soak: install
 	$(PY) -m pytest tests/serve/test_soak_http.py -q -s -p no:cacheprovider
 
-# Bad input, fuzz (full), overload, soak and stage failures.
+# Bad input, fuzz (full), overload, soak, faults (stage and replica killed), startup failures,
+# CORS and the no-code-from-data scan: slow tests included (`make test` skips those).
 test-reliability: install
 	PPSERVE_FUZZ_EXAMPLES=500 $(PY) -m pytest -q -s -p no:cacheprovider \
-		tests/unit/test_request_validation.py tests/serve/test_bad_input_http.py \
-		tests/serve/test_fuzz_openapi.py tests/serve/test_overload_http.py \
-		tests/serve/test_soak_http.py tests/ray/test_stage_failure.py
+		tests/unit/test_request_validation.py tests/unit/test_request_data_never_executed.py \
+		tests/serve/test_bad_input_http.py tests/serve/test_fuzz_openapi.py \
+		tests/serve/test_overload_http.py tests/serve/test_soak_http.py \
+		tests/ray/test_stage_failure.py tests/serve/test_faults_http.py \
+		tests/ray/test_startup_failures.py tests/serve/test_openai_api.py
 
 test-unit: install
 	$(PY) -m pytest tests/unit -q

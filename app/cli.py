@@ -80,6 +80,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                  "already; then to the least loaded. 0 = Serve's default router.")
     _server_flag(g, "--max-request-bytes", type=int, default=None, doc="32 MiB",
                  help="Largest request body accepted; larger ones get a 413 (read no further).")
+    _server_flag(g, "--allowed-origins", default=None, doc="none (no CORS headers)",
+                 help="Comma-separated origins (e.g. https://app.example.com, or *) whose "
+                 "browser pages may call the API: CORS headers and preflight answers for them.")
 
 
 def engine_args(a: argparse.Namespace) -> dict:
@@ -129,6 +132,16 @@ def _model_args(a) -> dict:
         sys.exit(f"ppserve: {e}")
 
 
+def _check_model(path: str | None) -> None:
+    """Exits with the cause on a missing directory, no config.json or an unsupported model."""
+    from stages.model_config import load_model_args
+
+    try:
+        load_model_args(path)
+    except (OSError, ValueError) as e:
+        sys.exit(f"ppserve: {e}")
+
+
 def cmd_download(a) -> int:
     from app.models_cache import ModelDownloadError, ensure_model, is_cached
 
@@ -162,7 +175,11 @@ def cmd_serve(a) -> int:
         args["max_request_bytes"] = a.max_request_bytes
     if a.prefix_routing_max_queue is not None:
         args["prefix_routing_max_queue"] = a.prefix_routing_max_queue
+    if a.allowed_origins:
+        args["allowed_origins"] = a.allowed_origins
     app = build_app(args)  # validates the flags before anything starts
+    if not a.address:  # a local cluster reads the model here: check it before anything starts
+        _check_model(args.get("model"))
     _init_ray(a, a.metrics_port)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.
     # SIGINT too: a shell that backgrounds the process would otherwise leave it ignored.
@@ -203,7 +220,9 @@ def cmd_generate(a) -> int:
         import ray
 
         ray.init(address=a.address)
-    engine = Engine(EngineConfig.from_dict(_model_args(a)), num_cpus=a.num_cpus)
+    args = _model_args(a)
+    _check_model(args.get("model"))
+    engine = Engine(EngineConfig.from_dict(args), num_cpus=a.num_cpus)
     try:
         for out in engine.generate([a.prompt], params):
             print(out.text)

@@ -16,7 +16,7 @@ from collections import deque
 from typing import AsyncIterator
 
 from app.config import EngineConfig
-from app.pipeline import Pipeline
+from app.pipeline import PUBLIC_ERRORS, Pipeline
 from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, PrefixCacheStats, SchedRequest, Scheduler
@@ -52,17 +52,23 @@ class Coordinator:
         # (stage, mb_id, seconds) of the stages' forwards, newest last: the bench reads them
         self.stage_timings: deque = deque(maxlen=8192)
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
+        self._rebuilding = False  # between a stage failure and the rebuilt pipeline
         self._warmup: list[dict] = []  # per stage: attention shapes built at startup, seconds
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        num_blocks = await self.pipeline.start()
-        self.scheduler = Scheduler(self.config.scheduler_config(
-            num_blocks, self.max_model_len, self.chunk_cost), self._output_event,
-            self._prefix_lookup)
-        await self.warm_up()
-        self._loop_task = asyncio.create_task(self._run())
-        await self._first_request()
+        """Start the pipeline; on failure its stage actors are killed before the error rises."""
+        try:
+            num_blocks = await self.pipeline.start()
+            self.scheduler = Scheduler(self.config.scheduler_config(
+                num_blocks, self.max_model_len, self.chunk_cost), self._output_event,
+                self._prefix_lookup)
+            await self.warm_up()
+            self._loop_task = asyncio.create_task(self._run())
+            await self._first_request()
+        except BaseException:
+            self.shutdown()
+            raise
 
     async def warm_up(self) -> None:
         """Stages build their attention kernels for a long lone prompt's chunk shapes."""
@@ -262,14 +268,22 @@ class Coordinator:
         self._wakeup.set()
 
     async def _recover(self, failed_plan, error: Exception) -> None:
-        """Fail what was in flight with a clear error, rebuild the pipeline, carry on."""
+        """Fail what was in flight with a clear error, rebuild the pipeline, carry on. The
+        requests' error names the failed stage; Ray's detail (actor ids, pids, node, traceback)
+        goes to the log only."""
         self._failures += 1
-        log.error("stage failure in microbatch %d: %s; rebuilding the pipeline",
+        self._rebuilding = True
+        if self.metrics:
+            self.metrics.pipeline_rebuilt()
+        stage = self.pipeline.failed_stage(error)
+        which = "a stage" if stage is None else f"stage {stage} of {self.config.pp_size}"
+        log.error("%s failed in microbatch %d; rebuilding the pipeline: %s", which,
                   failed_plan.mb_id, error)
         for _plan, fut in self._inflight:
             fut.cancel()
         self._inflight.clear()
-        msg = f"the pipeline failed while running this request and was restarted: {error}"
+        msg = (f"The pipeline failed while running this request ({which} stopped) and was "
+               "restarted; please retry.")
         for req_id in self.scheduler.abort_inflight("error"):
             stream = self._streams.pop(req_id, None)
             if stream is not None:
@@ -283,14 +297,15 @@ class Coordinator:
             try:
                 await self.pipeline.rebuild()
                 await self.warm_up()
+                self._rebuilding = False
                 return
             except Exception as e:  # e.g. the new actors cannot be placed yet
                 log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
-                rebuild_error = e
+                cause = f": {e}" if isinstance(e, PUBLIC_ERRORS) else ""
                 await asyncio.sleep(2 ** attempt)
         # Out of service: new requests get a 503, and stats()/health checks raise so that Serve
         # replaces this replica (a fresh pipeline) instead of leaving requests hanging.
-        self._broken = f"the pipeline is down and could not be rebuilt: {rebuild_error}"
+        self._broken = f"The pipeline is down and could not be rebuilt{cause}; please retry later."
         for stream in list(self._streams.values()):
             self._finish(stream, "error", self._broken)
 
@@ -308,6 +323,15 @@ class Coordinator:
             self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
 
     # -- introspection ---------------------------------------------------------------------------
+    def health(self) -> dict:
+        """{"status": "ok"}, or "degraded" while the pipeline is rebuilt after a stage failure
+        (requests then wait in the queue); raises when it cannot serve at all (as stats())."""
+        self.stats()
+        if self._rebuilding:
+            return {"status": "degraded",
+                    "message": "A pipeline stage failed; the pipeline is being rebuilt."}
+        return {"status": "ok"}
+
     def stats(self) -> dict:
         if self._broken:
             raise RuntimeError(self._broken)
@@ -334,6 +358,7 @@ class Coordinator:
             "stage_forward_seconds": list(self._stage_forward),
             "decode_graph_steps": list(self._graph_steps),
             "pipeline_failures": self._failures,
+            "pipeline_rebuilding": self._rebuilding,
             "pipeline_id": self.pipeline.pipeline_id,
             "max_model_len": self.max_model_len,
             "attention_warmup": list(self._warmup),

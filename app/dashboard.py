@@ -147,6 +147,17 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], dict[str, Any]]] = [
         [(rate_sum("request_success_total", by="finished_reason"), "{{finished_reason}}")],
         {},
     ),
+    (
+        "Pipeline rebuilds after a stage failure",
+        "short",
+        [
+            (
+                f"sum by (pipeline) (increase({series('pipeline_rebuilds_total')}[{RATE_WINDOW}]))",
+                "pipeline {{pipeline}}",
+            )
+        ],
+        {"min": 0},
+    ),
 ]
 
 

@@ -14,12 +14,14 @@ import os
 from typing import AsyncIterator, Sequence
 
 import ray
+from ray.exceptions import RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
 from app.pipeline import COORDINATOR_CPUS, placement_bundles
 from app.request import RequestOutput, SamplingParams
+from stages.model_config import load_model_args
 
 
 def merge_outputs(deltas: list[RequestOutput]) -> RequestOutput:
@@ -40,16 +42,21 @@ class CoordinatorActor:
     """A Coordinator in its own process, for the Engine, tests and the bench."""
 
     def __init__(self, config: EngineConfig, pg=None, with_metrics: bool = False):
+        self._args = (config, pg, with_metrics)
+        self.coordinator = None
+
+    async def start(self) -> dict:
+        # Built here rather than in __init__: an error raised by a method reaches the driver as
+        # itself (RayTaskError.cause), one raised by __init__ only as an ActorDiedError's text.
         from app.coordinator import Coordinator
 
+        config, pg, with_metrics = self._args
         metrics = None
         if with_metrics:
             from app.metrics import EngineMetrics
 
             metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}")
         self.coordinator = Coordinator(config, metrics=metrics, placement_group=pg)
-
-    async def start(self) -> dict:
         await self.coordinator.start()
         return {"max_model_len": self.coordinator.max_model_len,
                 "stages": await self.coordinator.pipeline.describe()}
@@ -86,7 +93,8 @@ class CoordinatorActor:
         return await result if inspect.isawaitable(result) else result
 
     def shutdown(self) -> bool:
-        self.coordinator.shutdown()
+        if self.coordinator is not None:
+            self.coordinator.shutdown()
         return True
 
 
@@ -94,21 +102,32 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None, *, num_cpus: int | None = None,
                  with_metrics: bool = False):
         self.config = config or EngineConfig()
+        # A missing directory, no config.json or an unsupported model_type raises here, before
+        # Ray or any actor starts.
+        load_model_args(self.config.model)
         self._owns_ray = not ray.is_initialized()
+        self._pg = self._actor = None
         if self._owns_ray:  # a laptop: a local cluster with enough logical CPUs for the stages
             need = int(self.config.pp_size * self.config.stage_num_cpus + 2)
             # address="local": a cluster of its own, even where `ray start` left one running
             ray.init(address="local", num_cpus=num_cpus or max(4, need),
                      include_dashboard=False, log_to_driver=False)
-        self._pg = placement_group(placement_bundles(self.config),
-                                   strategy=self.config.placement_strategy)
-        ray.get(self._pg.ready(), timeout=self.config.placement_timeout_s)
-        self._actor = CoordinatorActor.options(
-            num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self._pg, placement_group_bundle_index=0),
-        ).remote(self.config, self._pg, with_metrics)
-        self.info = ray.get(self._actor.start.remote())
+        try:
+            self._pg = placement_group(placement_bundles(self.config),
+                                       strategy=self.config.placement_strategy)
+            ray.get(self._pg.ready(), timeout=self.config.placement_timeout_s)
+            self._actor = CoordinatorActor.options(
+                num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=0),
+            ).remote(self.config, self._pg, with_metrics)
+            self.info = ray.get(self._actor.start.remote())
+        except BaseException as e:
+            # Everything this construction took is given back, so another Engine can start.
+            self._release()
+            if isinstance(e, RayTaskError) and isinstance(e.cause, Exception):
+                raise e.cause from None  # the cause itself, not Ray's wrapper
+            raise
 
     @property
     def max_model_len(self) -> int:
@@ -138,13 +157,22 @@ class Engine:
         return ray.get(self._actor.call.remote(fn, *args, **kwargs))
 
     def shutdown(self) -> None:
-        try:
-            ray.get(self._actor.shutdown.remote(), timeout=60)
-        except Exception:
-            pass
-        ray.kill(self._actor, no_restart=True)
-        remove_placement_group(self._pg)
-        if self._owns_ray:
+        self._release()
+
+    def _release(self) -> None:
+        """Stop the coordinator (its stage actors go with it), remove the placement group, and
+        stop the Ray cluster if this Engine started it."""
+        if self._actor is not None:
+            try:
+                ray.get(self._actor.shutdown.remote(), timeout=60)
+            except Exception:
+                pass
+            ray.kill(self._actor, no_restart=True)
+            self._actor = None
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+            self._pg = None
+        if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 
     def __enter__(self):

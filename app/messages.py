@@ -7,6 +7,7 @@ Failure is the one way an error travels, whenever it happens.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from app.prefix_routing import PrefixKey
@@ -45,6 +46,19 @@ class Failure:
     @classmethod
     def of(cls, e: InvalidRequest) -> Failure:
         return cls(str(e), e.status, e.param)
+
+    @classmethod
+    def internal(cls, public: str, cause: BaseException, status: int = 503) -> Failure:
+        """`public` for the client; `cause` and its traceback for the server log only."""
+        logging.getLogger("ppserve.errors").error("%s", public, exc_info=cause)
+        return cls(public, status)
+
+
+# What a client is told when the PipelineServer replica behind the ingress is unreachable (it
+# died, or Serve is replacing it): retryable, with no detail of the cluster.
+PIPELINE_UNAVAILABLE = (
+    "The model server is restarting or unavailable; please retry in a few seconds."
+)
 
 
 Reply = Accepted | Delta | Failure

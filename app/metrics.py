@@ -66,6 +66,8 @@ class EngineMetrics:
             "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = self._counter(
             "prefix_cache_hits_total", "Prompt tokens found in the prefix cache")
+        self.rebuilds = self._counter(
+            "pipeline_rebuilds_total", "Pipeline rebuilds after a stage failure")
         tags = {"model_name": model_name, "pipeline": pipeline_id}
         for metric in self._all:
             metric.set_default_tags(tags)
@@ -112,6 +114,9 @@ class EngineMetrics:
 
     def request_finished(self, reason: str) -> None:
         self.success.inc(1, tags={"finished_reason": reason or "unknown"})
+
+    def pipeline_rebuilt(self) -> None:
+        self.rebuilds.inc(1)
 
     def prefix_lookup(self, queried: int, hit: int) -> None:
         """One admission's prefix-cache lookup, in tokens (vLLM's queries / hits)."""

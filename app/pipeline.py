@@ -8,6 +8,7 @@ import logging
 import uuid
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
@@ -44,6 +45,10 @@ def placement_bundles(config: EngineConfig) -> list[dict]:
     return [{"CPU": COORDINATOR_CPUS}] + [dict(stage) for _ in range(config.pp_size)]
 
 
+class PlacementTimeout(RuntimeError):
+    """A pipeline's placement group was not placed in time."""
+
+
 async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
     """Wait until every bundle is placed. After a node is lost Ray reschedules its bundles; an
     actor created in one not yet placed would wait forever, so give up with a clear error."""
@@ -54,11 +59,19 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
         if state == "CREATED":
             return
         if loop.time() >= deadline:
-            raise RuntimeError(
+            raise PlacementTimeout(
                 f"the placement group of the pipeline is {state} after {timeout_s:g} s: its "
                 f"bundles {pg.bundle_specs} (strategy {placement_group_table(pg).get('strategy')})"
                 " do not fit on the cluster's live nodes")
         await asyncio.sleep(0.2)
+
+
+class StageStartError(RuntimeError):
+    """A stage actor could not start; the message is the cause (Ray's wrapping removed)."""
+
+
+# Errors whose message ppserve wrote, free of Ray's internals: fit for a client to read.
+PUBLIC_ERRORS = (PlacementTimeout, StageStartError)
 
 
 class Pipeline:
@@ -109,6 +122,7 @@ class Pipeline:
                 runtime_env={"env_vars": dict(_STAGE_ENV)},
             ).remote(spec, c.torch_threads)
             for i, spec in enumerate(self._specs())]
+        await self._started()
         if c.pp_size > 1:
             host, port = await self.stages[0].open_store.remote()
             await asyncio.gather(*[s.connect.remote(host, port) for s in self.stages])
@@ -121,6 +135,20 @@ class Pipeline:
                  "layer", c.pp_size, self.num_blocks, c.block_size,
                  bytes_per_token_layer(self.args, resolve_dtype(c.resolved_dtype)))
         return self.num_blocks
+
+    async def _started(self) -> None:
+        n = len(self.stages)
+        for i, stage in enumerate(self.stages):
+            try:
+                await stage.started.remote()
+            except RayTaskError as e:  # raised by the stage's own code: its error, unwrapped
+                cause = e.cause if e.cause is not None else e
+                raise StageStartError(f"stage {i} of {n} could not start: "
+                                      f"{type(cause).__name__}: {cause}") from None
+            except RayActorError as e:  # the process died (out of memory, runtime env...)
+                log.error("stage %d of %d died while starting: %s", i, n, e)
+                raise StageStartError(f"stage {i} of {n} died while starting; see the Ray "
+                                      "logs of its actor") from None
 
     def dispatch(self, plan: MicrobatchPlan) -> list:
         n = len(self.stages)
@@ -154,6 +182,14 @@ class Pipeline:
 
     async def describe(self) -> list[dict]:
         return await asyncio.gather(*[s.describe.remote() for s in self.stages])
+
+    def failed_stage(self, error: BaseException) -> int | None:
+        """Which stage a Ray error came from (its actor id), if it names one of ours."""
+        actor_id = getattr(error, "actor_id", None) or getattr(error, "_actor_id", None)
+        for i, s in enumerate(self.stages):
+            if actor_id and s._actor_id.hex() == actor_id:
+                return i
+        return None
 
     def kill(self) -> None:
         self._uncollected = None

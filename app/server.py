@@ -30,7 +30,8 @@ from app.request import InvalidRequest, RequestOutput
 log = logging.getLogger("ppserve.server")
 
 SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
-               "ingress_num_cpus", "max_request_bytes", "prefix_routing_max_queue")
+               "ingress_num_cpus", "max_request_bytes", "prefix_routing_max_queue",
+               "allowed_origins")
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
@@ -104,9 +105,8 @@ class PipelineServer:
         return {LOAD_METRIC: pipeline_load(s["waiting_prompt_tokens"], s["kv_cache_usage"],
                                            s["kv_capacity_tokens"])}
 
-    async def health(self) -> bool:
-        self.coordinator.stats()  # raises when the coordinator is broken
-        return True
+    async def health(self) -> dict:
+        return self.coordinator.health()  # raises when the coordinator is broken
 
     async def check_health(self) -> None:  # Serve's periodic replica health check
         self.coordinator.stats()
@@ -133,6 +133,12 @@ def _prefix_router(config: EngineConfig, server: dict) -> RequestRouterConfig | 
         return None
     return RequestRouterConfig(request_router_class=ROUTER_CLASS,
                                request_router_kwargs={"max_queue": max_queue})
+
+
+def allowed_origins(value: str | list[str] | None) -> tuple[str, ...]:
+    """CORS origins from a comma-separated string (the CLI) or a list (Serve config, Helm)."""
+    items = value.split(",") if isinstance(value, str) else (value or [])
+    return tuple(o.strip() for o in items if o.strip())
 
 
 def build_app(args: dict | None = None) -> Application:
@@ -162,7 +168,8 @@ def build_app(args: dict | None = None) -> Application:
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
     ingress_cls = make_ingress(config.model_name, api_key, max_bytes,
-                               config.block_size if router is not None else None)
+                               config.block_size if router is not None else None,
+                               allowed_origins(server.get("allowed_origins")))
     ingress = serve.deployment(
         ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},

@@ -25,9 +25,23 @@ class StageActor:
         from stages.runner import StageRunner
 
         self.spec = spec
-        self.runner = StageRunner(spec)
         self._store = None  # stage 0 keeps the rendezvous store alive
         self._launched = None  # the LaunchedStep the next advance() call returns
+        # Kept for started(): an exception out of __init__ reaches the caller only as the text
+        # of an ActorDiedError (a traceback), not as the error itself.
+        self.start_error: Exception | None = None
+        try:
+            self.runner = StageRunner(spec)
+        except Exception as e:
+            logging.getLogger("ppserve.stage").exception(
+                "stage %d could not start", spec.stage_index)
+            self.start_error = e
+
+    def started(self) -> bool:
+        """Raises the error that stopped __init__, if any."""
+        if self.start_error is not None:
+            raise self.start_error
+        return True
 
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()

@@ -138,6 +138,9 @@ def load_model_args(path: str | None) -> ModelArgs:
     """ModelArgs of the checkpoint directory `path`, or of the built-in random model when None."""
     if path is None:
         return ModelArgs.from_hf_dict(BUILTIN_CONFIG)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model directory {path!r} does not exist (or is not a "
+                                "directory)")
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
         raise FileNotFoundError(f"no config.json in model directory {path!r}")

@@ -158,7 +158,8 @@ async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
 # --model-shape of the benches: random-weight configs of these shapes ("tiny": the built-in
 # model). deepseek-v32-bench is issue 11's V3.2-shaped model that FlashMLA's SM90 sparse kernels
 # take: DeepSeek-V2-Lite's layers and experts with 64 query heads (64 or 128 only), V3's q LoRA
-# (the indexer reads it) and V3.2's indexer (top-2048, 64 heads of 128).
+# (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
+# 256K rows).
 MODEL_SHAPES = ("llama8b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
 
 
@@ -167,12 +168,22 @@ def shape_config(shape: str) -> dict:
     from stages.model_config import BUILTIN_CONFIG
 
     if shape == "deepseek-v32-bench":
-        return dict(DEEPSEEK_V2_LITE, model_type="deepseek_v32", num_attention_heads=64,
-                    num_key_value_heads=64, q_lora_rank=1536, index_topk=2048,
-                    index_n_heads=64, index_head_dim=128, topk_method="noaux_tc",
-                    norm_topk_prob=True, max_position_embeddings=1 << 20)  # 256K+ rows
-    return {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
-            "llama8b": LLAMA3_8B}[shape]
+        return dict(
+            DEEPSEEK_V2_LITE,
+            model_type="deepseek_v32",
+            num_attention_heads=64,
+            num_key_value_heads=64,
+            q_lora_rank=1536,
+            index_topk=2048,
+            index_n_heads=64,
+            index_head_dim=128,
+            topk_method="noaux_tc",
+            norm_topk_prob=True,
+            max_position_embeddings=1 << 20,
+        )
+    return {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE, "llama8b": LLAMA3_8B}[
+        shape
+    ]
 
 
 def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:

@@ -5,17 +5,18 @@ streams a PipelineServer's deltas back as OpenAI bodies or SSE. It owns no model
 # class-based routes that serve.ingress rewrites.
 
 import hmac
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 
-from app.messages import Accepted, Delta, Failure, GenerateRequest
+from app.messages import PIPELINE_UNAVAILABLE, Accepted, Delta, Failure, GenerateRequest
+from app.openai.availability import ReplicaWatch
 from app.openai.body import read_json_object
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
@@ -26,13 +27,12 @@ from app.openai.responses import (
     completion_logprobs,
     error_body,
     error_response,
+    health_response,
     sse,
     usage,
 )
 from app.prefix_routing import prompt_key
 from app.request import InvalidRequest
-
-log = logging.getLogger("ppserve.ingress")
 
 
 class _Stream:
@@ -60,10 +60,16 @@ class _Stream:
 
 
 def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
-                 routing_block_size: int | None = None):
+                 routing_block_size: int | None = None,
+                 allowed_origins: tuple[str, ...] = ()):
     """The ingress deployment class; FastAPI routes need an app object, built here per call.
-    routing_block_size: with prefix-aware routing, the block size of its keys."""
+    routing_block_size: with prefix-aware routing, the block size of its keys. Browsers get
+    CORS headers only for `allowed_origins` (none by default)."""
     fastapi_app = FastAPI(title="ppserve", docs_url=None, redoc_url=None)
+    if allowed_origins:
+        fastapi_app.add_middleware(
+            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"])
     document_request_bodies(fastapi_app, {"/v1/completions": CompletionRequest,
                                           "/v1/chat/completions": ChatCompletionRequest})
 
@@ -71,6 +77,7 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
     class OpenAIIngress:
         def __init__(self, server):
             self.server = server  # DeploymentHandle of the PipelineServer
+            self.replicas = ReplicaWatch(server.deployment_name)
             self.model = model_name
             self._info: dict | None = None
 
@@ -85,10 +92,18 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
 
         @fastapi_app.get("/health")
         async def health(self):
+            """200 {"status": "ok"} when serving; 503 otherwise, so that a readiness probe
+            takes the endpoint out of rotation: {"status": "degraded"} while the pipeline is
+            rebuilt after a stage failure, {"status": "unavailable"} while the replica is
+            down or being replaced."""
             try:
-                await self.server.health.remote()
-            except Exception as e:  # the pipeline is down or restarting
-                return error_response(f"unhealthy: {e}", 503)
+                call = self.server.health.remote()
+                state = await self.replicas.first(call, call.cancel)
+            except Exception as e:  # the replica is down or being replaced
+                failure = Failure.internal(PIPELINE_UNAVAILABLE, e)
+                return health_response("unavailable", failure.message)
+            if state["status"] != "ok":
+                return health_response(state["status"], state.get("message"))
             return JSONResponse({"status": "ok"})
 
         @fastapi_app.get("/v1/models")
@@ -137,12 +152,11 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
             except InvalidRequest as e:
                 return error_response(str(e), e.status, e.param)
             gen = self.server.options(stream=True).generate.remote(gen_req)
-            try:
-                first = await gen.__anext__()  # the request is queued, or refused
-            except Exception as e:
+            try:  # the request is queued, or refused
+                first = await self.replicas.first(gen.__anext__(), gen.cancel)
+            except Exception as e:  # the replica died, or is being replaced
                 gen.cancel()
-                log.exception("pipeline call failed")
-                first = Failure(f"The pipeline failed: {e}", 503)
+                first = Failure.internal(PIPELINE_UNAVAILABLE, e)
             if isinstance(first, Failure):
                 return error_response(first.message, first.status, first.param)
             state = _Stream(ResponseBuilder(kind, gen_req.request_id, self.model), first,
@@ -161,8 +175,7 @@ async def _replies(gen) -> AsyncIterator[Delta | Failure]:
         async for reply in gen:
             yield reply
     except Exception as e:
-        log.exception("pipeline stream failed")
-        yield Failure(f"The pipeline failed: {e}", 503)
+        yield Failure.internal(PIPELINE_UNAVAILABLE, e)
 
 
 async def _collect(gen, state: _Stream):

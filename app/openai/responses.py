@@ -32,6 +32,12 @@ def error_response(message: str, status: int = 400, param: str | None = None,
                         headers=headers)
 
 
+def health_response(status: str, message: str | None) -> JSONResponse:
+    """/health when not serving: 503 (what a readiness probe reads as "not ready")."""
+    return JSONResponse({"status": status, "message": message}, status_code=503,
+                        headers={"Retry-After": RETRY_AFTER_S})
+
+
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 

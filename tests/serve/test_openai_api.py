@@ -12,6 +12,7 @@ import pytest
 from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster
 
 KEY = "sekret"
+ORIGIN = "https://app.example.com"  # the keyed app's one CORS origin
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Say something about pipelines."}]
@@ -20,7 +21,8 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
 @pytest.fixture(scope="module")
 def served(fast_metrics):  # bench serve reads the skip counters
     apps = {"ppserve": ("/", ENGINE_ARGS),
-            "keyed": ("/keyed", {**ENGINE_ARGS, "pp": 1, "api_key": KEY})}
+            "keyed": ("/keyed", {**ENGINE_ARGS, "pp": 1, "api_key": KEY,
+                                 "allowed_origins": [ORIGIN]})}
     try:
         yield start_cluster(apps)
     finally:
@@ -187,6 +189,35 @@ def test_api_key_401(served):
     assert httpx.get(f"{served.base_url}/keyed/health").status_code == 200  # no key needed
     # The open app stays open.
     assert post(served, "/v1/completions", body).status_code == 200
+
+
+def _preflight(served, path: str, origin: str) -> httpx.Response:
+    return httpx.options(f"{served.base_url}{path}", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+
+
+def test_no_cors_without_allowed_origins(served):
+    r = _preflight(served, "/v1/completions", ORIGIN)
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+    r = httpx.get(f"{served.base_url}/v1/models", headers={"Origin": ORIGIN})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_cors_for_allowed_origins_only(served):
+    r = _preflight(served, "/keyed/v1/completions", ORIGIN)  # no key needed for a preflight
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert "authorization" in r.headers["access-control-allow-headers"].lower()
+    other = _preflight(served, "/keyed/v1/completions", "https://evil.example.com")
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    r = httpx.post(f"{served.base_url}/keyed/v1/completions", json={"prompt": "x",
+                   "max_tokens": 2}, headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    r = httpx.post(f"{served.base_url}/keyed/v1/completions", json={"prompt": "x"},
+                   headers={"Origin": ORIGIN})
+    assert r.status_code == 401  # CORS does not stand in for the key
 
 
 def test_bench_serve_runs(served, tmp_path):

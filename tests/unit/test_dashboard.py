@@ -28,3 +28,8 @@ def test_prefix_cache_hit_rate_panel_divides_hits_by_queries():
     assert prefix_cache_hit_rate() in exprs
     hits, queries = prefix_cache_hit_rate("5m").split(" / ", 1)
     assert "prefix_cache_hits_total" in hits and "prefix_cache_queries_total" in queries
+
+
+def test_rebuild_counter_has_a_panel():
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
+    assert any("ray_ppserve_pipeline_rebuilds_total" in e for e in exprs)

@@ -42,6 +42,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $_ := set $args "num_replicas" $s.num_replicas }}
 {{- end }}
 {{- if $s.max_ongoing_requests }}{{ $_ := set $args "max_ongoing_requests" $s.max_ongoing_requests }}{{ end }}
+{{- if $s.allowed_origins }}{{ $_ := set $args "allowed_origins" $s.allowed_origins }}{{ end }}
 {{- if .Values.apiKey.value }}{{ $_ := set $args "api_key" .Values.apiKey.value }}{{ end }}
 {{- toYaml (mergeOverwrite $args $s.extraArgs) }}
 {{- end }}
