@@ -30,7 +30,7 @@ def _model_dir(tmp_path, config: dict | None) -> str:
 @pytest.mark.parametrize("case,error,message", [
     ("missing", FileNotFoundError, "does not exist"),
     ("no-config", FileNotFoundError, "no config.json"),
-    ("deepseek_v32", ValueError, "unsupported model_type 'deepseek_v32'"),
+    ("mamba", ValueError, "unsupported model_type 'mamba'"),
 ])
 def test_bad_model_directory_raises_before_ray_starts(tmp_path, case, error, message):
     assert not ray.is_initialized()
@@ -49,11 +49,11 @@ def test_bad_model_directory_raises_before_ray_starts(tmp_path, case, error, mes
 def test_cli_exits_with_the_cause(tmp_path, command):
     from app.cli import main
 
-    model = _model_dir(tmp_path, {**BUILTIN_CONFIG, "model_type": "deepseek_v32"})
+    model = _model_dir(tmp_path, {**BUILTIN_CONFIG, "model_type": "mamba"})
     argv = [command, *(["hi"] if command == "generate" else []), "--model", model]
     with pytest.raises(SystemExit) as info:
         main(argv)
-    assert str(info.value).startswith("ppserve: unsupported model_type 'deepseek_v32'")
+    assert str(info.value).startswith("ppserve: unsupported model_type 'mamba'")
     assert not ray.is_initialized()
 
 
