@@ -118,3 +118,33 @@ def tiny_checkpoints(tmp_path_factory):
     """arch -> checkpoint directory, written once per session."""
     root = tmp_path_factory.mktemp("ckpt")
     return {arch: write_tiny_checkpoint(root, arch) for arch in ARCHS}
+
+
+@pytest.fixture
+def tensor_reads(monkeypatch) -> list[str]:
+    """Names of the checkpoint tensors the loader reads (safetensors' get_tensor), in order."""
+    import stages.loader as loader
+
+    read: list[str] = []
+    real_open = loader.safe_open
+
+    class Recording:
+        def __init__(self, *a, **kw):
+            self.f = real_open(*a, **kw)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def get_tensor(self, name):
+            read.append(name)
+            return self.f.get_tensor(name)
+
+        def keys(self):
+            return self.f.keys()
+
+    monkeypatch.setattr(loader, "safe_open", Recording)
+    return read

@@ -81,34 +81,12 @@ def test_decode_rows_and_a_chunk_in_one_batch(checkpoints, arch):
         assert (row - hf_next_logits(arch, ids)).abs().max().item() <= TOL
 
 
-def test_stage_reads_only_its_tensors(tmp_path, monkeypatch):
+def test_stage_reads_only_its_tensors(tmp_path, tensor_reads):
     """A sharded checkpoint: the middle stage reads its layers' tensors, the per-expert ones
     included, once each, and nothing of other layers."""
     path = write_tiny_checkpoint(tmp_path, "ds_v3", max_shard_size="100KB")
     assert len(list(tmp_path.glob("ds_v3-sharded/*.safetensors"))) >= 3
-    import stages.loader as loader
-    read: list[str] = []
-    real_open = loader.safe_open
-
-    class Recording:
-        def __init__(self, *a, **kw):
-            self.f = real_open(*a, **kw)
-
-        def __enter__(self):
-            self.f.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.f.__exit__(*exc)
-
-        def get_tensor(self, name):
-            read.append(name)
-            return self.f.get_tensor(name)
-
-        def keys(self):
-            return self.f.keys()
-
-    monkeypatch.setattr(loader, "safe_open", Recording)
+    read = tensor_reads
     args = load_model_args(path)
     model = DeepseekStage(args, 1, 3, False, False, select_kernels("cpu"), torch.float32, "cpu")
     names = load_stage_weights(model, path, args, 1, 3, False, False)

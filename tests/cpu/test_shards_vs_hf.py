@@ -96,33 +96,11 @@ def test_two_requests_in_one_batch(tiny_checkpoints, hf_logits):
         assert (row - hf_logits["qwen2"][-1]).abs().max().item() <= TOL
 
 
-def test_sharded_checkpoint_reads_only_own_tensors(tmp_path, hf_logits, monkeypatch):
+def test_sharded_checkpoint_reads_only_own_tensors(tmp_path, hf_logits, tensor_reads):
     path = write_tiny_checkpoint(tmp_path, "qwen2", max_shard_size="100KB")
     assert len(list(tmp_path.glob("qwen2-sharded/*.safetensors"))) >= 3
 
-    import stages.loader as loader
-    read: list[str] = []
-    real_open = loader.safe_open
-
-    class Recording:
-        def __init__(self, *a, **kw):
-            self.f = real_open(*a, **kw)
-
-        def __enter__(self):
-            self.f.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.f.__exit__(*exc)
-
-        def get_tensor(self, name):
-            read.append(name)
-            return self.f.get_tensor(name)
-
-        def keys(self):
-            return self.f.keys()
-
-    monkeypatch.setattr(loader, "safe_open", Recording)
+    read = tensor_reads
     args = load_model_args(path)
     model = LlamaStage(args, 1, 3, False, False, select_kernels("cpu"), torch.float32, "cpu")
     names = load_stage_weights(model, path, args, 1, 3, False, False)
