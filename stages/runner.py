@@ -109,7 +109,7 @@ class StageRunner:
             if self.uses_decode_graphs:  # the scratch block, graph pools, activations
                 budget -= DECODE_GRAPH_RESERVE + per_block
         else:
-            budget = self.spec.kv_cache_bytes or (1 << 30)
+            budget = self.spec.kv_cache_bytes
         return max(0, budget // max(per_block, 1))
 
     def allocate_kv(self, num_blocks: int) -> None:

@@ -17,7 +17,15 @@ import statistics
 import sys
 import time
 
-from app.bench.target import LLAMA3_8B, MODEL_SHAPES, BenchEngine, environment, write_model
+from app.bench.target import (
+    LLAMA3_8B,
+    MODEL_SHAPES,
+    BenchEngine,
+    engine_default,
+    environment,
+    lone_prompt_chunk_sizes,
+    write_model,
+)
 
 # mode name -> (skip_mode, output_post, linear backend override or None)
 MODES = {
@@ -53,25 +61,20 @@ def _stage_times(timings, pp: int, n_chunks: int) -> list[list[float]] | None:
 
 
 def parse_chunking(spec: str) -> tuple[str, float | None]:
-    """"fixed", "dynamic" (smooth 0.75) or "dynamic:S" -> (name, smooth or None)."""
+    """"fixed", "dynamic" (EngineConfig's default smooth) or "dynamic:S" -> (name, smooth or
+    None)."""
     name, _, smooth = spec.partition(":")
     if name == "fixed" and not smooth:
         return spec, None
     if name == "dynamic":
-        return spec, float(smooth) if smooth else 0.75
+        return spec, float(smooth) if smooth else engine_default("dynamic_chunk_smooth")
     raise ValueError(f"chunking must be fixed, dynamic or dynamic:SMOOTH, got {spec!r}")
 
 
 def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict) -> list[int]:
     """The chunk sizes the scheduler cuts a lone prompt into (its own pure rule), for the
     model config dict `m`."""
-    from app.scheduler import ChunkCost, SchedulerConfig
-    from stages.model_config import ModelArgs
-
-    cost = ChunkCost.for_model(ModelArgs.from_hf_dict(m)) if smooth is not None else None
-    cfg = SchedulerConfig(chunk_size=chunk, max_num_batched_tokens=chunk, chunk_cost=cost,
-                          dynamic_chunk_smooth=smooth if smooth is not None else 0.75)
-    return [n for _, n in cfg.lone_prompt_chunks(prompt_len)]
+    return lone_prompt_chunk_sizes(prompt_len, chunk, smooth, m)
 
 
 def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fixed",
@@ -138,7 +141,8 @@ def main(argv=None) -> int:
                    help="comma-separated prompt_len:chunk pairs")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--chunking", default="fixed",
-                   help="comma-separated: fixed, dynamic (smooth 0.75) or dynamic:SMOOTH")
+                   help="comma-separated: fixed, dynamic (the engine's default smooth) or "
+                        "dynamic:SMOOTH")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--model-shape", choices=MODEL_SHAPES, default="llama8b",
                    help="that shape with random weights (app/bench/target.py); tiny: the "

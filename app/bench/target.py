@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 from app.request import RequestOutput, SamplingParams
 
@@ -153,6 +154,32 @@ async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
     out = list(coordinator.stage_timings)
     coordinator.stage_timings.clear()
     return out
+
+
+def engine_default(option: str) -> Any:
+    """An engine option's default (EngineConfig holds every one)."""
+    from app.config import EngineConfig
+
+    return getattr(EngineConfig(), option)
+
+
+def lone_prompt_chunk_sizes(
+    prompt_len: int, chunk: int, smooth: float | None, model: dict[str, Any]
+) -> list[int]:
+    """The chunk sizes the scheduler cuts a lone prompt of the model config dict `model` into:
+    fixed chunks (smooth None) or dynamic chunking with that smooth."""
+    from app.config import EngineConfig
+    from app.scheduler import ChunkCost
+    from stages.model_config import ModelArgs
+
+    dynamic = {} if smooth is None else {"dynamic_chunk_smooth": smooth}
+    options = EngineConfig(chunk_size=chunk, enable_dynamic_chunking=smooth is not None, **dynamic)
+    cfg = options.scheduler_config(
+        num_blocks=1,
+        max_model_len=prompt_len,
+        chunk_cost=ChunkCost.for_model(ModelArgs.from_hf_dict(model)),
+    )
+    return [n for _, n in cfg.lone_prompt_chunks(prompt_len)]
 
 
 # --model-shape of the benches: random-weight configs of these shapes ("tiny": the built-in

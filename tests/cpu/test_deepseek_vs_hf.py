@@ -190,13 +190,14 @@ def test_grouped_routing_is_exercised(checkpoints):
 def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog, arch, indexer_width):
     """The stage's block count comes from the latent's bytes (kv_lora_rank + rope per token and
     layer, plus V3.2's indexer key), and the stage logs that figure at start."""
+    from app.config import EngineConfig
     from stages.mla_cache import INDEXER_KEY
-    from stages.protocol import StageSpec
     from stages.runner import StageRunner
 
     caplog.set_level("INFO", logger="ppserve.stage")
-    spec = StageSpec(stage_index=0, num_stages=2, layer_start=0, layer_end=2,
-                     model_path=checkpoints[arch], block_size=4, kv_cache_bytes=1 << 20)
+    config = EngineConfig(model=checkpoints[arch], pp_size=2, block_size=4,
+                          kv_cache_memory_bytes=1 << 20)
+    spec = config.stage_spec(0, (0, 2), max_model_len=0)
     runner = StageRunner(spec)
     per_token_layer = (32 + 8 + indexer_width) * 4  # fp32 latent (+ key) of the tiny config
     assert f"{per_token_layer} bytes per token per layer" in caplog.text

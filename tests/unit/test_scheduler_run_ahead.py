@@ -1,7 +1,8 @@
 """Run-ahead decoding (DESIGN §3 step 5): step t+1 planned once step t is dispatched, at least
 S microbatches later; stops while a step is in flight orphan its send and leak nothing."""
 
-from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import SchedRequest, Scheduler
+from tests.unit.scheduler_configs import scheduler_config
 
 
 def make(run_ahead=True, **kw):
@@ -9,7 +10,7 @@ def make(run_ahead=True, **kw):
                 block_size=4, num_blocks=64, skip_mode="auto", max_model_len=256,
                 run_ahead=run_ahead, num_stages=2)
     args.update(kw)
-    return Scheduler(SchedulerConfig(**args))
+    return Scheduler(scheduler_config(**args))
 
 
 def two_requests(s, max_tokens):
