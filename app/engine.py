@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 from typing import AsyncIterator, Sequence
 
@@ -37,26 +36,29 @@ def merge_outputs(deltas: list[RequestOutput]) -> RequestOutput:
         prompt_token_ids=first.prompt_token_ids)
 
 
-@ray.remote
-class CoordinatorActor:
-    """A Coordinator in its own process, for the Engine, tests and the bench."""
+class CoordinatorHost:
+    """A Coordinator in its own process (as CoordinatorActor), for the Engine and tests; the
+    bench's actor (app/bench/actors.py) subclasses it with its knobs."""
 
     def __init__(self, config: EngineConfig, pg=None, with_metrics: bool = False):
         self._args = (config, pg, with_metrics)
         self.coordinator = None
 
+    def make_coordinator(self, config: EngineConfig, metrics, pg):
+        from app.coordinator import Coordinator
+
+        return Coordinator(config, metrics=metrics, placement_group=pg)
+
     async def start(self) -> dict:
         # Built here rather than in __init__: an error raised by a method reaches the driver as
         # itself (RayTaskError.cause), one raised by __init__ only as an ActorDiedError's text.
-        from app.coordinator import Coordinator
-
         config, pg, with_metrics = self._args
         metrics = None
         if with_metrics:
             from app.metrics import EngineMetrics
 
             metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}")
-        self.coordinator = Coordinator(config, metrics=metrics, placement_group=pg)
+        self.coordinator = self.make_coordinator(config, metrics, pg)
         await self.coordinator.start()
         return {"max_model_len": self.coordinator.max_model_len,
                 "stages": await self.coordinator.pipeline.describe()}
@@ -86,19 +88,18 @@ class CoordinatorActor:
     def stats(self) -> dict:
         return self.coordinator.stats()
 
-    async def call(self, fn, *args, **kwargs):
-        """fn(coordinator, *args, **kwargs) in this process, awaited if it is a coroutine:
-        how benchmarks (app/bench/) reach inside without plumbing of their own here."""
-        result = fn(self.coordinator, *args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
-
     def shutdown(self) -> bool:
         if self.coordinator is not None:
             self.coordinator.shutdown()
         return True
 
 
+CoordinatorActor = ray.remote(CoordinatorHost)
+
+
 class Engine:
+    coordinator_actor = CoordinatorActor  # the bench's engine runs its own (app/bench/)
+
     def __init__(self, config: EngineConfig | None = None, *, num_cpus: int | None = None,
                  with_metrics: bool = False):
         self.config = config or EngineConfig()
@@ -116,7 +117,7 @@ class Engine:
             self._pg = placement_group(placement_bundles(self.config),
                                        strategy=self.config.placement_strategy)
             ray.get(self._pg.ready(), timeout=self.config.placement_timeout_s)
-            self._actor = CoordinatorActor.options(
+            self._actor = self.coordinator_actor.options(
                 num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=0),
@@ -151,10 +152,6 @@ class Engine:
 
     def stats(self) -> dict:
         return ray.get(self._actor.stats.remote())
-
-    def call(self, fn, *args, **kwargs):
-        """fn(coordinator, *args, **kwargs), run inside the coordinator's actor."""
-        return ray.get(self._actor.call.remote(fn, *args, **kwargs))
 
     def shutdown(self) -> None:
         self._release()

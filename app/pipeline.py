@@ -18,8 +18,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
 from stages.actor import StageActor
-from stages.kv_cache import bytes_per_token_layer
-from stages.loader import resolve_dtype
 from stages.model_config import ModelArgs
 from stages.partition import layer_ranges
 from stages.protocol import MicrobatchPlan, StageSpec, StepResult
@@ -76,8 +74,10 @@ PUBLIC_ERRORS = (PlacementTimeout, StageStartError)
 
 class Pipeline:
     def __init__(self, config: EngineConfig, args: ModelArgs,
-                 placement_group: PlacementGroup | None = None):
+                 placement_group: PlacementGroup | None = None, stage_actor=StageActor):
+        """stage_actor: the Ray actor class of the stages (the bench's adds its knobs)."""
         self.config = config
+        self.stage_actor = stage_actor
         self.args = args
         self.pg = placement_group or get_current_placement_group()
         self.stages: list = []
@@ -114,7 +114,7 @@ class Pipeline:
         await wait_placed(self.pg, c.placement_timeout_s)
         gpu = c.device == "cuda"
         self.stages = [
-            StageActor.options(
+            self.stage_actor.options(
                 name=self.stage_name(i), namespace=STAGE_NAMESPACE,
                 num_cpus=0 if gpu else c.stage_num_cpus, num_gpus=1 if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -131,9 +131,9 @@ class Pipeline:
         if self.num_blocks < 1:
             raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
-        log.info("pipeline up: %d stages, %d KV blocks of %d tokens, %d bytes per token per "
-                 "layer", c.pp_size, self.num_blocks, c.block_size,
-                 bytes_per_token_layer(self.args, resolve_dtype(c.resolved_dtype)))
+        # each stage logs its own KV bytes per token per layer
+        log.info("pipeline up: %d stages, %d KV blocks of %d tokens", c.pp_size,
+                 self.num_blocks, c.block_size)
         return self.num_blocks
 
     async def _started(self) -> None:

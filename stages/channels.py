@@ -142,7 +142,3 @@ class PipelineChannels:
         pending = PendingRecv(mb_id, buf, works, header, link, link.seq)
         link.seq += 1
         return pending
-
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()

@@ -365,23 +365,3 @@ class StageRunner:
             if token_ids is not None:
                 out[self._to_device(sampling)] = token_ids
         self.pending_sends += self.channels.send_output(out, plan.mb_id)
-
-    def set_policy(self, output_post: str | None = None, linear_backend: str | None = None):
-        """Bench knobs, applied between requests: where stage 0 posts output recvs, and which
-        linear backend the layers call."""
-        if output_post is not None:
-            self.output_post = output_post
-        if linear_backend is not None:
-            names = self.kernels.names
-            self.kernels = select_kernels(self.spec.device, linear_backend, names["attention"],
-                                          names["mla_decode"], moe_backend_for(linear_backend))
-            for module in self.model.modules():
-                if hasattr(module, "kernels"):
-                    module.kernels = self.kernels
-            if self.decode_graphs is not None:  # the graphs hold the old kernels' launches
-                self._build_decode_graphs()
-        return dict(self.kernels.names, output_post=self.output_post)
-
-    def close(self) -> None:
-        if self.channels is not None:
-            self.channels.close()

@@ -1,10 +1,9 @@
-"""The one way a benchmark reaches the engine: a BenchEngine (a pipeline with its policy knobs)
-and the synthetic models the benches load. Nothing in the serving path imports app/bench/."""
+"""The one way a benchmark reaches the engine: a BenchEngine (a pipeline with its policy knobs,
+run by the bench's actors of app/bench/actors.py) and the synthetic models the benches load.
+Nothing in the serving path imports app/bench/."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -44,14 +43,14 @@ class BenchEngine:
     """One loaded pipeline: run prompts, read its counters, switch policy between runs."""
 
     def __init__(self, **options) -> None:
+        from app.bench.actors import BenchDriver
         from app.config import EngineConfig
-        from app.engine import Engine
 
         # Benches send the same prompts under every mode and rep: a prefix-cache hit would
         # measure a shorter prefill than the one asked for.
         options.setdefault("enable_prefix_caching", False)
         self.config = EngineConfig(**options)
-        self._engine = Engine(self.config)
+        self._engine = BenchDriver(self.config)
 
     def generate(self, prompts: list, params: SamplingParams) -> list[RequestOutput]:
         return self._engine.generate(prompts, params)
@@ -91,11 +90,11 @@ class BenchEngine:
     def set_policy(self, **knobs) -> list[dict]:
         """Between requests: skip_mode, output_post, linear_backend, chunk_size, dynamic
         chunking; returns each stage's kernels."""
-        return self._engine.call(_set_policy, **knobs)
+        return self._engine.set_policy(**knobs)
 
     def take_timings(self) -> list[tuple[int, int, float]]:
         """(stage, mb_id, seconds) of every stage's forwards since the last call."""
-        return self._engine.call(_take_timings)
+        return self._engine.take_timings()
 
     def close(self) -> None:
         self._engine.shutdown()
@@ -105,55 +104,6 @@ class BenchEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-async def _set_policy(
-    coordinator,
-    skip_mode: str | None = None,
-    output_post: str | None = None,
-    linear_backend: str | None = None,
-    chunk_size: int | None = None,
-    dynamic_chunking: bool | None = None,
-    dynamic_chunk_smooth: float | None = None,
-) -> list[dict]:
-    """Runs in the coordinator's actor, so one loaded pipeline is measured under every policy.
-    Idle pipelines only."""
-    s = coordinator.scheduler
-    if s.inflight or s.num_running or s.num_waiting:
-        raise RuntimeError("set_policy needs an idle pipeline")
-    changes: dict = {}
-    if skip_mode is not None:
-        changes["skip_mode"] = skip_mode
-    if chunk_size is not None:
-        changes.update(chunk_size=chunk_size, max_num_batched_tokens=chunk_size)
-    if dynamic_chunking is not None:
-        changes["chunk_cost"] = coordinator.chunk_cost if dynamic_chunking else None
-    if dynamic_chunk_smooth is not None:
-        changes["dynamic_chunk_smooth"] = dynamic_chunk_smooth
-    old, s.config = s.config, dataclasses.replace(s.config, **changes)
-    kernels = await asyncio.gather(
-        *[
-            stage.set_policy.remote(output_post, linear_backend)
-            for stage in coordinator.pipeline.stages
-        ]
-    )
-    chunking = ("chunk_size", "chunk_cost", "dynamic_chunk_smooth")
-    if any(getattr(old, k) != getattr(s.config, k) for k in chunking):
-        await coordinator.warm_up()  # the new chunking's shapes
-    return list(kernels)
-
-
-async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
-    """Runs in the coordinator's actor: the stage timings gathered since the last call, with
-    what the stages still hold once the pipeline is idle."""
-    if not coordinator.scheduler.inflight:
-        stages = coordinator.pipeline.stages
-        flushed = await asyncio.gather(*[s.flush_timings.remote() for s in stages])
-        for stage, timings in enumerate(flushed):
-            coordinator.stage_timings.extend((stage, mb, sec) for mb, sec in timings)
-    out = list(coordinator.stage_timings)
-    coordinator.stage_timings.clear()
-    return out
 
 
 def engine_default(option: str) -> Any:
