@@ -31,7 +31,8 @@ FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing
 	app/openai/availability.py tests/unit/test_options.py tests/unit/test_dashboard.py \
 	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py
 TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
-	app/dashboard.py
+	app/dashboard.py app/config.py app/autoscaling.py app/models_cache.py app/gguf_checkpoint.py \
+	stages/partition.py stages/timing.py stages/sync_guard.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -206,11 +206,11 @@ class EngineConfig:
             seed=self.seed, max_model_len=max_model_len, enforce_eager=self.enforce_eager)
 
     @classmethod
-    def from_dict(cls, d: dict) -> EngineConfig:
+    def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
         """From CLI/Serve args: accepts dashes or underscores and any flag name of an option
         (pp, pipeline_parallel_size...), rejects unknown keys."""
         names = option_names()
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for key, value in d.items():
             name = names.get(key.lstrip("-").replace("-", "_"))
             if name is None:
@@ -218,7 +218,7 @@ class EngineConfig:
             kwargs[name] = value
         return cls(**kwargs)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -271,4 +271,5 @@ def option_type(f: dataclasses.Field[Any]) -> type:
     """The field's value type, Optional unwrapped (int | None -> int)."""
     hint = option_hints()[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
+    typ: type = args[0] if args else hint
+    return typ

@@ -7,7 +7,7 @@ Installed per stage process, only when the pipeline runs with channel_check.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -17,8 +17,8 @@ class SyncWhileRecvPosted(RuntimeError):
 
 
 def install_sync_guard(recv_posted: Callable[[], bool]) -> None:
-    def guarded(name: str, fn: Callable) -> Callable:
-        def wrapper(*args, **kwargs):
+    def guarded(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             if recv_posted():
                 raise SyncWhileRecvPosted(f"torch.cuda.{name}() called while an output recv "
                                           "is posted on this stage")
