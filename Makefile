@@ -27,12 +27,15 @@ serve: install
 
 # Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
 FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing.py \
-	app/dashboard.py app/bench/target.py app/bench/__init__.py app/bench/__main__.py \
+	app/dashboard.py app/bench/target.py app/bench/actors.py app/bench/__init__.py \
+	app/bench/__main__.py tests/unit/scheduler_configs.py tests/unit/test_control_plane_imports.py \
 	app/openai/availability.py tests/unit/test_options.py tests/unit/test_dashboard.py \
 	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py
 TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py app/config.py app/autoscaling.py app/models_cache.py app/gguf_checkpoint.py \
-	stages/partition.py stages/timing.py stages/sync_guard.py
+	app/tokenizer.py app/pipeline.py app/engine.py app/bench/__init__.py app/bench/__main__.py \
+	app/bench/actors.py app/bench/target.py stages/partition.py stages/timing.py \
+	stages/sync_guard.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -34,8 +35,9 @@ COORDINATOR_CPUS = 0.1
 STAGE_NAMESPACE = "ppserve"
 
 
-def placement_bundles(config: EngineConfig) -> list[dict]:
+def placement_bundles(config: EngineConfig) -> list[dict[str, float]]:
     """Bundle 0 holds the coordinator (or the Serve replica); bundles 1..S one stage each."""
+    stage: dict[str, float]
     if config.device == "cuda":
         stage = {"GPU": 1, "CPU": 1}
     else:
@@ -74,19 +76,19 @@ PUBLIC_ERRORS = (PlacementTimeout, StageStartError)
 
 class Pipeline:
     def __init__(self, config: EngineConfig, args: ModelArgs,
-                 placement_group: PlacementGroup | None = None, stage_actor=StageActor):
+                 placement_group: PlacementGroup | None = None, stage_actor: Any = StageActor):
         """stage_actor: the Ray actor class of the stages (the bench's adds its knobs)."""
         self.config = config
         self.stage_actor = stage_actor
         self.args = args
         self.pg = placement_group or get_current_placement_group()
-        self.stages: list = []
+        self.stages: list[Any] = []  # the stage actors' handles
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
         self.pipeline_id = uuid.uuid4().hex[:8]  # unique per Pipeline: names never collide
         # Deferred results (PP=1 with run-ahead): the last launched microbatch's result, which
         # the next advance call (the next dispatch or flush()) returns.
-        self._uncollected: asyncio.Future | None = None
+        self._uncollected: asyncio.Future[Any] | None = None
 
     @property
     def defers_results(self) -> bool:
@@ -150,22 +152,24 @@ class Pipeline:
                 raise StageStartError(f"stage {i} of {n} died while starting; see the Ray "
                                       "logs of its actor") from None
 
-    def dispatch(self, plan: MicrobatchPlan) -> list:
+    def dispatch(self, plan: MicrobatchPlan) -> list[Any]:
+        """Each stage's awaitable result of `plan` (Ray refs, or one coroutine when deferred)."""
         n = len(self.stages)
         if not self.defers_results:
             return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
         advanced = self.stages[0].advance.remote(plan.for_stage(0, 1))
         self._settle_previous(advanced)
-        result: asyncio.Future = asyncio.get_running_loop().create_future()
+        result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._uncollected = result
         return [self._deferred_result(advanced, result)]
 
     @staticmethod
-    async def _deferred_result(advanced, result: asyncio.Future) -> StepResult:
+    async def _deferred_result(advanced: Any, result: asyncio.Future[Any]) -> StepResult:
         await advanced  # a failed launch fails this microbatch at once
-        return await (await result)
+        step: StepResult = await (await result)
+        return step
 
-    def _settle_previous(self, ref) -> None:
+    def _settle_previous(self, ref: Any) -> None:
         """The previous microbatch's result is what `ref` (a later advance call) returns."""
         if self._uncollected is not None and not self._uncollected.done():
             self._uncollected.set_result(ref)
@@ -176,12 +180,12 @@ class Pipeline:
         if self._uncollected is not None:
             self._settle_previous(self.stages[0].advance.remote(None))
 
-    async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
+    async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict[str, Any]]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""
-        return await asyncio.gather(*[s.warm_up.remote(chunks) for s in self.stages])
+        return list(await asyncio.gather(*[s.warm_up.remote(chunks) for s in self.stages]))
 
-    async def describe(self) -> list[dict]:
-        return await asyncio.gather(*[s.describe.remote() for s in self.stages])
+    async def describe(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*[s.describe.remote() for s in self.stages]))
 
     def failed_stage(self, error: BaseException) -> int | None:
         """Which stage a Ray error came from (its actor id), if it names one of ours."""

@@ -107,6 +107,9 @@ class SamplingParams:
             min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else ())
 
 
+Prompt = str | list[int]  # a prompt as text, or as token ids
+
+
 @dataclass
 class TokenLogprob:
     token_id: int

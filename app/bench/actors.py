@@ -42,7 +42,7 @@ class BenchStage(StageShell):
             )
             for module in runner.model.modules():
                 if hasattr(module, "kernels"):
-                    module.kernels = runner.kernels
+                    setattr(module, "kernels", runner.kernels)
             if runner.decode_graphs is not None:  # the graphs hold the old kernels' launches
                 runner._build_decode_graphs()
         return dict(runner.kernels.names, output_post=runner.output_post)
@@ -57,7 +57,7 @@ class BenchStage(StageShell):
 BenchStageActor = ray.remote(BenchStage)
 
 
-class BenchCoordinator(Coordinator):  # type: ignore[misc]
+class BenchCoordinator(Coordinator):
     """A coordinator that keeps every stage's forward times, newest last."""
 
     def __init__(self, config: EngineConfig, metrics: Any, placement_group: Any) -> None:
@@ -71,7 +71,12 @@ class BenchCoordinator(Coordinator):  # type: ignore[misc]
 
 
 class BenchCoordinatorHost(CoordinatorHost):
-    coordinator: BenchCoordinator
+    @property
+    def bench(self) -> BenchCoordinator:
+        c = self.coordinator
+        if not isinstance(c, BenchCoordinator):
+            raise RuntimeError("the bench's host runs a BenchCoordinator")
+        return c
 
     def make_coordinator(self, config: EngineConfig, metrics: Any, pg: Any) -> BenchCoordinator:
         return BenchCoordinator(config, metrics, pg)
@@ -87,8 +92,10 @@ class BenchCoordinatorHost(CoordinatorHost):
     ) -> list[dict[str, str]]:
         """One loaded pipeline measured under every policy: the options change as EngineConfig
         options (checked there), the scheduler's view is derived again. Idle pipelines only."""
-        c = self.coordinator
+        c = self.bench
         s = c.scheduler
+        if s is None:
+            raise RuntimeError("set_policy needs a started pipeline")
         if s.inflight or s.num_running or s.num_waiting:
             raise RuntimeError("set_policy needs an idle pipeline")
         changes: dict[str, Any] = {}
@@ -118,8 +125,8 @@ class BenchCoordinatorHost(CoordinatorHost):
     async def take_timings(self) -> list[StageTiming]:
         """The stage timings gathered since the last call, with what the stages still hold once
         the pipeline is idle."""
-        c = self.coordinator
-        if not c.scheduler.inflight:
+        c = self.bench
+        if c.scheduler is not None and not c.scheduler.inflight:
             stages = c.pipeline.stages
             flushed = await asyncio.gather(*[s.flush_timings.remote() for s in stages])
             for stage, timings in enumerate(flushed):
@@ -129,7 +136,7 @@ class BenchCoordinatorHost(CoordinatorHost):
         return out
 
 
-class BenchDriver(Engine):  # type: ignore[misc]
+class BenchDriver(Engine):
     """The Engine with the bench's coordinator actor, and its knobs."""
 
     coordinator_actor = ray.remote(BenchCoordinatorHost)

@@ -4,6 +4,7 @@ Nothing in the serving path imports app/bench/."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -11,7 +12,7 @@ import tempfile
 import time
 from typing import Any
 
-from app.request import RequestOutput, SamplingParams
+from app.request import Prompt, RequestOutput, SamplingParams
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],
@@ -42,7 +43,7 @@ LLAMA3_8B = {
 class BenchEngine:
     """One loaded pipeline: run prompts, read its counters, switch policy between runs."""
 
-    def __init__(self, **options) -> None:
+    def __init__(self, **options: Any) -> None:
         from app.bench.actors import BenchDriver
         from app.config import EngineConfig
 
@@ -52,32 +53,35 @@ class BenchEngine:
         self.config = EngineConfig(**options)
         self._engine = BenchDriver(self.config)
 
-    def generate(self, prompts: list, params: SamplingParams) -> list[RequestOutput]:
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[RequestOutput]:
         return self._engine.generate(prompts, params)
 
-    async def ttft(self, prompt, params: SamplingParams) -> float:
+    async def ttft(self, prompt: Prompt, params: SamplingParams) -> float:
         """Seconds to the first streamed delta; the request runs to its end."""
         return (await self.timed(prompt, params))[0]
 
-    async def timed(self, prompt, params: SamplingParams) -> tuple[float, list[int]]:
+    async def timed(self, prompt: Prompt, params: SamplingParams) -> tuple[float, list[int]]:
         """(seconds to the first streamed delta, every generated token id); runs to the end."""
         t0 = time.perf_counter()
-        first = None
+        first: float | None = None
         tokens: list[int] = []
         async for delta in self._engine.stream(prompt, params):
             if first is None:
                 first = time.perf_counter() - t0
             tokens.extend(delta.token_ids)
+        if first is None:
+            raise RuntimeError("the request streamed nothing")
         return first, tokens
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self._engine.stats()
 
-    def comm(self) -> dict:
+    def comm(self) -> dict[str, int]:
         """The output channel's sent / skipped / missed / orphaned counts so far."""
-        return self.stats()["pp_output_comm"]
+        comm: dict[str, int] = self.stats()["pp_output_comm"]
+        return comm
 
-    def wait_idle(self, timeout: float = 120.0) -> dict:
+    def wait_idle(self, timeout: float = 120.0) -> dict[str, Any]:
         t0 = time.monotonic()
         while True:
             s = self.stats()
@@ -87,7 +91,7 @@ class BenchEngine:
                 raise RuntimeError(f"the pipeline did not go idle: {s}")
             time.sleep(0.01)
 
-    def set_policy(self, **knobs) -> list[dict]:
+    def set_policy(self, **knobs: Any) -> list[dict[str, str]]:
         """Between requests: skip_mode, output_post, linear_backend, chunk_size, dynamic
         chunking; returns each stage's kernels."""
         return self._engine.set_policy(**knobs)
@@ -102,7 +106,7 @@ class BenchEngine:
     def __enter__(self) -> BenchEngine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -122,8 +126,9 @@ def lone_prompt_chunk_sizes(
     from app.scheduler import ChunkCost
     from stages.model_config import ModelArgs
 
-    dynamic = {} if smooth is None else {"dynamic_chunk_smooth": smooth}
-    options = EngineConfig(chunk_size=chunk, enable_dynamic_chunking=smooth is not None, **dynamic)
+    options = EngineConfig(chunk_size=chunk, enable_dynamic_chunking=smooth is not None)
+    if smooth is not None:
+        options = dataclasses.replace(options, dynamic_chunk_smooth=smooth)
     cfg = options.scheduler_config(
         num_blocks=1,
         max_model_len=prompt_len,
@@ -140,7 +145,7 @@ def lone_prompt_chunk_sizes(
 MODEL_SHAPES = ("llama8b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
 
 
-def shape_config(shape: str) -> dict:
+def shape_config(shape: str) -> dict[str, Any]:
     from stages.deepseek_config import DEEPSEEK_V2_LITE
     from stages.model_config import BUILTIN_CONFIG
 
@@ -163,7 +168,7 @@ def shape_config(shape: str) -> dict:
     ]
 
 
-def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
+def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict[str, Any]]:
     """(model dir or None, load_format, config dict): a MODEL_SHAPES shape with random weights
     (a config.json in a temp dir, load_format dummy); "tiny" = the built-in model."""
     from stages.model_config import BUILTIN_CONFIG
@@ -178,12 +183,16 @@ def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
     return d, "dummy", cfg
 
 
-def environment() -> dict:
+def environment() -> dict[str, Any]:
     """Versions and devices, written into every result file."""
     import ray
     import torch
 
-    env = {"torch": torch.__version__, "python": sys.version.split()[0], "ray": ray.__version__}
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "ray": ray.__version__,
+    }
     if torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         env["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
