@@ -33,7 +33,8 @@ FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing
 	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py
 TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py app/config.py app/autoscaling.py app/models_cache.py app/gguf_checkpoint.py \
-	app/tokenizer.py app/pipeline.py app/engine.py app/bench/__init__.py app/bench/__main__.py \
+	app/tokenizer.py app/pipeline.py app/engine.py app/cli.py app/bench/__init__.py \
+	app/bench/__main__.py \
 	app/bench/actors.py app/bench/target.py stages/partition.py stages/timing.py \
 	stages/sync_guard.py
 
