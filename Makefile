@@ -34,9 +34,9 @@ FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing
 TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py app/config.py app/autoscaling.py app/models_cache.py app/gguf_checkpoint.py \
 	app/tokenizer.py app/pipeline.py app/engine.py app/cli.py app/bench/__init__.py \
-	app/bench/__main__.py \
-	app/bench/actors.py app/bench/target.py stages/partition.py stages/timing.py \
-	stages/sync_guard.py
+	app/bench/__main__.py app/bench/actors.py app/bench/target.py app/bench/engine.py \
+	app/bench/plot.py app/bench/serve.py app/bench/sparse_mla.py stages/partition.py \
+	stages/timing.py stages/sync_guard.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -12,14 +12,13 @@ from typing import Any
 
 import ray
 
+from app.bench.target import StageTiming
 from app.config import EngineConfig
 from app.coordinator import Coordinator
 from app.engine import CoordinatorHost, Engine
 from stages.actor import StageShell
 from stages.kernels.registry import moe_backend_for, select_kernels
 from stages.protocol import MicrobatchPlan, StepResult
-
-StageTiming = tuple[int, int, float]  # (stage, mb_id, seconds) of one forward
 
 
 class BenchStage(StageShell):

@@ -16,11 +16,13 @@ import random
 import statistics
 import sys
 import time
+from typing import Any
 
 from app.bench.target import (
     LLAMA3_8B,
     MODEL_SHAPES,
     BenchEngine,
+    StageTiming,
     engine_default,
     environment,
     lone_prompt_chunk_sizes,
@@ -48,7 +50,8 @@ def flow_shop_bound(times: list[list[float]]) -> float:
     return finish[-1][-1]
 
 
-def _stage_times(timings, pp: int, n_chunks: int) -> list[list[float]] | None:
+def _stage_times(timings: list[StageTiming], pp: int,
+                 n_chunks: int) -> list[list[float]] | None:
     """[stage][chunk] seconds of a lone prompt's n_chunks chunks, or None when the run was not
     exactly n_chunks prefill microbatches + one decode step (max_tokens=2)."""
     by_mb: dict[int, dict[int, float]] = {}
@@ -71,14 +74,16 @@ def parse_chunking(spec: str) -> tuple[str, float | None]:
     raise ValueError(f"chunking must be fixed, dynamic or dynamic:SMOOTH, got {spec!r}")
 
 
-def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict) -> list[int]:
+def chunk_plan(prompt_len: int, chunk: int, smooth: float | None,
+               m: dict[str, Any]) -> list[int]:
     """The chunk sizes the scheduler cuts a lone prompt into (its own pure rule), for the
     model config dict `m`."""
     return lone_prompt_chunk_sizes(prompt_len, chunk, smooth, m)
 
 
-def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fixed",
-               model=LLAMA3_8B, seed=0) -> list[dict]:
+def run_config(engine: BenchEngine, pp: int, linear: str, prompt_len: int, chunk: int,
+               modes: list[str], reps: int, chunking: str = "fixed",
+               model: dict[str, Any] = LLAMA3_8B, seed: int = 0) -> list[dict[str, Any]]:
     from app.request import SamplingParams
 
     rng = random.Random(seed)
@@ -88,7 +93,7 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
     _, smooth = parse_chunking(chunking)
     chunks = chunk_plan(prompt_len, chunk, smooth, model)
     n_chunks = len(chunks)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for mode in modes:
         skip, post, lin = MODES[mode]
         if lin and linear == "torch":
@@ -100,7 +105,9 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
         # set_policy rebuilt the attention plans of the new chunking (as a server does at
         # startup); two chunks also compile a Triton GEMM's kernels
         asyncio.run(engine.ttft(prompt[: min(prompt_len, 2 * chunk)], params))
-        ttfts, bounds, stage_times = [], [], None
+        ttfts: list[float] = []
+        bounds: list[float] = []
+        stage_times = None
         comm0 = engine.comm()
         for _ in range(reps):
             engine.take_timings()
@@ -130,7 +137,7 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
     return rows
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ppserve bench engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pp", type=int, default=2)
@@ -182,7 +189,8 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write(a, argv, rows, model) -> None:
+def _write(a: argparse.Namespace, argv: list[str] | None, rows: list[dict[str, Any]],
+           model: dict[str, Any]) -> None:
     out = {"command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
            "environment": environment(), "model": model,
            "results": rows}

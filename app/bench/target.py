@@ -14,6 +14,8 @@ from typing import Any
 
 from app.request import Prompt, RequestOutput, SamplingParams
 
+StageTiming = tuple[int, int, float]  # (stage, mb_id, seconds) of one forward
+
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -96,7 +98,7 @@ class BenchEngine:
         chunking; returns each stage's kernels."""
         return self._engine.set_policy(**knobs)
 
-    def take_timings(self) -> list[tuple[int, int, float]]:
+    def take_timings(self) -> list[StageTiming]:
         """(stage, mb_id, seconds) of every stage's forwards since the last call."""
         return self._engine.take_timings()
 
