@@ -35,7 +35,8 @@ TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/pre
 	app/dashboard.py app/config.py app/autoscaling.py app/models_cache.py app/gguf_checkpoint.py \
 	app/tokenizer.py app/pipeline.py app/engine.py app/cli.py app/bench/__init__.py \
 	app/bench/__main__.py app/bench/actors.py app/bench/target.py app/bench/engine.py \
-	app/bench/plot.py app/bench/serve.py app/bench/sparse_mla.py stages/partition.py \
+	app/bench/load.py app/bench/plot.py app/bench/prefix.py app/bench/serve.py \
+	app/bench/sparse_mla.py stages/partition.py \
 	stages/timing.py stages/sync_guard.py
 
 lint: install
