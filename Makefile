@@ -36,8 +36,8 @@ TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/pre
 	app/tokenizer.py app/pipeline.py app/engine.py app/cli.py app/bench/__init__.py \
 	app/bench/__main__.py app/bench/actors.py app/bench/target.py app/bench/engine.py \
 	app/bench/load.py app/bench/plot.py app/bench/prefix.py app/bench/serve.py \
-	app/bench/sparse_mla.py stages/partition.py \
-	stages/timing.py stages/sync_guard.py
+	app/bench/sparse_mla.py app/bench/attention.py app/bench/contention.py \
+	app/bench/decode_reference.py stages/partition.py stages/timing.py stages/sync_guard.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests
