@@ -25,7 +25,7 @@ from stages.protocol import MicrobatchPlan, StageSpec, StepResult
 
 log = logging.getLogger("ppserve.pipeline")
 
-# Passed to every stage: NVLink multicast stays off on shared hosts (DESIGN, GPU host notes).
+# Passed to every stage: NVLink multicast stays off on shared hosts (docs/ARCHITECTURE.md#channels).
 _STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
               "NVSHMEM_DISABLE_NVLS": "1"}
 COORDINATOR_CPUS = 0.1

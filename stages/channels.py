@@ -1,4 +1,4 @@
-"""Point-to-point channels between the stages of one pipeline (DESIGN §4).
+"""Point-to-point channels between the stages of one pipeline (docs/ARCHITECTURE.md#channels).
 
 All stages form one torch.distributed world (rank = stage index). Every *directed* link gets its
 own group: hidden i -> i+1 for each i, and output last -> 0. Hidden and output never share a

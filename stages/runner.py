@@ -73,7 +73,8 @@ class StageRunner:
         self.sampling: dict[str, object] = {}
         self.prompt_ids: dict[str, tuple[int, ...]] = {}
         self.output_ids: dict[str, list[int]] = {}
-        # Stage 0: where decode rows read their input token (DESIGN §3 step 5).
+        # Stage 0: where decode rows read their input token
+        # (docs/ARCHITECTURE.md#run-ahead-decoding).
         self.next_tokens = torch.zeros(spec.max_running, dtype=torch.long, device=self.device)
         self.slot_writer = [-1] * spec.max_running  # mb whose output last wrote each slot
         self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | None]] = deque()

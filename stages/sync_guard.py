@@ -1,8 +1,9 @@
 """Check mode on CUDA: fail loudly if anything synchronises the device while a recv is posted.
 
 A posted NCCL recv only completes when its peer sends; a device-wide synchronise (or
-empty_cache) behind it can wait on the very work that would trigger that send (DESIGN §4).
-Installed per stage process, only when the pipeline runs with channel_check.
+empty_cache) behind it can wait on the very work that would trigger that send
+(docs/ARCHITECTURE.md#channels). Installed per stage process, only when the pipeline runs with
+channel_check.
 """
 
 from __future__ import annotations

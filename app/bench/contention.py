@@ -1,4 +1,5 @@
-"""Kernel-level contention table (DESIGN §1, issue 4 item 3a), and the Triton GEMM tuning sweep.
+"""Kernel-level contention table (docs/ARCHITECTURE.md#why-the-output-channel-matters), and the
+Triton GEMM tuning sweep.
 
 On rank 1 of a 2-process NCCL group, each kernel is timed alone and then with one NCCL irecv
 pending on the same GPU (posted before the timed loop; rank 0 issues the matching send only after

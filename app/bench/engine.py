@@ -1,5 +1,5 @@
 """`ppserve bench engine`: TTFT of lone long prompts per skip mode and posting policy, with the
-no-contention bound, on a Llama-3-8B-shaped random model (DESIGN §12).
+no-contention bound, on a Llama-3-8B-shaped random model (docs/ARCHITECTURE.md#benchmarks).
 
 One pipeline is loaded per (PP size, linear backend) and measured under every policy through
 BenchEngine.set_policy, so the modes differ in nothing but the policy. The bound is the pipeline

@@ -1,4 +1,4 @@
-"""`ppserve bench load`: the skip decision under load (DESIGN §5, §12; issue 4 items 3e, 3f, 3h).
+"""`ppserve bench load`: the skip decision under load (docs/ARCHITECTURE.md#the-skip-rule).
 
 mixed  — M short-prompt requests decoding (ignore_eos, long outputs, all admitted in one
          microbatch so they decode in lockstep), then N long prompts arriving together. TTFT

@@ -22,9 +22,11 @@ class SchedulerConfig:
     max_num_seqs: most running requests; also the number of slots in stage 0's next_tokens.
     max_inflight: most microbatches dispatched and not yet retired (usually the stage count).
     block_size / num_blocks: the paged KV cache the block pool hands out.
-    skip_mode: the output-channel skip rule of DESIGN §5 ("off", "sglang", "auto").
+    skip_mode: the output-channel skip rule (docs/ARCHITECTURE.md#the-skip-rule) ("off", "sglang",
+    "auto").
     max_model_len: a request's prompt + max_tokens may not exceed this.
-    run_ahead: plan a request's decode step t+1 once step t is dispatched (DESIGN §3 step 5),
+    run_ahead: plan a request's decode step t+1 once step t is dispatched
+    (docs/ARCHITECTURE.md#run-ahead-decoding),
       not only once its token has retired; the row reads next_tokens[slot] at stage 0.
     num_stages: the pipeline's depth S; with run_ahead, a request's consecutive decode steps
       are at least S microbatch ids apart (see Scheduler._decode_ready).
@@ -32,7 +34,7 @@ class SchedulerConfig:
       (never preempts); "on-demand" admits on its prompt's blocks + one, allocates as rows
       grow and preempts (recompute) the youngest running request when blocks run out.
     enable_prefix_caching: keep full blocks named by a hash of their tokens after their request
-      finishes and start a request with a cached prefix after it (DESIGN §6, prefix_cache.py).
+      finishes and start a request with a cached prefix after it (docs/ARCHITECTURE.md#kv-cache).
     chunk_cost / dynamic_chunk_smooth: the model's cost per chunk when chunks are sized to equal
       cost (None: every chunk is chunk_size), and the blend between the two.
     """

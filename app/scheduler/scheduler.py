@@ -1,4 +1,5 @@
-"""The microbatch scheduler: chunked prefill + decode under a token budget (DESIGN §3, §5, §6).
+"""The microbatch scheduler: chunked prefill + decode under a token budget
+(docs/ARCHITECTURE.md#the-flow-of-one-request).
 
 Driven by the coordinator: `add` requests, `schedule` plans (dispatch bookkeeping happens
 there), `retire` them in dispatch order with the sampled tokens, `finish` requests.

@@ -17,7 +17,8 @@ BACKENDS: dict[str, dict[str, str]] = {
     "linear": {
         "torch": "stages.kernels.torch_ref:linear",
         "triton-persistent": "stages.kernels.triton_gemm:linear",
-        # Persistent grid of SM count - 1: leaves an SM free for the NCCL kernel (DESIGN §7).
+        # Persistent grid of SM count - 1: leaves an SM free for the NCCL kernel
+        # (docs/ARCHITECTURE.md#kernel-backends).
         "triton-persistent-sm1": "stages.kernels.triton_gemm:linear_sm1",
     },
     "attention": {

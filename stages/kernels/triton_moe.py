@@ -1,4 +1,4 @@
-"""Routed MoE experts on a grouped persistent Triton GEMM (DESIGN §1, §7).
+"""Routed MoE experts on a grouped persistent Triton GEMM (docs/ARCHITECTURE.md#kernel-backends).
 
 ``moe_experts(x, gate_up, down, topk_ids, topk_weights)`` matches
 ``stages.kernels.torch_ref.moe_experts``. The (token, expert) pairs are sorted by expert on the

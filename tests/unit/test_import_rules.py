@@ -1,4 +1,5 @@
-"""The layering rules of DESIGN §2, checked on the source with `ast` (nothing is imported)."""
+"""The import rules (docs/ARCHITECTURE.md#import-rules), checked on the source with `ast` (nothing
+is imported)."""
 
 import ast
 from pathlib import Path

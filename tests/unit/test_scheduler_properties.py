@@ -1,5 +1,6 @@
 """A pure simulated coordinator drives the scheduler through random loads and checks, from the
-plans alone, everything the stages and the output channel rely on (DESIGN §3, §5, §6).
+plans alone, everything the stages and the output channel rely on
+(docs/ARCHITECTURE.md#the-flow-of-one-request).
 
 With kv_admission="on-demand" the scheduler may preempt: a request listed in a plan's
 `finished` that the driver did not finish was preempted; it is re-admitted later (a new

@@ -1,5 +1,6 @@
-"""Run-ahead decoding (DESIGN §3 step 5): step t+1 planned once step t is dispatched, at least
-S microbatches later; stops while a step is in flight orphan its send and leak nothing."""
+"""Run-ahead decoding (docs/ARCHITECTURE.md#run-ahead-decoding): step t+1 planned once step t is
+dispatched, at least S microbatches later; stops while a step is in flight orphan its send and leak
+nothing."""
 
 from app.scheduler import SchedRequest, Scheduler
 from tests.unit.scheduler_configs import scheduler_config
