@@ -108,3 +108,19 @@ def test_nothing_outside_the_models_names_a_family():
                 assert node.attr not in banned_attrs, (
                     f"{rel}:{node.lineno} reads .{node.attr}: a family branch outside "
                     "stages/models/ (declare it in the family instead)")
+
+
+def test_model_files_share_no_six_line_stretch():
+    """What two families share lives in one place (stages/models/layers.py, moe.py, stage.py):
+    no run of 6 non-blank lines (whitespace stripped) appears in two files of stages/models/."""
+    import itertools
+
+    def runs(path, n=6):
+        lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        return {tuple(lines[i:i + n]) for i in range(len(lines) - n + 1)}
+
+    files = {f: runs(f) for f in py_files("stages/models")}
+    for a, b in itertools.combinations(files, 2):
+        shared = files[a] & files[b]
+        assert not shared, (f"{a.name} and {b.name} share the lines "
+                            f"{list(next(iter(shared)))}")
