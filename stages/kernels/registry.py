@@ -73,7 +73,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class Kernels:
     linear: Callable  # (x, weight, bias=None) -> x @ weight.T + bias
-    attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,D], scale) -> [t,Hq,D]
+    attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,Dv], scale) -> [t,Hq,Dv]
     decode_attention: Callable  # (q [R,Hq,D], k/v [R,Lmax,Hkv,D], mask [R,Lmax], scale)
     # (q [R,Hq,D], k/v cache [slots,Hkv,D], tables, table_rows [R], lengths [R], scale, block)
     paged_decode: Callable
