@@ -25,8 +25,9 @@ def candidates() -> dict:
         "sdpa_v128": lambda q, k, v, s: torch_ref.attention(q, k, v, s),
         "sdpa_vpad": lambda q, k, v, s: torch_ref.attention(q, k, pad(v), s)[..., :V],
         "cudnn_split_v128": lambda q, k, v, s: cudnn_attention.split_attention(q, k, v, s),
-        "cudnn_split_vpad": lambda q, k, v, s: cudnn_attention.split_attention(
-            q, k, pad(v), s)[..., :V],
+        "cudnn_split_vpad": lambda q, k, v, s: cudnn_attention.split_attention(q, k, pad(v), s)[
+            ..., :V
+        ],
     }
     try:
         from stages.kernels import triton_mla
@@ -39,8 +40,7 @@ def candidates() -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--cases", default="4096:32768:16,4096:131072:16,4096:32768:128,"
-                   "4096:131072:128")
+    p.add_argument("--cases", default="4096:32768:16,4096:131072:16,4096:32768:128,4096:131072:128")
     p.add_argument("--only", default="")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -51,7 +51,7 @@ def main() -> None:
         q = torch.randn(t, heads, QK, generator=g, device="cuda").bfloat16()
         k = torch.randn(length, heads, QK, generator=g, device="cuda").bfloat16()
         v = torch.randn(length, heads, V, generator=g, device="cuda").bfloat16()
-        scale = QK ** -0.5
+        scale = QK**-0.5
         flops = 2 * heads * t * (length - t / 2) * (QK + V)
         ref = None
         for name, fn in candidates().items():
@@ -71,8 +71,18 @@ def main() -> None:
             rows.append(row)
             torch.cuda.empty_cache()
     with open(a.out, "w") as f:
-        json.dump({"env": {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-                           "device": torch.cuda.get_device_name()}, "rows": rows}, f, indent=1)
+        json.dump(
+            {
+                "env": {
+                    "torch": torch.__version__,
+                    "cudnn": torch.backends.cudnn.version(),
+                    "device": torch.cuda.get_device_name(),
+                },
+                "rows": rows,
+            },
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

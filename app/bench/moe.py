@@ -30,12 +30,20 @@ SHAPES = {
 }
 # (block_n, block_k, group_m, stages, warps, flatten, warp_specialize); the first of each list
 # was the best of the previous sweep
-GATE_CANDIDATES = [TileConfig(128, 64, 8, 3, 8), TileConfig(128, 64, 8, 3, 8, True),
-                   TileConfig(128, 64, 8, 3, 8, False, True), TileConfig(128, 64, 16, 3, 8, True),
-                   TileConfig(64, 64, 8, 4, 8, True)]
-DOWN_CANDIDATES = [TileConfig(256, 64, 8, 3, 8), TileConfig(256, 64, 8, 3, 8, True),
-                   TileConfig(256, 64, 8, 3, 8, False, True), TileConfig(128, 128, 8, 3, 8, True),
-                   TileConfig(128, 64, 8, 4, 8, True)]
+GATE_CANDIDATES = [
+    TileConfig(128, 64, 8, 3, 8),
+    TileConfig(128, 64, 8, 3, 8, True),
+    TileConfig(128, 64, 8, 3, 8, False, True),
+    TileConfig(128, 64, 16, 3, 8, True),
+    TileConfig(64, 64, 8, 4, 8, True),
+]
+DOWN_CANDIDATES = [
+    TileConfig(256, 64, 8, 3, 8),
+    TileConfig(256, 64, 8, 3, 8, True),
+    TileConfig(256, 64, 8, 3, 8, False, True),
+    TileConfig(128, 128, 8, 3, 8, True),
+    TileConfig(128, 64, 8, 4, 8, True),
+]
 SMALL_M = [MoeConfig(64, TileConfig(128, 64, 8, 4, 8, True), TileConfig(256, 64, 8, 3, 8, True))]
 
 
@@ -63,19 +71,23 @@ def timed(fn, pre=None, reps: int = 15, inner: int = 1) -> float:
 
 def pending_recv_standin(side: torch.cuda.Stream):
     """One CTA spinning on a side stream for ~400 ms: takes one SM as a waiting recv does."""
+
     def pre():
         with torch.cuda.stream(side):
             torch.cuda._sleep(int(400 * 1.98e6))
+
     return pre
 
 
 def inputs(tokens: int, experts: int, k: int, hidden: int, inter: int, seed: int = 0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
-    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g, device="cuda")
-               * hidden ** -0.5).bfloat16()
-    down = (torch.randn(experts, hidden, inter, generator=g, device="cuda")
-            * inter ** -0.5).bfloat16()
+    gate_up = (
+        torch.randn(experts, 2 * inter, hidden, generator=g, device="cuda") * hidden**-0.5
+    ).bfloat16()
+    down = (
+        torch.randn(experts, hidden, inter, generator=g, device="cuda") * inter**-0.5
+    ).bfloat16()
     weights, ids = torch.randn(tokens, experts, generator=g, device="cuda").softmax(-1).topk(k)
     return x, gate_up, down, ids, weights
 
@@ -98,13 +110,23 @@ def bench_case(name: str, tokens: int, tune: bool, before, side) -> dict:
     a2 = torch.randn(tokens * k, inter, device="cuda").bfloat16()
     w2 = torch.randn(hidden, inter, device="cuda").bfloat16()
     dense = lambda: (a1 @ w1.T, a2 @ w2.T)  # noqa: E731
-    row: dict = {"shape": name, "tokens": tokens, "experts": experts, "topk": k,
-                 "hidden": hidden, "inter": inter, "gflop": round(flops / 1e9, 1)}
+    row: dict = {
+        "shape": name,
+        "tokens": tokens,
+        "experts": experts,
+        "topk": k,
+        "hidden": hidden,
+        "inter": inter,
+        "gflop": round(flops / 1e9, 1),
+    }
     row["cublas_dense_ms"] = timed(dense, inner=3)
     row["cublas_dense_tflops"] = tflops(row["cublas_dense_ms"])
     sms = num_sms("cuda")
-    run = lambda cfg, grid=sms: (lambda: triton_moe.run_moe(  # noqa: E731
-        x, gate_up, down, ids, weights, grid, cfg))
+    run = lambda cfg, grid=sms: (
+        lambda: triton_moe.run_moe(  # noqa: E731
+            x, gate_up, down, ids, weights, grid, cfg
+        )
+    )
     if before is not None:
         ms = timed(lambda: before.moe_experts(x, gate_up, down, ids, weights), reps=5, inner=3)
         row["before_ms"], row["before_tflops"] = ms, tflops(ms)
@@ -122,8 +144,7 @@ def bench_case(name: str, tokens: int, tune: bool, before, side) -> dict:
     if tune:
         best, best_ms = DEFAULT, float("inf")
         first_down = DOWN_CANDIDATES[0]
-        gate_best = min(GATE_CANDIDATES,
-                        key=lambda g: trial(MoeConfig(128, g, first_down)))
+        gate_best = min(GATE_CANDIDATES, key=lambda g: trial(MoeConfig(128, g, first_down)))
         for d in DOWN_CANDIDATES:
             ms = trial(MoeConfig(128, gate_best, d))
             if ms < best_ms:
@@ -177,10 +198,16 @@ def main() -> None:
     a = p.parse_args()
     before = load_module(a.before) if a.before else None
     side = torch.cuda.Stream()
-    rows = [bench_case(s, int(t), a.tune, before, side) for s in a.shapes.split(",")
-            for t in a.tokens.split(",")]
-    env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
-           "triton": __import__("triton").__version__}
+    rows = [
+        bench_case(s, int(t), a.tune, before, side)
+        for s in a.shapes.split(",")
+        for t in a.tokens.split(",")
+    ]
+    env = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+        "triton": __import__("triton").__version__,
+    }
     with open(a.out, "w") as f:
         json.dump({"env": env, "rows": rows}, f, indent=1)
 

@@ -34,13 +34,15 @@ def max_tiles(pairs: int, experts: int, block_m: int) -> int:
     return -(-pairs // block_m) + min(experts, pairs)
 
 
-def route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
-          block_m: int) -> Routing:
+def route(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int
+) -> Routing:
     """The layout with torch ops (pairs of an expert in their flat order; padding weighs 0)."""
     flat = topk_ids.reshape(-1).long()
     n, device = flat.numel(), flat.device
     counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(
-        0, flat, torch.ones_like(flat))
+        0, flat, torch.ones_like(flat)
+    )
     tiles = (counts + block_m - 1) // block_m
     cum_tiles = tiles.cumsum(0)
     bound = max_tiles(n, num_experts, block_m)
@@ -58,8 +60,13 @@ def route(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
     return Routing(pair_of_row, row_weight, tile_expert.int(), cum_tiles[-1:].int(), block_m)
 
 
-def route_and_gather(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                     num_experts: int, block_m: int) -> tuple[Routing, torch.Tensor]:
+def route_and_gather(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+) -> tuple[Routing, torch.Tensor]:
     """(the layout, x's rows in it [rows, H]; padding rows are left unwritten)."""
     import triton
 
@@ -76,12 +83,34 @@ def route_and_gather(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torc
     a = torch.empty(bound * block_m, hidden, dtype=x.dtype, device=device)
     block = 256
     _count[(triton.cdiv(n, block),)](ids, counters, n, BLOCK=block)
-    _plan[(1,)](counters, tile_start, tile_expert, num_tiles, num_experts, bound, block_m,
-                BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_T=32)
+    _plan[(1,)](
+        counters,
+        tile_start,
+        tile_expert,
+        num_tiles,
+        num_experts,
+        bound,
+        block_m,
+        BLOCK_E=triton.next_power_of_2(num_experts),
+        BLOCK_T=32,
+    )
     pairs = 16
     _scatter[(triton.cdiv(n, pairs),)](
-        x.contiguous(), ids, topk_weights.reshape(-1).float().contiguous(), a, pair_of_row,
-        row_weight, tile_start, counters[1], n, hidden, k, block_m, BLOCK_P=pairs, BLOCK_H=256)
+        x.contiguous(),
+        ids,
+        topk_weights.reshape(-1).float().contiguous(),
+        a,
+        pair_of_row,
+        row_weight,
+        tile_start,
+        counters[1],
+        n,
+        hidden,
+        k,
+        block_m,
+        BLOCK_P=pairs,
+        BLOCK_H=256,
+    )
     return Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m), a
 
 
@@ -101,8 +130,17 @@ if triton is not None:
         tl.atomic_add(counts_ptr + expert, 1, mask=keep)
 
     @triton.jit
-    def _plan(counts_ptr, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, E, MAX_TILES,
-              BLOCK_M, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr):
+    def _plan(
+        counts_ptr,
+        tile_start_ptr,
+        tile_expert_ptr,
+        num_tiles_ptr,
+        E,
+        MAX_TILES,
+        BLOCK_M,
+        BLOCK_E: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+    ):
         es = tl.arange(0, BLOCK_E)
         real = es < E
         counts = tl.load(counts_ptr + es, mask=real, other=0)
@@ -118,8 +156,22 @@ if triton is not None:
             tl.store(tile_expert_ptr + ms, expert, mask=ms < MAX_TILES)
 
     @triton.jit
-    def _scatter(x_ptr, ids_ptr, w_ptr, a_ptr, pair_ptr, row_weight_ptr, tile_start_ptr,
-                 fill_ptr, N, H, TOPK, BLOCK_M, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _scatter(
+        x_ptr,
+        ids_ptr,
+        w_ptr,
+        a_ptr,
+        pair_ptr,
+        row_weight_ptr,
+        tile_start_ptr,
+        fill_ptr,
+        N,
+        H,
+        TOPK,
+        BLOCK_M,
+        BLOCK_P: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         pairs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         keep = pairs < N
         expert = tl.load(ids_ptr + pairs, mask=keep, other=0)

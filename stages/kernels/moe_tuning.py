@@ -38,8 +38,11 @@ class MoeConfig:
 DEFAULT = MoeConfig()
 # Fewer rows per expert than this (short chunks, decode batches): smaller M tiles waste less.
 SMALL_ROWS_PER_EXPERT = 64
-DEFAULT_SMALL = MoeConfig(block_m=64, gate=TileConfig(block_n=64, num_stages=4, num_warps=4),
-                          down=TileConfig(block_n=128, num_stages=4, num_warps=4))
+DEFAULT_SMALL = MoeConfig(
+    block_m=64,
+    gate=TileConfig(block_n=64, num_stages=4, num_warps=4),
+    down=TileConfig(block_n=128, num_stages=4, num_warps=4),
+)
 
 # (experts, top-k, hidden, expert width) -> config
 _TUNED: dict[tuple[int, int, int, int], MoeConfig] = {}
