@@ -13,7 +13,6 @@ from stages.kernels import torch_ref
 from stages.kernels.indexer_select import (
     SelectPlan,
     logits_rows_reference,
-    topk_positions,
     topk_slots,
 )
 
@@ -80,12 +79,6 @@ def test_batched_selection_matches_the_row_loop(ties):
         assert got == want
         if not ties:
             assert sorted(picked[tok].tolist()) == sorted(ref[tok].tolist())
-
-
-def test_ties_go_to_the_earlier_position():
-    scores = torch.tensor([[0.0, 1.0, 0.0, -0.0, 2.0, 0.0, float("-inf"), -1.0]])
-    assert topk_positions(scores, 4).tolist() == [[4, 1, 0, 2]]
-    assert topk_positions(scores, 8).tolist() == [[4, 1, 0, 2, 3, 5, 7, 6]]
 
 
 def test_interpreted_kernel_matches_reference(triton_interpreter):
