@@ -44,8 +44,13 @@ class SelectPlan:
     ) -> "SelectPlan":
         """rows: (offset in the batch, tokens, first token's position, slots [start + n])."""
         lmax = max(start + n for _, n, start, _ in rows)
-        token_index, token_row, visible, dest, row_tokens = [], [], [], [], []
-        chunk, decode = [], []
+        token_index: list[int] = []
+        token_row: list[int] = []
+        visible: list[int] = []
+        dest: list[int] = []
+        row_tokens: list[tuple[int, int, int]] = []
+        chunk: list[tuple[int, int, int]] = []
+        decode: list[tuple[int, int]] = []
         first = 0
         for r, (off, n, start, _slots) in enumerate(rows):
             token_index += range(off, off + n)
