@@ -169,7 +169,7 @@ class MLAttention(nn.Module):
 
     def _expanded(self, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """A chunk's queries [n, H, qk] over its prefix's latent [L, rank + rope] expanded to
-        per-head K/V; V is zero-padded to the q/k width so every SDPA backend takes it."""
+        per-head K/V (V keeps its own width: the attention kernels take it)."""
         d, length = self.d, latent.shape[0]
         latent = latent.to(q.dtype)
         kv = self.kv_b_proj(latent[:, :d.kv_lora_rank]).view(
@@ -177,5 +177,4 @@ class MLAttention(nn.Module):
         k_nope, v = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
         k_pe = latent[:, None, d.kv_lora_rank:].expand(length, self.heads, d.qk_rope_head_dim)
         k = torch.cat((k_nope, k_pe), dim=-1)
-        v = nn.functional.pad(v, (0, d.qk_head_dim - d.v_head_dim))
-        return self.kernels.attention(q, k, v, self.scale)[..., :d.v_head_dim]
+        return self.kernels.attention(q, k, v, self.scale)

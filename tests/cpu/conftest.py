@@ -161,3 +161,23 @@ def tensor_reads(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(loader, "safe_open", Recording)
     return read
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """Triton kernels run by Triton's CPU interpreter: needs triton and TRITON_INTERPRET=1 set
+    before triton is imported (`TRITON_INTERPRET=1 pytest ...`), else the test is skipped. Also
+    makes the interpreter's scalar __index__ work with NumPy 2.4+, which refuses int() of a
+    one-element array."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton interpreter tests run with TRITON_INTERPRET=1")
+    pytest.importorskip("triton")
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
