@@ -1,5 +1,6 @@
 """The grouped MoE GEMMs on DeepSeek / Qwen3-MoE shapes against cuBLAS running the same FLOPs as
-two dense GEMMs, and their contention under the one-CTA pending-recv stand-in (docs/ARCHITECTURE.md#why-the-output-channel-matters).
+two dense GEMMs, and their contention under the one-CTA pending-recv stand-in
+(docs/ARCHITECTURE.md#why-the-output-channel-matters).
 
     python -m app.bench.moe --tune --out docs/bench/moe_kernels.json
 
