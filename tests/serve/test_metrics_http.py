@@ -178,3 +178,69 @@ def test_disconnect_mid_stream_frees_blocks(served):
     # The server still serves.
     r = served.client().completions.create(model=MODEL, prompt="x", max_tokens=2)
     assert r.usage.completion_tokens == 2
+
+
+def server_log_problems() -> list[str]:
+    """Lines of this cluster's Serve replica logs (and worker stderr) that a cancelled request
+    must never leave: tracebacks, unretrieved task exceptions, 500/503 answers."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    bad = ("Traceback", "exception was never retrieved", " 500 ", " 503 ", "Request failed")
+    files = [*(logs / "serve").glob("replica_*.log"), *logs.glob("worker-*.err")]
+    return [line for f in files for line in f.read_text(errors="replace").splitlines()
+            if any(b in line for b in bad)]
+
+
+def test_cancelled_burst_frees_everything(served):
+    """Clients that time out (as the openai client does: 0.5 s, two retries) while their
+    requests are queued at the ingress, wait for admission, prefill or decode, and streams
+    closed mid-way: afterwards nothing runs or waits, every KV block is free, and the next
+    request is served."""
+    import asyncio
+
+    import openai
+
+    assert wait_for(lambda: pool_is_free(served), timeout=30)
+
+    async def burst() -> list[str]:
+        impatient = openai.AsyncOpenAI(base_url=f"{served.base_url}/v1", api_key="x",
+                                       timeout=0.5, max_retries=2)
+        client = served.async_client()
+
+        async def timed_out(i: int) -> str:
+            try:  # prompt + max_tokens fill the context: at most a few are admitted at once
+                await impatient.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"hi {i}"}],
+                    max_tokens=400, extra_body={"ignore_eos": True})
+            except openai.APITimeoutError:
+                return "timeout"
+            return "served"
+
+        async def closed_mid_stream(i: int) -> str:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"stream {i}"}],
+                max_tokens=400, stream=True, extra_body={"ignore_eos": True})
+            got = 0
+            async for _ in stream:
+                got += 1
+                if got == 3:
+                    break
+            await stream.close()
+            return "closed"
+
+        return await asyncio.gather(*[timed_out(i) for i in range(40)],
+                                    *[closed_mid_stream(i) for i in range(3)])
+
+    outcomes = asyncio.run(burst())
+    assert outcomes.count("timeout") == 40 and outcomes.count("closed") == 3
+
+    def idle():
+        s = served.stats()
+        return s["num_running"] == 0 and s["num_waiting"] == 0 and \
+            s["kv_blocks_free"] == s["kv_blocks_total"] and s["slots_free"] == 16 and s
+    assert wait_for(idle, timeout=60), served.stats()
+    r = served.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert r.usage.completion_tokens == 3
+    assert not server_log_problems()
