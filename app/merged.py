@@ -17,7 +17,10 @@ T = TypeVar("T")
 
 
 class _End:
-    """Marks the end of one source in the queue."""
+    """Marks the end of one source in the queue; `error` is what it raised, if it did."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
 
 
 _END = _End()
@@ -25,7 +28,8 @@ _END = _End()
 
 class MergedStreams(Generic[K, T]):
     """(key, item) pairs in arrival order; one source's items keep their order. Sources may
-    be added while reading. A source must not raise: turn its errors into items."""
+    be added while reading. An exception a source raises is raised to the reader, after the
+    items that source yielded before it."""
 
     def __init__(self) -> None:
         # (key, item), or (key, _END) when that source is done
@@ -40,11 +44,14 @@ class MergedStreams(Generic[K, T]):
         self._pumps[key] = asyncio.ensure_future(self._pump(key, source))
 
     async def _pump(self, key: K, source: AsyncIterator[T]) -> None:
+        end = _END
         try:
             async for item in source:
                 self._queue.put_nowait((key, item))
+        except Exception as e:  # the reader raises it: a task left holding it would be logged
+            end = _End(e)
         finally:
-            self._queue.put_nowait((key, _END))
+            self._queue.put_nowait((key, end))
 
     async def __aiter__(self) -> AsyncIterator[tuple[K, T]]:
         try:
@@ -52,6 +59,8 @@ class MergedStreams(Generic[K, T]):
                 key, item = await self._queue.get()
                 if isinstance(item, _End):
                     self._open -= 1
+                    if item.error is not None:
+                        raise item.error
                 else:
                     yield key, item
         finally:

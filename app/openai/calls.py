@@ -10,7 +10,7 @@ cancels the calls it has not read to the end, which aborts their requests in the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from ray.exceptions import TaskCancelledError
@@ -33,11 +33,11 @@ class PipelineCalls:
         """Every call's first reply: all queued, or the first refusal (the others are then
         cancelled)."""
         firsts = await asyncio.gather(*[self._first(g) for g in self._gens])
-        failure = next((f for f in firsts if not isinstance(f, Accepted)), None)
-        if failure is not None:
+        accepted = [f for f in firsts if isinstance(f, Accepted)]
+        if len(accepted) < len(firsts):
             self.cancel()
-            return failure if isinstance(failure, Failure) else Failure("no reply", 500)
-        return list(firsts)
+            return next(f for f in firsts if isinstance(f, Failure))
+        return accepted
 
     async def _first(self, gen: Any) -> Accepted | Failure:
         try:
@@ -48,13 +48,16 @@ class PipelineCalls:
         except Exception as e:  # the replica died, or is being replaced
             return Failure.internal(PIPELINE_UNAVAILABLE, e)
 
-    async def replies(self) -> AsyncIterator[tuple[int, Delta | Failure]]:
+    async def replies(self) -> AsyncGenerator[tuple[int, Delta | Failure], None]:
         """(choice index, reply) of all calls as they come: prompt p's choice j is p * n + j."""
         merged: MergedStreams[int, Delta | Failure] = MergedStreams()
         for p, gen in enumerate(self._gens):
             merged.add(p, self._replies(p, gen))
-        async for p, reply in merged:
-            yield p * self._n + (reply.index if isinstance(reply, Delta) else 0), reply
+        try:
+            async for p, reply in merged:
+                yield p * self._n + (reply.index if isinstance(reply, Delta) else 0), reply
+        finally:
+            await merged.aclose()
 
     async def _replies(self, p: int, gen: Any) -> AsyncIterator[Delta | Failure]:
         """One call's replies after Accepted; a replica that dies mid-request is one more

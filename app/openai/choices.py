@@ -9,6 +9,7 @@ choice so far (its prompt, its tokens), as vLLM's does.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi.responses import JSONResponse
 
@@ -39,12 +40,17 @@ class _Choice:
 
 
 class Choices:
-    def __init__(self, builder: ResponseBuilder, accepted: list[Accepted], n: int,
-                 include_usage: bool = False, continuous_usage: bool = False):
+    def __init__(
+        self,
+        builder: ResponseBuilder,
+        accepted: list[Accepted],
+        n: int,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
+    ):
         self.b = builder
         self.prompt_tokens = [a.prompt_tokens for a in accepted]
-        self.choices = [_Choice(p, a.echo_text) for p, a in enumerate(accepted)
-                        for _ in range(n)]
+        self.choices = [_Choice(p, a.echo_text) for p, a in enumerate(accepted) for _ in range(n)]
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
 
@@ -78,16 +84,22 @@ class Choices:
 
 async def collect(calls: PipelineCalls, choices: Choices) -> JSONResponse:
     """The whole body (not streamed)."""
-    async for index, reply in calls.replies():
-        if isinstance(reply, Failure):
-            return error_response(reply.message, reply.status, reply.param)
-        c, lp = choices.take(index, reply)
-        c.text.append(reply.out.text)
-        if lp is not None:
-            c.logprobs = lp if c.logprobs is None else {k: c.logprobs[k] + lp[k] for k in lp}
+    async with aclosing(calls.replies()) as replies:
+        async for index, reply in replies:
+            if isinstance(reply, Failure):
+                return error_response(reply.message, reply.status, reply.param)
+            c, lp = choices.take(index, reply)
+            c.text.append(reply.out.text)
+            if lp is not None:
+                c.logprobs = lp if c.logprobs is None else {k: c.logprobs[k] + lp[k] for k in lp}
     b = choices.b
-    body = b.full([b.choice(i, "".join(c.text), c.logprobs, c.finish_reason)
-                   for i, c in enumerate(choices.choices)], choices.usage())
+    body = b.full(
+        [
+            b.choice(i, "".join(c.text), c.logprobs, c.finish_reason)
+            for i, c in enumerate(choices.choices)
+        ],
+        choices.usage(),
+    )
     return JSONResponse(body)
 
 
@@ -97,19 +109,26 @@ async def stream(calls: PipelineCalls, choices: Choices) -> AsyncIterator[str]:
     b = choices.b
     for i, c in enumerate(choices.choices):
         if b.chat:
-            yield sse(b.chunk("", None, None, first=True, index=i,
-                              usage_=choices.choice_usage(c)))
+            yield sse(b.chunk("", None, None, first=True, index=i, usage_=choices.choice_usage(c)))
         elif c.echo_text:
             yield sse(b.chunk(c.echo_text, None, None, index=i, usage_=choices.choice_usage(c)))
-    async for index, reply in calls.replies():
-        if isinstance(reply, Failure):
-            yield sse(error_body(reply.message, reply.status, reply.param))
-            break
-        c, lp = choices.take(index, reply)
-        out = reply.out
-        if out.text or out.finished or lp is not None:
-            yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None,
-                              index=index, usage_=choices.choice_usage(c)))
+    async with aclosing(calls.replies()) as replies:
+        async for index, reply in replies:
+            if isinstance(reply, Failure):
+                yield sse(error_body(reply.message, reply.status, reply.param))
+                break
+            c, lp = choices.take(index, reply)
+            out = reply.out
+            if out.text or out.finished or lp is not None:
+                yield sse(
+                    b.chunk(
+                        out.text,
+                        lp,
+                        out.finish_reason if out.finished else None,
+                        index=index,
+                        usage_=choices.choice_usage(c),
+                    )
+                )
     if choices.include_usage:
         yield sse(b.usage_chunk(choices.usage()))
     yield SSE_DONE

@@ -139,9 +139,13 @@ def test_official_client_sees_the_errors(served, baseline):
 
 
 def test_large_seed_and_empty_content_are_served(served):
-    """Valid edge values are not refused: any integer seed, an empty system message."""
-    r = post(served, C, {**OK, "seed": 2 ** 80, "temperature": 0.7})
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+    """Valid edge values are not refused: the signed 64-bit range's ends as seeds (past them
+    is a 400), an empty system message."""
+    for seed in (2 ** 63 - 1, -2 ** 63):
+        r = post(served, C, {**OK, "seed": seed, "temperature": 0.7})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+    r = post(served, C, {**OK, "seed": 2 ** 80})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
     r = post(served, CHAT, {"messages": [{"role": "system", "content": ""}, *MSG],
                             "max_tokens": 3})
     assert r.status_code == 200, r.text
