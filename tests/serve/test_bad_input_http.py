@@ -46,8 +46,11 @@ CASES = [
     (C, {"prompt": "x", "max_tokens": 10 ** 12}, 400, "max_tokens"),
     (C, {"prompt": "x", "max_tokens": 2 ** 70, "stream": True}, 400, "max_tokens"),
     (CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
-    (C, {"prompt": "x", "n": 2}, 400, "n"),
-    (CHAT, {"messages": MSG, "n": 3}, 400, "n"),
+    (C, {"prompt": "x", "n": 0}, 400, "n"),
+    (CHAT, {"messages": MSG, "n": 129}, 400, "n"),
+    (C, {"prompt": "x", "seed": 2 ** 64}, 400, "seed"),
+    (C, {"prompt": ["x", [1, 2]]}, 400, "prompt"),
+    (C, {"prompt": [[1, 2], [5, 320]]}, 400, "prompt"),
     (C, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "logprobs"),
     # token ids outside the vocabulary (320 for the built-in model)
