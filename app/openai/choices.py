@@ -103,7 +103,7 @@ async def collect(calls: PipelineCalls, choices: Choices) -> JSONResponse:
     return JSONResponse(body)
 
 
-async def sse_frames(calls: PipelineCalls, choices: Choices) -> AsyncIterator[str]:
+async def stream(calls: PipelineCalls, choices: Choices) -> AsyncIterator[str]:
     """SSE frames: each chat choice opens with its role, each echoing completion with its
     prompt; the usage chunk (include_usage) comes last, before [DONE]."""
     b = choices.b

@@ -20,7 +20,8 @@ from app.messages import PIPELINE_UNAVAILABLE, Failure, GenerateRequest
 from app.openai.availability import ReplicaWatch
 from app.openai.body import read_json_object
 from app.openai.calls import CallsStream, PipelineCalls
-from app.openai.choices import Choices, collect, sse_frames
+from app.openai.choices import Choices, collect
+from app.openai.choices import stream as stream_choices
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
 from app.openai.responses import ResponseBuilder, error_response, health_response
@@ -133,7 +134,7 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                                   req.include_usage, req.continuous_usage)
                 if req.stream:
                     streaming = True  # from here the response cancels the calls
-                    return CallsStream(sse_frames(calls, choices), calls)
+                    return CallsStream(stream_choices(calls, choices), calls)
                 return await collect(calls, choices)
             except TaskCancelledError:  # Serve cancelled our calls: the client is gone
                 raise asyncio.CancelledError() from None
