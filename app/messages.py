@@ -24,17 +24,20 @@ class GenerateRequest:
     add_generation_prompt: bool = True
     echo: bool = False
     prefix_key: PrefixKey | None = None  # for the router (app/prefix_router.py), when it routes
+    n: int = 1  # choices sampled from this prompt, their KV shared (PipelineServer.generate)
 
 
 @dataclass(frozen=True)
 class Accepted:
     echo_text: str | None = None  # the prompt as text, when echo was asked
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
 class Delta:
     out: RequestOutput
     pieces: dict[int, str] = field(default_factory=dict)  # token id -> text, for logprobs
+    index: int = 0  # which of the request's n choices
 
 
 @dataclass(frozen=True)
