@@ -104,7 +104,19 @@ class Pipeline:
     def _specs(self) -> list[StageSpec]:
         ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
         max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
-        return [self.config.stage_spec(i, r, max_len) for i, r in enumerate(ranges)]
+        channel = self.output_channel()
+        return [self.config.stage_spec(i, r, max_len, channel) for i, r in enumerate(ranges)]
+
+    def output_channel(self) -> str:
+        """The output channel the stages use: --output-channel, with auto resolved (logged)."""
+        chosen = self.config.output_channel
+        if chosen != "auto":
+            return chosen
+        if self.generation == 0:
+            log.info("output channel: auto -> nccl%s (copy and host are not yet measured in a "
+                     "PP=2 decode; docs/PERFORMANCE.md)",
+                     " (gloo on CPU)" if self.config.device == "cpu" else "")
+        return "nccl"
 
     async def start(self) -> int:
         """Create the actors, join the channels, agree on the KV size. Returns the block count."""
