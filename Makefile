@@ -26,11 +26,12 @@ serve: install
 	$(VENV)/bin/ppserve serve $(ARGS)
 
 # Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
-FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing.py \
+FORMATTED := app/scheduler stages/protocol.py stages/output_ring.py stages/copy_channel.py \
+	app/bench/output_channels.py tests/unit/test_output_ring.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py app/bench/target.py app/bench/__init__.py app/bench/__main__.py \
 	app/openai/availability.py tests/unit/test_options.py tests/unit/test_dashboard.py \
 	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py
-TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
+TYPED := app/scheduler stages/protocol.py stages/output_ring.py app/request.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py
 
 lint: install

@@ -30,6 +30,9 @@ log = logging.getLogger("ppserve.pipeline")
 _STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
               "NVSHMEM_DISABLE_NVLS": "1"}
 COORDINATOR_CPUS = 0.1
+# Ray then leaves CUDA_VISIBLE_DEVICES alone: the copy channel's CUDA IPC opens stage 0's buffer
+# in the last stage, which needs stage 0's GPU visible there (stages/actor.py picks the device).
+NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # Stage actors are named in one fixed namespace, whoever started them (Engine driver, Serve
 # replica), so operators find them with `ray list actors` or
 # `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
@@ -125,15 +128,19 @@ class Pipeline:
         c = self.config
         await wait_placed(self.pg, c.placement_timeout_s)
         gpu = c.device == "cuda"
+        specs = self._specs()
+        env = dict(_STAGE_ENV)
+        if specs[0].output_channel == "copy":  # CUDA IPC: each stage sees the node's GPUs
+            env[NOSET_VISIBLE_DEVICES] = "1"
         self.stages = [
             StageActor.options(
                 name=self.stage_name(i), namespace=STAGE_NAMESPACE,
                 num_cpus=0 if gpu else c.stage_num_cpus, num_gpus=1 if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=i + 1),
-                runtime_env={"env_vars": dict(_STAGE_ENV)},
+                runtime_env={"env_vars": env},
             ).remote(spec, c.torch_threads)
-            for i, spec in enumerate(self._specs())]
+            for i, spec in enumerate(specs)]
         await self._started()
         if c.pp_size > 1:
             host, port = await self.stages[0].open_store.remote()

@@ -325,7 +325,8 @@ class Scheduler:
             )
         self._ledger.consume(st.sample_mb, st.req_id)
         st.source_mb = None
-        token_ids, input_from = None, st.sample_mb
+        token_ids: tuple[int, ...] | None = None
+        input_from: int | None = st.sample_mb
         if self.config.tokens_from_host:
             check(
                 st.generated == st.planned,
