@@ -234,13 +234,19 @@ def main(argv: list[str] | None = None) -> None:
         "environment": environment(),
         "stand_in": "one-CTA torch.cuda._sleep (DESIGN §1)",
     }
-    report["copy_profile"] = copy_is_a_memcpy()
-    print(json.dumps(report["copy_profile"]), flush=True)
-    report["decode_step"] = decode_latency(a.steps, 5)
-    print(json.dumps(report["decode_step"]), flush=True)
-    report["contention"] = contention(a.reps)
-    with open(a.out, "w") as f:
-        json.dump(report, f, indent=1)
+    parts = {
+        "copy_profile": copy_is_a_memcpy,
+        "decode_step": lambda: decode_latency(a.steps, 5),
+        "contention": lambda: contention(a.reps),
+    }
+    for name, part in parts.items():
+        try:
+            report[name] = part()
+        except Exception as e:  # keep the other parts' figures
+            report[name] = {"error": f"{type(e).__name__}: {e}"}
+        print(name, json.dumps(report[name]), flush=True)
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
