@@ -80,6 +80,14 @@ class _Pending:
             done.record()
         return done
 
+    def copy_engine_only(self) -> torch.cuda.Event:
+        """The control of copy_wait: the same copy-engine transfer, nobody waiting on it."""
+        done = torch.cuda.Event(interprocess=True)
+        with torch.cuda.stream(self.copier):
+            self.dev.copy_(self.host, non_blocking=True)
+            done.record()
+        return done
+
     def copy_wait(self) -> torch.cuda.Event:
         """The copy channel's consumer: a stream waiting on an interprocess event that the
         producer records late (here behind a long copy-engine transfer), then the scatter."""
@@ -127,6 +135,7 @@ def contention(reps: int) -> list[dict]:
         alone = _timed(fn, None, reps)
         spin = _timed(fn, pending.spin, reps)
         copy = _timed(fn, pending.copy_wait, reps)
+        engine = _timed(fn, pending.copy_engine_only, reps)
         row = {
             "kernel": name,
             "alone_ms": alone["ms"],
@@ -135,6 +144,8 @@ def contention(reps: int) -> list[dict]:
             "copy_wait_ms": copy["ms"],
             "copy_wait_x": round(copy["ms"] / alone["ms"], 3),
             "copy_wait_finished_while_pending": f"{copy['finished_while_pending']}/{reps}",
+            "copy_engine_only_ms": engine["ms"],
+            "copy_engine_only_x": round(engine["ms"] / alone["ms"], 3),
             "host_ms": alone["ms"],
         }
         print(json.dumps(row), flush=True)
@@ -158,6 +169,8 @@ class _DecodeStep:
         self.ring = torch.zeros(64, 256, dtype=torch.long, device="cuda")
         self.ready = [torch.cuda.Event(interprocess=True) for _ in range(64)]
         self.consumed = [torch.cuda.Event(interprocess=True) for _ in range(64)]
+        self.plain_ready = [torch.cuda.Event() for _ in range(64)]
+        self.plain_consumed = [torch.cuda.Event() for _ in range(64)]
         self.pinned = torch.zeros(rows, dtype=torch.long).pin_memory()
         self.rows = rows
 
@@ -177,14 +190,23 @@ class _DecodeStep:
             out = self.forward(ids)
             if channel == "local":
                 self.next_tokens[self.slots] = out
-            elif channel == "copy":
+            elif channel.startswith("copy"):
                 slot = t % 64
-                stream.wait_event(self.consumed[slot])
-                self.ring[slot, : self.rows].copy_(out, non_blocking=True)
-                self.ready[slot].record(stream)
-                stream.wait_event(self.ready[slot])
+                ready, consumed = self.ready[slot], self.consumed[slot]
+                if channel == "copy, plain events":
+                    ready, consumed = self.plain_ready[slot], self.plain_consumed[slot]
+                if channel != "copy, no events":
+                    stream.wait_event(consumed)
+                if channel == "copy, by a kernel":
+                    torch.add(out, 0, out=self.ring[slot, : self.rows])
+                else:
+                    self.ring[slot, : self.rows].copy_(out, non_blocking=True)
+                if channel != "copy, no events":
+                    ready.record(stream)
+                    stream.wait_event(ready)
                 self.next_tokens[self.slots] = self.ring[slot, : self.rows]
-                self.consumed[slot].record(stream)
+                if channel != "copy, no events":
+                    consumed.record(stream)
             elif channel == "host":
                 host_ids = out.tolist()  # the result travels to the host...
                 self.pinned.copy_(torch.tensor(host_ids))  # ...and back in the next plan
@@ -198,7 +220,16 @@ class _DecodeStep:
 def decode_latency(steps: int, rounds: int) -> dict:
     step = _DecodeStep()
     out = {}
-    for channel in ("local", "copy", "host"):
+    # the copy path and its parts: plain (not interprocess) events, no events, a copy kernel
+    variants = (
+        "local",
+        "copy",
+        "copy, plain events",
+        "copy, no events",
+        "copy, by a kernel",
+        "host",
+    )
+    for channel in variants:
         step.loop(channel, 20)
         out[channel] = round(statistics.median(step.loop(channel, steps) for _ in range(rounds)), 4)
     return {
