@@ -41,22 +41,6 @@ def test_copy_is_refused_on_cpu():
         EngineConfig(device="cpu", output_channel="copy")
 
 
-@pytest.mark.parametrize("skip", ["off", "sglang", "auto"])
-def test_host_matches_transformers_and_gloo(ray_cluster, checkpoint, prompts, reference, skip):
-    outs = {}
-    for channel in ("host", "nccl") if skip == "auto" else ("host",):
-        with Engine(_cfg(checkpoint, channel, skip)) as engine:
-            outs[channel] = [o.token_ids for o in engine.generate(prompts, GREEDY)]
-            stats = engine.stats()
-        if channel == "host":  # the plans carry the tokens: nothing on the channel
-            assert stats["channel_output_sends"] == 0
-        else:
-            assert stats["channel_output_sends"] == stats["pp_output_comm"]["sent"]
-        assert stats["kv_cache_usage"] == 0.0
-    for tokens in outs.values():
-        assert tokens == reference
-
-
 async def _abort_one_mid_decode(coord, prompts, params):
     """Abort the first request once it has streamed a token; collect the others."""
     streams = [coord.add_request(p, params) for p in prompts]
@@ -77,15 +61,24 @@ async def _abort_one_mid_decode(coord, prompts, params):
     return outs
 
 
-def test_host_abort_mid_decode(ray_cluster, checkpoint, prompts, reference):
-    ray = ray_cluster
-    # the coordinator's process runs _abort_one_mid_decode: ship it by value
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    with Engine(_cfg(checkpoint, "host", pp=3)) as engine:
-        others = engine.call(_abort_one_mid_decode, prompts, GREEDY)
-        assert others == reference[1:]
-        assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == reference
-        assert engine.stats()["kv_cache_usage"] == 0.0
+@pytest.mark.parametrize("skip,pp", [("off", 1), ("sglang", 3), ("auto", 2)])
+def test_host_matches_transformers_and_gloo(ray_cluster, checkpoint, prompts, reference, skip, pp):
+    """Each host engine also aborts a request mid-decode and carries on."""
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # for engine.call
+    outs = {}
+    for channel in ("host", "nccl") if skip == "auto" else ("host",):
+        with Engine(_cfg(checkpoint, channel, skip, pp)) as engine:
+            outs[channel] = [o.token_ids for o in engine.generate(prompts, GREEDY)]
+            if channel == "host":
+                assert engine.call(_abort_one_mid_decode, prompts, GREEDY) == reference[1:]
+            stats = engine.stats()
+        if channel == "host":  # the plans carry the tokens: nothing on the channel
+            assert stats["channel_output_sends"] == 0
+        elif pp > 1:
+            assert stats["channel_output_sends"] == stats["pp_output_comm"]["sent"]
+        assert stats["kv_cache_usage"] == 0.0
+    for tokens in outs.values():
+        assert tokens == reference
 
 
 def test_host_rebuild_after_a_stage_failure(ray_cluster):
@@ -117,8 +110,3 @@ def test_host_rebuild_after_a_stage_failure(ray_cluster):
         stats = engine.stats()
         assert stats["pipeline_failures"] == 1 and stats["kv_cache_usage"] == 0.0
         assert stats["channel_output_sends"] == 0
-
-
-def test_host_one_stage(ray_cluster, checkpoint, prompts, reference):
-    with Engine(_cfg(checkpoint, "host", pp=1)) as engine:
-        assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == reference
