@@ -13,16 +13,17 @@ all of the node's GPUs visible to each).
 
 from __future__ import annotations
 
+import base64
+import json
 import mmap
 import os
-import pickle
 import socket
 import time
 import uuid
 from dataclasses import dataclass
 
 import torch
-from torch.multiprocessing.reductions import reduce_tensor
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from stages.output_ring import OutputRing
 
@@ -71,6 +72,76 @@ class _SharedCounters:
         self._values.release()
         self._bytes.release()
         self._map.close()
+
+
+def _b64(b: bytes | None) -> str | None:
+    return None if b is None else base64.b64encode(b).decode()
+
+
+def _unb64(s: str | None) -> bytes | None:
+    return None if s is None else base64.b64decode(s)
+
+
+_STORAGES = {"TypedStorage": torch.storage.TypedStorage, "UntypedStorage": torch.UntypedStorage}
+
+
+def _export_tensor(t: torch.Tensor) -> dict:
+    """torch's CUDA IPC export of `t` (torch.multiprocessing's reduce_tensor) as plain JSON
+    fields: the rendezvous store carries data, never pickles."""
+    rebuild, args = reduce_tensor(t)
+    if rebuild is not rebuild_cuda_tensor or len(args) != 15:
+        raise CopyChannelError("this torch's CUDA IPC export has an unexpected layout")
+    (
+        _cls,
+        size,
+        stride,
+        offset,
+        storage_cls,
+        _dtype,
+        device,
+        handle,
+        size_bytes,
+        offset_bytes,
+        _grad,
+        ref_handle,
+        ref_offset,
+        event_handle,
+        event_sync,
+    ) = args
+    return {
+        "size": list(size),
+        "stride": list(stride),
+        "offset": offset,
+        "storage": storage_cls.__name__,
+        "device": device,
+        "handle": _b64(handle),
+        "size_bytes": size_bytes,
+        "offset_bytes": offset_bytes,
+        "ref_handle": _b64(ref_handle),
+        "ref_offset": ref_offset,
+        "event_handle": _b64(event_handle),
+        "event_sync": event_sync,
+    }
+
+
+def _import_tensor(d: dict, dtype: torch.dtype) -> torch.Tensor:
+    return rebuild_cuda_tensor(
+        torch.Tensor,
+        torch.Size(d["size"]),
+        tuple(d["stride"]),
+        d["offset"],
+        _STORAGES[d["storage"]],
+        dtype,
+        d["device"],
+        _unb64(d["handle"]),
+        d["size_bytes"],
+        d["offset_bytes"],
+        False,
+        _unb64(d["ref_handle"]),
+        d["ref_offset"],
+        _unb64(d["event_handle"]),
+        d["event_sync"],
+    )
 
 
 def _wait_until(ready, what: str) -> None:
@@ -149,20 +220,20 @@ class CopyOutput:
         torch.cuda.synchronize(self.device)  # the zeroed ring exists before anyone maps it
         store.set(
             _STORE_KEY,
-            pickle.dumps(
+            json.dumps(
                 {
                     "host": socket.gethostname(),
                     "counters": path,
-                    "buffers": reduce_tensor(self.buffers),
-                    "ready": [e.ipc_handle() for e in self.ready],
-                    "consumed": [e.ipc_handle() for e in self.consumed],
+                    "buffers": _export_tensor(self.buffers),
+                    "ready": [_b64(e.ipc_handle()) for e in self.ready],
+                    "consumed": [_b64(e.ipc_handle()) for e in self.consumed],
                 }
             ),
         )
 
     def join(self, store) -> None:
         """The last stage: open stage 0's ring, events and counters."""
-        info = pickle.loads(store.get(_STORE_KEY))
+        info = json.loads(store.get(_STORE_KEY))
         if info["host"] != socket.gethostname():
             raise CopyChannelError(
                 f"the copy output channel needs stage 0 and the last stage on one node (stage 0 "
@@ -170,11 +241,12 @@ class CopyOutput:
                 "--output-channel nccl or host"
             )
         try:
-            rebuild, args = info["buffers"]
-            self.buffers = rebuild(*args)
-            self.ready = [torch.cuda.Event.from_ipc_handle(self.device, h) for h in info["ready"]]
+            self.buffers = _import_tensor(info["buffers"], torch.long)
+            self.ready = [
+                torch.cuda.Event.from_ipc_handle(self.device, _unb64(h)) for h in info["ready"]
+            ]
             self.consumed = [
-                torch.cuda.Event.from_ipc_handle(self.device, h) for h in info["consumed"]
+                torch.cuda.Event.from_ipc_handle(self.device, _unb64(h)) for h in info["consumed"]
             ]
         except RuntimeError as e:
             raise CopyChannelError(
