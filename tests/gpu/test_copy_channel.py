@@ -132,6 +132,8 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
     from app import Engine, EngineConfig, SamplingParams
     from tests.cpu.conftest import hf_model
     from tests.gpu.test_engine_cuda import MAX_NEW, _hf_reference
+    from tests.ray import test_output_channel
+    from tests.ray.test_output_channel import _abort_one_mid_decode
 
     path = str(tmp_path / "llama-bf16")
     model = hf_model("llama")
@@ -148,6 +150,7 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
         include_dashboard=False,
         runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}},
     )
+    ray.cloudpickle.register_pickle_by_value(test_output_channel)  # engine.call's function
     try:
         for channel in ("copy", "nccl"):
             for skip in ("off", "sglang", "auto"):
@@ -166,9 +169,44 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
                 )
                 with Engine(cfg) as engine:
                     outs = [o.token_ids for o in engine.generate(prompts, greedy)]
+                    if skip == "auto":  # an abort mid-decode: its sends are orphans
+                        others = engine.call(_abort_one_mid_decode, prompts, greedy)
+                        assert others == outs[1:], channel
                     stats = engine.stats()
                 # bf16 near-ties aside (test_engine_cuda), the first tokens agree
                 assert [o[:4] for o in outs] == [r[:4] for r in refs], (channel, skip)
                 assert stats["channel_output_sends"] == stats["pp_output_comm"]["sent"]
+        _rebuild_with_copy(ray)
     finally:
         ray.shutdown()
+
+
+def _rebuild_with_copy(ray):
+    """A stage killed mid-prefill: the rebuilt pipeline opens a fresh ring, same tokens."""
+    from app import Engine, EngineConfig, SamplingParams
+    from app.pipeline import STAGE_NAMESPACE
+    from tests.ray.test_stage_failure import LONG, _prompt, _wait_for
+
+    cfg = EngineConfig(
+        pp_size=2,
+        device="cuda",
+        chunk_size=16,
+        block_size=16,
+        max_num_seqs=1,
+        num_kv_blocks=256,
+        channel_check=True,
+        run_ahead=True,
+        output_channel="copy",
+        gpu_memory_utilization=0.3,
+    )
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    short = [_prompt(20, seed) for seed in (1, 2)]
+    with Engine(cfg) as engine:
+        before = [o.token_ids for o in engine.generate(short, params)]
+        pid = engine.stats()["pipeline_id"]
+        victim = engine._actor.generate_batch.remote([_prompt(LONG, 0)], [params])
+        _wait_for(engine, lambda s: s["num_running"] == 1, "the long request to start")
+        ray.kill(ray.get_actor(f"ppserve-{pid}-stage1", namespace=STAGE_NAMESPACE), no_restart=True)
+        assert ray.get(victim, timeout=120)[0].finish_reason == "error"
+        assert [o.token_ids for o in engine.generate(short, params)] == before
+        assert engine.stats()["pipeline_failures"] == 1
