@@ -86,6 +86,7 @@ class Pipeline:
         self.stages: list = []
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
+        self.output_channel = "nccl"  # what the stages use, --output-channel resolved at start
         self.pipeline_id = uuid.uuid4().hex[:8]  # unique per Pipeline: names never collide
         # Deferred results (PP=1 with run-ahead): the last launched microbatch's result, which
         # the next advance call (the next dispatch or flush()) returns.
@@ -107,11 +108,12 @@ class Pipeline:
     def _specs(self) -> list[StageSpec]:
         ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
         max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
-        channel = self.output_channel()
-        return [self.config.stage_spec(i, r, max_len, channel) for i, r in enumerate(ranges)]
+        self.output_channel = self._resolve_output_channel()
+        return [self.config.stage_spec(i, r, max_len, self.output_channel)
+                for i, r in enumerate(ranges)]
 
-    def output_channel(self) -> str:
-        """The output channel the stages use: --output-channel, with auto resolved (logged)."""
+    def _resolve_output_channel(self) -> str:
+        """--output-channel, with auto resolved (and the choice logged once)."""
         chosen = self.config.output_channel
         if chosen != "auto":
             return chosen

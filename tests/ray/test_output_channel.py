@@ -72,6 +72,7 @@ def test_host_matches_transformers_and_gloo(ray_cluster, checkpoint, prompts, re
             if channel == "host":
                 assert engine.call(_abort_one_mid_decode, prompts, GREEDY) == reference[1:]
             stats = engine.stats()
+        assert stats["output_channel"] == channel
         if channel == "host":  # the plans carry the tokens: nothing on the channel
             assert stats["channel_output_sends"] == 0
         elif pp > 1:
