@@ -34,7 +34,7 @@ from typing import Any
 
 from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
 from app.request import Prompt
-from stages.protocol import DEVICES
+from stages.protocol import DEVICES, OUTPUT_CHANNELS
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode-only microbatches without CUDA graphs")
     p.add_argument("--run-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="default: the engine's (on with CUDA)")
+    p.add_argument("--output-channel", choices=OUTPUT_CHANNELS, default="auto",
+                   help="how sampled ids reach stage 0 (--output-channel of ppserve serve)")
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                        chunk_size=a.chunk_size, max_num_batched_tokens=budget,
                        max_num_seqs=seqs, max_model_len=max_len + 64, num_kv_blocks=kv_blocks,
                        block_size=64, linear_backend=a.linear, attention_backend=a.attention,
-                       seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead)
+                       seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead,
+                       output_channel=a.output_channel)
     rng = random.Random(a.seed)
     lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)
 
