@@ -13,9 +13,9 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: the checkpoint's shapes with seeded random weights
 OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late: before its use
-# How the sampled ids travel from the last stage to stage 0 (DESIGN §4): auto (resolved by the
-# pipeline), nccl (gloo on CPU), copy (CUDA IPC peer copy + interprocess event, one node),
-# host (stage 0 reads them from the plans: no output message at all).
+# How the sampled ids travel from the last stage to stage 0 (docs/ARCHITECTURE.md#channels):
+# auto (resolved by the pipeline), nccl (gloo on CPU), copy (CUDA IPC peer copy + interprocess
+# event, one node), host (stage 0 reads them from the plans: no output message at all).
 OUTPUT_CHANNELS = ("auto", "nccl", "copy", "host")
 
 

@@ -2,19 +2,21 @@
 kernels of another stream, and the latency each adds to a PP=1 decode step.
 
 Contention: FlashMLA's sparse FP8 decode, the persistent Triton GEMM (grid = SMs) and cuBLAS
-are timed alone; with the one-CTA spin of DESIGN §1 on a side stream (the stand-in for a
-pending NCCL recv); and with the copy channel's pending wait: a side stream waits on an
-interprocess CUDA event that is recorded behind a long pinned host-to-device copy (a copy engine
-busy, no SM), with the consumer's scatter queued behind the wait. "blocked" says whether the
-measured kernel had to wait for that event. The host channel leaves nothing pending on the
+are timed alone; with the one-CTA spin on a side stream (the stand-in for a pending NCCL recv,
+docs/ARCHITECTURE.md#why-the-output-channel-matters); and with the copy channel's pending
+wait: a side stream waits on an interprocess CUDA event that is recorded behind a long pinned
+host-to-device copy (a copy engine busy, no SM), with the consumer's scatter queued behind the
+wait. "blocked" says whether the measured kernel had to wait for that event. The host channel leaves nothing pending on the
 device (its row is "alone"). cuStreamWaitValue32 is not measured: the earlier probe ruled it out
-(DESIGN §1: it kept another stream's persistent GEMM from finishing).
+(it kept another stream's persistent GEMM from finishing:
+docs/ARCHITECTURE.md#why-the-output-channel-matters).
 
 Decode step: 64 rows through two 4096² bf16 layers, a 32K-vocabulary head and argmax; the ids
 reach the next step's input by a local scatter (today's PP=1), by the copy channel's path
 (cudaMemcpyAsync into a ring slot, an interprocess event recorded and waited on, the scatter),
 or by the host (ids read back, the next input copied up from pinned memory). NCCL cannot run
-two ranks on one GPU: its figure is DESIGN §1's 2-GPU send/recv pair.
+two ranks on one GPU: its figure is the 2-GPU send/recv pair of
+docs/ARCHITECTURE.md#why-the-output-channel-matters.
 
     python -m app.bench.output_channels --out docs/bench/output_channels.json
 """
@@ -73,7 +75,8 @@ class _Pending:
         self.slots = torch.arange(64, device="cuda")
 
     def spin(self) -> torch.cuda.Event:
-        """One CTA spinning on a side stream: a pending NCCL recv's footprint (DESIGN §1)."""
+        """One CTA spinning on a side stream: a pending NCCL recv's footprint
+        (docs/ARCHITECTURE.md#why-the-output-channel-matters)."""
         done = torch.cuda.Event()
         with torch.cuda.stream(self.side):
             torch.cuda._sleep(SPIN_CYCLES)
@@ -235,8 +238,8 @@ def decode_latency(steps: int, rounds: int) -> dict:
     return {
         "ms_per_step": out,
         "added_ms": {c: round(v - out["local"], 4) for c, v in out.items()},
-        "nccl": "not on one GPU (NCCL refuses two ranks on one device); DESIGN §1: a "
-        "512-byte send/recv pair 40-60 us on 2 GPUs",
+        "nccl": "not on one GPU (NCCL refuses two ranks on one device); docs/ARCHITECTURE.md: "
+        "a 512-byte send/recv pair 40-60 us on 2 GPUs",
     }
 
 
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "command": "python -m app.bench.output_channels " + " ".join(sys.argv[1:]),
         "environment": environment(),
-        "stand_in": "one-CTA torch.cuda._sleep (DESIGN §1)",
+        "stand_in": "one-CTA torch.cuda._sleep (docs/ARCHITECTURE.md)",
     }
     parts = {
         "copy_profile": copy_is_a_memcpy,
