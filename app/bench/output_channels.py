@@ -6,8 +6,8 @@ are timed alone; with the one-CTA spin on a side stream (the stand-in for a pend
 docs/ARCHITECTURE.md#why-the-output-channel-matters); and with the copy channel's pending
 wait: a side stream waits on an interprocess CUDA event that is recorded behind a long pinned
 host-to-device copy (a copy engine busy, no SM), with the consumer's scatter queued behind the
-wait. "blocked" says whether the measured kernel had to wait for that event. The host channel leaves nothing pending on the
-device (its row is "alone"). cuStreamWaitValue32 is not measured: the earlier probe ruled it out
+wait. "blocked" says whether the measured kernel had to wait for that event. The host channel
+leaves nothing pending on the device (its row is "alone"). cuStreamWaitValue32 is not measured: the earlier probe ruled it out
 (it kept another stream's persistent GEMM from finishing:
 docs/ARCHITECTURE.md#why-the-output-channel-matters).
 
