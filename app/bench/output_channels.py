@@ -7,9 +7,9 @@ docs/ARCHITECTURE.md#why-the-output-channel-matters); and with the copy channel'
 wait: a side stream waits on an interprocess CUDA event that is recorded behind a long pinned
 host-to-device copy (a copy engine busy, no SM), with the consumer's scatter queued behind the
 wait. "blocked" says whether the measured kernel had to wait for that event. The host channel
-leaves nothing pending on the device (its row is "alone"). cuStreamWaitValue32 is not measured: the earlier probe ruled it out
-(it kept another stream's persistent GEMM from finishing:
-docs/ARCHITECTURE.md#why-the-output-channel-matters).
+leaves nothing pending on the device (its row is "alone"). cuStreamWaitValue32 is not
+measured: the earlier probe ruled it out (it kept another stream's persistent GEMM from
+finishing: docs/ARCHITECTURE.md#why-the-output-channel-matters).
 
 Decode step: 64 rows through two 4096² bf16 layers, a 32K-vocabulary head and argmax; the ids
 reach the next step's input by a local scatter (today's PP=1), by the copy channel's path
