@@ -48,6 +48,10 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.torch_ref:indexer_logits",
         "triton": "stages.kernels.triton_indexer:indexer_logits",
     },
+    # DeepSeek-V4 attention: a K=V head over selected keys (window + compressed), with sinks.
+    "sparse_sink_attention": {
+        "torch": "stages.kernels.torch_ref:sparse_sink_attention",
+    },
     # Routed MoE experts: per-expert cuBLAS GEMMs, or one grouped persistent Triton kernel.
     "moe_experts": {
         "torch": "stages.kernels.torch_ref:moe_experts",
@@ -67,6 +71,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "mla_sparse": ("flash-mla", "torch"),
     "indexer_logits": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
+    "sparse_sink_attention": ("torch",),
 }
 
 
@@ -87,6 +92,8 @@ class Kernels:
     # (q [T,Hi,D], k [L,D], weights [T,Hi] fp32, scale) -> [T,L] fp32:
     # sum_h weights[t,h] * relu(scale * q[t,h].k[l]); the model masks causally, takes top-k
     indexer_logits: Callable | None = None
+    # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
+    sparse_sink_attention: Callable | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -127,7 +134,8 @@ def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
     chosen = {op: _select(op, choice, str(device)) for op, choice in (
         ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
         ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts),
-        ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits))}
+        ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits),
+        ("sparse_sink_attention", "auto"))}
     names = {op: name for op, (name, _fn) in chosen.items()}
     log.info("kernels on %s: %s", device, names)
     return Kernels(**{op: fn for op, (_name, fn) in chosen.items()}, names=names)

@@ -146,3 +146,24 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
         y = F.linear(F.silu(gate) * up, down[e])
         out.index_add_(0, tokens, y.float() * weights[sel, None])
     return out.to(x.dtype)
+
+
+def sparse_sink_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                          sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """DeepSeek-V4's attention (FlashMLA's sparse contract with `attn_sink`): query t attends to
+    kv[indices[t]] only, one K=V head shared by every query head, each head's softmax also
+    over a learned sink logit that takes weight and gives nothing. q [T, H, D], kv [N, D],
+    indices [T, K] (-1: no key), sinks [H] fp32 -> [T, H, D] in q's dtype."""
+    t, heads, d = q.shape
+    out = q.new_empty(t, heads, d)
+    step = max(1, TILE_ELEMENTS // max(1, indices.shape[1] * max(d, heads)))
+    for i in range(0, t, step):
+        idx = indices[i:i + step].long()
+        keys = kv.index_select(0, idx.clamp(min=0).reshape(-1)).view(*idx.shape, d).float()
+        scores = torch.einsum("thd,tkd->thk", q[i:i + step].float(), keys) * scale
+        scores = scores.masked_fill((idx < 0)[:, None, :], float("-inf"))
+        sink = sinks.float()[None, :, None].expand(scores.shape[0], heads, 1)
+        logits = torch.cat((scores, sink), dim=-1)
+        probs = (logits - logits.max(dim=-1, keepdim=True).values).softmax(dim=-1)[..., :-1]
+        out[i:i + step] = torch.einsum("thk,tkd->thd", probs, keys).to(q.dtype)
+    return out
