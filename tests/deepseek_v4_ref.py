@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 
 # Every layer type (sliding, CSA at rate 4 with top-3, HCA at rate 8), two hash layers then
-# routed ones, a window of 8: a 40-token prompt spans five windows and ten CSA groups.
+# routed ones, a window of 8: a 40-token prompt spans five windows and ten CSA groups. Eight
+# indexer heads in both: with few, a query often scores several entries exactly 0 (every head's
+# ReLU off), and which of the tied entries top-k keeps is up to the implementation.
 TINY_V4 = dict(
     vocab_size=128, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
     num_attention_heads=4, head_dim=32, q_lora_rank=16, partial_rotary_factor=0.25,
@@ -16,16 +18,14 @@ TINY_V4 = dict(
                  "heavily_compressed_attention", "compressed_sparse_attention"],
     compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
     mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"], hc_mult=2, sliding_window=8,
-    o_groups=2, o_lora_rank=8, index_n_heads=4, index_head_dim=16, index_topk=3,
+    o_groups=2, o_lora_rank=8, index_n_heads=8, index_head_dim=16, index_topk=3,
     swiglu_limit=0.5, max_position_embeddings=512, compress_rope_theta=1000.0,
-    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
     bos_token_id=0, eos_token_id=1,
 )
 
 # A second shape: four streams, rates 2 and 16, sigmoid scores, tied embeddings, plain rope, a
-# window of 5, one hash layer in the middle of the stack. Eight indexer heads: with few, a
-# query often scores several entries exactly 0 (every head's ReLU off), and which of the tied
-# entries top-k keeps is up to the implementation, in transformers as here.
+# window of 5, hash layers first and fourth (so a later stage routes by token id too).
 SECOND_V4 = dict(
     vocab_size=96, hidden_size=48, moe_intermediate_size=24, num_hidden_layers=5,
     num_attention_heads=6, head_dim=16, q_lora_rank=12, partial_rotary_factor=0.5,
@@ -34,7 +34,8 @@ SECOND_V4 = dict(
                  "sliding_attention", "compressed_sparse_attention",
                  "heavily_compressed_attention"],
     compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 16},
-    mlp_layer_types=["moe", "hash_moe", "moe", "moe", "moe"], hc_mult=4, hc_sinkhorn_iters=7,
+    mlp_layer_types=["hash_moe", "moe", "moe", "hash_moe", "moe"], hc_mult=4,
+    hc_sinkhorn_iters=7,
     sliding_window=5, o_groups=3, o_lora_rank=6, index_n_heads=8, index_head_dim=8,
     index_topk=4, swiglu_limit=1.0, tie_word_embeddings=True, max_position_embeddings=256,
     bos_token_id=0, eos_token_id=1,
