@@ -16,7 +16,7 @@ from stages.channels import ChannelError, PendingRecv, PipelineChannels
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import moe_backend_for, select_kernels
-from stages.kv_cache import PagedKVCache, bytes_per_block, bytes_per_token_layer, make_kv_cache
+from stages.kv_cache import bytes_per_block, bytes_per_token_layer, make_kv_cache
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
@@ -59,12 +59,12 @@ class StageRunner:
             self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
             spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
             spec.seed)
-        self.kv: PagedKVCache | None = None  # a LatentKVCache for MLA models
+        self.kv = None  # the family's cache class (PagedKVCache for K/V pages)
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
         self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
+        self.family = self.args.family
         log.info("KV cache: %d bytes per token per layer (%s)",
-                 bytes_per_token_layer(self.args, self.dtype),
-                 "MLA latent" if self.args.deepseek else "K and V")
+                 bytes_per_token_layer(self.args, self.dtype), self.family.kv_description)
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
@@ -92,10 +92,10 @@ class StageRunner:
     def uses_decode_graphs(self) -> bool:
         """Decode-only microbatches take the paged path (graphed unless enforce_eager) where
         a paged decode kernel runs: CUDA with Triton, and a block size it supports; for the
-        Llama family (MLA models decode through their own absorbed path)."""
+        families that declare it (others decode through their own path)."""
         bs = self.spec.block_size
         return (self.device.type == "cuda" and self.spec.max_model_len > 0
-                and self.args.deepseek is None
+                and self.family.paged_decode_graphs
                 and self.kernels.names["paged_decode"] != "torch"
                 and bs >= 16 and bs & (bs - 1) == 0)
 
@@ -126,7 +126,8 @@ class StageRunner:
             self.model, self.kv, num_slots=self.spec.max_running,
             max_model_len=self.spec.max_model_len,
             scratch_slot=(self.kv.num_blocks - 1) * self.spec.block_size,
-            hidden_size=self.args.hidden_size, kv_heads=self.args.num_key_value_heads,
+            hidden_shape=self.family.hidden_shape(self.args),
+            kv_heads=self.args.num_key_value_heads,
             dtype=self.dtype, device=self.device, is_first=self.spec.is_first,
             max_rows=self.spec.max_running, eager=self.spec.enforce_eager)
         for req_id, table in self.block_tables.items():  # a recapture keeps live requests
@@ -140,7 +141,7 @@ class StageRunner:
         cache, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request
         needs them. Only where attention is cuDNN: the torch reference has nothing to build."""
         if (self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks
-                or self.args.deepseek is not None):  # MLA prefill shapes: not built ahead
+                or not self.family.cudnn_warm_up):  # e.g. MLA prefill shapes: not built ahead
             return {"shapes": 0, "seconds": 0.0}
         from stages.kernels.cudnn_attention import diagonal_sizes
 
@@ -184,8 +185,8 @@ class StageRunner:
         if self.spec.is_first:
             inputs = self._input_ids(plan)
         else:
-            inputs = self.channels.recv_hidden((plan.num_tokens, self.args.hidden_size),
-                                               self.dtype, plan.mb_id)
+            inputs = self.channels.recv_hidden(
+                (plan.num_tokens, *self.family.hidden_shape(self.args)), self.dtype, plan.mb_id)
         self.timer.start(plan.mb_id)
         graphed = batch is None and not graphs.eager
         if batch is None:  # every row samples: the hidden rows are the sampling rows

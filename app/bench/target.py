@@ -164,8 +164,8 @@ MODEL_SHAPES = ("llama8b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
 
 
 def shape_config(shape: str) -> dict:
-    from stages.deepseek_config import DEEPSEEK_V2_LITE
     from stages.model_config import BUILTIN_CONFIG
+    from stages.models.deepseek_config import DEEPSEEK_V2_LITE
 
     if shape == "deepseek-v32-bench":
         return dict(

@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.deepseek_config import IndexerArgs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels
-from stages.mla_cache import INDEXER_KEY, LatentKVCache
 from stages.model_config import ModelArgs
-from stages.models.llama import Linear
-from stages.models.mla import MLAttention, apply_rope
+from stages.models.deepseek_config import INDEXER_KEY, IndexerArgs
+from stages.models.layers import Linear, apply_rope
+from stages.models.mla import MLAttention
+from stages.models.mla_cache import LatentKVCache
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Indexer(nn.Module):
 
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
         super().__init__()
-        d = args.deepseek
+        d = args.family_args
         ix: IndexerArgs = d.indexer
         self.ix, self.rope_dim = ix, d.qk_rope_head_dim
         self.scale = ix.head_dim ** -0.5
@@ -123,9 +123,8 @@ class DSAttention(MLAttention):
         super().__init__(args, kernels, dtype, device)
         self.indexer = Indexer(args, kernels, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, rows: SparseRows, kv: LatentKVCache,
-                local_layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: SparseRows,
+                batch: ForwardBatch, kv: LatentKVCache, local_layer: int) -> torch.Tensor:
         d, t = self.d, x.shape[0]
         q_nope, q_pe, q_resid = self.project(x, cos, sin, batch, kv, local_layer)
         kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
