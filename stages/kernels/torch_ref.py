@@ -124,11 +124,20 @@ def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
     return out
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """silu(gate) * up; with a limit (DeepSeek-V4's swiglu_limit) gate is clamped from above
+    and up to [-limit, limit] first."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+                topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                limit: float | None = None) -> torch.Tensor:
     """Routed experts: x [T, H], gate_up [E, 2I, H], down [E, H, I], ids/weights [T, k] ->
-    sum over each token's k experts of weight * down(silu(gate) * up), [T, H]. One GEMM pair
-    per expert that received tokens."""
+    sum over each token's k experts of weight * down(swiglu(gate, up, limit)), [T, H]. One GEMM
+    pair per expert that received tokens."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     order = flat.argsort(stable=True)
@@ -143,7 +152,7 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
         start += n
         tokens = sel // k
         gate, up = F.linear(x[tokens], gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, down[e])
+        y = F.linear(swiglu(gate, up, limit), down[e])
         out.index_add_(0, tokens, y.float() * weights[sel, None])
     return out.to(x.dtype)
 

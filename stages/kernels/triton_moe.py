@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from stages.kernels import torch_ref
 from stages.kernels.triton_gemm import num_sms
@@ -41,12 +40,12 @@ def is_available(device: str = "cuda") -> bool:
     return triton is not None
 
 
-def moe_experts(x, gate_up, down, topk_ids, topk_weights) -> torch.Tensor:
-    return _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin=0)
+def moe_experts(x, gate_up, down, topk_ids, topk_weights, limit=None) -> torch.Tensor:
+    return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=0)
 
 
-def moe_experts_sm1(x, gate_up, down, topk_ids, topk_weights) -> torch.Tensor:
-    return _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin=1)
+def moe_experts_sm1(x, gate_up, down, topk_ids, topk_weights, limit=None) -> torch.Tensor:
+    return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=1)
 
 
 @dataclass
@@ -92,11 +91,11 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, tiles: TileMap, grid: int,
     return c
 
 
-def _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin: int) -> torch.Tensor:
+def _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin: int) -> torch.Tensor:
     usable = (triton is not None and x.is_cuda and x.dtype == torch.bfloat16
               and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16)
     if not usable:
-        return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights)
+        return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights, limit)
     t, k = topk_ids.shape
     e = gate_up.shape[0]
     flat = topk_ids.reshape(-1)
@@ -108,7 +107,8 @@ def _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin: int) -> torch.Tens
     grid = num_sms(x.device) - sm_margin
     a = x.index_select(0, order // k).contiguous()
     gate, up = grouped_gemm(a, gate_up.contiguous(), tiles, grid).chunk(2, dim=-1)
-    y = grouped_gemm((F.silu(gate) * up).contiguous(), down.contiguous(), tiles, grid)
+    y = grouped_gemm(torch_ref.swiglu(gate, up, limit).contiguous(), down.contiguous(), tiles,
+                     grid)
     unsorted = torch.empty_like(y)
     unsorted[order] = y
     out = (unsorted.view(t, k, -1).float() * topk_weights[:, :, None].float()).sum(dim=1)

@@ -16,11 +16,19 @@ import torch
 from torch import nn
 
 from stages.kernels.registry import Kernels
-from stages.models.deepseek_v4.cache import (COMP, COMP_IN, INDEX_IN, INDEX_KEYS, KV, V4Cache,
-                                             entry_slots)
-from stages.models.deepseek_v4.config import CSA, SLIDING, V4Args
+from stages.models.deepseek_v4.cache import V4Cache, entry_slots
+from stages.models.deepseek_v4.config import (
+    COMP,
+    COMP_IN,
+    CSA,
+    INDEX_IN,
+    INDEX_KEYS,
+    KV,
+    SLIDING,
+    V4Args,
+)
 from stages.models.deepseek_v4.layers import Rotary, V4RMSNorm, apply_rope, unweighted_rms_norm
-from stages.models.llama import Linear
+from stages.models.layers import Linear
 
 
 @dataclass
@@ -43,23 +51,40 @@ class GroupCompressor(nn.Module):
     group's first position. With `overlap` (CSA) each token projects two series and entry w
     pools group w - 1's first series with group w's second (2 * rate slots)."""
 
-    def __init__(self, a: V4Args, width: int, rate: int, overlap: bool, kernels: Kernels,
-                 dtype: torch.dtype, device: str | torch.device):
+    def __init__(
+        self,
+        a: V4Args,
+        width: int,
+        rate: int,
+        overlap: bool,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ):
         super().__init__()
         series = 2 if overlap else 1
         self.width, self.rate, self.overlap = width, rate, overlap
         self.kv_proj = Linear(a.hidden_size, series * width, False, kernels, dtype, device)
         self.gate_proj = Linear(a.hidden_size, series * width, False, kernels, dtype, device)
-        self.position_bias = nn.Parameter(torch.empty(rate, series * width, dtype=torch.float32,
-                                                      device=device))
+        self.position_bias = nn.Parameter(
+            torch.empty(rate, series * width, dtype=torch.float32, device=device)
+        )
         self.kv_norm = V4RMSNorm(width, a.rms_norm_eps, device)
 
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
         """[T, 2 * series * width]: what the cache keeps per token until its group completes."""
         return torch.cat((self.kv_proj(x), self.gate_proj(x)), dim=-1)
 
-    def complete_groups(self, row: V4Row, cache: V4Cache, local: int, inputs_name: str,
-                        entries_name: str, rotary: Rotary, block_size: int) -> None:
+    def complete_groups(
+        self,
+        row: V4Row,
+        cache: V4Cache,
+        local: int,
+        inputs_name: str,
+        entries_name: str,
+        rotary: Rotary,
+        block_size: int,
+    ) -> None:
         """Compute and store the entries of the groups whose last token is in `row`."""
         r = self.rate
         first, last = row.start // r, row.end // r  # new entries: first..last-1
@@ -80,44 +105,61 @@ class GroupCompressor(nn.Module):
                 cur_kv, cur_gate = cur_kv[1:], cur_gate[1:]
             else:  # entry 0 has no group before it: zero kv, gate -inf (weight 0)
                 prev_kv = torch.cat((torch.zeros_like(prev_kv[:1]), prev_kv[:-1]))
-                prev_gate = torch.cat((torch.full_like(prev_gate[:1], float("-inf")),
-                                       prev_gate[:-1]))
+                prev_gate = torch.cat(
+                    (torch.full_like(prev_gate[:1], float("-inf")), prev_gate[:-1])
+                )
             kv, gate = torch.cat((prev_kv, cur_kv), dim=1), torch.cat((prev_gate, cur_gate), dim=1)
         pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1)
         positions = torch.arange(first, last, device=kv.device) * r
         cos, sin = rotary(positions, pooled.dtype)
         entries = apply_rope(self.kv_norm(pooled), cos, sin)
-        cache.write(local, entries_name, entries,
-                    entry_slots(row.table, first, last - first, block_size // r, kv.device))
+        cache.write(
+            local,
+            entries_name,
+            entries,
+            entry_slots(row.table, first, last - first, block_size // r, kv.device),
+        )
 
 
 class Indexer(GroupCompressor):
     """CSA's lightning indexer: its own overlapping compressor at index_head_dim, and queries
     from the q LoRA scored against its compressed keys: sum_h w_h relu(q_h . k) / sqrt(d)."""
 
-    def __init__(self, a: V4Args, rate: int, kernels: Kernels, dtype: torch.dtype,
-                 device: str | torch.device):
+    def __init__(
+        self, a: V4Args, rate: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
+    ):
         super().__init__(a, a.index_head_dim, rate, True, kernels, dtype, device)
         self.heads, self.topk, self.kernels = a.index_n_heads, a.index_topk, kernels
-        self.q_b_proj = Linear(a.q_lora_rank, a.index_n_heads * a.index_head_dim, False, kernels,
-                               dtype, device)
+        self.q_b_proj = Linear(
+            a.q_lora_rank, a.index_n_heads * a.index_head_dim, False, kernels, dtype, device
+        )
         self.scorer = nn.Module()
-        self.scorer.weights_proj = Linear(a.hidden_size, a.index_n_heads, False, kernels, dtype,
-                                          device)
+        self.scorer.weights_proj = Linear(
+            a.hidden_size, a.index_n_heads, False, kernels, dtype, device
+        )
 
-    def select(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor,
-               sin: torch.Tensor, row: V4Row, cache: V4Cache, local: int,
-               block_size: int) -> torch.Tensor:
+    def select(
+        self,
+        x: torch.Tensor,
+        q_resid: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        row: V4Row,
+        cache: V4Cache,
+        local: int,
+        block_size: int,
+    ) -> torch.Tensor:
         """[n, k] entry ids each query of `row` attends to (-1: none), k <= index_topk."""
         r, n = self.rate, row.num_tokens
         count = row.end // r
         span = slice(row.offset, row.offset + n)
         q = self.q_b_proj(q_resid[span]).view(n, self.heads, self.width)
         q = apply_rope(q, cos[span], sin[span])
-        weights = self.scorer.weights_proj(x[span]).float() * self.heads ** -0.5
-        keys = cache.read(local, INDEX_KEYS,
-                          entry_slots(row.table, 0, count, block_size // r, x.device))
-        scores = self.kernels.indexer_logits(q, keys, weights, self.width ** -0.5)
+        weights = self.scorer.weights_proj(x[span]).float() * self.heads**-0.5
+        keys = cache.read(
+            local, INDEX_KEYS, entry_slots(row.table, 0, count, block_size // r, x.device)
+        )
+        scores = self.kernels.indexer_logits(q, keys, weights, self.width**-0.5)
         visible = (torch.arange(row.start, row.end, device=x.device) + 1) // r  # [n]
         entries = torch.arange(count, device=x.device)
         scores = scores.masked_fill(entries[None, :] >= visible[:, None], float("-inf"))
@@ -126,8 +168,14 @@ class Indexer(GroupCompressor):
 
 
 class V4Attention(nn.Module):
-    def __init__(self, a: V4Args, layer: int, kernels: Kernels, dtype: torch.dtype,
-                 device: str | torch.device):
+    def __init__(
+        self,
+        a: V4Args,
+        layer: int,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ):
         super().__init__()
         self.a, self.kernels = a, kernels
         self.kind, self.rate = a.layer_types[layer], a.rate(layer)
@@ -138,14 +186,16 @@ class V4Attention(nn.Module):
         self.kv_proj = Linear(h, d, False, kernels, dtype, device)
         self.kv_norm = V4RMSNorm(d, a.rms_norm_eps, device)
         # grouped output projection: o_groups blocks of heads * d / o_groups -> o_lora_rank
-        self.o_a_proj = Linear(heads * d // a.o_groups, a.o_groups * a.o_lora_rank, False,
-                               kernels, dtype, device)
+        self.o_a_proj = Linear(
+            heads * d // a.o_groups, a.o_groups * a.o_lora_rank, False, kernels, dtype, device
+        )
         self.o_b_proj = Linear(a.o_groups * a.o_lora_rank, h, False, kernels, dtype, device)
         self.sinks = nn.Parameter(torch.empty(heads, dtype=torch.float32, device=device))
         self.compressor: GroupCompressor | None = None
         if self.kind != SLIDING:
-            self.compressor = GroupCompressor(a, d, self.rate, self.kind == CSA, kernels, dtype,
-                                              device)
+            self.compressor = GroupCompressor(
+                a, d, self.rate, self.kind == CSA, kernels, dtype, device
+            )
             if self.kind == CSA:
                 self.compressor.indexer = Indexer(a, self.rate, kernels, dtype, device)
 
@@ -153,9 +203,16 @@ class V4Attention(nn.Module):
     def indexer(self) -> Indexer | None:
         return getattr(self.compressor, "indexer", None)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
-                rows: list[V4Row], slot_mapping: torch.Tensor, cache: V4Cache,
-                local: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: Rotary,
+        rows: list[V4Row],
+        slot_mapping: torch.Tensor,
+        cache: V4Cache,
+        local: int,
+    ) -> torch.Tensor:
         a, t = self.a, x.shape[0]
         cos, sin = rotary(positions, x.dtype)
         q_resid = self.q_a_norm(self.q_a_proj(x))
@@ -170,19 +227,20 @@ class V4Attention(nn.Module):
             for row in rows:
                 self.compressor.complete_groups(row, cache, local, COMP_IN, COMP, rotary, bs)
                 if self.indexer is not None:
-                    self.indexer.complete_groups(row, cache, local, INDEX_IN, INDEX_KEYS, rotary,
-                                                 bs)
+                    self.indexer.complete_groups(
+                        row, cache, local, INDEX_IN, INDEX_KEYS, rotary, bs
+                    )
         pool, indices = self._keys(x, q_resid, cos, sin, rows, cache, local)
-        out = self.kernels.sparse_sink_attention(q, pool, indices, self.sinks,
-                                                 a.head_dim ** -0.5)
+        out = self.kernels.sparse_sink_attention(q, pool, indices, self.sinks, a.head_dim**-0.5)
         out = apply_rope(out, cos, -sin)
         g = a.o_groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)
         return self.o_b_proj(grouped.reshape(t, -1))
 
-    def _keys(self, x, q_resid, cos, sin, rows: list[V4Row], cache: V4Cache,
-              local: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _keys(
+        self, x, q_resid, cos, sin, rows: list[V4Row], cache: V4Cache, local: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(pool [N, D] of every row's keys, indices [T, K] into it, -1 padded)."""
         win, r, bs, dev = self.a.sliding_window, self.rate, cache.block_size, x.device
         pools, parts, base = [], [], 0
@@ -195,18 +253,21 @@ class V4Attention(nn.Module):
             base += row.end - w0
             count = row.end // r if r else 0
             if count:
-                pools.append(cache.read(local, COMP,
-                                        entry_slots(row.table, 0, count, bs // r, dev)))
+                pools.append(
+                    cache.read(local, COMP, entry_slots(row.table, 0, count, bs // r, dev))
+                )
                 if self.indexer is not None:
                     picked = self.indexer.select(x, q_resid, cos, sin, row, cache, local, bs)
                 else:
                     entries = torch.arange(count, device=dev)[None, :]
                     picked = entries.expand(row.num_tokens, -1).masked_fill(
-                        entries >= ((pos + 1) // r)[:, None], -1)
+                        entries >= ((pos + 1) // r)[:, None], -1
+                    )
                 idx = torch.cat((idx, (picked + base).masked_fill(picked < 0, -1)), dim=1)
                 base += count
             parts.append(idx)
         width = max(p.shape[1] for p in parts)
-        indices = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=-1)
-                             for p in parts])
+        indices = torch.cat(
+            [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=-1) for p in parts]
+        )
         return torch.cat(pools), indices

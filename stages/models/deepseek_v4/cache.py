@@ -23,65 +23,41 @@ from __future__ import annotations
 
 import torch
 
-from stages.models.deepseek_v4.config import CSA, SLIDING, V4Args
-
-KV, COMP_IN, COMP, INDEX_IN, INDEX_KEYS = "kv", "comp_in", "comp", "index_in", "index_keys"
-
-
-def layer_components(a: V4Args, layer: int) -> dict[str, tuple[int, int]]:
-    """Component name -> (values per entry, tokens per entry) of one layer."""
-    out = {KV: (a.head_dim, 1)}
-    kind, rate = a.layer_types[layer], a.rate(layer)
-    if kind == SLIDING:
-        return out
-    overlap = 2 if kind == CSA else 1  # CSA's two series (Ca, Cb) per token
-    out[COMP_IN] = (2 * overlap * a.head_dim, 1)  # kv and gate projections
-    out[COMP] = (a.head_dim, rate)
-    if kind == CSA:
-        out[INDEX_IN] = (2 * overlap * a.index_head_dim, 1)
-        out[INDEX_KEYS] = (a.index_head_dim, rate)
-    return out
-
-
-def check_block_size(a: V4Args, block_size: int) -> None:
-    if block_size < 1 or block_size % a.max_rate:
-        raise ValueError(f"deepseek_v4 needs a block size that is a multiple of its largest "
-                         f"compression rate {a.max_rate} (whole groups per block), got "
-                         f"{block_size}")
-
-
-def bytes_per_block(a: V4Args, layers: range, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block costs over `layers` (per-token components, plus one compressed entry
-    per group of `rate` tokens)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return sum(width * (block_size // per) * elem for i in layers
-               for width, per in layer_components(a, i).values())
-
-
-def bytes_per_token_layer(a: V4Args, dtype: torch.dtype) -> float:
-    """Mean over the model's layers of the bytes one token costs in one layer."""
-    b = a.max_rate
-    return bytes_per_block(a, range(a.num_hidden_layers), b, dtype) / (b * a.num_hidden_layers)
+from stages.model_config import ModelArgs
+from stages.models.deepseek_v4.config import layer_components
 
 
 class V4Cache:
-    def __init__(self, a: V4Args, layers: range, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: str | torch.device):
-        if num_blocks < 1:
-            raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
-        check_block_size(a, block_size)
+    def __init__(
+        self,
+        args: ModelArgs,
+        layers: range,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ):
+        a = args.family_args
+        if num_blocks < 1 or block_size < 1 or block_size % a.max_rate:
+            raise ValueError(
+                f"need num_blocks >= 1 and a block size that is a multiple of "
+                f"{a.max_rate}, got {num_blocks}, {block_size}"
+            )
         self.num_blocks, self.block_size = num_blocks, block_size
         self.layers: list[dict[str, torch.Tensor]] = [
-            {name: torch.zeros(num_blocks, block_size // per, width, dtype=dtype, device=device)
-             for name, (width, per) in layer_components(a, i).items()} for i in layers]
+            {
+                name: torch.zeros(num_blocks, block_size // per, width, dtype=dtype, device=device)
+                for name, (width, per) in layer_components(a, i).items()
+            }
+            for i in layers
+        ]
 
     def flat(self, local_layer: int, name: str) -> torch.Tensor:
         """[num_blocks * entries per block, width]: addressed by `slots`."""
         t = self.layers[local_layer][name]
         return t.view(-1, t.shape[-1])
 
-    def write(self, local_layer: int, name: str, values: torch.Tensor,
-              slots: torch.Tensor) -> None:
+    def write(self, local_layer: int, name: str, values: torch.Tensor, slots: torch.Tensor) -> None:
         flat = self.flat(local_layer, name)
         flat.index_copy_(0, slots, values.to(flat.dtype))
 
@@ -89,8 +65,9 @@ class V4Cache:
         return self.flat(local_layer, name).index_select(0, slots)
 
 
-def entry_slots(table: torch.Tensor, first: int, count: int, per_block: int,
-                device: torch.device) -> torch.Tensor:
+def entry_slots(
+    table: torch.Tensor, first: int, count: int, per_block: int, device: torch.device
+) -> torch.Tensor:
     """Slots of entries first..first+count-1 of a request whose blocks hold `per_block` entries
     each (tokens: block_size; compressed entries: block_size / rate)."""
     idx = torch.arange(first, first + count, device=device)

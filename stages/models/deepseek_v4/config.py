@@ -9,6 +9,10 @@ not implement is refused here, at load, with the field's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stages.model_config import ModelArgs
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"  # compressed at a small rate, top-k by the lightning indexer
@@ -33,15 +37,21 @@ class RopeArgs:
     def from_dict(cls, label: str, d: dict, max_positions: int) -> "RopeArgs":
         rope_type = d.get("rope_type", d.get("type", "default"))
         if rope_type not in ROPE_TYPES:
-            raise ValueError(f"unsupported deepseek_v4 rope_parameters[{label!r}] rope_type "
-                             f"{rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+            raise ValueError(
+                f"unsupported deepseek_v4 rope_parameters[{label!r}] rope_type "
+                f"{rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
+            )
         if rope_type == "default":
             return cls(float(d["rope_theta"]), None)
-        yarn = {k: v for k, v in d.items() if k not in ("rope_type", "type", "rope_theta",
-                                                         "partial_rotary_factor")}
+        yarn = {
+            k: v
+            for k, v in d.items()
+            if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+        }
         if "original_max_position_embeddings" not in yarn:
-            raise ValueError(f"yarn rope_parameters[{label!r}] needs "
-                             "original_max_position_embeddings")
+            raise ValueError(
+                f"yarn rope_parameters[{label!r}] needs original_max_position_embeddings"
+            )
         if yarn.get("factor") is None:
             yarn["factor"] = max_positions / yarn["original_max_position_embeddings"]
         # transformers reads `truncate` from the top-level dict, which V4 nests: always True
@@ -82,7 +92,6 @@ class V4Args:
     compress_rope: RopeArgs
     max_position_embeddings: int
     tie_word_embeddings: bool
-    fp8_block: tuple[int, int] | None  # weight_scale_inv block of an FP8 checkpoint
 
     def rate(self, layer: int) -> int:
         """Tokens per compressed entry of `layer`, 0 for a sliding-only layer."""
@@ -95,6 +104,10 @@ class V4Args:
     @property
     def max_rate(self) -> int:
         return max([self.rate(i) for i in range(self.num_hidden_layers)] + [1])
+
+    @property
+    def hash_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_hidden_layers) if self.is_hash(i))
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "V4Args":
@@ -121,8 +134,10 @@ class V4Args:
             hashed = 3 if hashed is None else int(hashed)
             mlp_types = [HASH_MOE] * min(n, hashed) + [MOE] * max(0, n - hashed)
         mlp_types = tuple(mlp_types[:n])
-        for name, types, allowed in (("layer_types", layer_types, LAYER_TYPES),
-                                     ("mlp_layer_types", mlp_types, (HASH_MOE, MOE))):
+        for name, types, allowed in (
+            ("layer_types", layer_types, LAYER_TYPES),
+            ("mlp_layer_types", mlp_types, (HASH_MOE, MOE)),
+        ):
             if len(types) != n or any(t not in allowed for t in types):
                 raise ValueError(f"deepseek_v4 {name} must list {n} of {allowed}, got {types}")
         for t in set(layer_types) - {SLIDING}:
@@ -130,27 +145,36 @@ class V4Args:
                 raise ValueError(f"deepseek_v4 compress_rates[{t!r}] must be >= 1, got {rates}")
         factor = d.get("partial_rotary_factor")
         if factor is None:
-            factor = (d["qk_rope_head_dim"] / head_dim if d.get("qk_rope_head_dim") is not None
-                      else 64 / 512)
+            factor = (
+                d["qk_rope_head_dim"] / head_dim
+                if d.get("qk_rope_head_dim") is not None
+                else 64 / 512
+            )
         rope_dim = int(head_dim * float(factor))
         if rope_dim % 2 or not 0 < rope_dim <= min(head_dim, int(d.get("index_head_dim", 128))):
-            raise ValueError(f"deepseek_v4 rope dims {rope_dim} must be even and fit head_dim "
-                             "and index_head_dim")
+            raise ValueError(
+                f"deepseek_v4 rope dims {rope_dim} must be even and fit head_dim and index_head_dim"
+            )
         max_pos = int(d.get("max_position_embeddings", 1048576))
         main, compress = _rope_dicts(d, float(factor))
         scoring = d.get("scoring_func", "sqrtsoftplus")
         if scoring not in SCORING_FUNCS:
-            raise ValueError(f"unsupported deepseek_v4 scoring_func {scoring!r}; supported: "
-                             f"{', '.join(SCORING_FUNCS)}")
+            raise ValueError(
+                f"unsupported deepseek_v4 scoring_func {scoring!r}; supported: "
+                f"{', '.join(SCORING_FUNCS)}"
+            )
         heads, groups = int(d.get("num_attention_heads", 64)), int(d.get("o_groups", 8))
         if heads % groups:
             raise ValueError(f"num_attention_heads={heads} is not a multiple of o_groups={groups}")
         quant = d.get("quantization_config") or {}
-        if quant and (quant.get("quant_method") != "fp8" or quant.get("expert_dtype") not in
-                      (None, "fp8", "bf16", "bfloat16")):
-            raise ValueError(f"unsupported deepseek_v4 quantization {quant!r} (only block-scaled "
-                             "fp8 without FP4 experts; dequantized at load)")
-        block = quant.get("weight_block_size")
+        if quant and (
+            quant.get("quant_method") != "fp8"
+            or quant.get("expert_dtype") not in (None, "fp8", "bf16", "bfloat16")
+        ):
+            raise ValueError(
+                f"unsupported deepseek_v4 quantization {quant!r} (only block-scaled "
+                "fp8 without FP4 experts; dequantized at load)"
+            )
         out = cls(
             vocab_size=int(d["vocab_size"]),
             hidden_size=int(d["hidden_size"]),
@@ -183,14 +207,24 @@ class V4Args:
             compress_rope=RopeArgs.from_dict("compress", compress, max_pos),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            fp8_block=(int(block[0]), int(block[1])) if block else (128, 128) if quant else None,
         )
-        if min(out.sliding_window, out.hc_mult, out.hc_sinkhorn_iters, out.index_topk,
-               out.num_experts_per_tok) < 1 or out.num_experts_per_tok > out.n_routed_experts:
-            raise ValueError(f"bad deepseek_v4 shape: sliding_window={out.sliding_window}, "
-                             f"hc_mult={out.hc_mult}, hc_sinkhorn_iters={out.hc_sinkhorn_iters}, "
-                             f"index_topk={out.index_topk}, top-{out.num_experts_per_tok} of "
-                             f"{out.n_routed_experts} experts")
+        if (
+            min(
+                out.sliding_window,
+                out.hc_mult,
+                out.hc_sinkhorn_iters,
+                out.index_topk,
+                out.num_experts_per_tok,
+            )
+            < 1
+            or out.num_experts_per_tok > out.n_routed_experts
+        ):
+            raise ValueError(
+                f"bad deepseek_v4 shape: sliding_window={out.sliding_window}, "
+                f"hc_mult={out.hc_mult}, hc_sinkhorn_iters={out.hc_sinkhorn_iters}, "
+                f"index_topk={out.index_topk}, top-{out.num_experts_per_tok} of "
+                f"{out.n_routed_experts} experts"
+            )
         return out
 
 
@@ -206,9 +240,57 @@ def _rope_dicts(d: dict, factor: float) -> tuple[dict, dict]:
         return dict(rp["main"]), dict(rp["compress"])
     yarn = {k: v for k, v in rp.items() if k not in ("main", "compress")}
     main = {"rope_type": "default", "rope_theta": float(d.get("rope_theta", 10000.0))}
-    compress = {**yarn, "rope_theta": float(d.get("compress_rope_theta", 160000.0)),
-                "partial_rotary_factor": factor}
+    compress = {
+        **yarn,
+        "rope_theta": float(d.get("compress_rope_theta", 160000.0)),
+        "partial_rotary_factor": factor,
+    }
     compress.setdefault("rope_type", "default")
     if compress["rope_type"] == "yarn":
         compress.setdefault("attention_factor", 1.0)
     return main, compress
+
+
+# The cache components of a layer: every token's K=V latent; compressed layers add every token's
+# compressor inputs and one entry per group of `rate` tokens (CSA: also the indexer's).
+KV, COMP_IN, COMP, INDEX_IN, INDEX_KEYS = "kv", "comp_in", "comp", "index_in", "index_keys"
+
+
+def layer_components(a: V4Args, layer: int) -> dict[str, tuple[int, int]]:
+    """Component name -> (values per entry, tokens per entry) of one layer."""
+    out = {KV: (a.head_dim, 1)}
+    kind, rate = a.layer_types[layer], a.rate(layer)
+    if kind == SLIDING:
+        return out
+    series = 2 if kind == CSA else 1  # CSA's two overlapping series (Ca, Cb) per token
+    out[COMP_IN] = (2 * series * a.head_dim, 1)  # kv and gate projections
+    out[COMP] = (a.head_dim, rate)
+    if kind == CSA:
+        out[INDEX_IN] = (2 * series * a.index_head_dim, 1)
+        out[INDEX_KEYS] = (a.index_head_dim, rate)
+    return out
+
+
+def v4_layer_components(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
+    return layer_components(args.family_args, layer)
+
+
+def v4_hidden_shape(args: ModelArgs) -> tuple[int, ...]:
+    """Between stages: the hc_mult residual streams of every token."""
+    return (args.family_args.hc_mult, args.hidden_size)
+
+
+def v4_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The ModelArgs fields a DeepSeek-V4 config sets (its own in family_args)."""
+    a = V4Args.from_hf_dict(d)
+    return {
+        "family_args": a,
+        "intermediate_size": a.moe_intermediate_size,
+        "num_key_value_heads": 1,
+        "head_dim": a.head_dim,
+        "attention_bias": False,
+        "o_proj_bias": False,
+        "qk_norm": False,
+        "mlp_bias": a.mlp_bias,
+        "max_position_embeddings": a.max_position_embeddings,
+    }

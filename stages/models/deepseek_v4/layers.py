@@ -43,8 +43,9 @@ class Rotary(nn.Module):
             inv, self.scaling = yarn_inv_freq(dim, rope.theta, rope.yarn)
         self.register_buffer("inv_freq", inv.to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
 
@@ -55,7 +56,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = cos.shape[-1]
     while cos.dim() < x.dim():
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    nope, rope = x[..., : -2 * half], x[..., -2 * half:].float()
+    nope, rope = x[..., : -2 * half], x[..., -2 * half :].float()
     x1, x2 = rope[..., 0::2], rope[..., 1::2]
     c, s = cos.float(), sin.float()
     rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
@@ -70,9 +71,15 @@ class HyperConnection(nn.Module):
     def __init__(self, a: V4Args, device: str | torch.device):
         super().__init__()
         n = a.hc_mult
-        self.n, self.iters, self.eps, self.norm_eps = n, a.hc_sinkhorn_iters, a.hc_eps, a.rms_norm_eps
-        self.fn = nn.Parameter(torch.empty((2 + n) * n, n * a.hidden_size, dtype=torch.float32,
-                                           device=device))
+        self.n, self.iters, self.eps, self.norm_eps = (
+            n,
+            a.hc_sinkhorn_iters,
+            a.hc_eps,
+            a.rms_norm_eps,
+        )
+        self.fn = nn.Parameter(
+            torch.empty((2 + n) * n, n * a.hidden_size, dtype=torch.float32, device=device)
+        )
         self.base = nn.Parameter(torch.empty((2 + n) * n, dtype=torch.float32, device=device))
         self.scale = nn.Parameter(torch.empty(3, dtype=torch.float32, device=device))
 
@@ -93,12 +100,14 @@ class HyperConnection(nn.Module):
         return post, comb, collapsed
 
     @staticmethod
-    def merge(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
-              comb: torch.Tensor) -> torch.Tensor:
+    def merge(
+        streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    ) -> torch.Tensor:
         """The block's output spread by `post` plus the streams mixed by comb^T."""
         dtype = streams.dtype
-        return (post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2)
-                + torch.matmul(comb.to(dtype).transpose(-1, -2), streams))
+        return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(
+            comb.to(dtype).transpose(-1, -2), streams
+        )
 
 
 class HyperHead(nn.Module):
@@ -108,8 +117,9 @@ class HyperHead(nn.Module):
         super().__init__()
         n = a.hc_mult
         self.eps, self.norm_eps = a.hc_eps, a.rms_norm_eps
-        self.hc_fn = nn.Parameter(torch.empty(n, n * a.hidden_size, dtype=torch.float32,
-                                              device=device))
+        self.hc_fn = nn.Parameter(
+            torch.empty(n, n * a.hidden_size, dtype=torch.float32, device=device)
+        )
         self.hc_base = nn.Parameter(torch.empty(n, dtype=torch.float32, device=device))
         self.hc_scale = nn.Parameter(torch.empty(1, dtype=torch.float32, device=device))
 

@@ -1,14 +1,14 @@
 """Checkpoint tensor names of DeepSeek-V4: transformers writes (and reads) DeepSeek's own names
 (`attn.wq_a`, `ffn.experts.{e}.w1`, `hc_attn_fn`...), converting them to its module names at load
 (transformers' conversion_mapping for deepseek_v4). The stage's modules carry transformers'
-names; this is the reverse map, applied per parameter, with the routed experts' per-expert
-tensors stacked into gate_up_proj / down_proj."""
+names; this is the reverse map, per parameter, with the pieces of what the stage fuses or stacks
+(the shared expert's gate and up, the routed experts)."""
 
 from __future__ import annotations
 
 import re
 
-# module name (minus `model.`) -> checkpoint name; applied in order, each to the previous result
+# module name (with `model.`) -> checkpoint name; applied in order, each to the previous result
 _RENAMES = (
     (r"\.compressor\.indexer\.scorer\.weights_proj\.", ".indexer.weights_proj."),
     (r"\.compressor\.indexer\.q_b_proj\.", ".indexer.wq_b."),
@@ -30,9 +30,7 @@ _RENAMES = (
     (r"\.o_b_proj\.", ".wo_b."),
     (r"\.q_a_norm\.", ".q_norm."),
     (r"\.gate\.e_score_correction_bias$", ".gate.bias"),
-    (r"\.shared_experts\.gate_proj\.", ".shared_experts.w1."),
     (r"\.shared_experts\.down_proj\.", ".shared_experts.w2."),
-    (r"\.shared_experts\.up_proj\.", ".shared_experts.w3."),
 )
 
 
@@ -46,11 +44,24 @@ def checkpoint_tensor(param: str) -> str:
     return name
 
 
-def expert_sources(param: str, experts: int, inter: int) -> list[tuple[str, tuple]]:
-    """The per-expert tensors of a stacked routed-expert parameter, with where each goes."""
-    prefix = checkpoint_tensor(param).rsplit(".", 1)[0]  # ...ffn.experts
-    if param.endswith("gate_up_proj"):  # w1 (gate) rows, then w3 (up)
-        return [piece for e in range(experts) for piece in (
-            (f"{prefix}.{e}.w1.weight", (e, slice(0, inter))),
-            (f"{prefix}.{e}.w3.weight", (e, slice(inter, 2 * inter))))]
-    return [(f"{prefix}.{e}.w2.weight", (e,)) for e in range(experts)]
+def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, tuple]]:
+    """(checkpoint tensor, index into the parameter) of each piece of `param`."""
+    owner = checkpoint_tensor(param).rsplit(".", 1)[0]
+    if param.endswith("shared_experts.gate_up_proj.weight"):  # w1 (gate) rows, then w3 (up)
+        prefix = owner.rsplit(".", 1)[0]
+        return [
+            (f"{prefix}.w1.weight", (slice(0, inter),)),
+            (f"{prefix}.w3.weight", (slice(inter, 2 * inter),)),
+        ]
+    if param.endswith("experts.gate_up_proj"):
+        return [
+            piece
+            for e in range(experts)
+            for piece in (
+                (f"{owner}.{e}.w1.weight", (e, slice(0, inter))),
+                (f"{owner}.{e}.w3.weight", (e, slice(inter, 2 * inter))),
+            )
+        ]
+    if param.endswith("experts.down_proj"):
+        return [(f"{owner}.{e}.w2.weight", (e,)) for e in range(experts)]
+    return [(checkpoint_tensor(param), ())]
