@@ -20,7 +20,7 @@ CONFIGS = {"tiny": TINY_V4, "second": SECOND_V4}
 # (checkpoint, pp, chunk, skip, run_ahead, kv_admission, kv blocks of 16 tokens)
 FAST = [("tiny", 3, 7, "off", False, "reserve", 64),
         ("second", 2, 5, "auto", True, "reserve", 64),
-        ("tiny", 1, 13, "sglang", False, "on-demand", 9)]
+        ("tiny", 1, 13, "sglang", False, "on-demand", 4)]
 FULL = [(c, pp, chunk, skip, False, "reserve", 64) for c, pp, chunk, skip in itertools.product(
     CONFIGS, (1, 2, 3), (5, 7, 13), ("off", "sglang", "auto"))]
 CASES = FAST + [pytest.param(*case, marks=pytest.mark.slow) for case in FULL
