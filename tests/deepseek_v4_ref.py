@@ -67,3 +67,16 @@ def write_checkpoint(path: str, overrides: dict, seed: int = 0) -> str:
     randomize(model, seed)
     model.save_pretrained(path)
     return path
+
+# V4-Flash's own rates, window and rotaries (CSA 4 with the indexer, HCA 128, window 128,
+# compress_rope_theta 160000 with YaRN factor 16, transformers' default layer and hash
+# patterns: two HCA then CSA/HCA alternating, three hash layers) at tiny widths; blocks of 128.
+FLASH_LIKE_V4 = dict(
+    vocab_size=160, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=6,
+    num_attention_heads=8, head_dim=64, q_lora_rank=32, num_experts_per_tok=3,
+    n_routed_experts=8, o_groups=4, o_lora_rank=16, index_n_heads=8, index_head_dim=32,
+    index_topk=16, max_position_embeddings=4096,
+    rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 256,
+                     "beta_fast": 32, "beta_slow": 1},
+    bos_token_id=0, eos_token_id=1,
+)

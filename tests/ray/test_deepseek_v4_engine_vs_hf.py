@@ -89,3 +89,31 @@ def test_greedy_matches_transformers(ray_cluster, checkpoints, prompts, referenc
         assert comm["skipped"] == 0
     if pp > 1:
         assert stats["channel_output_sends"] == comm["sent"]
+
+
+@pytest.mark.slow
+def test_flash_like_checkpoint_on_pp_1_2_3(ray_cluster, tmp_path):
+    """A third checkpoint, V4-Flash's rates / window / rotaries at tiny widths: 300-token prompts
+    span more than two HCA groups of 128, the 128-token window and 75 CSA groups (top-16)."""
+    from transformers import DeepseekV4ForCausalLM
+
+    from tests.deepseek_v4_ref import FLASH_LIKE_V4
+
+    path = write_checkpoint(str(tmp_path / "flash-like"), FLASH_LIKE_V4, seed=3)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(2, 160) for _ in range(n)] for n in (300, 129, 260)]
+    model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = [model.generate(torch.tensor([p]), attention_mask=torch.ones(
+            1, len(p), dtype=torch.long), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=1,
+            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+    for pp, chunk in ((1, 77), (2, 100), (3, 129)):
+        cfg = EngineConfig(model=path, pp_size=pp, device="cpu", chunk_size=chunk,
+                           block_size=128, max_num_seqs=4, max_model_len=512, channel_check=True,
+                           stage_num_cpus=0.5, num_kv_blocks=16)
+        with Engine(cfg) as engine:
+            (alone,) = engine.generate(prompts[:1], greedy)
+            batched = engine.generate(prompts, greedy)
+        assert alone.token_ids == reference[0]
+        assert [o.token_ids for o in batched] == reference
