@@ -16,8 +16,7 @@ from stages.channels import ChannelError, PendingRecv, PipelineChannels
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import moe_backend_for, select_kernels
-from stages.kv_cache import (bytes_per_block, bytes_per_token_layer, check_block_size,
-                             make_kv_cache)
+from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult

@@ -11,34 +11,77 @@ import torch
 # indexer heads in both: with few, a query often scores several entries exactly 0 (every head's
 # ReLU off), and which of the tied entries top-k keeps is up to the implementation.
 TINY_V4 = dict(
-    vocab_size=128, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
-    num_attention_heads=4, head_dim=32, q_lora_rank=16, partial_rotary_factor=0.25,
-    num_experts_per_tok=2, n_routed_experts=4, routed_scaling_factor=1.5,
-    layer_types=["sliding_attention", "compressed_sparse_attention",
-                 "heavily_compressed_attention", "compressed_sparse_attention"],
+    vocab_size=128,
+    hidden_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    head_dim=32,
+    q_lora_rank=16,
+    partial_rotary_factor=0.25,
+    num_experts_per_tok=2,
+    n_routed_experts=4,
+    routed_scaling_factor=1.5,
+    layer_types=[
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+    ],
     compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-    mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"], hc_mult=2, sliding_window=8,
-    o_groups=2, o_lora_rank=8, index_n_heads=8, index_head_dim=16, index_topk=3,
-    swiglu_limit=0.5, max_position_embeddings=512, compress_rope_theta=1000.0,
+    mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+    hc_mult=2,
+    sliding_window=8,
+    o_groups=2,
+    o_lora_rank=8,
+    index_n_heads=8,
+    index_head_dim=16,
+    index_topk=3,
+    swiglu_limit=0.5,
+    max_position_embeddings=512,
+    compress_rope_theta=1000.0,
     rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
-    bos_token_id=0, eos_token_id=1,
+    bos_token_id=0,
+    eos_token_id=1,
 )
 
 # A second shape: four streams, rates 2 and 16, sigmoid scores, tied embeddings, plain rope, a
 # window of 5, hash layers first and fourth (so a later stage routes by token id too).
 SECOND_V4 = dict(
-    vocab_size=96, hidden_size=48, moe_intermediate_size=24, num_hidden_layers=5,
-    num_attention_heads=6, head_dim=16, q_lora_rank=12, partial_rotary_factor=0.5,
-    num_experts_per_tok=3, n_routed_experts=6, routed_scaling_factor=2.0, scoring_func="sigmoid",
-    layer_types=["heavily_compressed_attention", "compressed_sparse_attention",
-                 "sliding_attention", "compressed_sparse_attention",
-                 "heavily_compressed_attention"],
+    vocab_size=96,
+    hidden_size=48,
+    moe_intermediate_size=24,
+    num_hidden_layers=5,
+    num_attention_heads=6,
+    head_dim=16,
+    q_lora_rank=12,
+    partial_rotary_factor=0.5,
+    num_experts_per_tok=3,
+    n_routed_experts=6,
+    routed_scaling_factor=2.0,
+    scoring_func="sigmoid",
+    layer_types=[
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+    ],
     compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 16},
-    mlp_layer_types=["hash_moe", "moe", "moe", "hash_moe", "moe"], hc_mult=4,
+    mlp_layer_types=["hash_moe", "moe", "moe", "hash_moe", "moe"],
+    hc_mult=4,
     hc_sinkhorn_iters=7,
-    sliding_window=5, o_groups=3, o_lora_rank=6, index_n_heads=8, index_head_dim=8,
-    index_topk=4, swiglu_limit=1.0, tie_word_embeddings=True, max_position_embeddings=256,
-    bos_token_id=0, eos_token_id=1,
+    sliding_window=5,
+    o_groups=3,
+    o_lora_rank=6,
+    index_n_heads=8,
+    index_head_dim=8,
+    index_topk=4,
+    swiglu_limit=1.0,
+    tie_word_embeddings=True,
+    max_position_embeddings=256,
+    bos_token_id=0,
+    eos_token_id=1,
 )
 
 
@@ -48,7 +91,9 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
         for name, t in model.state_dict().items():
             if name.endswith("tid2eid"):
                 experts = model.config.n_routed_experts
-                rows = [torch.randperm(experts, generator=g)[:t.shape[1]] for _ in range(t.shape[0])]
+                rows = [
+                    torch.randperm(experts, generator=g)[: t.shape[1]] for _ in range(t.shape[0])
+                ]
                 t.copy_(torch.stack(rows))
             elif name.endswith("norm.weight"):
                 t.copy_(1 + 0.1 * torch.randn(t.shape, generator=g))
@@ -68,15 +113,33 @@ def write_checkpoint(path: str, overrides: dict, seed: int = 0) -> str:
     model.save_pretrained(path)
     return path
 
+
 # V4-Flash's own rates, window and rotaries (CSA 4 with the indexer, HCA 128, window 128,
 # compress_rope_theta 160000 with YaRN factor 16, transformers' default layer and hash
 # patterns: two HCA then CSA/HCA alternating, three hash layers) at tiny widths; blocks of 128.
 FLASH_LIKE_V4 = dict(
-    vocab_size=160, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=6,
-    num_attention_heads=8, head_dim=64, q_lora_rank=32, num_experts_per_tok=3,
-    n_routed_experts=8, o_groups=4, o_lora_rank=16, index_n_heads=8, index_head_dim=32,
-    index_topk=16, max_position_embeddings=4096,
-    rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 256,
-                     "beta_fast": 32, "beta_slow": 1},
-    bos_token_id=0, eos_token_id=1,
+    vocab_size=160,
+    hidden_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    head_dim=64,
+    q_lora_rank=32,
+    num_experts_per_tok=3,
+    n_routed_experts=8,
+    o_groups=4,
+    o_lora_rank=16,
+    index_n_heads=8,
+    index_head_dim=32,
+    index_topk=16,
+    max_position_embeddings=4096,
+    rope_parameters={
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 256,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    bos_token_id=0,
+    eos_token_id=1,
 )

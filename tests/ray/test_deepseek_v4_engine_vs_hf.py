@@ -18,13 +18,22 @@ from tests.deepseek_v4_ref import SECOND_V4, TINY_V4, write_checkpoint
 MAX_NEW = 6
 CONFIGS = {"tiny": TINY_V4, "second": SECOND_V4}
 # (checkpoint, pp, chunk, skip, run_ahead, kv_admission, kv blocks of 16 tokens)
-FAST = [("tiny", 3, 7, "off", False, "reserve", 64),
-        ("second", 2, 5, "auto", True, "reserve", 64),
-        ("tiny", 1, 13, "sglang", False, "on-demand", 4)]
-FULL = [(c, pp, chunk, skip, False, "reserve", 64) for c, pp, chunk, skip in itertools.product(
-    CONFIGS, (1, 2, 3), (5, 7, 13), ("off", "sglang", "auto"))]
-CASES = FAST + [pytest.param(*case, marks=pytest.mark.slow) for case in FULL
-                if case[:4] not in {f[:4] for f in FAST}]
+FAST = [
+    ("tiny", 3, 7, "off", False, "reserve", 64),
+    ("second", 2, 5, "auto", True, "reserve", 64),
+    ("tiny", 1, 13, "sglang", False, "on-demand", 4),
+]
+FULL = [
+    (c, pp, chunk, skip, False, "reserve", 64)
+    for c, pp, chunk, skip in itertools.product(
+        CONFIGS, (1, 2, 3), (5, 7, 13), ("off", "sglang", "auto")
+    )
+]
+CASES = FAST + [
+    pytest.param(*case, marks=pytest.mark.slow)
+    for case in FULL
+    if case[:4] not in {f[:4] for f in FAST}
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +60,50 @@ def references(checkpoints, prompts):
     with torch.no_grad():
         for name, path in checkpoints.items():
             model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-            out[name] = [model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p),
-                                        dtype=torch.long), max_new_tokens=MAX_NEW,
-                                        do_sample=False, eos_token_id=1, pad_token_id=0
-                                        )[0, len(p):].tolist() for p in prompts]
+            out[name] = [
+                model.generate(
+                    torch.tensor([p]),
+                    attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                    max_new_tokens=MAX_NEW,
+                    do_sample=False,
+                    eos_token_id=1,
+                    pad_token_id=0,
+                )[0, len(p) :].tolist()
+                for p in prompts
+            ]
     return out
 
 
 @pytest.mark.parametrize("name,pp,chunk,skip,run_ahead,admission,blocks", CASES)
-def test_greedy_matches_transformers(ray_cluster, checkpoints, prompts, references, name, pp,
-                                     chunk, skip, run_ahead, admission, blocks):
+def test_greedy_matches_transformers(
+    ray_cluster,
+    checkpoints,
+    prompts,
+    references,
+    name,
+    pp,
+    chunk,
+    skip,
+    run_ahead,
+    admission,
+    blocks,
+):
     reference = references[name]
-    cfg = EngineConfig(model=checkpoints[name], pp_size=pp, device="cpu", chunk_size=chunk,
-                       pp_output_skip=skip, block_size=16, max_num_seqs=8, max_model_len=128,
-                       channel_check=True, stage_num_cpus=0.5, num_kv_blocks=blocks,
-                       run_ahead=run_ahead, kv_admission=admission)
+    cfg = EngineConfig(
+        model=checkpoints[name],
+        pp_size=pp,
+        device="cpu",
+        chunk_size=chunk,
+        pp_output_skip=skip,
+        block_size=16,
+        max_num_seqs=8,
+        max_model_len=128,
+        channel_check=True,
+        stage_num_cpus=0.5,
+        num_kv_blocks=blocks,
+        run_ahead=run_ahead,
+        kv_admission=admission,
+    )
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     first, shared = len(prompts) - 2, slice(len(prompts) - 2, None)
     with Engine(cfg) as engine:
@@ -104,14 +142,31 @@ def test_flash_like_checkpoint_on_pp_1_2_3(ray_cluster, tmp_path):
     prompts = [[rng.randrange(2, 160) for _ in range(n)] for n in (300, 129, 260)]
     model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
-        reference = [model.generate(torch.tensor([p]), attention_mask=torch.ones(
-            1, len(p), dtype=torch.long), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=1,
-            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+        reference = [
+            model.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=1,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
+            for p in prompts
+        ]
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     for pp, chunk in ((1, 77), (2, 100), (3, 129)):
-        cfg = EngineConfig(model=path, pp_size=pp, device="cpu", chunk_size=chunk,
-                           block_size=128, max_num_seqs=4, max_model_len=512, channel_check=True,
-                           stage_num_cpus=0.5, num_kv_blocks=16)
+        cfg = EngineConfig(
+            model=path,
+            pp_size=pp,
+            device="cpu",
+            chunk_size=chunk,
+            block_size=128,
+            max_num_seqs=4,
+            max_model_len=512,
+            channel_check=True,
+            stage_num_cpus=0.5,
+            num_kv_blocks=16,
+        )
         with Engine(cfg) as engine:
             (alone,) = engine.generate(prompts[:1], greedy)
             batched = engine.generate(prompts, greedy)
