@@ -11,6 +11,7 @@ angle (K is also V), and a grouped low-rank projection maps the heads to the hid
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -121,6 +122,14 @@ class GroupCompressor(nn.Module):
         )
 
 
+class Scorer(nn.Module):
+    """Holds the indexer's per-head weights projection (checkpoint name scorer.weights_proj)."""
+
+    def __init__(self, weights_proj: Linear):
+        super().__init__()
+        self.weights_proj = weights_proj
+
+
 class Indexer(GroupCompressor):
     """CSA's lightning indexer: its own overlapping compressor at index_head_dim, and queries
     from the q LoRA scored against its compressed keys: sum_h w_h relu(q_h . k) / sqrt(d)."""
@@ -133,10 +142,7 @@ class Indexer(GroupCompressor):
         self.q_b_proj = Linear(
             a.q_lora_rank, a.index_n_heads * a.index_head_dim, False, kernels, dtype, device
         )
-        self.scorer = nn.Module()
-        self.scorer.weights_proj = Linear(
-            a.hidden_size, a.index_n_heads, False, kernels, dtype, device
-        )
+        self.scorer = Scorer(Linear(a.hidden_size, a.index_n_heads, False, kernels, dtype, device))
 
     def select(
         self,
@@ -159,12 +165,13 @@ class Indexer(GroupCompressor):
         keys = cache.read(
             local, INDEX_KEYS, entry_slots(row.table, 0, count, block_size // r, x.device)
         )
-        scores = self.kernels.indexer_logits(q, keys, weights, self.width**-0.5)
+        scores: torch.Tensor = _op(self.kernels.indexer_logits)(q, keys, weights, self.width**-0.5)
         visible = (torch.arange(row.start, row.end, device=x.device) + 1) // r  # [n]
         entries = torch.arange(count, device=x.device)
         scores = scores.masked_fill(entries[None, :] >= visible[:, None], float("-inf"))
         picked = scores.topk(min(self.topk, count), dim=-1).indices
-        return picked.masked_fill(picked >= visible[:, None], -1)
+        out: torch.Tensor = picked.masked_fill(picked >= visible[:, None], -1)
+        return out
 
 
 class V4Attention(nn.Module):
@@ -231,15 +238,24 @@ class V4Attention(nn.Module):
                         row, cache, local, INDEX_IN, INDEX_KEYS, rotary, bs
                     )
         pool, indices = self._keys(x, q_resid, cos, sin, rows, cache, local)
-        out = self.kernels.sparse_sink_attention(q, pool, indices, self.sinks, a.head_dim**-0.5)
+        attend = _op(self.kernels.sparse_sink_attention)
+        out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
         out = apply_rope(out, cos, -sin)
         g = a.o_groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)
-        return self.o_b_proj(grouped.reshape(t, -1))
+        result: torch.Tensor = self.o_b_proj(grouped.reshape(t, -1))
+        return result
 
     def _keys(
-        self, x, q_resid, cos, sin, rows: list[V4Row], cache: V4Cache, local: int
+        self,
+        x: torch.Tensor,
+        q_resid: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rows: list[V4Row],
+        cache: V4Cache,
+        local: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(pool [N, D] of every row's keys, indices [T, K] into it, -1 padded)."""
         win, r, bs, dev = self.a.sliding_window, self.rate, cache.block_size, x.device
@@ -271,3 +287,9 @@ class V4Attention(nn.Module):
             [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=-1) for p in parts]
         )
         return torch.cat(pools), indices
+
+
+def _op(fn: Callable[..., torch.Tensor] | None) -> Callable[..., torch.Tensor]:
+    if fn is None:
+        raise ValueError("the kernel registry selected no backend for a DeepSeek-V4 op")
+    return fn

@@ -31,10 +31,10 @@ class RopeArgs:
     compressors and the indexer). yarn is None for plain RoPE."""
 
     theta: float
-    yarn: dict | None
+    yarn: dict[str, Any] | None
 
     @classmethod
-    def from_dict(cls, label: str, d: dict, max_positions: int) -> "RopeArgs":
+    def from_dict(cls, label: str, d: dict[str, Any], max_positions: int) -> "RopeArgs":
         rope_type = d.get("rope_type", d.get("type", "default"))
         if rope_type not in ROPE_TYPES:
             raise ValueError(
@@ -72,7 +72,7 @@ class V4Args:
     o_lora_rank: int
     sliding_window: int
     layer_types: tuple[str, ...]
-    compress_rates: dict  # layer type -> tokens per compressed entry
+    compress_rates: dict[str, int]  # layer type -> tokens per compressed entry
     index_n_heads: int
     index_head_dim: int
     index_topk: int
@@ -110,7 +110,7 @@ class V4Args:
         return tuple(i for i in range(self.num_hidden_layers) if self.is_hash(i))
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "V4Args":
+    def from_hf_dict(cls, d: dict[str, Any]) -> "V4Args":
         n = int(d["num_hidden_layers"])
         head_dim = int(d.get("head_dim", 512))
         _refuse(d, "num_key_value_heads", 1, "V4 has one shared K=V head")
@@ -228,12 +228,12 @@ class V4Args:
         return out
 
 
-def _refuse(d: dict, key: str, supported: object, why: str) -> None:
+def _refuse(d: dict[str, Any], key: str, supported: object, why: str) -> None:
     if key in d and d[key] is not None and d[key] != supported:
         raise ValueError(f"unsupported deepseek_v4 {key}={d[key]!r}: only {supported!r} ({why})")
 
 
-def _rope_dicts(d: dict, factor: float) -> tuple[dict, dict]:
+def _rope_dicts(d: dict[str, Any], factor: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """transformers' nesting of `rope_parameters` into its "main" and "compress" rotaries."""
     rp = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
     if isinstance(rp.get("main"), dict) and isinstance(rp.get("compress"), dict):

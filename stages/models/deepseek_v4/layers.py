@@ -9,16 +9,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.models.deepseek_v4.config import RopeArgs, V4Args
+from stages.models.layers import RMSNorm
 from stages.models.mla import yarn_inv_freq
 
 
-class V4RMSNorm(nn.Module):
-    """Weight kept in fp32; the product is taken in fp32 and cast once."""
+class V4RMSNorm(RMSNorm):
+    """The shared RMSNorm with V4's precision: the weight kept in fp32, the product taken in
+    fp32 and cast once."""
 
     def __init__(self, dim: int, eps: float, device: str | torch.device):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32, device=device))
-        self.eps = eps
+        super().__init__(dim, eps, torch.float32, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -32,6 +32,8 @@ def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 class Rotary(nn.Module):
     """cos / sin [T, rope_dim / 2] of positions, in the model's dtype (as transformers casts)."""
+
+    inv_freq: torch.Tensor
 
     def __init__(self, a: V4Args, rope: RopeArgs, device: str | torch.device):
         super().__init__()
@@ -86,8 +88,8 @@ class HyperConnection(nn.Module):
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = self.n
         flat = unweighted_rms_norm(streams.reshape(streams.shape[0], -1).float(), self.norm_eps)
-        pre_w, post_w, comb_w = F.linear(flat, self.fn).split([n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([n, n, n * n])
+        pre_w, post_w, comb_w = torch.split(F.linear(flat, self.fn), [n, n, n * n], dim=-1)
+        pre_b, post_b, comb_b = torch.split(self.base, [n, n, n * n])
         pre_s, post_s, comb_s = self.scale.unbind(0)
         pre = torch.sigmoid(pre_w * pre_s + pre_b) + self.eps
         post = 2 * torch.sigmoid(post_w * post_s + post_b)

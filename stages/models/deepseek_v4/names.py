@@ -7,6 +7,7 @@ names; this is the reverse map, per parameter, with the pieces of what the stage
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # module name (with `model.`) -> checkpoint name; applied in order, each to the previous result
 _RENAMES = (
@@ -44,7 +45,7 @@ def checkpoint_tensor(param: str) -> str:
     return name
 
 
-def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, tuple]]:
+def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, tuple[Any, ...]]]:
     """(checkpoint tensor, index into the parameter) of each piece of `param`."""
     owner = checkpoint_tensor(param).rsplit(".", 1)[0]
     if param.endswith("shared_experts.gate_up_proj.weight"):  # w1 (gate) rows, then w3 (up)

@@ -115,17 +115,19 @@ class DeepseekV4Stage(Stage):
                 batch.row_starts,
                 batch.row_lens,
                 batch.row_offsets,
-                flat.split([len(t) for t in tables]),
+                torch.split(flat, [len(t) for t in tables]),
             )
         ]
         for local, layer in enumerate(self.layers.values()):
             rotary = self.main_rotary if layer.is_sliding else self.compress_rotary
             h = layer(h, rotary, rows, batch, kv, local, token_ids)
-        return h
+        out: torch.Tensor = h
+        return out
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """hc_head, final norm and LM head on the rows that sample: [R, hc, hidden] -> fp32
         logits [R, V]."""
         if not self.is_last:
             raise RuntimeError("compute_logits runs on the last stage only")
-        return super().compute_logits(self.hc_head(hidden_rows))
+        logits: torch.Tensor = super().compute_logits(self.hc_head(hidden_rows))
+        return logits
