@@ -168,3 +168,19 @@ def test_bytes_per_block_counts_every_component(checkpoints):
     hca = b * d + b * 2 * d + b // 8 * d
     assert bytes_per_block(args, range(0, 4), b, torch.bfloat16) == 2 * (sliding + csa + hca + csa)
     assert bytes_per_block(args, range(2, 3), b, torch.float32) == 4 * hca
+
+
+def test_token_ids_reach_only_the_stages_up_to_the_last_hash_layer(checkpoints):
+    """The second checkpoint hashes at layers 0 and 3: on PP=3 ([0, 2), [2, 4), [4, 5)) stage 0
+    sends its ids to stage 1, which reads them and sends nothing on; stage 2 never sees them."""
+    from stages.protocol import StageSpec
+    from stages.runner import StageRunner
+
+    ranges = layer_ranges(SECOND_V4["num_hidden_layers"], 3)
+    assert ranges == [(0, 2), (2, 4), (4, 5)]
+    flags = []
+    for s, (a, b) in enumerate(ranges):
+        spec = StageSpec(s, 3, a, b, checkpoints["second"], load_format="dummy", block_size=BLOCK)
+        runner = StageRunner(spec)
+        flags.append((runner.receives_token_ids, runner.sends_token_ids))
+    assert flags == [(False, True), (True, False), (False, False)]
