@@ -71,8 +71,11 @@ class StageRunner:
         self.receives_token_ids = not spec.is_first and any(
             i >= spec.layer_start for i in id_layers)
         self.sends_token_ids = not spec.is_last and any(i >= spec.layer_end for i in id_layers)
-        log.info("KV cache: %d bytes per token per layer (%s)",
-                 bytes_per_token_layer(self.args, self.dtype), self.family.kv_description)
+        log.info("KV cache: %d bytes per token per layer (%s); %d bytes per block of %d tokens "
+                 "over layers [%d, %d)", bytes_per_token_layer(self.args, self.dtype),
+                 self.family.kv_description, bytes_per_block(
+                     self.args, self.layer_range, spec.block_size, self.dtype),
+                 spec.block_size, spec.layer_start, spec.layer_end)
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
