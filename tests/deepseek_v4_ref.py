@@ -45,8 +45,9 @@ TINY_V4 = dict(
     eos_token_id=1,
 )
 
-# A second shape: four streams, rates 2 and 16, sigmoid scores, tied embeddings, plain rope, a
-# window of 5, hash layers first and fourth (so a later stage routes by token id too).
+# A second shape: four streams, rates 2 and 16, sigmoid scores, tied embeddings, plain rope,
+# biases on the shared expert, a window of 5, hash layers first and fourth (so a later stage
+# routes by token id too).
 SECOND_V4 = dict(
     vocab_size=96,
     hidden_size=48,
@@ -78,6 +79,7 @@ SECOND_V4 = dict(
     index_head_dim=8,
     index_topk=4,
     swiglu_limit=1.0,
+    mlp_bias=True,
     tie_word_embeddings=True,
     max_position_embeddings=256,
     bos_token_id=0,

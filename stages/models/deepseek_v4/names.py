@@ -48,11 +48,11 @@ def checkpoint_tensor(param: str) -> str:
 def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, tuple[Any, ...]]]:
     """(checkpoint tensor, index into the parameter) of each piece of `param`."""
     owner = checkpoint_tensor(param).rsplit(".", 1)[0]
-    if param.endswith("shared_experts.gate_up_proj.weight"):  # w1 (gate) rows, then w3 (up)
-        prefix = owner.rsplit(".", 1)[0]
+    if ".shared_experts.gate_up_proj." in param:  # w1 (gate) rows, then w3 (up)
+        prefix, leaf = owner.rsplit(".", 1)[0], param.rsplit(".", 1)[1]
         return [
-            (f"{prefix}.w1.weight", (slice(0, inter),)),
-            (f"{prefix}.w3.weight", (slice(inter, 2 * inter),)),
+            (f"{prefix}.w1.{leaf}", (slice(0, inter),)),
+            (f"{prefix}.w3.{leaf}", (slice(inter, 2 * inter),)),
         ]
     if param.endswith("experts.gate_up_proj"):
         return [
