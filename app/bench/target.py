@@ -38,6 +38,31 @@ LLAMA3_8B = {
     "eos_token_id": 128001,
 }
 
+# Qwen3-30B-A3B-Instruct-2507's shapes (262K positions natively): 48 layers, every one routed.
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000000.0,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
 
 class BenchEngine:
     """One loaded pipeline: run prompts, read its counters, switch policy between runs."""
@@ -160,7 +185,7 @@ async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
 # take: DeepSeek-V2-Lite's layers and experts with 64 query heads (64 or 128 only), V3's q LoRA
 # (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
 # 256K rows).
-MODEL_SHAPES = ("llama8b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
+MODEL_SHAPES = ("llama8b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
 
 
 def shape_config(shape: str) -> dict:
@@ -181,9 +206,12 @@ def shape_config(shape: str) -> dict:
             norm_topk_prob=True,
             max_position_embeddings=1 << 20,
         )
-    return {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE, "llama8b": LLAMA3_8B}[
-        shape
-    ]
+    return {
+        "tiny": BUILTIN_CONFIG,
+        "deepseek-v2-lite": DEEPSEEK_V2_LITE,
+        "llama8b": LLAMA3_8B,
+        "qwen3-30b-a3b": QWEN3_30B_A3B,
+    }[shape]
 
 
 def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:

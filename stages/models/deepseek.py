@@ -8,7 +8,6 @@ Parameter names are the checkpoint's minus `model.`, except the stacked routed e
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from stages.forward_batch import ForwardBatch
@@ -49,7 +48,7 @@ class DeepseekRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32, expert ids [T, k] long)."""
         d = self.d
-        logits = F.linear(x.float(), self.weight)
+        logits = nn.functional.linear(x.float(), self.weight)
         scores_shape = (x.shape[0], d.n_group, d.n_routed_experts // d.n_group)
         if d.version == "v2":
             scores = logits.softmax(dim=-1)

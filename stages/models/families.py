@@ -79,15 +79,55 @@ def _resolve(name: str) -> type:
 
 
 def _gqa_attention_fields(d: dict[str, Any]) -> dict[str, Any]:
-    """Llama-style attention: Qwen2 biases q/k/v (never o_proj) by default; Qwen3 normalises
-    q and k per head."""
+    """Llama-style attention: Qwen2 biases q/k/v (never o_proj) by default; Qwen3 and
+    Qwen3-MoE normalise q and k per head."""
     qwen2 = d["model_type"] == "qwen2"
     bias = bool(d.get("attention_bias", qwen2))
     return {
         "attention_bias": bias,
         "o_proj_bias": bias and not qwen2,
-        "qk_norm": d["model_type"] == "qwen3",
+        "qk_norm": d["model_type"] in ("qwen3", "qwen3_moe"),
     }
+
+
+@dataclass(frozen=True)
+class Qwen3MoeArgs:
+    """Routed experts of a Qwen3-MoE layer (transformers' Qwen3MoeSparseMoeBlock)."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (
+            layer not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+
+def _qwen3_moe_fields(d: dict[str, Any]) -> dict[str, Any]:
+    # transformers 5 writes num_local_experts (its attribute map); Hub checkpoints num_experts
+    experts = int(d.get("num_experts", d.get("num_local_experts", 128)))
+    step = int(d.get("decoder_sparse_step", 1))
+    top_k = int(d.get("num_experts_per_tok", 8))
+    if step < 1 or not 0 < top_k <= max(experts, 1):
+        raise ValueError(
+            f"bad Qwen3-MoE routing: decoder_sparse_step={step}, "
+            f"num_experts_per_tok={top_k} of {experts} experts"
+        )
+    moe = Qwen3MoeArgs(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=int(d.get("moe_intermediate_size", 768)),
+        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+        decoder_sparse_step=step,
+        mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+    )
+    return {**_gqa_attention_fields(d), "family_args": moe}
 
 
 LLAMA = Family(
@@ -97,6 +137,15 @@ LLAMA = Family(
     PLAIN_ROPE_TYPES,
     "stages.models.llama:LlamaStage",
     paged_decode_graphs=True,
+    cudnn_warm_up=True,
+)
+QWEN3_MOE = Family(
+    "qwen3_moe",
+    ("qwen3_moe",),
+    _qwen3_moe_fields,
+    PLAIN_ROPE_TYPES,
+    "stages.models.qwen3_moe:Qwen3MoeStage",
+    # not paged_decode_graphs: the torch reference of the MoE experts syncs with the host
     cudnn_warm_up=True,
 )
 DEEPSEEK = Family(
@@ -122,7 +171,7 @@ DEEPSEEK_V4 = Family(
     block_multiple=lambda args: args.family_args.max_rate,
     token_id_layers=lambda args: args.family_args.hash_layers,
 )
-FAMILIES = (LLAMA, DEEPSEEK, DEEPSEEK_V4)
+FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 SUPPORTED_MODEL_TYPES = tuple(BY_MODEL_TYPE)
 

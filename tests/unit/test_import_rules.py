@@ -108,3 +108,31 @@ def test_nothing_outside_the_models_names_a_family():
                 assert node.attr not in banned_attrs, (
                     f"{rel}:{node.lineno} reads .{node.attr}: a family branch outside "
                     "stages/models/ (declare it in the family instead)")
+
+
+def test_model_files_share_no_six_line_stretch():
+    """What two families share lives in one place (stages/models/layers.py, moe.py, stage.py):
+    no run of 6 non-blank code lines (whitespace stripped) appears in two files of
+    stages/models/. Imports and function signatures are left out: a subclass restates its base's
+    constructor signature, which one parameter per line spreads over many lines."""
+    import itertools
+
+    def skipped(node):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return range(node.lineno, node.end_lineno + 1)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return range(node.lineno, node.body[0].lineno)
+        return range(0)
+
+    def runs(path, n=6):
+        text = path.read_text()
+        left_out = {i for node in ast.walk(ast.parse(text)) for i in skipped(node)}
+        lines = [line.strip() for i, line in enumerate(text.splitlines(), 1)
+                 if line.strip() and i not in left_out]
+        return {tuple(lines[i:i + n]) for i in range(len(lines) - n + 1)}
+
+    files = {f: runs(f) for f in py_files("stages/models")}
+    for a, b in itertools.combinations(files, 2):
+        shared = files[a] & files[b]
+        assert not shared, (f"{a.relative_to(ROOT)} and {b.relative_to(ROOT)} share the lines "
+                            f"{list(next(iter(shared)))}")
