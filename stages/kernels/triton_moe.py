@@ -88,9 +88,9 @@ def gate_up_silu(a: torch.Tensor, gate_up: torch.Tensor, r: Routing, grid: int,
     _gate_up_silu[(progs,)](a_desc, w_desc, h_desc, r.tile_expert, r.num_tiles, inter, hidden,
                             progs, 0.0 if limit is None else float(limit),
                             HAS_LIMIT=limit is not None, BLOCK_M=r.block_m,
-                            BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m, FLATTEN=g.flatten,
-                            WARP_SPECIALIZE=g.warp_specialize, num_warps=g.num_warps,
-                            num_stages=g.num_stages)
+                            BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
+                            FLATTEN=g.flatten, WARP_SPECIALIZE=g.warp_specialize,
+                            num_warps=g.num_warps, num_stages=g.num_stages)
     return h
 
 
@@ -125,9 +125,9 @@ if triton is not None:
 
     @triton.jit
     def _gate_up_silu(a_desc, w_desc, h_desc, tile_expert_ptr, num_tiles_ptr, INTER, H,
-                      num_progs, LIMIT, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
-                      WARP_SPECIALIZE: tl.constexpr):
+                      num_progs, LIMIT, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
         """h[rows of tile m, n tile] = silu(a @ gate[e].T) * (a @ up[e].T), e = tile's expert."""
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = (INTER + BLOCK_N - 1) // BLOCK_N

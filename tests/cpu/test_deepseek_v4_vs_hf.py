@@ -173,14 +173,15 @@ def test_bytes_per_block_counts_every_component(checkpoints):
 def test_token_ids_reach_only_the_stages_up_to_the_last_hash_layer(checkpoints):
     """The second checkpoint hashes at layers 0 and 3: on PP=3 ([0, 2), [2, 4), [4, 5)) stage 0
     sends its ids to stage 1, which reads them and sends nothing on; stage 2 never sees them."""
-    from stages.protocol import StageSpec
+    from app.config import EngineConfig
     from stages.runner import StageRunner
 
     ranges = layer_ranges(SECOND_V4["num_hidden_layers"], 3)
     assert ranges == [(0, 2), (2, 4), (4, 5)]
+    config = EngineConfig(model=checkpoints["second"], pp_size=3, load_format="dummy",
+                          block_size=BLOCK, kv_cache_memory_bytes=1 << 20)
     flags = []
     for s, (a, b) in enumerate(ranges):
-        spec = StageSpec(s, 3, a, b, checkpoints["second"], load_format="dummy", block_size=BLOCK)
-        runner = StageRunner(spec)
+        runner = StageRunner(config.stage_spec(s, (a, b), max_model_len=0))
         flags.append((runner.receives_token_ids, runner.sends_token_ids))
     assert flags == [(False, True), (True, False), (False, False)]
