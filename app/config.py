@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.scheduler.chunking import ChunkCost
 from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
@@ -26,7 +27,11 @@ from stages.protocol import (
     StageSpec,
 )
 
+if TYPE_CHECKING:
+    from stages.model_config import ModelArgs
+
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+DEFAULT_BLOCK_SIZE = 64  # FlashMLA's page size
 
 
 def option(default: Any, help: str, *, doc_default: str | None = None,
@@ -80,7 +85,10 @@ class EngineConfig:
     max_inflight: int | None = option(
         None, "Microbatches in flight across the pipeline.",
         doc_default="--pp; with --run-ahead 2 x --pp, 3 at --pp 1", minimum=1)
-    block_size: int = option(64, "Tokens per KV cache block.", minimum=1)
+    block_size: int | None = option(
+        None, "Tokens per KV cache block.",
+        doc_default="64, or the multiple of it the model family needs (DeepSeek-V4: whole "
+        "compression groups, 128 for V4-Flash)", minimum=1)
     num_kv_blocks: int | None = option(
         None, "KV cache blocks per stage, overriding the count derived from memory.",
         doc_default="from memory", flags=("--num-gpu-blocks-override",), minimum=1)
@@ -194,6 +202,21 @@ class EngineConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.model or "ppserve-random"
 
+    def for_model(self, args: ModelArgs) -> EngineConfig:
+        """These options with the block size the model needs when none was given: 64, raised
+        to a multiple of the family's (a V4 block holds whole compression groups). An explicit
+        block size is kept; a wrong one is refused by the stages with the family's reason."""
+        if self.block_size is not None:
+            return self
+        return dataclasses.replace(
+            self, block_size=math.lcm(DEFAULT_BLOCK_SIZE, args.family.block_multiple(args)))
+
+    @property
+    def kv_block_size(self) -> int:
+        if self.block_size is None:
+            raise RuntimeError("EngineConfig.for_model(args) resolves block_size first")
+        return self.block_size
+
     def scheduler_config(self, num_blocks: int, max_model_len: int,
                          chunk_cost: ChunkCost | None) -> SchedulerConfig:
         """The scheduler's view of these options (chunk_cost: the model's, for dynamic
@@ -201,7 +224,7 @@ class EngineConfig:
         return SchedulerConfig(
             chunk_size=self.chunk_size, max_num_batched_tokens=self.token_budget,
             max_num_seqs=self.max_num_seqs, max_inflight=self.inflight,
-            block_size=self.block_size, num_blocks=num_blocks, skip_mode=self.pp_output_skip,
+            block_size=self.kv_block_size, num_blocks=num_blocks, skip_mode=self.pp_output_skip,
             max_model_len=max_model_len, run_ahead=self.resolved_run_ahead, num_stages=self.pp_size,
             kv_admission=self.kv_admission, enable_prefix_caching=self.enable_prefix_caching,
             chunk_cost=chunk_cost if self.enable_dynamic_chunking else None,
@@ -218,7 +241,7 @@ class EngineConfig:
         return StageSpec(
             stage_index=index, num_stages=self.pp_size, layer_start=layers[0],
             layer_end=layers[1], model_path=self.model, load_format=self.load_format,
-            device=self.device, dtype=self.resolved_dtype, block_size=self.block_size,
+            device=self.device, dtype=self.resolved_dtype, block_size=self.kv_block_size,
             max_running=self.max_num_seqs, kv_cache_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization,
             channel_check=self.channel_check, output_post=self.output_post,

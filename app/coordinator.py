@@ -34,9 +34,9 @@ LOAD_REPORT_S = 1.0
 class Coordinator:
     def __init__(self, config: EngineConfig, metrics=None, placement_group=None,
                  stage_actor=StageActor):
-        self.config = config
-        self.metrics = metrics
         self.args = load_model_args(config.model)
+        self.config = config = config.for_model(self.args)
+        self.metrics = metrics
         self.tokenizer = load_tokenizer(config.model)
         self.max_model_len = config.resolved_max_model_len(self.args.max_position_embeddings)
         # A checkpoint without tokenizer.json still stops on its own config's EOS ids.

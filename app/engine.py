@@ -122,7 +122,7 @@ class Engine:
         self.config = config or EngineConfig()
         # A missing directory, no config.json or an unsupported model_type raises here, before
         # Ray or any actor starts.
-        load_model_args(self.config.model)
+        self.config = self.config.for_model(load_model_args(self.config.model))
         self._owns_ray = not ray.is_initialized()
         self._pg: PlacementGroup | None = None
         self._actor: Any = None  # the coordinator actor's handle

@@ -18,7 +18,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from app.autoscaling import LOAD_METRIC, pipeline_load
-from app.config import EngineConfig
+from app.config import DEFAULT_BLOCK_SIZE, EngineConfig
 from app.coordinator import Coordinator
 from app.merged import MergedStreams
 from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply
@@ -28,6 +28,7 @@ from app.pipeline import placement_bundles
 from app.prefix_router import ROUTER_CLASS
 from app.request import InvalidRequest, RequestOutput, params_of_choice
 from app.request_stream import RequestStream
+from stages.model_config import load_model_args
 
 log = logging.getLogger("ppserve.server")
 
@@ -50,9 +51,10 @@ class PipelineServer:
     app/messages.py."""
 
     async def __init__(self, engine_args: dict):
-        self.config = EngineConfig.from_dict(engine_args)
-        self.metrics = EngineMetrics(self.config.model_name, _pipeline_id())
-        self.coordinator = Coordinator(self.config, self.metrics)
+        config = EngineConfig.from_dict(engine_args)
+        self.metrics = EngineMetrics(config.model_name, _pipeline_id())
+        self.coordinator = Coordinator(config, self.metrics)
+        self.config = self.coordinator.config  # with the model's block size
         await self.coordinator.start()
         self.tokenizer = self.coordinator.tokenizer
 
@@ -181,6 +183,8 @@ def build_app(args: dict | None = None) -> Application:
     args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
     server = {k: args.pop(k) for k in SERVER_KEYS if k in args}
     config = EngineConfig.from_dict(args)  # validates early, in the driver
+    if config.model is None or os.path.isdir(config.model):  # else: only the workers have it
+        config = config.for_model(load_model_args(config.model))
     bundles = placement_bundles(config)
     # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
     # With a waiting bound, every request must reach the coordinator to be counted against it,
@@ -203,7 +207,8 @@ def build_app(args: dict | None = None) -> Application:
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
     ingress_cls = make_ingress(config.model_name, api_key, max_bytes,
-                               config.block_size if router is not None else None,
+                               (config.block_size or DEFAULT_BLOCK_SIZE) if router is not None
+                               else None,
                                allowed_origins(server.get("allowed_origins")))
     ingress = serve.deployment(
         ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,

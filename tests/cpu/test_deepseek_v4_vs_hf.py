@@ -185,3 +185,19 @@ def test_token_ids_reach_only_the_stages_up_to_the_last_hash_layer(checkpoints):
         runner = StageRunner(config.stage_spec(s, (a, b), max_model_len=0))
         flags.append((runner.receives_token_ids, runner.sends_token_ids))
     assert flags == [(False, True), (True, False), (False, False)]
+
+
+def test_block_size_defaults_to_whole_compression_groups(tmp_path):
+    """No --block-size: 64, raised to a multiple of the largest compression rate (V4-Flash's 128);
+    an explicit block size is kept."""
+    from transformers import DeepseekV4Config
+
+    from app.config import EngineConfig
+    from stages.model_config import load_model_args
+    from tests.deepseek_v4_ref import FLASH_LIKE_V4
+
+    DeepseekV4Config(**FLASH_LIKE_V4).save_pretrained(tmp_path)
+    args = load_model_args(str(tmp_path))
+    assert EngineConfig(model=str(tmp_path)).for_model(args).block_size == 128
+    assert EngineConfig(model=str(tmp_path), block_size=256).for_model(args).block_size == 256
+    assert EngineConfig().for_model(load_model_args(None)).block_size == 64

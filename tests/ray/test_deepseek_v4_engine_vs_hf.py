@@ -159,8 +159,7 @@ def test_flash_like_checkpoint_on_pp_1_2_3(ray_cluster, tmp_path):
             model=path,
             pp_size=pp,
             device="cpu",
-            chunk_size=chunk,
-            block_size=128,
+            chunk_size=chunk,  # block size left out: the family's (128) is taken
             max_num_seqs=4,
             max_model_len=512,
             channel_check=True,
