@@ -26,8 +26,11 @@ from stages.protocol import MicrobatchPlan, StageSpec, StepResult
 log = logging.getLogger("ppserve.pipeline")
 
 # Passed to every stage: NVLink multicast stays off on shared hosts (docs/ARCHITECTURE.md#channels).
-_STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-              "NVSHMEM_DISABLE_NVLS": "1"}
+_STAGE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 COORDINATOR_CPUS = 0.1
 # Stage actors are named in one fixed namespace, whoever started them (Engine driver, Serve
 # replica), so operators find them with `ray list actors` or
@@ -62,7 +65,8 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
             raise PlacementTimeout(
                 f"the placement group of the pipeline is {state} after {timeout_s:g} s: its "
                 f"bundles {pg.bundle_specs} (strategy {placement_group_table(pg).get('strategy')})"
-                " do not fit on the cluster's live nodes")
+                " do not fit on the cluster's live nodes"
+            )
         await asyncio.sleep(0.2)
 
 
@@ -75,8 +79,13 @@ PUBLIC_ERRORS = (PlacementTimeout, StageStartError)
 
 
 class Pipeline:
-    def __init__(self, config: EngineConfig, args: ModelArgs,
-                 placement_group: PlacementGroup | None = None, stage_actor: Any = StageActor):
+    def __init__(
+        self,
+        config: EngineConfig,
+        args: ModelArgs,
+        placement_group: PlacementGroup | None = None,
+        stage_actor: Any = StageActor,
+    ):
         """stage_actor: the Ray actor class of the stages (the bench's adds its knobs)."""
         self.config = config
         self.stage_actor = stage_actor
@@ -117,13 +126,17 @@ class Pipeline:
         gpu = c.device == "cuda"
         self.stages = [
             self.stage_actor.options(
-                name=self.stage_name(i), namespace=STAGE_NAMESPACE,
-                num_cpus=0 if gpu else c.stage_num_cpus, num_gpus=1 if gpu else 0,
+                name=self.stage_name(i),
+                namespace=STAGE_NAMESPACE,
+                num_cpus=0 if gpu else c.stage_num_cpus,
+                num_gpus=1 if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=i + 1),
+                    placement_group=self.pg, placement_group_bundle_index=i + 1
+                ),
                 runtime_env={"env_vars": dict(_STAGE_ENV)},
             ).remote(spec, c.torch_threads)
-            for i, spec in enumerate(self._specs())]
+            for i, spec in enumerate(self._specs())
+        ]
         await self._started()
         if c.pp_size > 1:
             host, port = await self.stages[0].open_store.remote()
@@ -134,8 +147,12 @@ class Pipeline:
             raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
         # each stage logs its own KV bytes per token per layer
-        log.info("pipeline up: %d stages, %d KV blocks of %d tokens", c.pp_size,
-                 self.num_blocks, c.block_size)
+        log.info(
+            "pipeline up: %d stages, %d KV blocks of %d tokens",
+            c.pp_size,
+            self.num_blocks,
+            c.block_size,
+        )
         return self.num_blocks
 
     async def _started(self) -> None:
@@ -145,12 +162,14 @@ class Pipeline:
                 await stage.started.remote()
             except RayTaskError as e:  # raised by the stage's own code: its error, unwrapped
                 cause = e.cause if e.cause is not None else e
-                raise StageStartError(f"stage {i} of {n} could not start: "
-                                      f"{type(cause).__name__}: {cause}") from None
+                raise StageStartError(
+                    f"stage {i} of {n} could not start: {type(cause).__name__}: {cause}"
+                ) from None
             except RayActorError as e:  # the process died (out of memory, runtime env...)
                 log.error("stage %d of %d died while starting: %s", i, n, e)
-                raise StageStartError(f"stage {i} of {n} died while starting; see the Ray "
-                                      "logs of its actor") from None
+                raise StageStartError(
+                    f"stage {i} of {n} died while starting; see the Ray logs of its actor"
+                ) from None
 
     def dispatch(self, plan: MicrobatchPlan) -> list[Any]:
         """Each stage's awaitable result of `plan` (Ray refs, or one coroutine when deferred)."""
