@@ -17,7 +17,14 @@ from typing import Any
 from app.scheduler.chunking import ChunkCost
 from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
 from stages.kernels.registry import BACKENDS
-from stages.protocol import DEVICES, DTYPES, LOAD_FORMATS, OUTPUT_POSTS, StageSpec
+from stages.protocol import (
+    DEVICES,
+    DTYPES,
+    LOAD_FORMATS,
+    OUTPUT_CHANNELS,
+    OUTPUT_POSTS,
+    StageSpec,
+)
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -89,6 +96,13 @@ class EngineConfig:
     output_post: str = option(
         "early", "Where stage 0 posts the output recv: early = at dispatch; late = just before "
         "its consumer.", choices=OUTPUT_POSTS)
+    output_channel: str = option(
+        "auto", "How sampled tokens reach stage 0 from the last stage: nccl = a NCCL send/recv "
+        "(gloo on CPU); copy = a CUDA IPC peer copy on a copy engine and an interprocess event "
+        "stage 0's stream waits on (one node, CUDA; holds no SM while it waits); host = stage 0 "
+        "takes them from the next plan (no output message; a request's next step is planned "
+        "once its token is on the host); auto = nccl (copy is not yet measured in a PP=2 "
+        "decode; docs/PERFORMANCE.md).", choices=OUTPUT_CHANNELS)
     run_ahead: bool | None = option(
         None, "Plan a request's next decode step as soon as its previous one is dispatched "
         "(at least --pp microbatches later); stage 0 takes the token from the output channel "
@@ -146,6 +160,9 @@ class EngineConfig:
         """The one validation of every option: its type, choices and bounds (from option())."""
         for f in dataclasses.fields(self):
             check_option(f, getattr(self, f.name))
+        if self.output_channel == "copy" and self.device != "cuda":
+            raise ValueError("output_channel 'copy' needs --device cuda (a CUDA IPC copy); "
+                             "use nccl (gloo on CPU) or host")
 
     @property
     def resolved_dtype(self) -> str:
@@ -188,13 +205,16 @@ class EngineConfig:
             max_model_len=max_model_len, run_ahead=self.resolved_run_ahead, num_stages=self.pp_size,
             kv_admission=self.kv_admission, enable_prefix_caching=self.enable_prefix_caching,
             chunk_cost=chunk_cost if self.enable_dynamic_chunking else None,
-            dynamic_chunk_smooth=self.dynamic_chunk_smooth)
+            dynamic_chunk_smooth=self.dynamic_chunk_smooth,
+            tokens_from_host=self.output_channel == "host")
 
     def resolved_max_model_len(self, max_position_embeddings: int) -> int:
         return min(self.max_model_len or max_position_embeddings, max_position_embeddings)
 
-    def stage_spec(self, index: int, layers: tuple[int, int], max_model_len: int) -> StageSpec:
-        """What stage `index`, holding layers [start, end), is told at creation."""
+    def stage_spec(self, index: int, layers: tuple[int, int], max_model_len: int,
+                   output_channel: str = "nccl") -> StageSpec:
+        """What stage `index`, holding layers [start, end), is told at creation (with the
+        output channel the pipeline resolved from output_channel)."""
         return StageSpec(
             stage_index=index, num_stages=self.pp_size, layer_start=layers[0],
             layer_end=layers[1], model_path=self.model, load_format=self.load_format,
@@ -202,7 +222,8 @@ class EngineConfig:
             max_running=self.max_num_seqs, kv_cache_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization,
             channel_check=self.channel_check, output_post=self.output_post,
-            linear_backend=self.linear_backend, attention_backend=self.attention_backend,
+            output_channel=output_channel, linear_backend=self.linear_backend,
+            attention_backend=self.attention_backend,
             seed=self.seed, max_model_len=max_model_len, enforce_eager=self.enforce_eager)
 
     @classmethod

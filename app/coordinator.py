@@ -346,6 +346,7 @@ class Coordinator:
         return {
             "pp_output_comm": dict(s.comm_stats()),
             "channel_output_sends": self._channel_sends,
+            "output_channel": self.pipeline.output_channel,
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
             "inflight_microbatches": s.inflight,

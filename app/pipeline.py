@@ -32,6 +32,9 @@ _STAGE_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 COORDINATOR_CPUS = 0.1
+# Ray then leaves CUDA_VISIBLE_DEVICES alone: the copy channel's CUDA IPC opens stage 0's buffer
+# in the last stage, which needs stage 0's GPU visible there (stages/actor.py picks the device).
+NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # Stage actors are named in one fixed namespace, whoever started them (Engine driver, Serve
 # replica), so operators find them with `ray list actors` or
 # `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
@@ -94,6 +97,7 @@ class Pipeline:
         self.stages: list[Any] = []  # the stage actors' handles
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
+        self.output_channel = "nccl"  # what the stages use, --output-channel resolved at start
         self.pipeline_id = uuid.uuid4().hex[:8]  # unique per Pipeline: names never collide
         # Deferred results (PP=1 with run-ahead): the last launched microbatch's result, which
         # the next advance call (the next dispatch or flush()) returns.
@@ -115,7 +119,23 @@ class Pipeline:
     def _specs(self) -> list[StageSpec]:
         ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
         max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
-        return [self.config.stage_spec(i, r, max_len) for i, r in enumerate(ranges)]
+        self.output_channel = self._resolve_output_channel()
+        return [
+            self.config.stage_spec(i, r, max_len, self.output_channel) for i, r in enumerate(ranges)
+        ]
+
+    def _resolve_output_channel(self) -> str:
+        """--output-channel, with auto resolved (and the choice logged once)."""
+        chosen = self.config.output_channel
+        if chosen != "auto":
+            return chosen
+        if self.generation == 0:
+            log.info(
+                "output channel: auto -> nccl%s (copy and host are not yet measured in a "
+                "PP=2 decode; docs/PERFORMANCE.md)",
+                " (gloo on CPU)" if self.config.device == "cpu" else "",
+            )
+        return "nccl"
 
     async def start(self) -> int:
         """Create the actors, join the channels, agree on the KV size. Returns the block count."""
@@ -124,6 +144,10 @@ class Pipeline:
         c = self.config
         await wait_placed(self.pg, c.placement_timeout_s)
         gpu = c.device == "cuda"
+        specs = self._specs()
+        env = dict(_STAGE_ENV)
+        if specs[0].output_channel == "copy":  # CUDA IPC: each stage sees the node's GPUs
+            env[NOSET_VISIBLE_DEVICES] = "1"
         self.stages = [
             self.stage_actor.options(
                 name=self.stage_name(i),
@@ -133,9 +157,9 @@ class Pipeline:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=i + 1
                 ),
-                runtime_env={"env_vars": dict(_STAGE_ENV)},
+                runtime_env={"env_vars": env},
             ).remote(spec, c.torch_threads)
-            for i, spec in enumerate(self._specs())
+            for i, spec in enumerate(specs)
         ]
         await self._started()
         if c.pp_size > 1:

@@ -25,6 +25,14 @@ def _node_ip() -> str:
     return ip
 
 
+def _assigned_gpu() -> int:
+    """The index of Ray's GPU for this actor among the visible ones, when Ray leaves every GPU
+    of the node visible (the copy output channel)."""
+    gpu = str(ray.get_gpu_ids()[0])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",").index(gpu) if visible else int(gpu)
+
+
 class StageShell:
     def __init__(self, spec: StageSpec, torch_threads: int = 1):
         import torch
@@ -32,6 +40,8 @@ class StageShell:
         logging.basicConfig(level=logging.INFO)
         if spec.device == "cpu":
             torch.set_num_threads(max(1, torch_threads))
+        elif os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
+            torch.cuda.set_device(_assigned_gpu())
         from stages.runner import StageRunner
 
         self.spec = spec

@@ -13,6 +13,10 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: the checkpoint's shapes with seeded random weights
 OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late: before its use
+# How the sampled ids travel from the last stage to stage 0 (docs/ARCHITECTURE.md#channels):
+# auto (resolved by the pipeline), nccl (gloo on CPU), copy (CUDA IPC peer copy + interprocess
+# event, one node), host (stage 0 reads them from the plans: no output message at all).
+OUTPUT_CHANNELS = ("auto", "nccl", "copy", "host")
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ class StageSpec:
     gpu_memory_utilization: float
     channel_check: bool  # test mode: every message carries a checked header
     output_post: str  # "early": recv posted at dispatch; "late": before its consumer
+    output_channel: str  # resolved: "nccl", "copy" or "host" (never "auto")
     linear_backend: str
     attention_backend: str
     seed: int  # the built-in random model's seed

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from stages.channels import ChannelError, PendingRecv, PipelineChannels
+from stages.copy_channel import PendingCopy
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import moe_backend_for, select_kernels
@@ -77,7 +78,11 @@ class StageRunner:
         # (docs/ARCHITECTURE.md#run-ahead-decoding).
         self.next_tokens = torch.zeros(spec.max_running, dtype=torch.long, device=self.device)
         self.slot_writer = [-1] * spec.max_running  # mb whose output last wrote each slot
-        self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | None]] = deque()
+        # Output messages stage 0 expects, in plan order; None until posted (nccl: an irecv;
+        # copy: a PendingCopy). The host channel has none: decode rows carry their token.
+        self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | PendingCopy | None]] = (
+            deque())
+        self.output_channel = spec.output_channel
         self.pending_sends: list = []  # (work, tensor) pairs not yet waited
         self.sampler = Sampler(self.device, spec.seed) if spec.is_last else None
         self.output_post = spec.output_post
@@ -85,6 +90,11 @@ class StageRunner:
             install_sync_guard(self._recv_posted)
 
     # -- setup -----------------------------------------------------------------------------------
+    @property
+    def sends_outputs(self) -> bool:
+        """Whether sampled ids travel to stage 0 by a message (not with the host channel)."""
+        return self.output_channel != "host"
+
     @property
     def num_local_layers(self) -> int:
         return self.spec.layer_end - self.spec.layer_start
@@ -164,7 +174,8 @@ class StageRunner:
 
     def connect(self, host: str, port: int, store=None) -> None:
         self.channels = PipelineChannels(self.spec.stage_index, self.spec.num_stages,
-                                         self.device, self.spec.channel_check)
+                                         self.device, self.spec.channel_check,
+                                         self.spec.output_channel, self.spec.max_running)
         self.channels.connect(host, port, store)
 
     # -- one microbatch --------------------------------------------------------------------------
@@ -176,6 +187,8 @@ class StageRunner:
         """Queue the microbatch's work on the device; `finish` reads its results."""
         self._apply_deltas(plan)
         self._wait_sends()
+        if self.spec.is_first and self.output_channel == "copy":
+            self._consume_landed()
         graphs = self.decode_graphs
         bucket = graphs.bucket_for(plan.rows) if graphs is not None else None
         batch = None
@@ -197,7 +210,7 @@ class StageRunner:
         if not self.spec.is_last:
             self.timer.stop()
             self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
-            if self.spec.is_first and self.channels is not None:
+            if self.spec.is_first and self.channels is not None and self.sends_outputs:
                 self._post_outputs(plan)
             return LaunchedStep(plan, graphed, result=StepResult(
                 plan.mb_id, self.spec.stage_index, forward_s=self.timer.last_elapsed(),
@@ -205,7 +218,7 @@ class StageRunner:
         picked = self._pick(plan, hidden, batch)
         timing = self.timer.stop()
         if picked is not None:
-            if self.spec.is_first:  # PP=1: the "channel" is a local scatter
+            if self.spec.is_first and self.sends_outputs:  # PP=1: a local scatter
                 self._scatter_local(plan, picked.token_ids)
             picked.copy_to_host()
         return LaunchedStep(plan, graphed, picked, timing)
@@ -312,8 +325,8 @@ class StageRunner:
     def _post_queued(self) -> None:
         for i, (plan, pending) in enumerate(self.pending_outputs):
             if pending is None:
-                buf = torch.empty(len(plan.rows), dtype=torch.long, device=self.device)
-                self.pending_outputs[i] = (plan, self.channels.post_output_recv(buf, plan.mb_id))
+                posted = self.channels.post_output_recv(len(plan.rows), plan.mb_id)
+                self.pending_outputs[i] = (plan, posted)
 
     def _ensure_output(self, mb_id: int | None) -> None:
         """Complete output recvs in order up to the one carrying mb_id."""
@@ -321,15 +334,29 @@ class StageRunner:
             return
         while self.pending_outputs and self.pending_outputs[0][0].mb_id <= mb_id:
             self._post_queued()
-            plan, pending = self.pending_outputs.popleft()
-            buf = pending.wait()
-            rows = [i for i, r in enumerate(plan.rows) if r.sample]
-            if rows:
-                idx = self._to_device(rows)
-                slots = self._to_device([plan.rows[i].slot for i in rows])
-                self.next_tokens[slots] = buf[idx]
-                for i in rows:
-                    self.slot_writer[plan.rows[i].slot] = plan.mb_id
+            self._consume_head()
+
+    def _consume_landed(self) -> None:
+        """Copy channel: consume the messages that are already on the device, in order, so
+        that ring slots of outputs nobody reads (orphans, `off` sends) come free; the
+        stream waits then cost nothing."""
+        self._post_queued()
+        while self.pending_outputs and self.pending_outputs[0][1].landed():
+            self._consume_head()
+
+    def _consume_head(self) -> None:
+        """Scatter the oldest posted output message into next_tokens (the stream waits for
+        it just before), then give its buffer back."""
+        plan, pending = self.pending_outputs.popleft()
+        buf = pending.wait()
+        rows = [i for i, r in enumerate(plan.rows) if r.sample]
+        if rows:
+            idx = self._to_device(rows)
+            slots = self._to_device([plan.rows[i].slot for i in rows])
+            self.next_tokens[slots] = buf[idx]
+            for i in rows:
+                self.slot_writer[plan.rows[i].slot] = plan.mb_id
+        pending.release()
 
     def _scatter_local(self, plan: MicrobatchPlan, token_ids: torch.Tensor) -> None:
         if not plan.send_output:
@@ -342,8 +369,9 @@ class StageRunner:
     # -- last stage: sample and send ---------------------------------------------------------------
     def _pick(self, plan, hidden, batch: ForwardBatch | None) -> Picked | None:
         sample_rows = [r for r in plan.rows if r.sample]
+        sends = plan.send_output and self.channels is not None and self.sends_outputs
         if not sample_rows:
-            if plan.send_output and self.channels is not None:
+            if sends:
                 self._send_output(plan, None)
             return None
         rows = hidden if batch is None else hidden[batch.sample_indices]
@@ -352,7 +380,7 @@ class StageRunner:
                                  self.prompt_ids[r.req_id], self.output_ids[r.req_id])
                      for r in sample_rows]
         picked = self.sampler.pick(logits, to_sample)
-        if plan.send_output and self.channels is not None:
+        if sends:
             self._send_output(plan, picked.token_ids)
         return picked
 

@@ -28,6 +28,7 @@ from app.bench.target import (
     lone_prompt_chunk_sizes,
     write_model,
 )
+from stages.protocol import OUTPUT_CHANNELS
 
 # mode name -> (skip_mode, output_post, linear backend override or None)
 MODES = {
@@ -191,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
+    p.add_argument(
+        "--output-channel",
+        choices=OUTPUT_CHANNELS,
+        default="auto",
+        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
+    )
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 
@@ -221,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=longest + 64,
             num_kv_blocks=(longest + 256) // 64 + 8,
             max_inflight=a.max_inflight,
+            output_channel=a.output_channel,
         ) as engine:
             print(
                 f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s", flush=True

@@ -34,7 +34,7 @@ from typing import Any
 
 from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
 from app.request import Prompt
-from stages.protocol import DEVICES
+from stages.protocol import DEVICES, OUTPUT_CHANNELS
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -236,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="default: the engine's (on with CUDA)",
     )
+    p.add_argument(
+        "--output-channel",
+        choices=OUTPUT_CHANNELS,
+        default="auto",
+        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
+    )
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -309,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed,
         enforce_eager=a.enforce_eager,
         run_ahead=a.run_ahead,
+        output_channel=a.output_channel,
     )
     rng = random.Random(a.seed)
     lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)

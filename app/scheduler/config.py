@@ -33,6 +33,9 @@ class SchedulerConfig:
     kv_admission: "reserve" admits a request once prompt + max_tokens blocks can be reserved
       (never preempts); "on-demand" admits on its prompt's blocks + one, allocates as rows
       grow and preempts (recompute) the youngest running request when blocks run out.
+    tokens_from_host: the output channel is the host (--output-channel host): a decode row
+      carries its input token in the plan, so a request's next step is planned only once its
+      previous token has retired, run-ahead or not.
     enable_prefix_caching: keep full blocks named by a hash of their tokens after their request
       finishes and start a request with a cached prefix after it (docs/ARCHITECTURE.md#kv-cache).
     chunk_cost / dynamic_chunk_smooth: the model's cost per chunk when chunks are sized to equal
@@ -53,6 +56,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool
     chunk_cost: ChunkCost | None
     dynamic_chunk_smooth: float
+    tokens_from_host: bool
 
     def chunk_limit(self, prefix: int) -> int:
         """Most prompt tokens of one request's next chunk, `prefix` of them already cached."""

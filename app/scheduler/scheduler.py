@@ -307,9 +307,13 @@ class Scheduler:
             return st.decode_ready
         if st.finished or st.prefill_left > 0 or not 1 <= st.planned < st.req.max_tokens:
             return False
+        if st.generated == st.planned:  # the previous sampling row has retired
+            return True
+        # With the host as the channel the plan carries the token: it must be back first.
         return (
-            st.generated == st.planned  # the previous sampling row has retired
-            or (st.sample_mb is not None and self._next_mb - st.sample_mb >= self.config.num_stages)
+            not self.config.tokens_from_host
+            and st.sample_mb is not None
+            and self._next_mb - st.sample_mb >= self.config.num_stages
         )
 
     def _decode_row(self, st: ReqState) -> Row:
@@ -322,13 +326,21 @@ class Scheduler:
             )
         self._ledger.consume(st.sample_mb, st.req_id)
         st.source_mb = None
+        token_ids: tuple[int, ...] | None = None
+        input_from: int | None = st.sample_mb
+        if self.config.tokens_from_host:
+            check(
+                st.generated == st.planned,
+                f"{st.req_id!r}: a decode row from the host before its token {st.planned - 1}",
+            )
+            token_ids, input_from = (st.output_ids[st.planned - 1],), None
         return Row(
             st.req_id,
             st.slot,
             st.req.prompt_len + st.planned - 1,
             1,
-            None,
-            input_from_mb=st.sample_mb,
+            token_ids,
+            input_from_mb=input_from,
             sample=True,
             output_index=st.planned,
             is_prefill=False,
