@@ -26,18 +26,26 @@ serve: install
 	$(VENV)/bin/ppserve serve $(ARGS)
 
 # Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
-FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing.py \
-	app/dashboard.py app/bench/target.py app/bench/actors.py app/bench/__init__.py \
-	app/bench/__main__.py tests/unit/scheduler_configs.py tests/unit/test_control_plane_imports.py \
-	app/openai/availability.py tests/unit/test_options.py tests/unit/test_dashboard.py \
-	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py \
-	tests/unit/test_docs_links.py app/merged.py app/openai/calls.py \
-	tests/unit/test_merged_streams.py stages/output_ring.py stages/copy_channel.py \
-	app/bench/output_channels.py tests/unit/test_output_ring.py
-TYPED := app/scheduler app/bench stages/protocol.py app/request.py app/messages.py \
-	app/prefix_routing.py app/dashboard.py app/config.py app/autoscaling.py app/models_cache.py \
-	app/gguf_checkpoint.py app/tokenizer.py app/pipeline.py app/engine.py app/cli.py \
-	stages/partition.py stages/timing.py stages/sync_guard.py app/merged.py stages/output_ring.py
+FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboard.py \
+	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
+	app/models_cache.py app/openai/availability.py app/openai/calls.py app/pipeline.py \
+	app/prefix_router.py app/prefix_routing.py app/scheduler stages/__init__.py stages/actor.py \
+	stages/channels.py stages/copy_channel.py stages/decode_graphs.py stages/forward_batch.py \
+	stages/kernels/__init__.py stages/kernels/cudnn_attention.py stages/kernels/indexer_select.py \
+	stages/kernels/moe_tuning.py stages/output_ring.py stages/partition.py stages/protocol.py \
+	stages/sync_guard.py stages/timing.py tests/unit/scheduler_configs.py \
+	tests/unit/test_control_plane_imports.py tests/unit/test_options.py \
+	tests/unit/test_dashboard.py tests/unit/test_bench_layout.py \
+	tests/unit/test_request_data_never_executed.py tests/unit/test_docs_links.py \
+	tests/unit/test_merged_streams.py tests/unit/test_output_ring.py
+TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
+	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
+	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
+	app/request.py app/scheduler app/tokenizer.py stages/__init__.py stages/actor.py \
+	stages/channels.py stages/copy_channel.py stages/decode_graphs.py stages/forward_batch.py \
+	stages/kernels/__init__.py stages/kernels/cudnn_attention.py stages/kernels/indexer_select.py \
+	stages/kernels/moe_tuning.py stages/output_ring.py stages/partition.py stages/protocol.py \
+	stages/sync_guard.py stages/timing.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

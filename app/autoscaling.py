@@ -51,5 +51,6 @@ class PipelineLoadPolicy:
         if not loads:  # no replica has reported yet (starting): keep the current target
             return ctx.target_num_replicas, {}
         want = desired_pipelines(loads.values(), self.target_load)
-        return min(max(want, ctx.capacity_adjusted_min_replicas),
-                   ctx.capacity_adjusted_max_replicas), {}
+        return min(
+            max(want, ctx.capacity_adjusted_min_replicas), ctx.capacity_adjusted_max_replicas
+        ), {}

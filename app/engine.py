@@ -4,6 +4,8 @@
     engine = Engine(EngineConfig(pp_size=2, device="cpu", chunk_size=64))
     outs = engine.generate(["a prompt", [1, 2, 3]], SamplingParams(max_tokens=16, temperature=0))
     engine.stats(); engine.shutdown()
+
+`generate` blocks until every output is complete; `stream` yields one request's deltas.
 """
 
 from __future__ import annotations
@@ -35,20 +37,26 @@ def merge_outputs(deltas: list[RequestOutput]) -> RequestOutput:
     first, last = deltas[0], deltas[-1]
     lps = [lp for d in deltas for lp in (d.logprobs or [])]
     return RequestOutput(
-        request_id=first.request_id, token_ids=[t for d in deltas for t in d.token_ids],
-        text="".join(d.text for d in deltas), finished=last.finished,
-        finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
+        request_id=first.request_id,
+        token_ids=[t for d in deltas for t in d.token_ids],
+        text="".join(d.text for d in deltas),
+        finished=last.finished,
+        finish_reason=last.finish_reason,
+        prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
-        logprobs=lps if first.logprobs is not None or lps else None, error=last.error,
-        prompt_token_ids=first.prompt_token_ids)
+        logprobs=lps if first.logprobs is not None or lps else None,
+        error=last.error,
+        prompt_token_ids=first.prompt_token_ids,
+    )
 
 
 class CoordinatorHost:
     """A Coordinator in its own process (as CoordinatorActor), for the Engine and tests; the
     bench's actor (app/bench/actors.py) subclasses it with its knobs."""
 
-    def __init__(self, config: EngineConfig, pg: PlacementGroup | None = None,
-                 with_metrics: bool = False):
+    def __init__(
+        self, config: EngineConfig, pg: PlacementGroup | None = None, with_metrics: bool = False
+    ):
         self._args = (config, pg, with_metrics)
         self._coordinator: Coordinator | None = None
 
@@ -58,8 +66,9 @@ class CoordinatorHost:
             raise RuntimeError("the coordinator has not started")
         return self._coordinator
 
-    def make_coordinator(self, config: EngineConfig, metrics: EngineMetrics | None,
-                         pg: PlacementGroup | None) -> Coordinator:
+    def make_coordinator(
+        self, config: EngineConfig, metrics: EngineMetrics | None, pg: PlacementGroup | None
+    ) -> Coordinator:
         from app.coordinator import Coordinator
 
         return Coordinator(config, metrics=metrics, placement_group=pg)
@@ -75,11 +84,14 @@ class CoordinatorHost:
             metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}")
         self._coordinator = self.make_coordinator(config, metrics, pg)
         await self.coordinator.start()
-        return {"max_model_len": self.coordinator.max_model_len,
-                "stages": await self.coordinator.pipeline.describe()}
+        return {
+            "max_model_len": self.coordinator.max_model_len,
+            "stages": await self.coordinator.pipeline.describe(),
+        }
 
-    async def generate_batch(self, prompts: list[Prompt],
-                             params: list[SamplingParams]) -> list[RequestOutput]:
+    async def generate_batch(
+        self, prompts: list[Prompt], params: list[SamplingParams]
+    ) -> list[RequestOutput]:
         streams = []
         try:  # validate all before running any: one bad prompt fails the call, nothing runs
             for p, sp in zip(prompts, params):
@@ -97,8 +109,9 @@ class CoordinatorHost:
             deltas.append(await stream.queue.get())
         return merge_outputs(deltas)
 
-    async def generate_stream(self, prompt: Prompt,
-                              params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate_stream(
+        self, prompt: Prompt, params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
         async for delta in self.coordinator.generate(prompt, params):
             yield delta
 
@@ -117,8 +130,13 @@ CoordinatorActor = ray.remote(CoordinatorHost)
 class Engine:
     coordinator_actor: Any = CoordinatorActor  # the bench's engine runs its own (app/bench/)
 
-    def __init__(self, config: EngineConfig | None = None, *, num_cpus: int | None = None,
-                 with_metrics: bool = False):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        num_cpus: int | None = None,
+        with_metrics: bool = False,
+    ):
         self.config = config or EngineConfig()
         # A missing directory, no config.json or an unsupported model_type raises here, before
         # Ray or any actor starts.
@@ -129,16 +147,23 @@ class Engine:
         if self._owns_ray:  # a laptop: a local cluster with enough logical CPUs for the stages
             need = int(self.config.pp_size * self.config.stage_num_cpus + 2)
             # address="local": a cluster of its own, even where `ray start` left one running
-            ray.init(address="local", num_cpus=num_cpus or max(4, need),
-                     include_dashboard=False, log_to_driver=False)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or max(4, need),
+                include_dashboard=False,
+                log_to_driver=False,
+            )
         try:
-            self._pg = placement_group(placement_bundles(self.config),
-                                       strategy=self.config.placement_strategy)
+            self._pg = placement_group(
+                placement_bundles(self.config), strategy=self.config.placement_strategy
+            )
             ray.get(self._pg.ready(), timeout=self.config.placement_timeout_s)
             self._actor = self.coordinator_actor.options(
-                num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
+                num_cpus=COORDINATOR_CPUS,
+                max_concurrency=1000,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=0),
+                    placement_group=self._pg, placement_group_bundle_index=0
+                ),
             ).remote(self.config, self._pg, with_metrics)
             self.info: dict[str, Any] = ray.get(self._actor.start.remote())
         except BaseException as e:
@@ -152,9 +177,11 @@ class Engine:
     def max_model_len(self) -> int:
         return int(self.info["max_model_len"])
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Prompts are strings or lists of token ids; one SamplingParams for all, or one each."""
         one = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
         batch = [prompts] if one else list(prompts)
@@ -162,11 +189,11 @@ class Engine:
         if isinstance(params, SamplingParams):
             params = [params] * len(batch)
         outputs: list[RequestOutput] = ray.get(
-            self._actor.generate_batch.remote(batch, list(params)))
+            self._actor.generate_batch.remote(batch, list(params))
+        )
         return outputs
 
-    async def stream(self, prompt: Prompt,
-                     params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def stream(self, prompt: Prompt, params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Streamed deltas of one request (an async generator over a Ray streaming call)."""
         async for ref in self._actor.generate_stream.remote(prompt, params):
             yield await ref

@@ -26,8 +26,10 @@ def hf_config_dict(reader: Any) -> dict[str, Any]:
     """LlamaConfig keyword arguments from the GGUF metadata."""
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; "
-                         f"supported: {', '.join(GGUF_ARCHITECTURES)}")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; "
+            f"supported: {', '.join(GGUF_ARCHITECTURES)}"
+        )
     names = {t.name for t in reader.tensors}
     hidden = int(_field(reader, f"{arch}.embedding_length"))
     heads = int(_field(reader, f"{arch}.attention.head_count"))
@@ -57,9 +59,12 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return out
 
 
-def hf_state_dict(reader: Any, config: Any, dtype: torch.dtype,
-                  progress: Callable[[Iterable[str]], Iterable[str]] | None = None,
-                  ) -> dict[str, torch.Tensor]:
+def hf_state_dict(
+    reader: Any,
+    config: Any,
+    dtype: torch.dtype,
+    progress: Callable[[Iterable[str]], Iterable[str]] | None = None,
+) -> dict[str, torch.Tensor]:
     """Every tensor of the HF model, dequantized by `gguf` and named by its tensor-name map."""
     import gguf
     from transformers import LlamaForCausalLM
@@ -95,12 +100,16 @@ def convert_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype = torch.bfloat
     reader = GGUFReader(gguf_path)
     cfg = hf_config_dict(reader)
     config = LlamaConfig(**cfg, architectures=["LlamaForCausalLM"], dtype=dtype)
-    state = hf_state_dict(reader, config, dtype,
-                          lambda xs: tqdm(xs, desc="Dequantizing GGUF tensors", unit="tensor"))
+    state = hf_state_dict(
+        reader, config, dtype, lambda xs: tqdm(xs, desc="Dequantizing GGUF tensors", unit="tensor")
+    )
     os.makedirs(out_dir, exist_ok=True)
     save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out_dir)
-    GenerationConfig(bos_token_id=cfg["bos_token_id"], eos_token_id=cfg["eos_token_id"],
-                     pad_token_id=cfg["pad_token_id"]).save_pretrained(out_dir)
+    GenerationConfig(
+        bos_token_id=cfg["bos_token_id"],
+        eos_token_id=cfg["eos_token_id"],
+        pad_token_id=cfg["pad_token_id"],
+    ).save_pretrained(out_dir)
     folder, name = os.path.split(os.path.abspath(gguf_path))
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)

@@ -14,62 +14,83 @@ The output-channel counters are fed by the scheduler's ledger, one call per even
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
-from ray.util.metrics import Counter, Gauge, Histogram
+from ray.util.metrics import Counter, Gauge, Histogram, Metric
 
 from app.dashboard import METRIC_PREFIX
 
 # TTFT of a 1M-token prompt can take minutes: buckets reach 20 minutes.
-LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0]
-ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0]
+# fmt: off
+LATENCY_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                   10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0]
+ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+               0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0]
 E2E_BUCKETS = LATENCY_BUCKETS + [2560.0, 3600.0]
-FORWARD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                   5.0, 10.0, 30.0, 60.0]
+FORWARD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0]
+# fmt: on
 
 _TAGS = ("model_name", "pipeline")
 # The finish reasons of request_success_total (RequestOutput.finish_reason).
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+_M = TypeVar("_M", bound=Metric)
 
 
 class EngineMetrics:
     """Every metric of one pipeline; the coordinator calls the methods below."""
 
     def __init__(self, model_name: str, pipeline_id: str):
-        self._all: list = []
-        self.ttft = self._hist("time_to_first_token_seconds",
-                               "Arrival at the ingress to the first token out", LATENCY_BUCKETS)
-        self.itl = self._hist("inter_token_latency_seconds", "Time between two output tokens",
-                              ITL_BUCKETS)
-        self.e2e = self._hist("e2e_request_latency_seconds", "Arrival to the last token",
-                              E2E_BUCKETS)
-        self.queue = self._hist("request_queue_time_seconds",
-                                "Arrival to the first scheduled chunk", LATENCY_BUCKETS)
-        self.stage_forward = self._hist("stage_forward_seconds",
-                                        "One stage's compute for one microbatch",
-                                        FORWARD_BUCKETS, ("stage",))
+        self._all: list[Metric] = []
+        self.ttft = self._hist(
+            "time_to_first_token_seconds",
+            "Arrival at the ingress to the first token out",
+            LATENCY_BUCKETS,
+        )
+        self.itl = self._hist(
+            "inter_token_latency_seconds", "Time between two output tokens", ITL_BUCKETS
+        )
+        self.e2e = self._hist(
+            "e2e_request_latency_seconds", "Arrival to the last token", E2E_BUCKETS
+        )
+        self.queue = self._hist(
+            "request_queue_time_seconds", "Arrival to the first scheduled chunk", LATENCY_BUCKETS
+        )
+        self.stage_forward = self._hist(
+            "stage_forward_seconds",
+            "One stage's compute for one microbatch",
+            FORWARD_BUCKETS,
+            ("stage",),
+        )
         self.running = self._gauge("num_requests_running", "Requests being prefilled or decoded")
         self.waiting = self._gauge("num_requests_waiting", "Requests queued for admission")
         self.kv_usage = self._gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)")
         self.skip_ratio = self._gauge(
-            "pp_output_skip_hit_ratio", "This pipeline's skipped / (skipped + missed)")
+            "pp_output_skip_hit_ratio", "This pipeline's skipped / (skipped + missed)"
+        )
         self.prompt_tokens = self._counter("prompt_tokens_total", "Prompt tokens processed")
         self.generation_tokens = self._counter("generation_tokens_total", "Tokens generated")
-        self.success = self._counter("request_success_total", "Finished requests",
-                                     ("finished_reason",))
-        self.comm = self._counter("pp_output_comm_total",
-                                  "Microbatches whose output was sent or skipped", ("decision",))
-        self.missed = self._counter("pp_output_comm_missed_total",
-                                    "Output sends the plan could have skipped at dispatch")
-        self.orphaned = self._counter("pp_output_comm_orphaned_total",
-                                      "Output sends whose consumer vanished after dispatch")
+        self.success = self._counter(
+            "request_success_total", "Finished requests", ("finished_reason",)
+        )
+        self.comm = self._counter(
+            "pp_output_comm_total", "Microbatches whose output was sent or skipped", ("decision",)
+        )
+        self.missed = self._counter(
+            "pp_output_comm_missed_total", "Output sends the plan could have skipped at dispatch"
+        )
+        self.orphaned = self._counter(
+            "pp_output_comm_orphaned_total", "Output sends whose consumer vanished after dispatch"
+        )
         self.prefix_queries = self._counter(
-            "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache")
+            "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache"
+        )
         self.prefix_hits = self._counter(
-            "prefix_cache_hits_total", "Prompt tokens found in the prefix cache")
+            "prefix_cache_hits_total", "Prompt tokens found in the prefix cache"
+        )
         self.rebuilds = self._counter(
-            "pipeline_rebuilds_total", "Pipeline rebuilds after a stage failure")
+            "pipeline_rebuilds_total", "Pipeline rebuilds after a stage failure"
+        )
         tags = {"model_name": model_name, "pipeline": pipeline_id}
         for metric in self._all:
             metric.set_default_tags(tags)
@@ -82,26 +103,36 @@ class EngineMetrics:
         Counter.inc refuses 0, hence the private _record. (A histogram cannot be exported
         without an observation.)"""
         for counter, label, values in (
-                (self.prompt_tokens, None, ()), (self.generation_tokens, None, ()),
-                (self.success, "finished_reason", FINISHED_REASONS),
-                (self.comm, "decision", ("sent", "skipped")), (self.missed, None, ()),
-                (self.orphaned, None, ()), (self.prefix_queries, None, ()),
-                (self.prefix_hits, None, ()), (self.rebuilds, None, ())):
-            for tags in ([{label: v} for v in values] if label else [None]):
+            (self.prompt_tokens, None, ()),
+            (self.generation_tokens, None, ()),
+            (self.success, "finished_reason", FINISHED_REASONS),
+            (self.comm, "decision", ("sent", "skipped")),
+            (self.missed, None, ()),
+            (self.orphaned, None, ()),
+            (self.prefix_queries, None, ()),
+            (self.prefix_hits, None, ()),
+            (self.rebuilds, None, ()),
+        ):
+            for tags in [{label: v} for v in values] if label else [None]:
                 counter._record(0, tags=tags)
         self.set_load(0, 0, 0.0)
 
-    def _hist(self, name, desc, buckets, extra=()):
-        return self._keep(Histogram(METRIC_PREFIX + name, description=desc, boundaries=buckets,
-                                    tag_keys=_TAGS + extra))
+    def _hist(
+        self, name: str, desc: str, buckets: list[float], extra: tuple[str, ...] = ()
+    ) -> Histogram:
+        return self._keep(
+            Histogram(
+                METRIC_PREFIX + name, description=desc, boundaries=buckets, tag_keys=_TAGS + extra
+            )
+        )
 
-    def _gauge(self, name, desc):
+    def _gauge(self, name: str, desc: str) -> Gauge:
         return self._keep(Gauge(METRIC_PREFIX + name, description=desc, tag_keys=_TAGS))
 
-    def _counter(self, name, desc, extra=()):
+    def _counter(self, name: str, desc: str, extra: tuple[str, ...] = ()) -> Counter:
         return self._keep(Counter(METRIC_PREFIX + name, description=desc, tag_keys=_TAGS + extra))
 
-    def _keep(self, metric):
+    def _keep(self, metric: _M) -> _M:
         self._all.append(metric)
         return metric
 

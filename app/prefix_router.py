@@ -27,8 +27,11 @@ def _key(pending_request: PendingRequest | None) -> PrefixKey | None:
 
 
 class PrefixAffinityRouter(RequestRouter):
-    def initialize_state(self, max_queue: int = 64, capacity: int = 4096,
-                         min_match: float = 0.1) -> None:
+    # Serve passes the deployment's request_router_kwargs as keywords; the base declares them
+    # as **kwargs, so naming them here is an override mypy cannot accept.
+    def initialize_state(  # type: ignore[override]
+        self, max_queue: int = 64, capacity: int = 4096, min_match: float = 0.1
+    ) -> None:
         self.table = PrefixRoutingTable(max_queue, capacity, min_match)
 
     async def choose_replicas(
@@ -48,8 +51,9 @@ class PrefixAffinityRouter(RequestRouter):
             pending_request.routing_context.should_backoff = True
         return [[by_id[rid]] for rid in self.table.rank(_key(pending_request), loads)]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
-                          result: object) -> None:
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: object
+    ) -> None:
         self.table.record(replica_id.unique_id, _key(pending_request))
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from stages.protocol import MicrobatchPlan, StageSpec, StepResult
+
+if TYPE_CHECKING:  # torch-heavy: the control plane imports this module without torch
+    from stages.channels import TCPStore
+    from stages.runner import LaunchedStep
+
+
+def _node_ip() -> str:
+    ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # unannotated in ray
+    return ip
 
 
 def _assigned_gpu() -> int:
@@ -35,8 +45,8 @@ class StageShell:
         from stages.runner import StageRunner
 
         self.spec = spec
-        self._store = None  # stage 0 keeps the rendezvous store alive
-        self._launched = None  # the LaunchedStep the next advance() call returns
+        self._store: TCPStore | None = None  # stage 0 keeps the rendezvous store alive
+        self._launched: LaunchedStep | None = None  # what the next advance() call returns
         # Kept for started(): an exception out of __init__ reaches the caller only as the text
         # of an ActorDiedError (a traceback), not as the error itself.
         self.start_error: Exception | None = None
@@ -44,7 +54,8 @@ class StageShell:
             self.runner = StageRunner(spec)
         except Exception as e:
             logging.getLogger("ppserve.stage").exception(
-                "stage %d could not start", spec.stage_index)
+                "stage %d could not start", spec.stage_index
+            )
             self.start_error = e
 
     def started(self) -> bool:
@@ -56,7 +67,7 @@ class StageShell:
     def open_store(self) -> tuple[str, int]:
         from stages.channels import open_store
 
-        host = ray.util.get_node_ip_address()
+        host = _node_ip()
         self._store, port = open_store(host)
         return host, port
 
@@ -71,7 +82,7 @@ class StageShell:
         self.runner.allocate_kv(num_blocks)
         return True
 
-    def warm_up(self, chunks: list[tuple[int, int]]) -> dict:
+    def warm_up(self, chunks: list[tuple[int, int]]) -> dict[str, Any]:
         return self.runner.warm_up(chunks)
 
     def step(self, plan: MicrobatchPlan) -> StepResult:
@@ -90,12 +101,16 @@ class StageShell:
             self._launched = self.runner.launch(plan)
         return self.runner.finish(previous) if previous is not None else None
 
-    def describe(self) -> dict:
-        return {"stage": self.spec.stage_index, "layers": [self.spec.layer_start,
-                self.spec.layer_end], "kernels": dict(self.runner.kernels.names),
-                "pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(),
-                "node_id": ray.get_runtime_context().get_node_id(),
-                "decode_graphs": dict(self.runner.decode_graph_info)}
+    def describe(self) -> dict[str, Any]:
+        return {
+            "stage": self.spec.stage_index,
+            "layers": [self.spec.layer_start, self.spec.layer_end],
+            "kernels": dict(self.runner.kernels.names),
+            "pid": os.getpid(),
+            "node_ip": _node_ip(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "decode_graphs": dict(self.runner.decode_graph_info),
+        }
 
 
 StageActor = ray.remote(StageShell)

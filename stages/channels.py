@@ -21,10 +21,17 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup, Work
 
-from stages.copy_channel import CopyOutput
+# torch.distributed imports TCPStore from its C extension without re-exporting it by name;
+# re-exported here by name for the other stage modules' annotations
+from torch.distributed import TCPStore as TCPStore  # type: ignore[attr-defined]
+
+from stages.copy_channel import CopyOutput, PendingCopy
 
 _TIMEOUT = datetime.timedelta(minutes=30)  # a 1M-token chunk on a slow stage is not a hang
+# A posted send and its tensor, which must live until the work is waited.
+SendWork = tuple[Work, torch.Tensor]
 
 
 class ChannelError(RuntimeError):
@@ -35,7 +42,7 @@ class ChannelError(RuntimeError):
 class _Link:
     src: int
     dst: int
-    group: object
+    group: ProcessGroup
     seq: int = 0  # messages so far, counted on both ends
 
 
@@ -45,7 +52,7 @@ class PendingRecv:
 
     mb_id: int
     buf: torch.Tensor
-    works: list
+    works: list[Work]
     header: torch.Tensor | None
     link: _Link
     seq: int
@@ -65,29 +72,45 @@ class PendingRecv:
 
 
 def _header(mb_id: int, seq: int, t: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([mb_id, seq, t.numel() * t.element_size()], dtype=torch.int64,
-                        device=t.device)
+    return torch.tensor(
+        [mb_id, seq, t.numel() * t.element_size()], dtype=torch.int64, device=t.device
+    )
 
 
 def _check_header(header: torch.Tensor, mb_id: int, seq: int, buf: torch.Tensor) -> None:
     got = header.tolist()  # check mode only: a host sync is acceptable there
     want = [mb_id, seq, buf.numel() * buf.element_size()]
     if got != want:
-        raise ChannelError(f"channel out of step: header (mb, seq, bytes) = {got}, "
-                           f"plan expects {want}")
+        raise ChannelError(
+            f"channel out of step: header (mb, seq, bytes) = {got}, plan expects {want}"
+        )
 
 
-def open_store(host: str) -> tuple[dist.TCPStore, int]:
+def open_store(host: str) -> tuple[TCPStore, int]:
     """Stage 0 opens the rendezvous store on its node IP with an OS-chosen port."""
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=_TIMEOUT)
     return store, store.port
+
+
+def _posted(work: Work | None) -> Work:
+    """torch returns no work only to a rank outside the link's group."""
+    if work is None:
+        raise ChannelError("a send or recv was posted on a link this rank is not part of")
+    return work
 
 
 class PipelineChannels:
     """This rank's ends of the pipeline's links."""
 
-    def __init__(self, rank: int, world: int, device: torch.device, check: bool,
-                 output_channel: str = "nccl", max_ids: int = 1):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        device: torch.device,
+        check: bool,
+        output_channel: str = "nccl",
+        max_ids: int = 1,
+    ):
         """max_ids: the most ids one output message carries (the copy ring's width)."""
         self.rank = rank
         self.world = world
@@ -101,13 +124,18 @@ class PipelineChannels:
             self.copy = CopyOutput(device, max_ids, check)
         self.output_sends = 0  # the channel's own count, compared with the plan's in tests
 
-    def connect(self, host: str, port: int, store: dist.TCPStore | None = None) -> None:
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
+    def connect(self, host: str, port: int, store: TCPStore | None = None) -> None:
+        cuda = self.device.type == "cuda"
         if store is None:
-            store = dist.TCPStore(host, port, is_master=False, timeout=_TIMEOUT)
-        kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
-                                timeout=_TIMEOUT, **kwargs)
+            store = TCPStore(host, port, is_master=False, timeout=_TIMEOUT)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=store,
+            rank=self.rank,
+            world_size=self.world,
+            timeout=_TIMEOUT,
+            device_id=self.device if cuda else None,
+        )
         # Every rank creates every group, in the same order.
         for i in range(self.world - 1):
             self.hidden_links.append(_Link(i, i + 1, dist.new_group([i, i + 1])))
@@ -132,44 +160,53 @@ class PipelineChannels:
                 dist.recv(t, src=link.src, group=link.group)
 
     # -- hidden states, i -> i+1 ---------------------------------------------------------------
-    def send_hidden(self, t: torch.Tensor, mb_id: int) -> list:
+    def send_hidden(self, t: torch.Tensor, mb_id: int) -> list[SendWork]:
         return self._isend(self.hidden_links[self.rank], t, mb_id)
 
-    def recv_hidden(self, shape, dtype, mb_id: int) -> torch.Tensor:
+    def recv_hidden(self, shape: tuple[int, ...], dtype: torch.dtype, mb_id: int) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         return self._irecv(self.hidden_links[self.rank - 1], buf, mb_id).wait()
 
     # -- sampled ids, last -> 0 ------------------------------------------------------------------
-    def send_output(self, t: torch.Tensor, mb_id: int) -> list:
+    def send_output(self, t: torch.Tensor, mb_id: int) -> list[SendWork]:
         self.output_sends += 1
         if self.copy is not None:
             self.copy.send(t, mb_id)
             return []
-        return self._isend(self.output_link, t, mb_id)
+        return self._isend(self._output(), t, mb_id)
 
-    def post_output_recv(self, num_ids: int, mb_id: int):
+    def post_output_recv(self, num_ids: int, mb_id: int) -> PendingRecv | PendingCopy:
         """A PendingRecv (nccl) or PendingCopy (copy) of one message of num_ids ids."""
         if self.copy is not None:
             return self.copy.expect(mb_id, num_ids)
         buf = torch.empty(num_ids, dtype=torch.long, device=self.device)
-        return self._irecv(self.output_link, buf, mb_id)
+        return self._irecv(self._output(), buf, mb_id)
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _isend(self, link: _Link, t: torch.Tensor, mb_id: int) -> list:
-        works = []
+    def _output(self) -> _Link:
+        if self.output_link is None:
+            raise ChannelError(
+                f"no output link: the output channel is {self.output_channel!r} (or the "
+                "channels are not connected)"
+            )
+        return self.output_link
+
+    def _isend(self, link: _Link, t: torch.Tensor, mb_id: int) -> list[SendWork]:
+        works: list[SendWork] = []
         if self.check:
             hdr = _header(mb_id, link.seq, t)
-            works.append((dist.isend(hdr, dst=link.dst, group=link.group), hdr))
-        works.append((dist.isend(t.contiguous(), dst=link.dst, group=link.group), t))
+            works.append((_posted(dist.isend(hdr, dst=link.dst, group=link.group)), hdr))
+        works.append((_posted(dist.isend(t.contiguous(), dst=link.dst, group=link.group)), t))
         link.seq += 1
-        return works  # (work, tensor) pairs: the tensor must live until the work is waited
+        return works
 
     def _irecv(self, link: _Link, buf: torch.Tensor, mb_id: int) -> PendingRecv:
-        works, header = [], None
+        works: list[Work] = []
+        header: torch.Tensor | None = None
         if self.check:
             header = torch.empty(3, dtype=torch.int64, device=self.device)
-            works.append(dist.irecv(header, src=link.src, group=link.group))
-        works.append(dist.irecv(buf, src=link.src, group=link.group))
+            works.append(_posted(dist.irecv(header, src=link.src, group=link.group)))
+        works.append(_posted(dist.irecv(buf, src=link.src, group=link.group)))
         pending = PendingRecv(mb_id, buf, works, header, link, link.seq)
         link.seq += 1
         return pending

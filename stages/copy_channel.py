@@ -20,12 +20,17 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from stages.output_ring import OutputRing
+
+if TYPE_CHECKING:
+    from stages.channels import TCPStore
 
 RING_SLOTS = 64  # messages in flight between the two ends; more than any max_inflight
 HEADER = 3  # check mode: (mb id, seq, ids) ahead of a message's ids
@@ -85,7 +90,7 @@ def _unb64(s: str | None) -> bytes | None:
 _STORAGES = {"TypedStorage": torch.storage.TypedStorage, "UntypedStorage": torch.UntypedStorage}
 
 
-def _export_tensor(t: torch.Tensor) -> dict:
+def _export_tensor(t: torch.Tensor) -> dict[str, Any]:
     """torch's CUDA IPC export of `t` (torch.multiprocessing's reduce_tensor) as plain JSON
     fields: the rendezvous store carries data, never pickles."""
     rebuild, args = reduce_tensor(t)
@@ -124,8 +129,8 @@ def _export_tensor(t: torch.Tensor) -> dict:
     }
 
 
-def _import_tensor(d: dict, dtype: torch.dtype) -> torch.Tensor:
-    return rebuild_cuda_tensor(
+def _import_tensor(d: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    t: torch.Tensor = rebuild_cuda_tensor(
         torch.Tensor,
         torch.Size(d["size"]),
         tuple(d["stride"]),
@@ -142,9 +147,10 @@ def _import_tensor(d: dict, dtype: torch.dtype) -> torch.Tensor:
         _unb64(d["event_handle"]),
         d["event_sync"],
     )
+    return t
 
 
-def _wait_until(ready, what: str) -> None:
+def _wait_until(ready: Callable[[], bool], what: str) -> None:
     """Spin (yielding the CPU) until ready(); the other end's host is at most a few plans
     behind."""
     deadline = time.monotonic() + _WAIT_S
@@ -166,15 +172,16 @@ class PendingCopy:
 
     def landed(self) -> bool:
         """Recorded by the last stage and complete on the device (no host wait)."""
-        ring = self.channel.ring
+        ring, _ = self.channel.connected()
         return ring.readable(self.seq) and self.channel.ready[ring.slot(self.seq)].query()
 
     def wait(self) -> torch.Tensor:
         ch = self.channel
-        _wait_until(lambda: ch.ring.readable(self.seq), f"the ids of microbatch {self.mb_id}")
-        slot = ch.ring.slot(self.seq)
+        ring, buffers = ch.connected()
+        _wait_until(lambda: ring.readable(self.seq), f"the ids of microbatch {self.mb_id}")
+        slot = ring.slot(self.seq)
         torch.cuda.current_stream(ch.device).wait_event(ch.ready[slot])
-        row = ch.buffers[slot]
+        row = buffers[slot]
         if ch.check:
             got = row[:HEADER].tolist()  # check mode only: a host sync is acceptable there
             if got != [self.mb_id, self.seq, self.num_ids]:
@@ -187,9 +194,10 @@ class PendingCopy:
 
     def release(self) -> None:
         ch = self.channel
-        slot = ch.ring.slot(self.seq)
+        ring, _ = ch.connected()
+        slot = ring.slot(self.seq)
         ch.consumed[slot].record(torch.cuda.current_stream(ch.device))
-        ch.ring.read(self.seq)
+        ring.read(self.seq)
 
 
 class CopyOutput:
@@ -207,7 +215,13 @@ class CopyOutput:
         self._owner = False
 
     # -- setup (inside PipelineChannels.connect, after the process group is up) --------------
-    def serve(self, store) -> None:
+    def connected(self) -> tuple[OutputRing, torch.Tensor]:
+        """The ring and its buffers, once serve() or join() has set them up."""
+        if self.ring is None or self.buffers is None:
+            raise CopyChannelError("the copy output channel is used before it is connected")
+        return self.ring, self.buffers
+
+    def serve(self, store: TCPStore) -> None:
         """Stage 0: allocate the ring and publish its handles."""
         if self.device.type != "cuda":
             raise CopyChannelError("the copy output channel needs CUDA")
@@ -231,7 +245,7 @@ class CopyOutput:
             ),
         )
 
-    def join(self, store) -> None:
+    def join(self, store: TCPStore) -> None:
         """The last stage: open stage 0's ring, events and counters."""
         info = json.loads(store.get(_STORE_KEY))
         if info["host"] != socket.gethostname():
@@ -260,7 +274,7 @@ class CopyOutput:
     def send(self, ids: torch.Tensor, mb_id: int) -> None:
         """Queue the copy of `ids` into the next slot on the current stream (after the sampling
         that produced them) and record the slot's ready event."""
-        ring = self.ring
+        ring, buffers = self.connected()
         if ids.numel() + (HEADER if self.check else 0) > self.width:
             raise CopyChannelError(
                 f"microbatch {mb_id}: {ids.numel()} ids exceed the ring's width {self.width}"
@@ -272,13 +286,14 @@ class CopyOutput:
         if self.check:
             header = torch.tensor([mb_id, seq, ids.numel()], dtype=torch.long).pin_memory()
             ids = torch.cat([header.to(self.device, non_blocking=True), ids])
-        self.buffers[slot, : ids.numel()].copy_(ids, non_blocking=True)  # cudaMemcpyAsync
+        buffers[slot, : ids.numel()].copy_(ids, non_blocking=True)  # cudaMemcpyAsync
         self.ready[slot].record(stream)
         ring.written()
 
     # -- stage 0 -------------------------------------------------------------------------------
     def expect(self, mb_id: int, num_ids: int) -> PendingCopy:
-        return PendingCopy(self, mb_id, self.ring.expect(), num_ids)
+        ring, _ = self.connected()
+        return PendingCopy(self, mb_id, ring.expect(), num_ids)
 
     def close(self) -> None:
         if self._counters is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -42,10 +43,22 @@ def is_decode_row(r: Row) -> bool:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, kv: PagedKVCache, *, num_slots: int,
-                 max_model_len: int, scratch_slot: int, hidden_shape: tuple[int, ...],
-                 kv_heads: int, dtype: torch.dtype, device: torch.device, is_first: bool,
-                 max_rows: int, eager: bool):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv: PagedKVCache,
+        *,
+        num_slots: int,
+        max_model_len: int,
+        scratch_slot: int,
+        hidden_shape: tuple[int, ...],
+        kv_heads: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        is_first: bool,
+        max_rows: int,
+        eager: bool,
+    ):
         self.model, self.kv = model, kv
         self.block_size = kv.block_size
         self.max_model_len = max_model_len
@@ -68,15 +81,20 @@ class DecodeGraphs:
             meta[1].fill_(scratch_slot)
             self.meta[b] = meta
             self.batches[b] = PagedDecodeBatch(
-                positions=meta[0], slot_mapping=meta[1], lengths=meta[2], table_rows=meta[3],
-                block_tables=self.tables, block_size=self.block_size,
-                num_splits=num_splits_for(b, kv_heads))
+                positions=meta[0],
+                slot_mapping=meta[1],
+                lengths=meta[2],
+                table_rows=meta[3],
+                block_tables=self.tables,
+                block_size=self.block_size,
+                num_splits=num_splits_for(b, kv_heads),
+            )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
     # -- setup -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def capture(self) -> dict:
+    def capture(self) -> dict[str, Any]:
         """Run every bucket once (compiles the Triton kernels), then capture each, largest
         first so the smaller ones reuse its memory pool. Returns seconds and bytes it took."""
         torch.cuda.synchronize(self.device)
@@ -97,9 +115,12 @@ class DecodeGraphs:
                 pool = graph.pool()
                 self.graphs[b] = graph
         torch.cuda.synchronize(self.device)
-        info = {"graphs": len(self.graphs), "buckets": self.buckets,
-                "seconds": round(time.perf_counter() - t0, 3),
-                "bytes": int(free_before - torch.cuda.mem_get_info(self.device)[0])}
+        info = {
+            "graphs": len(self.graphs),
+            "buckets": self.buckets,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "bytes": int(free_before - torch.cuda.mem_get_info(self.device)[0]),
+        }
         log.info("decode graphs: %s", info)
         return info
 
@@ -107,7 +128,9 @@ class DecodeGraphs:
         """(slot, index of the first new block, new block ids) per request: one copy."""
         if not updates:
             return
-        rows, cols, vals = [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[int] = []
         for slot, first, blocks in updates:
             rows += [slot] * len(blocks)
             cols += range(first, first + len(blocks))
@@ -129,19 +152,27 @@ class DecodeGraphs:
         return next(b for b in self.buckets if b >= n)
 
     @torch.inference_mode()
-    def run(self, bucket: int, rows: tuple[Row, ...], inputs: torch.Tensor,
-            block_tables: dict[str, list[int]]) -> torch.Tensor:
+    def run(
+        self,
+        bucket: int,
+        rows: tuple[Row, ...],
+        inputs: torch.Tensor,
+        block_tables: dict[str, list[int]],
+    ) -> torch.Tensor:
         """inputs: [R] token ids (stage 0) or [R, hidden]. Returns hidden [R, hidden]."""
         n, bs = len(rows), self.block_size
         pad = bucket - n
-        meta = [[r.start for r in rows] + [0] * pad,
-                [block_tables[r.req_id][r.start // bs] * bs + r.start % bs for r in rows]
-                + [self.scratch_slot] * pad,
-                [r.start + 1 for r in rows] + [0] * pad,
-                [r.slot for r in rows] + [0] * pad]
+        meta = [
+            [r.start for r in rows] + [0] * pad,
+            [block_tables[r.req_id][r.start // bs] * bs + r.start % bs for r in rows]
+            + [self.scratch_slot] * pad,
+            [r.start + 1 for r in rows] + [0] * pad,
+            [r.slot for r in rows] + [0] * pad,
+        ]
         host = torch.tensor(meta, dtype=torch.long).pin_memory()
         self.meta[bucket].copy_(host, non_blocking=True)
         self.inputs[:n].copy_(inputs)
+        out: torch.Tensor
         if self.eager:
             out = self.model(self.inputs[:bucket], self.batches[bucket], self.kv)
         else:

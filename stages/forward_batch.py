@@ -11,6 +11,7 @@ import torch
 class DecodeGroup:
     """Rows of one new token each whose attention runs as one padded call (one per layer instead
     of one per row: a decode batch of dozens of rows is otherwise bound by host overhead)."""
+
     token_index: torch.Tensor  # [R] long: each row's token in T
     slots: torch.Tensor  # [R, Lmax] long: KV slots of each row's prefix, padded with slot 0
     mask: torch.Tensor  # [R, Lmax] bool: True where the key is real
@@ -26,8 +27,9 @@ MAX_GROUP_KEYS = 1 << 18
 MAX_GROUP_ROW_KEYS = 4096
 
 
-def decode_buckets(lengths: dict[int, int], max_keys: int = MAX_GROUP_KEYS,
-                   max_row_keys: int = MAX_GROUP_ROW_KEYS) -> list[list[int]]:
+def decode_buckets(
+    lengths: dict[int, int], max_keys: int = MAX_GROUP_KEYS, max_row_keys: int = MAX_GROUP_ROW_KEYS
+) -> list[list[int]]:
     """Decode rows (row -> prefix length) grouped so padding at most doubles a group's keys:
     one power-of-two length bucket per group, split so rows x bucket width <= max_keys; rows
     longer than max_row_keys and groups of one are left to the per-row path."""
@@ -38,7 +40,7 @@ def decode_buckets(lengths: dict[int, int], max_keys: int = MAX_GROUP_KEYS,
     groups = []
     for bits, rows in sorted(buckets.items()):
         per_group = max(1, max_keys >> bits)  # the bucket's width is at most 2**bits
-        groups += [rows[i:i + per_group] for i in range(0, len(rows), per_group)]
+        groups += [rows[i : i + per_group] for i in range(0, len(rows), per_group)]
     return [g for g in groups if len(g) > 1]
 
 
@@ -61,16 +63,26 @@ class ForwardBatch:
         return int(self.positions.numel())
 
     @classmethod
-    def build(cls, rows: list[tuple[int, int, list[int], bool]], block_size: int,
-              device: str | torch.device = "cpu") -> "ForwardBatch":
+    def build(
+        cls,
+        rows: list[tuple[int, int, list[int], bool]],
+        block_size: int,
+        device: str | torch.device = "cpu",
+    ) -> "ForwardBatch":
         """rows: (start, num_tokens, block_table, sample) per row, in token order.
 
         Index tensors are made on the host with vectorised ops and copied once, pinned and
         non-blocking: a pageable copy per layer would make the host wait for the stream.
         """
         device = torch.device(device)
-        positions, slots, prefix = [], [], []
-        starts, lens, offsets, tables, samples = [], [], [], [], []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        prefix: list[torch.Tensor | slice] = []
+        starts: list[int] = []
+        lens: list[int] = []
+        offsets: list[int] = []
+        tables: list[list[int]] = []
+        samples: list[int] = []
         total = 0
         for start, n, table, sample in rows:
             if n < 1:
@@ -78,16 +90,20 @@ class ForwardBatch:
             end = start + n
             need = -(-end // block_size)
             if need > len(table):
-                raise ValueError(f"row ending at position {end} needs {need} blocks, "
-                                 f"table has {len(table)}")
-            all_slots = (torch.tensor(table[:need], dtype=torch.long)[:, None] * block_size
-                         + torch.arange(block_size, dtype=torch.long)[None, :]).reshape(-1)[:end]
+                raise ValueError(
+                    f"row ending at position {end} needs {need} blocks, table has {len(table)}"
+                )
+            all_slots = (
+                torch.tensor(table[:need], dtype=torch.long)[:, None] * block_size
+                + torch.arange(block_size, dtype=torch.long)[None, :]
+            ).reshape(-1)[:end]
             positions.append(torch.arange(start, end, dtype=torch.long))
             slots.append(all_slots[start:end])
             first = table[0]
             consecutive = list(table[:need]) == list(range(first, first + need))
-            prefix.append(slice(first * block_size, first * block_size + end) if consecutive
-                          else all_slots)
+            prefix.append(
+                slice(first * block_size, first * block_size + end) if consecutive else all_slots
+            )
             offsets.append(total)
             total += n
             starts.append(start)
@@ -99,16 +115,21 @@ class ForwardBatch:
         group_host = []
         for rows_g in groups:
             full = [host_slots(prefix[i]) for i in rows_g]
-            group_host.append((torch.tensor([offsets[i] for i in rows_g], dtype=torch.long),
-                               torch.nn.utils.rnn.pad_sequence(full, batch_first=True),
-                               torch.tensor([len(f) for f in full], dtype=torch.long)))
-            for i in rows_g:
-                prefix[i] = None
+            group_host.append(
+                (
+                    torch.tensor([offsets[i] for i in rows_g], dtype=torch.long),
+                    torch.nn.utils.rnn.pad_sequence(full, batch_first=True),
+                    torch.tensor([len(f) for f in full], dtype=torch.long),
+                )
+            )
         # One pinned host buffer and one copy for every index of the batch: a pinned copy per
         # row (decode batches have dozens of rows) costs more host time than the step itself.
         host = [torch.cat(positions), torch.cat(slots), torch.tensor(samples, dtype=torch.long)]
         host += [t.reshape(-1) for g in group_host for t in g]
-        host += [p for p in prefix if isinstance(p, torch.Tensor)]
+        grouped = {i for rows_g in groups for i in rows_g}
+        # a grouped row's prefix is read through its group
+        kept = [None if i in grouped else p for i, p in enumerate(prefix)]
+        host += [p for p in kept if isinstance(p, torch.Tensor)]
         flat = torch.cat(host)
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
@@ -121,9 +142,14 @@ class ForwardBatch:
             mask = torch.arange(width, device=flat.device)[None, :] < lengths[:, None]
             decode_groups.append(DecodeGroup(token_index, slots_g.view(-1, width), mask))
         return cls(
-            positions=positions_d, slot_mapping=slots_d, row_starts=starts, row_lens=lens,
-            row_offsets=offsets, block_tables=tables, sample_indices=samples_d,
-            prefix_slots=[next(parts) if isinstance(p, torch.Tensor) else p for p in prefix],
+            positions=positions_d,
+            slot_mapping=slots_d,
+            row_starts=starts,
+            row_lens=lens,
+            row_offsets=offsets,
+            block_tables=tables,
+            sample_indices=samples_d,
+            prefix_slots=[next(parts) if isinstance(p, torch.Tensor) else p for p in kept],
             decode_groups=decode_groups,
         )
 
@@ -140,6 +166,7 @@ class PagedDecodeBatch:
     """A decode-only microbatch of one token per row, in the form a CUDA graph replays: static
     device tensors, K/V read in place through block tables (stages/decode_graphs.py fills them).
     Rows past the real ones are padding: length 0, KV written to a scratch slot."""
+
     positions: torch.Tensor  # [B] long
     slot_mapping: torch.Tensor  # [B] long: where each row's new K/V goes
     lengths: torch.Tensor  # [B] long: keys each row attends to (its position + 1)

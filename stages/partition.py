@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def layer_ranges(num_layers: int, num_stages: int,
-                 weights: list[float] | None = None) -> list[tuple[int, int]]:
+def layer_ranges(
+    num_layers: int, num_stages: int, weights: list[float] | None = None
+) -> list[tuple[int, int]]:
     """[start, end) layer ranges, one per stage, contiguous and covering all layers.
 
     Without weights the split is even and earlier stages take the remainder: the last stage also
@@ -16,8 +17,10 @@ def layer_ranges(num_layers: int, num_stages: int,
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
     if num_stages > num_layers:
-        raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages: "
-                         "every stage needs at least one layer")
+        raise ValueError(
+            f"cannot split {num_layers} layers into {num_stages} stages: "
+            "every stage needs at least one layer"
+        )
     if weights is None:
         base, extra = divmod(num_layers, num_stages)
         counts = [base + (1 if s < extra else 0) for s in range(num_stages)]

@@ -21,9 +21,11 @@ def install_sync_guard(recv_posted: Callable[[], bool]) -> None:
     def guarded(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if recv_posted():
-                raise SyncWhileRecvPosted(f"torch.cuda.{name}() called while an output recv "
-                                          "is posted on this stage")
+                raise SyncWhileRecvPosted(
+                    f"torch.cuda.{name}() called while an output recv is posted on this stage"
+                )
             return fn(*args, **kwargs)
+
         return wrapper
 
     for name in ("synchronize", "empty_cache"):

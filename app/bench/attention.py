@@ -61,55 +61,70 @@ def _repeat(k: torch.Tensor) -> torch.Tensor:
     return k.repeat_interleave(HQ // k.shape[1], dim=1)
 
 
-def sdpa_repeat(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                scale: float) -> torch.Tensor:
+def sdpa_repeat(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     from torch.nn.attention.bias import causal_lower_right
+
     t, length = q.shape[0], k.shape[0]
-    out = F.scaled_dot_product_attention(_bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v)),
-                                         attn_mask=causal_lower_right(t, length), scale=scale)
+    out = F.scaled_dot_product_attention(
+        _bhld(q),
+        _bhld(_repeat(k)),
+        _bhld(_repeat(v)),
+        attn_mask=causal_lower_right(t, length),
+        scale=scale,
+    )
     return out[0].transpose(0, 1)
 
 
-def _op_with_lse(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _op_with_lse(
+    kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [1,H,t,D], lse [1,H,t]) from the aten op that returns the log-sum-exp."""
     if kind == "cudnn":
         res = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, 0.0, causal, False, scale=scale)
+            q, k, v, None, True, 0.0, causal, False, scale=scale
+        )
     else:
         res = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, causal, False, scale=scale)
+            q, k, v, 0.0, causal, False, scale=scale
+        )
     out, lse = res[0], res[1]
     return out, lse.reshape(out.shape[:3]).float()
 
 
 def split_variant(kind: str) -> Attention:
     """The split with KV heads repeated, on cuDNN or flash (variants the engine did not take)."""
+
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         t, length = q.shape[0], k.shape[0]
         q_, k_, v_ = _bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v))
-        diag, diag_lse = _op_with_lse(kind, q_, k_[:, :, length - t:], v_[:, :, length - t:],
-                                      True, scale)
+        diag, diag_lse = _op_with_lse(
+            kind, q_, k_[:, :, length - t :], v_[:, :, length - t :], True, scale
+        )
         if length == t:
             return diag[0].transpose(0, 1)
-        pre, pre_lse = _op_with_lse(kind, q_, k_[:, :, :length - t], v_[:, :, :length - t],
-                                    False, scale)
+        pre, pre_lse = _op_with_lse(
+            kind, q_, k_[:, :, : length - t], v_[:, :, : length - t], False, scale
+        )
         out = cudnn_attention.merge_partials(pre, pre_lse, diag, diag_lse)
         return out.to(q.dtype)[0].transpose(0, 1)
+
     return run
 
 
 def square(backend: SDPBackend | None) -> Attention:
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         with sdpa_kernel([backend]) if backend is not None else nullcontext():
-            out = F.scaled_dot_product_attention(_bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v)),
-                                                 is_causal=True, scale=scale)
+            out = F.scaled_dot_product_attention(
+                _bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v)), is_causal=True, scale=scale
+            )
         return out[0].transpose(0, 1)
+
     return run
 
 
 def flex_factory() -> Attention:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
     compiled = torch.compile(flex_attention, dynamic=False)
     masks: dict[tuple[int, int], Any] = {}
 
@@ -117,11 +132,19 @@ def flex_factory() -> Attention:
         t, length = q.shape[0], k.shape[0]
         if (t, length) not in masks:
             off = length - t
-            masks[(t, length)] = create_block_mask(lambda b, h, qi, ki: qi + off >= ki, None, None,
-                                                   t, length, device=q.device)
-        out = compiled(_bhld(q), _bhld(k), _bhld(v), block_mask=masks[(t, length)], scale=scale,
-                       enable_gqa=True)
+            masks[(t, length)] = create_block_mask(
+                lambda b, h, qi, ki: qi + off >= ki, None, None, t, length, device=q.device
+            )
+        out = compiled(
+            _bhld(q),
+            _bhld(k),
+            _bhld(v),
+            block_mask=masks[(t, length)],
+            scale=scale,
+            enable_gqa=True,
+        )
         return out[0].transpose(0, 1)
+
     return run
 
 
@@ -132,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
-    scale = D ** -0.5
+    scale = D**-0.5
     methods = {
         "ref": sdpa_repeat,
         "sdpa-lower-right-gqa": torch_ref.attention,
@@ -151,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         ref = sdpa_repeat(q, k, v, scale)
         cands = dict(methods)
         if t == length:
-            for name, be in (("square-default", None), ("square-flash", SDPBackend.FLASH_ATTENTION),
-                             ("square-cudnn", SDPBackend.CUDNN_ATTENTION),
-                             ("square-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            for name, be in (
+                ("square-default", None),
+                ("square-flash", SDPBackend.FLASH_ATTENTION),
+                ("square-cudnn", SDPBackend.CUDNN_ATTENTION),
+                ("square-efficient", SDPBackend.EFFICIENT_ATTENTION),
+            ):
                 cands[name] = square(be)
         flops = 4 * HQ * D * t * (length - t + (t + 1) / 2)
         for name, fn in cands.items():
@@ -168,10 +194,14 @@ def main(argv: list[str] | None = None) -> int:
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = {"hardware": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-              "command": "python -m app.bench.attention " + " ".join(argv or sys.argv[1:]),
-              "rows": rows}
+    result = {
+        "hardware": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "command": "python -m app.bench.attention " + " ".join(argv or sys.argv[1:]),
+        "rows": rows,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -108,16 +108,22 @@ def tune(path: str) -> dict[str, Any]:
     shapes = [("gemm8192", 8192, 8192, 8192)]
     shapes += [(name, m, n, k) for m in TOKENS for name, (n, k) in LLAMA8B_LINEARS.items()]
     shapes += [(name, TUNE_MEDIUM_M, n, k) for name, (n, k) in LLAMA8B_LINEARS.items()]
-    report: dict[str, Any] = {"command": _command(), "environment": _environment(), "grid": sms,
-              "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed)",
-              "check": "rel. Frobenius error vs cuBLAS bf16 output < 1e-2",
-              "shapes": [], "best": []}
+    report: dict[str, Any] = {
+        "command": _command(),
+        "environment": _environment(),
+        "grid": sms,
+        "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed)",
+        "check": "rel. Frobenius error vs cuBLAS bf16 output < 1e-2",
+        "shapes": [],
+        "best": [],
+    }
     torch.manual_seed(0)
     for name, m, n, k in shapes:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         ref = F.linear(x, w)
         flops = 2.0 * m * n * k
+
         def cublas(x: torch.Tensor = x, w: torch.Tensor = w) -> torch.Tensor:
             return F.linear(x, w)
 
@@ -131,8 +137,13 @@ def tune(path: str) -> dict[str, Any]:
                 torch.cuda.synchronize()
                 row["rel_err"] = _rel_err(out, ref)
                 if row["rel_err"] < 1e-2:
-                    def run(x: torch.Tensor = x, w: torch.Tensor = w, out: torch.Tensor = out,
-                            cfg: tg.GemmConfig = cfg) -> Any:
+
+                    def run(
+                        x: torch.Tensor = x,
+                        w: torch.Tensor = w,
+                        out: torch.Tensor = out,
+                        cfg: tg.GemmConfig = cfg,
+                    ) -> Any:
                         return tg.launch(x, w, None, out, sms, cfg)
 
                     ms = triton.testing.do_bench(run, return_mode="median")
@@ -145,19 +156,42 @@ def tune(path: str) -> dict[str, Any]:
         timed = [r for r in rows if "ms" in r]
         best = min(timed, key=lambda r: r["ms"]) if timed else None
         cub = statistics.median(cublas_ms)
-        entry = {"name": name, "M": m, "N": n, "K": k, "cublas_ms": cublas_ms,
-                 "cublas_tflops": flops / cub / 1e9, "configs": rows}
+        entry = {
+            "name": name,
+            "M": m,
+            "N": n,
+            "K": k,
+            "cublas_ms": cublas_ms,
+            "cublas_tflops": flops / cub / 1e9,
+            "configs": rows,
+        }
         report["shapes"].append(entry)
         if best is not None:
-            report["best"].append({"name": name, "M": m, "N": n, "K": k, "config": best["config"],
-                                   "ms": best["ms"], "tflops": best["tflops"],
-                                   "cublas_ms": cub, "vs_cublas": cub / best["ms"]})
-            print(f"{name:9s} M={m:5d} N={n:5d} K={k:5d}  cuBLAS {cub:.3f} ms "
-                  f"({flops / cub / 1e9:.0f} TF/s)  best triton {best['ms']:.3f} ms "
-                  f"({best['tflops']:.0f} TF/s) {best['config']}", flush=True)
+            report["best"].append(
+                {
+                    "name": name,
+                    "M": m,
+                    "N": n,
+                    "K": k,
+                    "config": best["config"],
+                    "ms": best["ms"],
+                    "tflops": best["tflops"],
+                    "cublas_ms": cub,
+                    "vs_cublas": cub / best["ms"],
+                }
+            )
+            print(
+                f"{name:9s} M={m:5d} N={n:5d} K={k:5d}  cuBLAS {cub:.3f} ms "
+                f"({flops / cub / 1e9:.0f} TF/s)  best triton {best['ms']:.3f} ms "
+                f"({best['tflops']:.0f} TF/s) {best['config']}",
+                flush=True,
+            )
         for r in rows:
-            print(f"    {r.get('ms', float('nan')):.3f} ms err={r.get('rel_err', -1):.2e} "
-                  f"{r['config']} {r.get('error', '')}", flush=True)
+            print(
+                f"    {r.get('ms', float('nan')):.3f} ms err={r.get('rel_err', -1):.2e} "
+                f"{r['config']} {r.get('error', '')}",
+                flush=True,
+            )
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
         del x, w, ref
@@ -175,8 +209,9 @@ BACKENDS = ("cublas", "triton", "triton-sm1")  # triton: grid = SMs; triton-sm1:
 def _cases() -> list[tuple[str, str, int, int, int]]:
     """(name, backend, M, N, K) of every case, in the order both ranks walk them."""
     shapes = [("gemm8192", 8192, 8192, 8192)]
-    shapes += [(f"{layer}_m{m}", m, n, k) for m in TOKENS
-               for layer, (n, k) in LLAMA8B_LINEARS.items()]
+    shapes += [
+        (f"{layer}_m{m}", m, n, k) for m in TOKENS for layer, (n, k) in LLAMA8B_LINEARS.items()
+    ]
     cases = [(f"{b}_{label}", b, m, n, k) for label, m, n, k in shapes for b in BACKENDS]
     sdpa = (SDPA_TOKENS, SDPA_HEADS, SDPA_HEAD_DIM)
     cases.append(("sdpa_flash_causal_16k_32h", "sdpa-flash", *sdpa))
@@ -184,14 +219,16 @@ def _cases() -> list[tuple[str, str, int, int, int]]:
     return cases
 
 
-def _build_case(backend: str, m: int, n: int, k: int,
-                dev: torch.device) -> tuple[Callable[[], torch.Tensor], float, dict[str, Any]]:
+def _build_case(
+    backend: str, m: int, n: int, k: int, dev: torch.device
+) -> tuple[Callable[[], torch.Tensor], float, dict[str, Any]]:
     """Return (fn, flops, info) for one case of _cases()."""
     if backend.startswith("sdpa"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         shape = (1, n, m, k)  # batch, heads, tokens, head dim
         q, kk, v = (torch.randn(shape, device=dev, dtype=torch.bfloat16) for _ in range(3))
+
         def sdpa() -> torch.Tensor:
             if backend == "sdpa-default":
                 return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
@@ -233,7 +270,8 @@ def _worker(rank: int, port: int, iters: int, rounds: int, result_path: str) -> 
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
     store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=600))
+        "127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=600)
+    )
     dist.init_process_group("nccl", store=store, rank=rank, world_size=2, device_id=dev)
     msg = torch.zeros(64, dtype=torch.int64, device=dev)  # 512 bytes: a microbatch's token ids
     if rank == 0:
@@ -267,15 +305,27 @@ def _worker(rank: int, port: int, iters: int, rounds: int, result_path: str) -> 
             torch.cuda.synchronize()
         a = statistics.median(t for ts in alone for t in ts)
         c = statistics.median(t for ts in contended for t in ts)
-        row = {"name": name, **info, "flops": flops, "iters": iters, "rounds": rounds,
-               "alone_ms": a, "contended_ms": c, "ratio": c / a,
-               "alone_ms_rounds": [statistics.median(ts) for ts in alone],
-               "contended_ms_rounds": [statistics.median(ts) for ts in contended],
-               "alone_tflops": flops / a / 1e9, "recv_pending_during_timing": pending}
+        row = {
+            "name": name,
+            **info,
+            "flops": flops,
+            "iters": iters,
+            "rounds": rounds,
+            "alone_ms": a,
+            "contended_ms": c,
+            "ratio": c / a,
+            "alone_ms_rounds": [statistics.median(ts) for ts in alone],
+            "contended_ms_rounds": [statistics.median(ts) for ts in contended],
+            "alone_tflops": flops / a / 1e9,
+            "recv_pending_during_timing": pending,
+        }
         results.append(row)
-        print(f"{name:30s} alone {a:7.3f} ms  with pending recv {c:7.3f} ms  x{c / a:.2f}  "
-              f"rounds {row['alone_ms_rounds']} / {row['contended_ms_rounds']} "
-              f"pending={pending}", flush=True)
+        print(
+            f"{name:30s} alone {a:7.3f} ms  with pending recv {c:7.3f} ms  x{c / a:.2f}  "
+            f"rounds {row['alone_ms_rounds']} / {row['contended_ms_rounds']} "
+            f"pending={pending}",
+            flush=True,
+        )
         del fn
         torch.cuda.empty_cache()
     if rank == 1:
@@ -298,8 +348,12 @@ def contention(out: str, iters: int, rounds: int) -> dict[str, Any]:
         raise SystemExit("the contention table needs 2 GPUs (one NCCL send/recv pair)")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     tmp = out + ".rank1.tmp"
-    mp.spawn(_worker,  # type: ignore[attr-defined,no-untyped-call]
-             args=(_free_port(), iters, rounds, tmp), nprocs=2, join=True)
+    mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+        _worker,
+        args=(_free_port(), iters, rounds, tmp),
+        nprocs=2,
+        join=True,
+    )
     with open(tmp) as f:
         rows = json.load(f)
     os.remove(tmp)
@@ -307,25 +361,43 @@ def contention(out: str, iters: int, rounds: int) -> dict[str, Any]:
     speed = []
     for label in ["gemm8192"] + [f"{layer}_m{m}" for m in TOKENS for layer in LLAMA8B_LINEARS]:
         cub, tri = by_name[f"cublas_{label}"], by_name[f"triton_{label}"]
-        speed.append({"shape": label, "M": cub["M"], "N": cub["N"], "K": cub["K"],
-                      "cublas_ms": cub["alone_ms"], "triton_ms": tri["alone_ms"],
-                      "cublas_tflops": cub["alone_tflops"], "triton_tflops": tri["alone_tflops"],
-                      "triton_vs_cublas": cub["alone_ms"] / tri["alone_ms"]})
-    report = {"command": _command(), "environment": _environment(),
-              "method": ("rank 1 of a 2-process NCCL group; CUDA events around each launch; "
-                         f"median of {iters} launches x {rounds} rounds, alone then with one "
-                         "pending 512-byte irecv whose send is issued after timing"),
-              "cases": rows, "persistent_vs_cublas": speed}
+        speed.append(
+            {
+                "shape": label,
+                "M": cub["M"],
+                "N": cub["N"],
+                "K": cub["K"],
+                "cublas_ms": cub["alone_ms"],
+                "triton_ms": tri["alone_ms"],
+                "cublas_tflops": cub["alone_tflops"],
+                "triton_tflops": tri["alone_tflops"],
+                "triton_vs_cublas": cub["alone_ms"] / tri["alone_ms"],
+            }
+        )
+    report = {
+        "command": _command(),
+        "environment": _environment(),
+        "method": (
+            "rank 1 of a 2-process NCCL group; CUDA events around each launch; "
+            f"median of {iters} launches x {rounds} rounds, alone then with one "
+            "pending 512-byte irecv whose send is issued after timing"
+        ),
+        "cases": rows,
+        "persistent_vs_cublas": speed,
+    }
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"\n{'kernel on the receiving GPU':32s} {'alone':>9s} {'w/ recv':>9s} {'ratio':>6s}")
     for r in rows:
-        print(f"{r['name']:32s} {r['alone_ms']:8.3f}ms {r['contended_ms']:8.3f}ms "
-              f"x{r['ratio']:.2f}")
+        print(
+            f"{r['name']:32s} {r['alone_ms']:8.3f}ms {r['contended_ms']:8.3f}ms x{r['ratio']:.2f}"
+        )
     print(f"\n{'shape':12s} {'cuBLAS TF/s':>11s} {'Triton TF/s':>11s} {'speed':>6s}")
     for s in speed:
-        print(f"{s['shape']:12s} {s['cublas_tflops']:11.0f} {s['triton_tflops']:11.0f} "
-              f"{s['triton_vs_cublas']:6.2f}")
+        print(
+            f"{s['shape']:12s} {s['cublas_tflops']:11.0f} {s['triton_tflops']:11.0f} "
+            f"{s['triton_vs_cublas']:6.2f}"
+        )
     return report
 
 

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     import torch
 
 
-def graph_decode_step_s(cfg: dict[str, Any], rows: int, kv_len: int,
-                        steps: int = 50) -> dict[str, Any]:
+def graph_decode_step_s(
+    cfg: dict[str, Any], rows: int, kv_len: int, steps: int = 50
+) -> dict[str, Any]:
     """Median seconds of one replayed decode step of `rows` rows over `kv_len` keys, for the
     Hugging Face config dict `cfg` (Llama family); also the eager loop's median. Leaves the
     GPU's memory to the engine that starts next."""
@@ -41,15 +42,23 @@ def _measure(cfg: dict[str, Any], rows: int, kv_len: int, steps: int) -> dict[st
     def w(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=dev, dtype=dt) * 0.02
 
-    weights = [dict(qkv=w((hq + 2 * hkv) * d, h), o=w(h, hq * d), gate_up=w(2 * inter, h),
-                    down=w(h, inter), n1=torch.ones(h, device=dev, dtype=dt),
-                    n2=torch.ones(h, device=dev, dtype=dt)) for _ in range(layers)]
+    weights = [
+        dict(
+            qkv=w((hq + 2 * hkv) * d, h),
+            o=w(h, hq * d),
+            gate_up=w(2 * inter, h),
+            down=w(h, inter),
+            n1=torch.ones(h, device=dev, dtype=dt),
+            n2=torch.ones(h, device=dev, dtype=dt),
+        )
+        for _ in range(layers)
+    ]
     embed, head = w(vocab, h), w(vocab, h)
     k_cache = [w(rows, hkv, kv_len, d) for _ in range(layers)]
     v_cache = [w(rows, hkv, kv_len, d) for _ in range(layers)]
     ids = torch.randint(0, vocab, (rows,), device=dev)
     inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=dev).float() / d))
-    ang = (torch.full((rows,), kv_len - 1, device=dev).float()[:, None] * inv[None, :])
+    ang = torch.full((rows,), kv_len - 1, device=dev).float()[:, None] * inv[None, :]
     cos = torch.cat((ang, ang), -1).cos().to(dt)[:, None, :]
     sin = torch.cat((ang, ang), -1).sin().to(dt)[:, None, :]
 

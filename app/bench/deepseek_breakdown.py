@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -55,7 +57,7 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def profiled(fn) -> dict:
+def profiled(fn: Callable[[], object]) -> dict[str, Any]:
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -79,7 +81,9 @@ def profiled(fn) -> dict:
     }
 
 
-def run(shape: str, layers: int, prompt: int, chunk: int, decode_rows: int, decode_ctx: int):
+def run(
+    shape: str, layers: int, prompt: int, chunk: int, decode_rows: int, decode_ctx: int
+) -> dict[str, Any]:
     args = ModelArgs.from_hf_dict(dict(shape_config(shape), num_hidden_layers=layers))
     kernels = select_kernels("cuda")
     model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cuda")
@@ -95,7 +99,7 @@ def run(shape: str, layers: int, prompt: int, chunk: int, decode_rows: int, deco
             batch = ForwardBatch.build([(start, chunk, table, False)], BLOCK, "cuda")
             model(tokens[start : start + chunk], batch, kv)
         last = ForwardBatch.build([(prompt - chunk, chunk, table, True)], BLOCK, "cuda")
-        out = {
+        out: dict[str, Any] = {
             "shape": shape,
             "layers": layers,
             "kernels": kernels.names,
@@ -134,7 +138,7 @@ def main() -> None:
     )
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    results = []
+    results: list[dict[str, Any]] = []
     for case in a.cases.split(","):
         shape, *nums = case.split(":")
         results.append(run(shape, *map(int, nums)))

@@ -51,8 +51,7 @@ def flow_shop_bound(times: list[list[float]]) -> float:
     return finish[-1][-1]
 
 
-def _stage_times(timings: list[StageTiming], pp: int,
-                 n_chunks: int) -> list[list[float]] | None:
+def _stage_times(timings: list[StageTiming], pp: int, n_chunks: int) -> list[list[float]] | None:
     """[stage][chunk] seconds of a lone prompt's n_chunks chunks, or None when the run was not
     exactly n_chunks prefill microbatches + one decode step (max_tokens=2)."""
     by_mb: dict[int, dict[int, float]] = {}
@@ -65,7 +64,7 @@ def _stage_times(timings: list[StageTiming], pp: int,
 
 
 def parse_chunking(spec: str) -> tuple[str, float | None]:
-    """"fixed", "dynamic" (EngineConfig's default smooth) or "dynamic:S" -> (name, smooth or
+    """`fixed`, `dynamic` (EngineConfig's default smooth) or `dynamic:S` -> (name, smooth or
     None)."""
     name, _, smooth = spec.partition(":")
     if name == "fixed" and not smooth:
@@ -75,16 +74,24 @@ def parse_chunking(spec: str) -> tuple[str, float | None]:
     raise ValueError(f"chunking must be fixed, dynamic or dynamic:SMOOTH, got {spec!r}")
 
 
-def chunk_plan(prompt_len: int, chunk: int, smooth: float | None,
-               m: dict[str, Any]) -> list[int]:
+def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict[str, Any]) -> list[int]:
     """The chunk sizes the scheduler cuts a lone prompt into (its own pure rule), for the
     model config dict `m`."""
     return lone_prompt_chunk_sizes(prompt_len, chunk, smooth, m)
 
 
-def run_config(engine: BenchEngine, pp: int, linear: str, prompt_len: int, chunk: int,
-               modes: list[str], reps: int, chunking: str = "fixed",
-               model: dict[str, Any] = LLAMA3_8B, seed: int = 0) -> list[dict[str, Any]]:
+def run_config(
+    engine: BenchEngine,
+    pp: int,
+    linear: str,
+    prompt_len: int,
+    chunk: int,
+    modes: list[str],
+    reps: int,
+    chunking: str = "fixed",
+    model: dict[str, Any] = LLAMA3_8B,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     from app.request import SamplingParams
 
     rng = random.Random(seed)
@@ -99,10 +106,14 @@ def run_config(engine: BenchEngine, pp: int, linear: str, prompt_len: int, chunk
         skip, post, lin = MODES[mode]
         if lin and linear == "torch":
             continue  # the SMs-1 baseline only exists for the persistent GEMM
-        kernels = engine.set_policy(skip_mode=skip, output_post=post,
-                                    linear_backend=lin or linear, chunk_size=chunk,
-                                    dynamic_chunking=smooth is not None,
-                                    dynamic_chunk_smooth=smooth)
+        kernels = engine.set_policy(
+            skip_mode=skip,
+            output_post=post,
+            linear_backend=lin or linear,
+            chunk_size=chunk,
+            dynamic_chunking=smooth is not None,
+            dynamic_chunk_smooth=smooth,
+        )
         # set_policy rebuilt the attention plans of the new chunking (as a server does at
         # startup); two chunks also compile a Triton GEMM's kernels
         asyncio.run(engine.ttft(prompt[: min(prompt_len, 2 * chunk)], params))
@@ -120,16 +131,29 @@ def run_config(engine: BenchEngine, pp: int, linear: str, prompt_len: int, chunk
         comm1 = engine.comm()
         comm = {k: comm1[k] - comm0[k] for k in comm1}
         hit = comm["skipped"] / max(1, comm["skipped"] + comm["missed"])
-        row = {"pp": pp, "linear": linear, "prompt_len": prompt_len, "chunk": chunk,
-               "chunking": chunking, "chunks": chunks, "mode": mode, "kernels": kernels[0],
-               "ttft_s": ttfts,
-               "ttft_median_s": statistics.median(ttfts), "comm": comm, "skip_hit_ratio": hit,
-               "bound_own_s": statistics.median(bounds) if bounds else None,
-               "stage_times_s": stage_times}  # [stage][chunk], the last run's, CUDA events
+        row = {
+            "pp": pp,
+            "linear": linear,
+            "prompt_len": prompt_len,
+            "chunk": chunk,
+            "chunking": chunking,
+            "chunks": chunks,
+            "mode": mode,
+            "kernels": kernels[0],
+            "ttft_s": ttfts,
+            "ttft_median_s": statistics.median(ttfts),
+            "comm": comm,
+            "skip_hit_ratio": hit,
+            "bound_own_s": statistics.median(bounds) if bounds else None,
+            "stage_times_s": stage_times,
+        }  # [stage][chunk], the last run's, CUDA events
         rows.append(row)
-        print(f"pp={pp} {linear:18s} {prompt_len:>7d}/{chunk:<5d} {chunking:12s} {mode:10s} "
-              f"TTFT {row['ttft_median_s']:.3f}s  runs {[round(t, 3) for t in ttfts]}  "
-              f"comm {comm}", flush=True)
+        print(
+            f"pp={pp} {linear:18s} {prompt_len:>7d}/{chunk:<5d} {chunking:12s} {mode:10s} "
+            f"TTFT {row['ttft_median_s']:.3f}s  runs {[round(t, 3) for t in ttfts]}  "
+            f"comm {comm}",
+            flush=True,
+        )
     auto = [r for r in rows if r["mode"] == "auto" and r["bound_own_s"]]
     bound = auto[0]["bound_own_s"] if auto else None
     for r in rows:
@@ -139,27 +163,41 @@ def run_config(engine: BenchEngine, pp: int, linear: str, prompt_len: int, chunk
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ppserve bench engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ppserve bench engine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--linear", default="torch,triton-persistent",
-                   help="comma-separated linear backends, one pipeline load each")
-    p.add_argument("--runs", default="32768:4096",
-                   help="comma-separated prompt_len:chunk pairs")
+    p.add_argument(
+        "--linear",
+        default="torch,triton-persistent",
+        help="comma-separated linear backends, one pipeline load each",
+    )
+    p.add_argument("--runs", default="32768:4096", help="comma-separated prompt_len:chunk pairs")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--chunking", default="fixed",
-                   help="comma-separated: fixed, dynamic (the engine's default smooth) or "
-                        "dynamic:SMOOTH")
+    p.add_argument(
+        "--chunking",
+        default="fixed",
+        help="comma-separated: fixed, dynamic (the engine's default smooth) or dynamic:SMOOTH",
+    )
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--model-shape", choices=MODEL_SHAPES, default="llama8b",
-                   help="that shape with random weights (app/bench/target.py); tiny: the "
-                        "built-in model")
+    p.add_argument(
+        "--model-shape",
+        choices=MODEL_SHAPES,
+        default="llama8b",
+        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
+    )
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
-    p.add_argument("--output-channel", choices=OUTPUT_CHANNELS, default="auto",
-                   help="how sampled ids reach stage 0 (--output-channel of ppserve serve)")
+    p.add_argument(
+        "--output-channel",
+        choices=OUTPUT_CHANNELS,
+        default="auto",
+        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
+    )
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 
@@ -168,24 +206,46 @@ def main(argv: list[str] | None = None) -> int:
     model_dir, load_format, model = write_model(a.model_shape, a.layers)
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
-    ray.init(address="local", num_gpus=a.pp if a.device == "cuda" else 0, num_cpus=max(8, a.pp + 2),
-             include_dashboard=False, runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})
+    ray.init(
+        address="local",
+        num_gpus=a.pp if a.device == "cuda" else 0,
+        num_cpus=max(8, a.pp + 2),
+        include_dashboard=False,
+        runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}},
+    )
     rows = []
     for linear in a.linear.split(","):
         t0 = time.perf_counter()
-        with BenchEngine(model=model_dir, load_format=load_format, pp_size=a.pp,
-                         device=a.device, dtype="bfloat16" if a.device == "cuda" else "float32",
-                         chunk_size=runs[0][1], linear_backend=linear,
-                         attention_backend=a.attention, max_model_len=longest + 64,
-                         num_kv_blocks=(longest + 256) // 64 + 8,
-                         max_inflight=a.max_inflight,
-                         output_channel=a.output_channel) as engine:
-            print(f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s",
-                  flush=True)
+        with BenchEngine(
+            model=model_dir,
+            load_format=load_format,
+            pp_size=a.pp,
+            device=a.device,
+            dtype="bfloat16" if a.device == "cuda" else "float32",
+            chunk_size=runs[0][1],
+            linear_backend=linear,
+            attention_backend=a.attention,
+            max_model_len=longest + 64,
+            num_kv_blocks=(longest + 256) // 64 + 8,
+            max_inflight=a.max_inflight,
+            output_channel=a.output_channel,
+        ) as engine:
+            print(
+                f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s", flush=True
+            )
             for prompt_len, chunk in runs:
                 for chunking in a.chunking.split(","):
-                    rows += run_config(engine, a.pp, linear, prompt_len, chunk,
-                                       a.modes.split(","), a.reps, chunking, model)
+                    rows += run_config(
+                        engine,
+                        a.pp,
+                        linear,
+                        prompt_len,
+                        chunk,
+                        a.modes.split(","),
+                        a.reps,
+                        chunking,
+                        model,
+                    )
                     # after every config: a killed run keeps what it measured
                     _write(a, argv, rows, model)
     ray.shutdown()
@@ -193,11 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _write(a: argparse.Namespace, argv: list[str] | None, rows: list[dict[str, Any]],
-           model: dict[str, Any]) -> None:
-    out = {"command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
-           "environment": environment(), "model": model,
-           "results": rows}
+def _write(
+    a: argparse.Namespace, argv: list[str] | None, rows: list[dict[str, Any]], model: dict[str, Any]
+) -> None:
+    out = {
+        "command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
+        "environment": environment(),
+        "model": model,
+        "results": rows,
+    }
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
 

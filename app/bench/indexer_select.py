@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import torch
 
@@ -17,10 +18,14 @@ from stages.kernels import triton_indexer
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 
 TOPK, HEADS, DIM = 2048, 64, 128
+# (first token in the batch, tokens, first position, the row's key slots)
+Row = tuple[int, int, int, torch.Tensor]
 
 
-def loop(q, keys, w, rows, scale):
-    out = []
+def loop(
+    q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, rows: list[Row], scale: float
+) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
     for off, n, start, slots in rows:
         logits = triton_indexer.indexer_logits(
             q[off : off + n], keys.index_select(0, slots), w[off : off + n], scale
@@ -38,7 +43,7 @@ def main() -> None:
     p.add_argument("--cases", default="512x1:32768,128x1:65536,1x4096:32768,1x4096:131072")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    results = []
+    results: list[dict[str, Any]] = []
     for case in a.cases.split(","):
         shape, length = case.split(":")
         count, n = map(int, shape.split("x"))
@@ -47,7 +52,7 @@ def main() -> None:
         slots_total = count * int(length)
         keys = torch.randn(slots_total, DIM, generator=g, device="cuda").bfloat16()
         perm = torch.randperm(slots_total, generator=g, device="cuda")
-        rows = [
+        rows: list[Row] = [
             (r * n, n, start, perm[r * int(length) : (r + 1) * int(length)]) for r in range(count)
         ]
         q = torch.randn(count * n, HEADS, DIM, generator=g, device="cuda").bfloat16()
@@ -55,11 +60,11 @@ def main() -> None:
         plan = SelectPlan.build(rows, torch.device("cuda"))
         scale = DIM**-0.5
 
-        def batched():
+        def batched() -> torch.Tensor:
             logits = triton_indexer.indexer_logits_rows(q, keys, w, scale, plan)
             return topk_slots(logits, plan, TOPK)
 
-        row = {"rows": count, "tokens_per_row": n, "keys": int(length)}
+        row: dict[str, Any] = {"rows": count, "tokens_per_row": n, "keys": int(length)}
         row["loop_ms"] = timed(lambda: loop(q, keys, w, rows, scale), reps=5)
         row["batched_ms"] = timed(batched, reps=5)
         row["batched_logits_ms"] = timed(

@@ -58,8 +58,9 @@ def _model(a: argparse.Namespace) -> tuple[str | None, str, dict[str, Any]]:
     return write_model(a.model_shape, a.layers)
 
 
-async def _mixed_once(engine: BenchEngine, longs: list[Prompt], shorts: list[Prompt],
-                      dec_tokens: int) -> dict[str, Any]:
+async def _mixed_once(
+    engine: BenchEngine, longs: list[Prompt], shorts: list[Prompt], dec_tokens: int
+) -> dict[str, Any]:
     from app.request import SamplingParams
 
     c0 = engine.wait_idle()["pp_output_comm"]
@@ -70,8 +71,11 @@ async def _mixed_once(engine: BenchEngine, longs: list[Prompt], shorts: list[Pro
     dec = shorts and asyncio.ensure_future(asyncio.to_thread(engine.generate, shorts, sp_dec))
     while dec:  # until they decode: prefill microbatch + >= 2 decode microbatches
         s = await asyncio.to_thread(engine.stats)
-        if (s["num_running"] >= len(shorts) and not s["num_waiting"]
-                and s["pp_output_comm"]["sent"] >= c0["sent"] + 3):
+        if (
+            s["num_running"] >= len(shorts)
+            and not s["num_waiting"]
+            and s["pp_output_comm"]["sent"] >= c0["sent"] + 3
+        ):
             break
         if dec.done():
             raise RuntimeError("the decoding requests ended before the long prompts arrived")
@@ -83,9 +87,15 @@ async def _mixed_once(engine: BenchEngine, longs: list[Prompt], shorts: list[Pro
     if dec:
         await dec
     comm, hit = _comm_delta(c0, engine.wait_idle()["pp_output_comm"])
-    return {"ttft_s": ttfts, "ttft_p50_s": percentile(ttfts, 50),
-            "ttft_p99_s": percentile(ttfts, 99), "long_phase_s": long_s,
-            "decodes_outlasted": outlasted, "comm": comm, "skip_hit_ratio": hit}
+    return {
+        "ttft_s": ttfts,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "long_phase_s": long_s,
+        "decodes_outlasted": outlasted,
+        "comm": comm,
+        "skip_hit_ratio": hit,
+    }
 
 
 def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> dict[str, Any]:
@@ -94,18 +104,25 @@ def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> d
     c0 = engine.wait_idle()["pp_output_comm"]
     engine.take_timings()
     t0 = time.perf_counter()
-    outs = engine.generate(prompts, SamplingParams(max_tokens=n_tokens, temperature=0.0,
-                                                   ignore_eos=True))
+    outs = engine.generate(
+        prompts, SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True)
+    )
     wall = time.perf_counter() - t0
     tokens = sum(len(o.token_ids) for o in outs)
     comm, hit = _comm_delta(c0, engine.wait_idle()["pp_output_comm"])
     # Per microbatch: stage 0's forward (CUDA events; the median is a decode step's, the
     # prefill is one microbatch of the run) and the wall shared among the microbatches.
     forwards = [sec for stage, _mb, sec in engine.take_timings() if stage == 0]
-    return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall,
-            "comm": comm, "skip_hit_ratio": hit, "microbatches": len(forwards),
-            "stage_forward_s": statistics.median(forwards) if forwards else None,
-            "wall_per_microbatch_s": wall / max(1, len(forwards))}
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "comm": comm,
+        "skip_hit_ratio": hit,
+        "microbatches": len(forwards),
+        "stage_forward_s": statistics.median(forwards) if forwards else None,
+        "wall_per_microbatch_s": wall / max(1, len(forwards)),
+    }
 
 
 def summarize(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -118,9 +135,14 @@ def summarize(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, An
     return out
 
 
-def _sweep(engine: BenchEngine, part: dict[str, Any], write: Callable[[], None],
-           keys: tuple[str, ...], run: Callable[[], dict[str, Any]],
-           line: Callable[[dict[str, Any]], str]) -> None:
+def _sweep(
+    engine: BenchEngine,
+    part: dict[str, Any],
+    write: Callable[[], None],
+    keys: tuple[str, ...],
+    run: Callable[[], dict[str, Any]],
+    line: Callable[[dict[str, Any]], str],
+) -> None:
     """Rep-major: every mode once per rep, set_policy on an idle pipeline before each run."""
     for rep in range(part["reps"]):
         for mode in part["modes"]:
@@ -130,8 +152,10 @@ def _sweep(engine: BenchEngine, part: dict[str, Any], write: Callable[[], None],
             part["runs"].append(r)
             print(f"{part['name']:6s} rep {rep} {mode:7s} {line(r)}", flush=True)
             write()
-    part["summary"] = {mode: summarize([r for r in part["runs"] if r["mode"] == mode], keys)
-                       for mode in part["modes"]}
+    part["summary"] = {
+        mode: summarize([r for r in part["runs"] if r["mode"] == mode], keys)
+        for mode in part["modes"]
+    }
     write()
 
 
@@ -143,30 +167,44 @@ def _print_tables(res: dict[str, Any]) -> None:
     head = " ".join(f"{k:>8s}" for k in COMM_KEYS) + "    hit"
     if res.get("mixed", {}).get("summary"):
         m = res["mixed"]
-        print(f"\nmixed load: {m['num_long']} x {m['long_len']} tokens arriving together + "
-              f"{m['num_decode']} decoding; medians of {m['reps']}")
+        print(
+            f"\nmixed load: {m['num_long']} x {m['long_len']} tokens arriving together + "
+            f"{m['num_decode']} decoding; medians of {m['reps']}"
+        )
         print(f"{'mode':8s} {'TTFT p50':>9s} {'TTFT p99':>9s} " + head)
         for mode, s in m["summary"].items():
-            print(f"{mode:8s} {s['ttft_p50_s']:9.3f} {s['ttft_p99_s']:9.3f} "
-                  + _comm_str(s["comm"], s["skip_hit_ratio"]))
+            print(
+                f"{mode:8s} {s['ttft_p50_s']:9.3f} {s['ttft_p99_s']:9.3f} "
+                + _comm_str(s["comm"], s["skip_hit_ratio"])
+            )
     if res.get("decode", {}).get("summary"):
         d = res["decode"]
-        print(f"\ndecode throughput: {d['concurrency']} concurrent x {d['decode_tokens']} "
-              f"tokens; medians of {d['reps']}")
+        print(
+            f"\ndecode throughput: {d['concurrency']} concurrent x {d['decode_tokens']} "
+            f"tokens; medians of {d['reps']}"
+        )
         print(f"{'mode':8s} {'tok/s':>9s} {'wall s':>9s} " + head)
         for mode, s in d["summary"].items():
-            print(f"{mode:8s} {s['tokens_per_s']:9.1f} {s['wall_s']:9.3f} "
-                  + _comm_str(s["comm"], s["skip_hit_ratio"]))
+            print(
+                f"{mode:8s} {s['tokens_per_s']:9.1f} {s['wall_s']:9.3f} "
+                + _comm_str(s["comm"], s["skip_hit_ratio"])
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ppserve bench load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ppserve bench load",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--device", choices=DEVICES, default="cuda")
-    p.add_argument("--model-shape", choices=MODEL_SHAPES, default="llama8b",
-                   help="that shape with random weights (app/bench/target.py); tiny: the "
-                        "built-in model")
+    p.add_argument(
+        "--model-shape",
+        choices=MODEL_SHAPES,
+        default="llama8b",
+        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
+    )
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--parts", default="mixed,decode", help="mixed, decode or both")
     p.add_argument("--long-len", type=int, default=32768)
@@ -179,18 +217,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-modes", default="off,auto", help="skip modes of the decode part")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--chunk-size", type=int, default=4096)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="token budget per microbatch (default 2 x --chunk-size)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per microbatch (default 2 x --chunk-size)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--linear", default="auto", help="linear backend")
     p.add_argument("--attention", default="auto", help="attention backend")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="decode-only microbatches without CUDA graphs")
-    p.add_argument("--run-ahead", action=argparse.BooleanOptionalAction, default=None,
-                   help="default: the engine's (on with CUDA)")
-    p.add_argument("--output-channel", choices=OUTPUT_CHANNELS, default="auto",
-                   help="how sampled ids reach stage 0 (--output-channel of ppserve serve)")
+    p.add_argument(
+        "--enforce-eager", action="store_true", help="decode-only microbatches without CUDA graphs"
+    )
+    p.add_argument(
+        "--run-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default: the engine's (on with CUDA)",
+    )
+    p.add_argument(
+        "--output-channel",
+        choices=OUTPUT_CHANNELS,
+        default="auto",
+        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
+    )
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -200,16 +251,24 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     parts = a.parts.split(",")
     budget = a.max_num_batched_tokens or 2 * a.chunk_size
-    need_seqs = max(a.num_long + a.num_decode if "mixed" in parts else 1,
-                    a.decode_concurrency if "decode" in parts else 1)
+    need_seqs = max(
+        a.num_long + a.num_decode if "mixed" in parts else 1,
+        a.decode_concurrency if "decode" in parts else 1,
+    )
     seqs = a.max_num_seqs or need_seqs
     if seqs < need_seqs:
-        print(f"--max-num-seqs must be >= {need_seqs} (num_long + num_decode, and "
-              f"--decode-concurrency)", file=sys.stderr)
+        print(
+            f"--max-num-seqs must be >= {need_seqs} (num_long + num_decode, and "
+            f"--decode-concurrency)",
+            file=sys.stderr,
+        )
         return 2
     if "mixed" in parts and a.num_decode * a.short_len > budget:
-        print("warning: the decoding requests' prompts exceed one microbatch's budget; they "
-              "may not decode in lockstep", file=sys.stderr)
+        print(
+            "warning: the decoding requests' prompts exceed one microbatch's budget; they "
+            "may not decode in lockstep",
+            file=sys.stderr,
+        )
     # Decode tokens of the mixed load: enough to outlast the long prompts. In steady state one
     # decode microbatch runs per `pp` microbatches, which carry >= (pp-1)*budget + (budget-M)
     # long-prompt tokens; twice that many steps plus a margin for the arrivals.
@@ -219,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     def blocks(n_req: int, n_tok: int) -> int:
         return n_req * math.ceil(n_tok / 64)
 
-    kv_blocks = 16 + max(blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
-                         + blocks(a.num_decode, a.short_len + dec_mixed),
-                         blocks(a.decode_concurrency, a.short_len + a.decode_tokens))
+    kv_blocks = 16 + max(
+        blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
+        + blocks(a.num_decode, a.short_len + dec_mixed),
+        blocks(a.decode_concurrency, a.short_len + a.decode_tokens),
+    )
     max_len = max(a.long_len + LONG_MAX_TOKENS, a.short_len + max(dec_mixed, a.decode_tokens))
 
     import ray
@@ -229,16 +290,33 @@ def main(argv: list[str] | None = None) -> int:
     model_dir, load_format, model_cfg = _model(a)
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        ray.init(address="local", num_gpus=a.pp if a.device == "cuda" else 0,
-                 num_cpus=max(8, a.pp + 2), include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}})
-    options = dict(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
-                       dtype="bfloat16" if a.device == "cuda" else "float32",
-                       chunk_size=a.chunk_size, max_num_batched_tokens=budget,
-                       max_num_seqs=seqs, max_model_len=max_len + 64, num_kv_blocks=kv_blocks,
-                       block_size=64, linear_backend=a.linear, attention_backend=a.attention,
-                       seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead,
-                       output_channel=a.output_channel)
+        ray.init(
+            address="local",
+            num_gpus=a.pp if a.device == "cuda" else 0,
+            num_cpus=max(8, a.pp + 2),
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
+        )
+    options = dict(
+        model=model_dir,
+        load_format=load_format,
+        pp_size=a.pp,
+        device=a.device,
+        dtype="bfloat16" if a.device == "cuda" else "float32",
+        chunk_size=a.chunk_size,
+        max_num_batched_tokens=budget,
+        max_num_seqs=seqs,
+        max_model_len=max_len + 64,
+        num_kv_blocks=kv_blocks,
+        block_size=64,
+        linear_backend=a.linear,
+        attention_backend=a.attention,
+        seed=a.seed,
+        enforce_eager=a.enforce_eager,
+        run_ahead=a.run_ahead,
+        output_channel=a.output_channel,
+    )
     rng = random.Random(a.seed)
     lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)
 
@@ -247,18 +325,35 @@ def main(argv: list[str] | None = None) -> int:
 
     longs, shorts = prompts(a.num_long, a.long_len), prompts(a.num_decode, a.short_len)
     conc = prompts(a.decode_concurrency, a.short_len)
-    res: dict[str, Any] = {"command": "ppserve bench load " + " ".join(argv),
-                           "environment": environment(), "model": model_cfg,
-                           "model_shape": a.model_shape}
+    res: dict[str, Any] = {
+        "command": "ppserve bench load " + " ".join(argv),
+        "environment": environment(),
+        "model": model_cfg,
+        "model_shape": a.model_shape,
+    }
     if "mixed" in parts:
-        res["mixed"] = {"name": "mixed", "num_long": a.num_long, "long_len": a.long_len,
-                        "num_decode": a.num_decode, "short_len": a.short_len,
-                        "decode_max_tokens": dec_mixed, "long_max_tokens": LONG_MAX_TOKENS,
-                        "modes": a.modes.split(","), "reps": a.reps, "runs": []}
+        res["mixed"] = {
+            "name": "mixed",
+            "num_long": a.num_long,
+            "long_len": a.long_len,
+            "num_decode": a.num_decode,
+            "short_len": a.short_len,
+            "decode_max_tokens": dec_mixed,
+            "long_max_tokens": LONG_MAX_TOKENS,
+            "modes": a.modes.split(","),
+            "reps": a.reps,
+            "runs": [],
+        }
     if "decode" in parts:
-        res["decode"] = {"name": "decode", "concurrency": a.decode_concurrency,
-                         "short_len": a.short_len, "decode_tokens": a.decode_tokens,
-                         "modes": a.decode_modes.split(","), "reps": a.reps, "runs": []}
+        res["decode"] = {
+            "name": "decode",
+            "concurrency": a.decode_concurrency,
+            "short_len": a.short_len,
+            "decode_tokens": a.decode_tokens,
+            "modes": a.decode_modes.split(","),
+            "reps": a.reps,
+            "runs": [],
+        }
 
     def write() -> None:
         with open(a.out, "w") as f:
@@ -269,30 +364,46 @@ def main(argv: list[str] | None = None) -> int:
         from app.bench.decode_reference import graph_decode_step_s
 
         res["decode"]["reference"] = graph_decode_step_s(
-            model_cfg, a.decode_concurrency, a.short_len + a.decode_tokens // 2)
+            model_cfg, a.decode_concurrency, a.short_len + a.decode_tokens // 2
+        )
         print(f"decode reference: {res['decode']['reference']}", flush=True)
     t_load = time.perf_counter()
     with BenchEngine(**options) as engine:
         res["engine"] = {k: v for k, v in engine.config.to_dict().items() if k != "model"}
-        print(f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
-              f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}",
-              flush=True)
+        print(
+            f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
+            f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}",
+            flush=True,
+        )
         if "mixed" in parts:
             warm = [p[: min(a.long_len, 2 * a.chunk_size)] for p in longs]
             asyncio.run(_mixed_once(engine, warm, shorts, dec_mixed))  # warm-up, not counted
-            _sweep(engine, res["mixed"], write, ("ttft_p50_s", "ttft_p99_s", "long_phase_s"),
-                   lambda: asyncio.run(_mixed_once(engine, longs, shorts, dec_mixed)),
-                   lambda r: f"TTFT p50 {r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s "
-                   f"comm {r['comm']} hit {r['skip_hit_ratio']:.3f}"
-                   + ("" if r["decodes_outlasted"] else " (decodes ended early)"))
+            _sweep(
+                engine,
+                res["mixed"],
+                write,
+                ("ttft_p50_s", "ttft_p99_s", "long_phase_s"),
+                lambda: asyncio.run(_mixed_once(engine, longs, shorts, dec_mixed)),
+                lambda r: (
+                    f"TTFT p50 {r['ttft_p50_s']:.3f}s p99 {r['ttft_p99_s']:.3f}s "
+                    f"comm {r['comm']} hit {r['skip_hit_ratio']:.3f}"
+                    + ("" if r["decodes_outlasted"] else " (decodes ended early)")
+                ),
+            )
         if "decode" in parts:
             _decode_once(engine, conc, min(4, a.decode_tokens))  # warm-up
-            _sweep(engine, res["decode"], write,
-                   ("tokens_per_s", "wall_s", "stage_forward_s", "wall_per_microbatch_s"),
-                   lambda: _decode_once(engine, conc, a.decode_tokens),
-                   lambda r: f"{r['tokens_per_s']:.1f} tok/s ({r['output_tokens']} in "
-                   f"{r['wall_s']:.3f}s) forward {r['stage_forward_s']} wall/mb "
-                   f"{r['wall_per_microbatch_s']:.5f} comm {r['comm']}")
+            _sweep(
+                engine,
+                res["decode"],
+                write,
+                ("tokens_per_s", "wall_s", "stage_forward_s", "wall_per_microbatch_s"),
+                lambda: _decode_once(engine, conc, a.decode_tokens),
+                lambda r: (
+                    f"{r['tokens_per_s']:.1f} tok/s ({r['output_tokens']} in "
+                    f"{r['wall_s']:.3f}s) forward {r['stage_forward_s']} wall/mb "
+                    f"{r['wall_per_microbatch_s']:.5f} comm {r['comm']}"
+                ),
+            )
             ref = res["decode"].get("reference")
             for s in res["decode"]["summary"].values():
                 if ref and s["stage_forward_s"]:

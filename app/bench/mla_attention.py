@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -19,23 +21,29 @@ from stages.kernels import cudnn_attention, torch_ref
 QK, V = 192, 128
 
 
-def candidates() -> dict:
-    pad = lambda v: torch.nn.functional.pad(v, (0, QK - V))  # noqa: E731
-    out = {
-        "sdpa_v128": lambda q, k, v, s: torch_ref.attention(q, k, v, s),
-        "sdpa_vpad": lambda q, k, v, s: torch_ref.attention(q, k, pad(v), s)[..., :V],
-        "cudnn_split_v128": lambda q, k, v, s: cudnn_attention.split_attention(q, k, v, s),
-        "cudnn_split_vpad": lambda q, k, v, s: cudnn_attention.split_attention(q, k, pad(v), s)[
-            ..., :V
-        ],
-    }
-    try:
-        from stages.kernels import triton_mla
+# (q, k, v, scale) -> the attention output [t, heads, V]
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
-        out["triton"] = triton_mla.mla_prefill
-    except ImportError:
-        pass
-    return out
+
+def _pad(v: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(v, (0, QK - V))
+
+
+def _sdpa_vpad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: float) -> torch.Tensor:
+    return torch_ref.attention(q, k, _pad(v), s)[..., :V]
+
+
+def _cudnn_vpad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: float) -> torch.Tensor:
+    return cudnn_attention.split_attention(q, k, _pad(v), s)[..., :V]
+
+
+def candidates() -> dict[str, Attention]:
+    return {
+        "sdpa_v128": torch_ref.attention,
+        "sdpa_vpad": _sdpa_vpad,
+        "cudnn_split_v128": cudnn_attention.split_attention,
+        "cudnn_split_vpad": _cudnn_vpad,
+    }
 
 
 def main() -> None:
@@ -44,7 +52,7 @@ def main() -> None:
     p.add_argument("--only", default="")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for case in a.cases.split(","):
         t, length, heads = map(int, case.split(":"))
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -53,11 +61,11 @@ def main() -> None:
         v = torch.randn(length, heads, V, generator=g, device="cuda").bfloat16()
         scale = QK**-0.5
         flops = 2 * heads * t * (length - t / 2) * (QK + V)
-        ref = None
+        ref: torch.Tensor | None = None
         for name, fn in candidates().items():
             if a.only and name not in a.only.split(","):
                 continue
-            row = {"t": t, "L": length, "heads": heads, "candidate": name}
+            row: dict[str, Any] = {"t": t, "L": length, "heads": heads, "candidate": name}
             try:
                 out = fn(q, k, v, scale)
                 if ref is None:

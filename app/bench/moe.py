@@ -14,6 +14,9 @@ import importlib.util
 import json
 import statistics
 import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -44,14 +47,19 @@ DOWN_CANDIDATES = [
 SMALL_M: list[MoeConfig] = []
 
 
-def timed(fn, pre=None, reps: int = 15, inner: int = 1) -> float:
+def timed(
+    fn: Callable[[], object],
+    pre: Callable[[], None] | None = None,
+    reps: int = 15,
+    inner: int = 1,
+) -> float:
     """Median of reps CUDA-event timings (ms per call) of `inner` back-to-back calls after 3
     warm-ups (inner > 1: the host queues ahead, so its launch gaps do not count); `pre` runs
     before each timing."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    times = []
+    times: list[float] = []
     for _ in range(reps):
         if pre is not None:
             pre()
@@ -66,17 +74,19 @@ def timed(fn, pre=None, reps: int = 15, inner: int = 1) -> float:
     return statistics.median(times)
 
 
-def pending_recv_standin(side: torch.cuda.Stream):
+def pending_recv_standin(side: torch.cuda.Stream) -> Callable[[], None]:
     """One CTA spinning on a side stream for ~400 ms: takes one SM as a waiting recv does."""
 
-    def pre():
+    def pre() -> None:
         with torch.cuda.stream(side):
             torch.cuda._sleep(int(400 * 1.98e6))
 
     return pre
 
 
-def inputs(tokens: int, experts: int, k: int, hidden: int, inter: int, seed: int = 0):
+def inputs(
+    tokens: int, experts: int, k: int, hidden: int, inter: int, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
     gate_up = (
@@ -89,25 +99,35 @@ def inputs(tokens: int, experts: int, k: int, hidden: int, inter: int, seed: int
     return x, gate_up, down, ids, weights
 
 
-def load_module(path: str):
+def load_module(path: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location("before_moe", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--before {path!r} is not a loadable Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-def bench_case(name: str, tokens: int, tune: bool, before, side) -> dict:
+def bench_case(
+    name: str, tokens: int, tune: bool, before: ModuleType | None, side: torch.cuda.Stream
+) -> dict[str, Any]:
     experts, k, hidden, inter = SHAPES[name]
     x, gate_up, down, ids, weights = inputs(tokens, experts, k, hidden, inter)
     flops = 6 * tokens * k * hidden * inter
-    tflops = lambda ms: round(flops / ms / 1e9, 1)  # noqa: E731
+
+    def tflops(ms: float) -> float:
+        return round(flops / ms / 1e9, 1)
+
     a1 = torch.randn(tokens * k, hidden, device="cuda").bfloat16()
     w1 = torch.randn(2 * inter, hidden, device="cuda").bfloat16()
     a2 = torch.randn(tokens * k, inter, device="cuda").bfloat16()
     w2 = torch.randn(hidden, inter, device="cuda").bfloat16()
-    dense = lambda: (a1 @ w1.T, a2 @ w2.T)  # noqa: E731
-    row: dict = {
+
+    def dense() -> tuple[torch.Tensor, torch.Tensor]:
+        return a1 @ w1.T, a2 @ w2.T
+
+    row: dict[str, Any] = {
         "shape": name,
         "tokens": tokens,
         "experts": experts,
@@ -120,13 +140,14 @@ def bench_case(name: str, tokens: int, tune: bool, before, side) -> dict:
     row["cublas_dense_tflops"] = tflops(row["cublas_dense_ms"])
     sms = num_sms("cuda")
 
-    def run(cfg, grid=sms):
+    def run(cfg: MoeConfig, grid: int = sms) -> Callable[[], torch.Tensor]:
         return lambda: triton_moe.run_moe(x, gate_up, down, ids, weights, grid, cfg)
 
     if before is not None:
-        ms = timed(lambda: before.moe_experts(x, gate_up, down, ids, weights), reps=5, inner=3)
+        before_moe: Callable[..., torch.Tensor] = before.moe_experts
+        ms = timed(lambda: before_moe(x, gate_up, down, ids, weights), reps=5, inner=3)
         row["before_ms"], row["before_tflops"] = ms, tflops(ms)
-    trials = []
+    trials: list[dict[str, Any]] = []
 
     def trial(cfg: MoeConfig) -> float:
         try:
@@ -169,13 +190,21 @@ def bench_case(name: str, tokens: int, tune: bool, before, side) -> dict:
     return row
 
 
-def phases(x, gate_up, down, ids, weights, grid: int, cfg: MoeConfig) -> dict:
+def phases(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    grid: int,
+    cfg: MoeConfig,
+) -> dict[str, float]:
     """Each launch of one call timed alone (ms): routing + row copy, gate/up, down, the sum."""
     t, k = ids.shape
     r, a = route_and_gather(x, ids, weights, down.shape[0], cfg.block_m)
     h = triton_moe.gate_up_silu(a, gate_up, r, grid, cfg.gate)
     y = triton_moe.down_scatter(h, down, r, t * k, grid, cfg.down)
-    steps = {
+    steps: dict[str, Callable[[], object]] = {
         "route_and_gather": lambda: route_and_gather(x, ids, weights, down.shape[0], cfg.block_m),
         "gate_up_silu": lambda: triton_moe.gate_up_silu(a, gate_up, r, grid, cfg.gate),
         "down_scatter": lambda: triton_moe.down_scatter(h, down, r, t * k, grid, cfg.down),
@@ -194,12 +223,14 @@ def main() -> None:
     a = p.parse_args()
     before = load_module(a.before) if a.before else None
     side = torch.cuda.Stream()
+    import triton
+
     env = {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(),
-        "triton": __import__("triton").__version__,
+        "triton": triton.__version__,
     }
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in a.shapes.split(","):
         for t in a.tokens.split(","):
             rows.append(bench_case(s, int(t), a.tune, before, side))

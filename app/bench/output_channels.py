@@ -24,10 +24,12 @@ docs/ARCHITECTURE.md#why-the-output-channel-matters.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,13 +39,16 @@ SPIN_CYCLES = int(40 * 1.98e6)  # ~40 ms at 1.98 GHz: outlasts every timed kerne
 PENDING_COPY_BYTES = 2 << 30  # ~40 ms at PCIe speed: the copy channel's wait stays pending
 
 
-def _timed(fn: Callable[[], object], pre: Callable[[], object] | None, reps: int) -> dict:
+def _timed(
+    fn: Callable[[], object], pre: Callable[[], torch.cuda.Event] | None, reps: int
+) -> dict[str, Any]:
     """Median ms of fn() on the current stream, pre() queued just before each launch; and
     whether pre's pending event was still incomplete when fn finished (others not blocked)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    times, overlapped = [], []
+    times: list[float] = []
+    overlapped: list[bool] = []
     for _ in range(reps):
         pending = pre() if pre else None
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -55,7 +60,7 @@ def _timed(fn: Callable[[], object], pre: Callable[[], object] | None, reps: int
             overlapped.append(not pending.query())
         times.append(a.elapsed_time(b))
         torch.cuda.synchronize()
-    row = {"ms": round(statistics.median(times), 4)}
+    row: dict[str, Any] = {"ms": round(statistics.median(times), 4)}
     if overlapped:
         row["finished_while_pending"] = sum(overlapped)
         row["reps"] = reps
@@ -117,11 +122,12 @@ def _kernels() -> dict[str, Callable[[], object]]:
             idx = torch.randint(
                 0, keys, (rows, 2048), generator=g, device="cuda", dtype=torch.int32
             )
-            state: dict = {}
-            cases[
+            state: dict[str, Any] = {}
+            name = (
                 f"FlashMLA sparse FP8 decode, {rows} rows x top-2048 of {keys // 1024}K, 128 heads"
-            ] = lambda q=q, p=pages, i=idx, s=state: flash_mla.mla_sparse_fp8_decode(
-                q, p, i, 512, 192**-0.5, s
+            )
+            cases[name] = functools.partial(
+                flash_mla.mla_sparse_fp8_decode, q, pages, idx, 512, 192**-0.5, state
             )
     a = torch.randn(8192, 8192, generator=g, device="cuda").bfloat16()
     w = torch.randn(8192, 8192, generator=g, device="cuda").bfloat16()
@@ -131,9 +137,9 @@ def _kernels() -> dict[str, Callable[[], object]]:
     return cases
 
 
-def contention(reps: int) -> list[dict]:
+def contention(reps: int) -> list[dict[str, Any]]:
     pending = _Pending()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, fn in _kernels().items():
         alone = _timed(fn, None, reps)
         spin = _timed(fn, pending.spin, reps)
@@ -217,12 +223,13 @@ class _DecodeStep:
             ids = self.next_tokens[self.slots]
         b.record()
         b.synchronize()
-        return a.elapsed_time(b) / steps
+        ms: float = a.elapsed_time(b)
+        return ms / steps
 
 
-def decode_latency(steps: int, rounds: int) -> dict:
+def decode_latency(steps: int, rounds: int) -> dict[str, Any]:
     step = _DecodeStep()
-    out = {}
+    out: dict[str, float] = {}
     # the copy path and its parts: plain (not interprocess) events, no events, a copy kernel
     variants = (
         "local",
@@ -243,7 +250,7 @@ def decode_latency(steps: int, rounds: int) -> dict:
     }
 
 
-def copy_is_a_memcpy() -> dict:
+def copy_is_a_memcpy() -> dict[str, Any]:
     """The profiler's view of the copy path: a cudaMemcpyAsync (Memcpy DtoD), no copy kernel."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -263,12 +270,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--steps", type=int, default=200)
     a = p.parse_args(argv)
-    report = {
+    report: dict[str, Any] = {
         "command": "python -m app.bench.output_channels " + " ".join(sys.argv[1:]),
         "environment": environment(),
         "stand_in": "one-CTA torch.cuda._sleep (docs/ARCHITECTURE.md)",
     }
-    parts = {
+    parts: dict[str, Callable[[], object]] = {
         "copy_profile": copy_is_a_memcpy,
         "decode_step": lambda: decode_latency(a.steps, 5),
         "contention": lambda: contention(a.reps),

@@ -46,33 +46,47 @@ def _request(engine: BenchEngine, prompt: list[int], max_tokens: int) -> dict[st
     s0 = engine.wait_idle()
     ttft, tokens = asyncio.run(engine.timed(prompt, params))
     s1 = engine.wait_idle()
-    return {"prompt_len": len(prompt), "ttft_s": ttft, "tokens": tokens,
-            "hits": s1["prefix_cache_hits"] - s0["prefix_cache_hits"],
-            "queries": s1["prefix_cache_queries"] - s0["prefix_cache_queries"]}
+    return {
+        "prompt_len": len(prompt),
+        "ttft_s": ttft,
+        "tokens": tokens,
+        "hits": s1["prefix_cache_hits"] - s0["prefix_cache_hits"],
+        "queries": s1["prefix_cache_queries"] - s0["prefix_cache_queries"],
+    }
 
 
-def _row(part: str, cache: str, rep: int, reqs: list[dict[str, Any]],
-         **extra: Any) -> dict[str, Any]:
-    return {"part": part, "cache": cache, "rep": rep, **extra,
-            "prompt_lens": [r["prompt_len"] for r in reqs],
-            "ttft_s": [r["ttft_s"] for r in reqs],
-            "prefix_hits": [r["hits"] for r in reqs],
-            "prefix_queries": [r["queries"] for r in reqs]}
+def _row(
+    part: str, cache: str, rep: int, reqs: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "part": part,
+        "cache": cache,
+        "rep": rep,
+        **extra,
+        "prompt_lens": [r["prompt_len"] for r in reqs],
+        "ttft_s": [r["ttft_s"] for r in reqs],
+        "prefix_hits": [r["hits"] for r in reqs],
+        "prefix_queries": [r["queries"] for r in reqs],
+    }
 
 
-def run_docs(engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str,
-             rep: int) -> list[dict[str, Any]]:
+def run_docs(
+    engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str, rep: int
+) -> list[dict[str, Any]]:
     rows = []
     for doc_len in a.docs:
         doc = tokens(doc_len)
-        reqs = [_request(engine, doc + tokens(a.question_len), MAX_TOKENS)
-                for _ in range(1 + a.questions)]
+        reqs = [
+            _request(engine, doc + tokens(a.question_len), MAX_TOKENS)
+            for _ in range(1 + a.questions)
+        ]
         rows.append(_row("docs", cache, rep, reqs, doc_len=doc_len))
     return rows
 
 
-def run_chat(engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str,
-             rep: int) -> list[dict[str, Any]]:
+def run_chat(
+    engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str, rep: int
+) -> list[dict[str, Any]]:
     step = a.chat_len // a.chat_turns
     history: list[int] = []
     reqs = []
@@ -84,8 +98,9 @@ def run_chat(engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: 
     return [_row("chat", cache, rep, reqs)]
 
 
-def run_distinct(engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str,
-                 rep: int) -> list[dict[str, Any]]:
+def run_distinct(
+    engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str, rep: int
+) -> list[dict[str, Any]]:
     reqs = [_request(engine, tokens(a.distinct_len), MAX_TOKENS) for _ in range(a.distinct)]
     return [_row("distinct", cache, rep, reqs)]
 
@@ -109,7 +124,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for doc_len, by_cache in docs.items():
         s: dict[str, Any] = {
             c: {"first_ttft_s": _median(v["first"]), "next_ttft_s": _median(v["next"])}
-            for c, v in by_cache.items()}
+            for c, v in by_cache.items()
+        }
         if "on" in s and "off" in s and s["on"]["next_ttft_s"] and s["off"]["first_ttft_s"]:
             s["next_on_over_first_off"] = s["on"]["next_ttft_s"] / s["off"]["first_ttft_s"]
         docs[doc_len] = s
@@ -119,18 +135,24 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in (r for r in rows if r["part"] == "chat"):
         chat.setdefault(r["cache"], []).append(r["ttft_s"])
     if chat:
-        out["chat"] = {c: {"turn_ttft_s": [_median(list(t)) for t in zip(*runs, strict=True)],
-                           "total_ttft_s": _median([sum(run) for run in runs])}
-                       for c, runs in chat.items()}
+        out["chat"] = {
+            c: {
+                "turn_ttft_s": [_median(list(t)) for t in zip(*runs, strict=True)],
+                "total_ttft_s": _median([sum(run) for run in runs]),
+            }
+            for c, runs in chat.items()
+        }
     distinct: dict[str, Any] = {}
     for r in (r for r in rows if r["part"] == "distinct"):
         distinct.setdefault(r["cache"], []).extend(r["ttft_s"])
     if distinct:
-        out["distinct"] = {c: {"ttft_median_s": _median(v), "n": len(v)}
-                           for c, v in distinct.items()}
+        out["distinct"] = {
+            c: {"ttft_median_s": _median(v), "n": len(v)} for c, v in distinct.items()
+        }
         if "on" in distinct and "off" in distinct:
-            out["distinct"]["on_over_off"] = (out["distinct"]["on"]["ttft_median_s"]
-                                              / out["distinct"]["off"]["ttft_median_s"])
+            out["distinct"]["on_over_off"] = (
+                out["distinct"]["on"]["ttft_median_s"] / out["distinct"]["off"]["ttft_median_s"]
+            )
     return out
 
 
@@ -138,14 +160,19 @@ def _print(summary: dict[str, Any]) -> None:
     for doc_len, s in summary.get("docs", {}).items():
         for c in ("off", "on"):
             if c in s:
-                print(f"docs {doc_len:>7s} cache {c:3s}: first {s[c]['first_ttft_s']:.3f}s  "
-                      f"next {s[c]['next_ttft_s']:.3f}s")
+                print(
+                    f"docs {doc_len:>7s} cache {c:3s}: first {s[c]['first_ttft_s']:.3f}s  "
+                    f"next {s[c]['next_ttft_s']:.3f}s"
+                )
         if "next_on_over_first_off" in s:
-            print(f"docs {doc_len:>7s}: next (on) / first (off) = "
-                  f"{s['next_on_over_first_off']:.3%}")
+            print(
+                f"docs {doc_len:>7s}: next (on) / first (off) = {s['next_on_over_first_off']:.3%}"
+            )
     for c, s in summary.get("chat", {}).items():
-        print(f"chat cache {c:3s}: turns {[round(t, 3) for t in s['turn_ttft_s']]}  "
-              f"total {s['total_ttft_s']:.3f}s")
+        print(
+            f"chat cache {c:3s}: turns {[round(t, 3) for t in s['turn_ttft_s']]}  "
+            f"total {s['total_ttft_s']:.3f}s"
+        )
     for c, s in summary.get("distinct", {}).items():
         if isinstance(s, dict):
             print(f"distinct cache {c:3s}: median TTFT {s['ttft_median_s']:.4f}s of {s['n']}")
@@ -154,13 +181,20 @@ def _print(summary: dict[str, Any]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ppserve bench prefix", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ppserve bench prefix",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--device", choices=DEVICES, default="cuda")
-    p.add_argument("--model-shape", choices=("llama8b", "tiny"), default="llama8b",
-                   help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model")
+    p.add_argument(
+        "--model-shape",
+        choices=("llama8b", "tiny"),
+        default="llama8b",
+        help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model",
+    )
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {PARTS}")
     p.add_argument("--cache", default="off,on", help="prefix caching settings, one load each")
@@ -199,18 +233,28 @@ def main(argv: list[str] | None = None) -> int:
     model_dir, load_format, model_cfg = write_model(a.model_shape, a.layers)
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        ray.init(address="local", num_gpus=a.pp if a.device == "cuda" else 0,
-                 num_cpus=max(8, a.pp + 2), include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}})
+        ray.init(
+            address="local",
+            num_gpus=a.pp if a.device == "cuda" else 0,
+            num_cpus=max(8, a.pp + 2),
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
+        )
     rng = random.Random(a.seed)
     lo, hi = (1000, 120000) if a.model_shape == "llama8b" else (0, 256)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(lo, hi) for _ in range(n)]
 
-    res: dict[str, Any] = {"command": "ppserve bench prefix " + " ".join(argv),
-                 "environment": environment(), "model": model_cfg,
-                 "model_shape": a.model_shape, "engines": {}, "rows": []}
+    res: dict[str, Any] = {
+        "command": "ppserve bench prefix " + " ".join(argv),
+        "environment": environment(),
+        "model": model_cfg,
+        "model_shape": a.model_shape,
+        "engines": {},
+        "rows": [],
+    }
 
     def write() -> None:
         res["summary"] = summarize(res["rows"])
@@ -219,16 +263,29 @@ def main(argv: list[str] | None = None) -> int:
 
     for cache in caches:
         t0 = time.perf_counter()
-        with BenchEngine(model=model_dir, load_format=load_format, pp_size=a.pp, device=a.device,
-                         dtype="bfloat16" if a.device == "cuda" else "float32",
-                         chunk_size=a.chunk_size, block_size=a.block_size,
-                         max_model_len=longest + 64, num_kv_blocks=kv_blocks,
-                         linear_backend=a.linear, attention_backend=a.attention, seed=a.seed,
-                         enable_prefix_caching=cache == "on") as engine:
-            res["engines"][cache] = {k: v for k, v in engine.config.to_dict().items()
-                                     if k != "model"}
-            print(f"cache {cache}: loaded {a.model_shape} pp={a.pp} on {a.device} in "
-                  f"{time.perf_counter() - t0:.1f}s", flush=True)
+        with BenchEngine(
+            model=model_dir,
+            load_format=load_format,
+            pp_size=a.pp,
+            device=a.device,
+            dtype="bfloat16" if a.device == "cuda" else "float32",
+            chunk_size=a.chunk_size,
+            block_size=a.block_size,
+            max_model_len=longest + 64,
+            num_kv_blocks=kv_blocks,
+            linear_backend=a.linear,
+            attention_backend=a.attention,
+            seed=a.seed,
+            enable_prefix_caching=cache == "on",
+        ) as engine:
+            res["engines"][cache] = {
+                k: v for k, v in engine.config.to_dict().items() if k != "model"
+            }
+            print(
+                f"cache {cache}: loaded {a.model_shape} pp={a.pp} on {a.device} in "
+                f"{time.perf_counter() - t0:.1f}s",
+                flush=True,
+            )
             for part in parts:
                 # warm-up, not recorded; uncached questions repeat the first request's shapes
                 warm = argparse.Namespace(**{**vars(a), "questions": 0}) if cache == "off" else a
@@ -236,9 +293,12 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(a.reps):
                     rows = RUNNERS[part](engine, tokens, a, cache, rep)
                     for r in rows:
-                        print(f"{part:8s} cache {cache:3s} rep {rep} "
-                              f"TTFT {[round(t, 3) for t in r['ttft_s']]} "
-                              f"hits {r['prefix_hits']}", flush=True)
+                        print(
+                            f"{part:8s} cache {cache:3s} rep {rep} "
+                            f"TTFT {[round(t, 3) for t in r['ttft_s']]} "
+                            f"hits {r['prefix_hits']}",
+                            flush=True,
+                        )
                     res["rows"] += rows
                     write()  # a killed run keeps what it measured
     if owns_ray:

@@ -53,11 +53,17 @@ def make_prompts(a: argparse.Namespace, rng: random.Random) -> list[PromptCase]:
     return out
 
 
-async def one_request(client: httpx.AsyncClient, a: argparse.Namespace, prompt: list[int] | str,
-                      n: int, m: int) -> Result:
+async def one_request(
+    client: httpx.AsyncClient, a: argparse.Namespace, prompt: list[int] | str, n: int, m: int
+) -> Result:
     body: dict[str, Any] = {
-        "model": a.model, "max_tokens": m, "stream": True, "temperature": a.temperature,
-        "ignore_eos": a.ignore_eos, "stream_options": {"include_usage": True}}
+        "model": a.model,
+        "max_tokens": m,
+        "stream": True,
+        "temperature": a.temperature,
+        "ignore_eos": a.ignore_eos,
+        "stream_options": {"include_usage": True},
+    }
     if a.endpoint == "chat":
         text = prompt if isinstance(prompt, str) else "".join(map(chr, prompt))
         path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": text}]
@@ -92,8 +98,7 @@ async def one_request(client: httpx.AsyncClient, a: argparse.Namespace, prompt: 
     return res
 
 
-async def run_rate(a: argparse.Namespace, rate: float,
-                   prompts: list[PromptCase]) -> dict[str, Any]:
+async def run_rate(a: argparse.Namespace, rate: float, prompts: list[PromptCase]) -> dict[str, Any]:
     rng = random.Random(a.seed)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     limits = httpx.Limits(max_connections=a.max_concurrency or len(prompts) + 1)
@@ -106,8 +111,9 @@ async def run_rate(a: argparse.Namespace, rate: float,
         progress.update(1)
         return res
 
-    async with httpx.AsyncClient(base_url=a.base_url, headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(a.timeout)) as client:
+    async with httpx.AsyncClient(
+        base_url=a.base_url, headers=headers, limits=limits, timeout=httpx.Timeout(a.timeout)
+    ) as client:
         start, tasks = time.perf_counter(), []
         for p, n, m in prompts:
             tasks.append(asyncio.create_task(limited(client, p, n, m)))
@@ -125,16 +131,20 @@ def summarize(rate: float, results: list[Result], duration: float) -> dict[str, 
     out_tokens = sum(r.output_tokens for r in ok)
     ms = 1000.0
     return {
-        "request_rate": rate, "completed": len(ok), "errors": len(results) - len(ok),
+        "request_rate": rate,
+        "completed": len(ok),
+        "errors": len(results) - len(ok),
         "error_samples": sorted({r.error for r in results if not r.ok})[:5],
-        "duration_s": duration, "request_throughput": len(ok) / duration,
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "input_throughput": sum(r.prompt_len for r in ok) / duration,
         "total_output_tokens": out_tokens,
         "ttft_ms_mean": sum(r.ttft for r in ok) / len(ok) * ms if ok else float("nan"),
         "ttft_ms_p50": percentile([r.ttft for r in ok], 50) * ms,
         "ttft_ms_p99": percentile([r.ttft for r in ok], 99) * ms,
-        "itl_ms_p50": percentile(itl, 50) * ms, "itl_ms_p99": percentile(itl, 99) * ms,
+        "itl_ms_p50": percentile(itl, 50) * ms,
+        "itl_ms_p99": percentile(itl, 99) * ms,
         "e2e_ms_p50": percentile([r.latency for r in ok], 50) * ms,
         "e2e_ms_p99": percentile([r.latency for r in ok], 99) * ms,
         "requests": [asdict(r) | {"itl": None} for r in results],
@@ -142,10 +152,12 @@ def summarize(rate: float, results: list[Result], duration: float) -> dict[str, 
 
 
 # The server's skip counters (Prometheus names as Ray exports them): decision label or None.
-COMM_SAMPLES = {"sent": ("ray_ppserve_pp_output_comm_total", "sent"),
-                "skipped": ("ray_ppserve_pp_output_comm_total", "skipped"),
-                "missed": ("ray_ppserve_pp_output_comm_missed_total", None),
-                "orphaned": ("ray_ppserve_pp_output_comm_orphaned_total", None)}
+COMM_SAMPLES = {
+    "sent": ("ray_ppserve_pp_output_comm_total", "sent"),
+    "skipped": ("ray_ppserve_pp_output_comm_total", "skipped"),
+    "missed": ("ray_ppserve_pp_output_comm_missed_total", None),
+    "orphaned": ("ray_ppserve_pp_output_comm_orphaned_total", None),
+}
 
 
 def comm_counts(metrics_url: str) -> dict[str, float] | None:
@@ -165,8 +177,7 @@ def comm_counts(metrics_url: str) -> dict[str, float] | None:
     return out
 
 
-def comm_delta(before: dict[str, float] | None,
-               after: dict[str, float] | None) -> dict[str, Any]:
+def comm_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
     if before is None or after is None:
         return {"pp_output_comm": None, "skip_hit_ratio": None}
     comm = {k: int(after[k] - before[k]) for k in COMM_SAMPLES}
@@ -176,11 +187,18 @@ def comm_delta(before: dict[str, float] | None,
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    cols = [("rate", "request_rate", "g"), ("ok", "completed", "d"), ("err", "errors", "d"),
-            ("req/s", "request_throughput", ".2f"), ("out tok/s", "output_throughput", ".1f"),
-            ("TTFT p50 ms", "ttft_ms_p50", ".1f"), ("TTFT p99 ms", "ttft_ms_p99", ".1f"),
-            ("ITL p50 ms", "itl_ms_p50", ".1f"), ("ITL p99 ms", "itl_ms_p99", ".1f"),
-            ("E2E p99 ms", "e2e_ms_p99", ".1f")]
+    cols = [
+        ("rate", "request_rate", "g"),
+        ("ok", "completed", "d"),
+        ("err", "errors", "d"),
+        ("req/s", "request_throughput", ".2f"),
+        ("out tok/s", "output_throughput", ".1f"),
+        ("TTFT p50 ms", "ttft_ms_p50", ".1f"),
+        ("TTFT p99 ms", "ttft_ms_p99", ".1f"),
+        ("ITL p50 ms", "itl_ms_p50", ".1f"),
+        ("ITL p99 ms", "itl_ms_p99", ".1f"),
+        ("E2E p99 ms", "e2e_ms_p99", ".1f"),
+    ]
     cells = [[format(r[k], f) for _, k, f in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(cols)]
     print("  ".join(h.rjust(w) for (h, _, _), w in zip(cols, widths)))
@@ -197,31 +215,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="Model name (default: the server's first).")
     p.add_argument("--api-key", default=None, help="Bearer key, when the server wants one.")
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
-    p.add_argument("--request-rates", type=float, nargs="+", default=[1.0, float("inf")],
-                   help="Requests per second, one run each (inf: all at once).")
+    p.add_argument(
+        "--request-rates",
+        type=float,
+        nargs="+",
+        default=[1.0, float("inf")],
+        help="Requests per second, one run each (inf: all at once).",
+    )
     p.add_argument("--num-prompts", type=int, default=16, help="Requests per rate.")
-    p.add_argument("--input-lens", type=int, nargs="+", default=[1024, 4096],
-                   help="Prompt lengths in tokens; each request draws one.")
-    p.add_argument("--output-lens", type=int, nargs="+", default=[32],
-                   help="Output lengths in tokens; each request draws one.")
-    p.add_argument("--prompt-kind", choices=("tokens", "text"), default="tokens",
-                   help="tokens: random token-id prompts (exact lengths); text: random "
-                   "characters (exact with the byte tokenizer only).")
+    p.add_argument(
+        "--input-lens",
+        type=int,
+        nargs="+",
+        default=[1024, 4096],
+        help="Prompt lengths in tokens; each request draws one.",
+    )
+    p.add_argument(
+        "--output-lens",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="Output lengths in tokens; each request draws one.",
+    )
+    p.add_argument(
+        "--prompt-kind",
+        choices=("tokens", "text"),
+        default="tokens",
+        help="tokens: random token-id prompts (exact lengths); text: random "
+        "characters (exact with the byte tokenizer only).",
+    )
     p.add_argument("--token-id-min", type=int, default=32, help="Random ids from here ...")
-    p.add_argument("--token-id-max", type=int, default=127, help="... to here (exclusive); "
-                   "32-126 is printable ASCII in the built-in byte tokenizer.")
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="Generate exactly the output length (default on).")
+    p.add_argument(
+        "--token-id-max",
+        type=int,
+        default=127,
+        help="... to here (exclusive); 32-126 is printable ASCII in the built-in byte tokenizer.",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Generate exactly the output length (default on).",
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-concurrency", type=int, default=None, help="Cap on open requests.")
     p.add_argument("--timeout", type=float, default=1800.0, help="Per request, seconds.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="Write the results as JSON here.")
-    p.add_argument("--metrics-url", default=None, help="The server's Prometheus endpoint (e.g. "
-                   "http://127.0.0.1:8080/metrics): record the output channel's sent / skipped /"
-                   " missed / orphaned counts and the skip-hit ratio of each rate.")
-    p.add_argument("--metrics-wait", type=float, default=15.0, help="Seconds to wait after a "
-                   "rate before reading the counters (Ray exports every 10 s by default).")
+    p.add_argument(
+        "--metrics-url",
+        default=None,
+        help="The server's Prometheus endpoint (e.g. "
+        "http://127.0.0.1:8080/metrics): record the output channel's sent / skipped /"
+        " missed / orphaned counts and the skip-hit ratio of each rate.",
+    )
+    p.add_argument(
+        "--metrics-wait",
+        type=float,
+        default=15.0,
+        help="Seconds to wait after a "
+        "rate before reading the counters (Ray exports every 10 s by default).",
+    )
     return p.parse_args(argv)
 
 
@@ -240,13 +294,19 @@ def main(argv: list[str] | None = None) -> int:
         if a.metrics_url:
             time.sleep(a.metrics_wait)  # Ray exports metrics every report interval
             row.update(comm_delta(before, comm_counts(a.metrics_url)))
-            print(f"rate {rate:g}: output channel {row['pp_output_comm']}, skip-hit ratio "
-                  f"{row['skip_hit_ratio']}")
+            print(
+                f"rate {rate:g}: output channel {row['pp_output_comm']}, skip-hit ratio "
+                f"{row['skip_hit_ratio']}"
+            )
         rows.append(row)
     print_table(rows)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(a).items() if k != "api_key"},
-                       "results": rows}, f, indent=2, default=str)
+            json.dump(
+                {"args": {k: v for k, v in vars(a).items() if k != "api_key"}, "results": rows},
+                f,
+                indent=2,
+                default=str,
+            )
         print(f"wrote {a.out}")
     return 0 if all(r["errors"] == 0 for r in rows) else 1

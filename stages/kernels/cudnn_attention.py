@@ -28,10 +28,13 @@ KEY_ALIGN = 4096  # the prefix part's key count is a multiple (the rest joins th
 
 
 def is_available(device: str) -> bool:
-    return (str(device).startswith("cuda") and torch.cuda.is_available()
-            and torch.backends.cudnn.is_available()
-            and (torch.backends.cudnn.version() or 0) >= 90000
-            and hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"))
+    return (
+        str(device).startswith("cuda")
+        and torch.cuda.is_available()
+        and torch.backends.cudnn.is_available()
+        and (torch.backends.cudnn.version() or 0) >= 90000
+        and hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention")
+    )
 
 
 MAX_HEAD_DIM = 256  # cuDNN's fused flash kernels on SM90, q/k and v widths each
@@ -39,15 +42,24 @@ MAX_HEAD_DIM = 256  # cuDNN's fused flash kernels on SM90, q/k and v widths each
 
 def _supported(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.dtype in (torch.bfloat16, torch.float16) and all(
-        d % 8 == 0 and d <= MAX_HEAD_DIM for d in (q.shape[-1], v.shape[-1]))
+        d % 8 == 0 and d <= MAX_HEAD_DIM for d in (q.shape[-1], v.shape[-1])
+    )
 
 
-def _cudnn(q, k, v, causal: bool, scale: float):
+def _cudnn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k/v [1, H, seq, D] -> (out [1, Hq, t, D], lse [1, Hq, t] fp32)."""
     res = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q, k, v, None, True, 0.0, causal, False, scale=scale)
-    out = res[0]
+        q, k, v, None, True, 0.0, causal, False, scale=scale
+    )
+    out: torch.Tensor = res[0]
     return out, res[1].reshape(out.shape[:3]).float()
+
+
+def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    """[n, H, D] -> [1, H, n, D]."""
+    return x.transpose(0, 1).unsqueeze(0)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -61,8 +73,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     return split_attention(q, k, v, scale)
 
 
-def merge_partials(a: torch.Tensor, lse_a: torch.Tensor, b: torch.Tensor,
-                   lse_b: torch.Tensor) -> torch.Tensor:
+def merge_partials(
+    a: torch.Tensor, lse_a: torch.Tensor, b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
     """Softmax attention over keys A + B from its parts over A and over B (outputs [..., t, D],
     log-sum-exps [..., t]), in fp32."""
     m = torch.maximum(lse_a, lse_b)
@@ -75,7 +88,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     if x.shape[0] == rows:
         return x
     out = x.new_zeros((rows, *x.shape[1:]))
-    out[:x.shape[0]] = x
+    out[: x.shape[0]] = x
     return out
 
 
@@ -87,12 +100,16 @@ def diagonal_sizes(max_queries: int) -> range:
     """Every square the diagonal part can have for chunks of up to max_queries queries (it
     takes up to KEY_ALIGN - 1 cached keys besides the chunk's own): building these ahead
     covers chunks at any offset, e.g. a chunk shortened by the decode rows sharing its batch."""
-    return range(_round_up(MIN_QUERIES, Q_ALIGN),
-                 _round_up(max_queries + KEY_ALIGN - 1, Q_ALIGN) + 1, Q_ALIGN)
+    return range(
+        _round_up(MIN_QUERIES, Q_ALIGN),
+        _round_up(max_queries + KEY_ALIGN - 1, Q_ALIGN) + 1,
+        Q_ALIGN,
+    )
 
 
-def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    scale: float) -> torch.Tensor:
+def split_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
     """cuDNN for any t <= L (bf16/fp16, head dims multiples of 8 up to 256; v's may differ).
 
     Shapes are bucketed so cuDNN meets few of them: the prefix part covers the keys up to the
@@ -102,22 +119,27 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the end to a multiple of Q_ALIGN. A real query never sees a padded key; padded rows are
     dropped."""
     t, length = q.shape[0], k.shape[0]
-    bhsd = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731  [n, H, D] -> [1, H, n, D]
     if t == 1:  # one query sees every key
-        return _cudnn(bhsd(q), bhsd(k), bhsd(v), False, scale)[0][0].transpose(0, 1)
+        return _cudnn(_bhsd(q), _bhsd(k), _bhsd(v), False, scale)[0][0].transpose(0, 1)
     cut = length - t
     base = cut // KEY_ALIGN * KEY_ALIGN
     r = cut - base
     rows = _round_up(t + r, Q_ALIGN)
     q_diag = q if rows == t else q.new_zeros((rows, *q.shape[1:]))
     if rows != t:
-        q_diag[r:r + t] = q
-    diag, diag_lse = _cudnn(bhsd(q_diag), bhsd(_pad_rows(k[base:], rows)),
-                            bhsd(_pad_rows(v[base:], rows)), True, scale)
-    diag, diag_lse = diag[:, :, r:r + t], diag_lse[:, :, r:r + t]
+        q_diag[r : r + t] = q
+    diag, diag_lse = _cudnn(
+        _bhsd(q_diag),
+        _bhsd(_pad_rows(k[base:], rows)),
+        _bhsd(_pad_rows(v[base:], rows)),
+        True,
+        scale,
+    )
+    diag, diag_lse = diag[:, :, r : r + t], diag_lse[:, :, r : r + t]
     if base == 0:  # no keys before the diagonal's square
         return diag[0].transpose(0, 1)
-    pre, pre_lse = _cudnn(bhsd(_pad_rows(q, _round_up(t, Q_ALIGN))), bhsd(k[:base]),
-                          bhsd(v[:base]), False, scale)
+    pre, pre_lse = _cudnn(
+        _bhsd(_pad_rows(q, _round_up(t, Q_ALIGN))), _bhsd(k[:base]), _bhsd(v[:base]), False, scale
+    )
     out = merge_partials(pre[:, :, :t], pre_lse[:, :, :t], diag, diag_lse)
     return out.to(q.dtype)[0].transpose(0, 1)
