@@ -213,9 +213,8 @@ class EngineConfig:
 
     @property
     def kv_block_size(self) -> int:
-        if self.block_size is None:
-            raise RuntimeError("EngineConfig.for_model(args) resolves block_size first")
-        return self.block_size
+        """The block size in use: 64 until for_model has read what the model needs."""
+        return DEFAULT_BLOCK_SIZE if self.block_size is None else self.block_size
 
     def scheduler_config(self, num_blocks: int, max_model_len: int,
                          chunk_cost: ChunkCost | None) -> SchedulerConfig:

@@ -79,7 +79,7 @@ class Coordinator:
         c, s = self.config, self.scheduler.config
         length = c.warmup_len
         if length is None:
-            length = min(self.max_model_len, self.pipeline.num_blocks * c.block_size)
+            length = min(self.max_model_len, self.pipeline.num_blocks * c.kv_block_size)
         if length <= 0 or c.device != "cuda":
             return
         self._warmup = await self.pipeline.warm_up(s.lone_prompt_chunks(length))
@@ -352,7 +352,7 @@ class Coordinator:
             "inflight_microbatches": s.inflight,
             "waiting_prompt_tokens": s.waiting_prompt_tokens,
             "kv_cache_usage": s.kv_usage,
-            "kv_capacity_tokens": self.pipeline.num_blocks * self.config.block_size,
+            "kv_capacity_tokens": self.pipeline.num_blocks * self.config.kv_block_size,
             "kv_blocks_total": self.pipeline.num_blocks,
             "kv_blocks_free": s.pool.num_free,
             "slots_free": s.num_free_slots,

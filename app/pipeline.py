@@ -175,7 +175,7 @@ class Pipeline:
             "pipeline up: %d stages, %d KV blocks of %d tokens",
             c.pp_size,
             self.num_blocks,
-            c.block_size,
+            c.kv_block_size,
         )
         return self.num_blocks
 

@@ -18,7 +18,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from app.autoscaling import LOAD_METRIC, pipeline_load
-from app.config import DEFAULT_BLOCK_SIZE, EngineConfig
+from app.config import EngineConfig
 from app.coordinator import Coordinator
 from app.merged import MergedStreams
 from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply
@@ -102,7 +102,7 @@ class PipelineServer:
                 prompt_ids = streams[0].prompt_ids
                 later = range(1, req.n)
                 if not (self.config.enable_prefix_caching and
-                        len(prompt_ids) > self.config.block_size):
+                        len(prompt_ids) > self.config.kv_block_size):
                     for i in later:
                         add(prompt_ids, i)
                     later = range(0)
@@ -207,7 +207,7 @@ def build_app(args: dict | None = None) -> Application:
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
     ingress_cls = make_ingress(config.model_name, api_key, max_bytes,
-                               (config.block_size or DEFAULT_BLOCK_SIZE) if router is not None
+                               config.kv_block_size if router is not None
                                else None,
                                allowed_origins(server.get("allowed_origins")))
     ingress = serve.deployment(

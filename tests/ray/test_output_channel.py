@@ -5,12 +5,13 @@ pipeline in step."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import pytest
+import ray
 
 from app import Engine, EngineConfig, SamplingParams
+from app.engine import CoordinatorHost
 from app.pipeline import STAGE_NAMESPACE
 from tests.ray.test_engine_vs_hf import MAX_NEW, checkpoint, prompts, reference  # noqa: F401
 from tests.ray.test_stage_failure import LONG, _prompt, _wait_for
@@ -41,36 +42,44 @@ def test_copy_is_refused_on_cpu():
         EngineConfig(device="cpu", output_channel="copy")
 
 
-async def _abort_one_mid_decode(coord, prompts, params):
-    """Abort the first request once it has streamed a token; collect the others."""
-    streams = [coord.add_request(p, params) for p in prompts]
-    victim = streams[0]
-    while not (await victim.queue.get()).token_ids:
-        pass
-    coord.abort(victim.req_id)
-    outs = []
-    for s in streams[1:]:
-        tokens = []
-        while True:
-            out = await s.queue.get()
-            tokens.extend(out.token_ids)
-            if out.finished:
-                break
-        outs.append(tokens)
-    await asyncio.sleep(0)
-    return outs
+class _AbortingHost(CoordinatorHost):
+    """The serving coordinator host, plus a call that aborts a request mid-decode."""
+
+    async def abort_one_mid_decode(self, prompts, params):
+        """Abort the first request once it has streamed a token; collect the others."""
+        coord = self.coordinator
+        streams = [coord.add_request(p, params) for p in prompts]
+        victim = streams[0]
+        while not (await victim.queue.get()).token_ids:
+            pass
+        coord.abort(victim.req_id)
+        outs = []
+        for s in streams[1:]:
+            tokens = []
+            while True:
+                out = await s.queue.get()
+                tokens.extend(out.token_ids)
+                if out.finished:
+                    break
+            outs.append(tokens)
+        return outs
+
+
+class _AbortingEngine(Engine):
+    coordinator_actor = ray.remote(_AbortingHost)
 
 
 @pytest.mark.parametrize("skip,pp", [("off", 1), ("sglang", 3), ("auto", 2)])
 def test_host_matches_transformers_and_gloo(ray_cluster, checkpoint, prompts, reference, skip, pp):
     """Each host engine also aborts a request mid-decode and carries on."""
-    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # for engine.call
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _AbortingHost
     outs = {}
     for channel in ("host", "nccl") if skip == "auto" else ("host",):
-        with Engine(_cfg(checkpoint, channel, skip, pp)) as engine:
+        with _AbortingEngine(_cfg(checkpoint, channel, skip, pp)) as engine:
             outs[channel] = [o.token_ids for o in engine.generate(prompts, GREEDY)]
             if channel == "host":
-                assert engine.call(_abort_one_mid_decode, prompts, GREEDY) == reference[1:]
+                aborted = engine._actor.abort_one_mid_decode.remote(prompts, GREEDY)
+                assert ray_cluster.get(aborted) == reference[1:]
             stats = engine.stats()
         assert stats["output_channel"] == channel
         if channel == "host":  # the plans carry the tokens: nothing on the channel
