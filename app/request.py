@@ -45,6 +45,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # top logprobs per token; None: none
     skip_special_tokens: bool = True
+    # token id -> bias added to its logit; OpenAI's JSON keys are strings, parsed here
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: sample only among these
 
     def __post_init__(self) -> None:
         # Accept lists from JSON / callers but keep the object hashable and immutable.
@@ -53,6 +56,9 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
         self.validate()
 
     def validate(self) -> None:
@@ -87,13 +93,23 @@ class SamplingParams:
             bad(f"logprobs must be between 0 and 20, got {self.logprobs}.", "logprobs")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty.", "stop")
+        for token_id, bias in self.logit_bias:
+            if not -100.0 <= bias <= 100.0:
+                bad(f"logit_bias: the bias of token {token_id} must be in [-100, 100], got "
+                    f"{bias}.", "logit_bias")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            bad("allowed_token_ids must not be empty.", "allowed_token_ids")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the sampler indexes with must exist in the model's vocabulary."""
-        bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequest(f"stop_token_ids: token id {bad[0]} is out of range for a "
-                                 f"vocabulary of {vocab_size}.", param="stop_token_ids")
+        fields = {"stop_token_ids": self.stop_token_ids,
+                  "logit_bias": tuple(t for t, _ in self.logit_bias),
+                  "allowed_token_ids": self.allowed_token_ids or ()}
+        for name, ids in fields.items():
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise InvalidRequest(f"{name}: token id {bad[0]} is out of range for a "
+                                     f"vocabulary of {vocab_size}.", param=name)
 
     def to_spec(self, eos_token_ids: Iterable[int]) -> SamplingSpec:
         """What the last stage needs to sample: the model's EOS ids are banned, with
@@ -104,7 +120,26 @@ class SamplingParams:
             min_p=self.min_p, seed=self.seed, logprobs=self.logprobs,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-            min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else ())
+            min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else (),
+            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids or ())
+
+
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs, from a mapping (JSON: string keys) or
+    pairs; a key that is no token id is refused by name."""
+    items = bias.items() if isinstance(bias, dict) else (bias or ())
+    pairs: dict[int, float] = {}
+    for key, value in items:
+        if isinstance(key, bool) or not (isinstance(key, int) or (
+                isinstance(key, str) and key.strip().lstrip("-").isdecimal())):
+            raise InvalidRequest(f"logit_bias: key {key!r} is not a token id (an integer).",
+                                 param="logit_bias")
+        token_id = int(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidRequest(f"logit_bias: the bias of token {key!r} must be a number, "
+                                 f"got {value!r}.", param="logit_bias")
+        pairs[token_id] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 @dataclass

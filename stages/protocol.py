@@ -32,6 +32,8 @@ class SamplingSpec:
     # Token ids that may not be sampled before min_tokens are out (EOS unless ignore_eos, and
     # stop_token_ids); the coordinator resolves them.
     min_tokens_banned: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    allowed_token_ids: tuple[int, ...] = ()  # non-empty: only these may be sampled
 
     @property
     def greedy(self) -> bool:
@@ -44,6 +46,11 @@ class SamplingSpec:
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the logits change before the choice (a plain argmax is not enough)."""
+        return bool(self.logit_bias or self.allowed_token_ids)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ class RowToSample:
     output_index: int
     prompt_ids: tuple[int, ...]  # for repetition penalty
     output_ids: list[int]  # tokens this request sampled so far
+    # Structured output: the allowed tokens as a packed bitmask (bit t % 8 of byte t // 8),
+    # computed by the coordinator's grammar matcher for this very step.
+    token_mask: bytes | None = None
 
 
 @dataclass
@@ -53,6 +56,35 @@ def _apply_penalties(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
         logits = logits - spec.frequency_penalty * counts
         logits = logits - spec.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
+
+
+def _shape(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
+    """logit_bias, then allowed_token_ids and the grammar's mask (disallowed: -inf)."""
+    spec = row.spec
+    if spec.logit_bias:
+        idx = torch.tensor([t for t, _ in spec.logit_bias], device=logits.device)
+        bias = torch.tensor([b for _, b in spec.logit_bias], dtype=logits.dtype,
+                            device=logits.device)
+        logits = logits.index_add(0, idx, bias)
+    if spec.allowed_token_ids:
+        idx = torch.tensor(spec.allowed_token_ids, device=logits.device)
+        logits = torch.full_like(logits, float("-inf")).index_copy(0, idx, logits[idx])
+    if row.token_mask is not None:
+        logits = logits.masked_fill(~unpack_mask(row.token_mask, logits.shape[0],
+                                                 logits.device), float("-inf"))
+    return logits
+
+
+def unpack_mask(mask: bytes, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """A packed token bitmask as a bool vector of `vocab_size` (tokens past the mask: False)."""
+    packed = torch.frombuffer(bytearray(mask), dtype=torch.uint8)
+    if device.type == "cuda":  # pinned: the copy must not wait for the stream
+        packed = packed.pin_memory().to(device, non_blocking=True)
+    shifts = torch.arange(8, dtype=torch.uint8, device=device)
+    bits = ((packed.unsqueeze(1) >> shifts) & 1).reshape(-1).bool()
+    if bits.shape[0] >= vocab_size:
+        return bits[:vocab_size]
+    return torch.cat([bits, bits.new_zeros(vocab_size - bits.shape[0])])
 
 
 def _filter(probs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
@@ -100,7 +132,8 @@ class Picked:
 
 def _plain_greedy(row: RowToSample) -> bool:
     spec = row.spec
-    return spec.greedy and not spec.needs_history and not (
+    return spec.greedy and not spec.needs_history and not spec.shapes_logits and (
+        row.token_mask is None) and not (
         spec.min_tokens_banned and row.output_index < spec.min_tokens)
 
 
@@ -128,7 +161,7 @@ class Sampler:
             if _plain_greedy(row):
                 chosen.append(argmax[i])
                 continue
-            lg = _apply_penalties(logits[i], row)
+            lg = _shape(_apply_penalties(logits[i], row), row)
             if spec.min_tokens_banned and row.output_index < spec.min_tokens:
                 banned = torch.tensor(spec.min_tokens_banned, device=lg.device)
                 lg = lg.index_fill(0, banned, float("-inf"))

@@ -78,12 +78,11 @@ class _Sampling(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
 
     def _check_common(self) -> None:
         if self.n != 1:
             raise InvalidRequest("only n=1 is supported.", param="n")
-        if self.logit_bias:
-            raise InvalidRequest("logit_bias is not supported.", param="logit_bias")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed when stream is true.",
                                  param="stream_options")
