@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from dataclasses import replace
 from typing import AsyncIterator
 
 from app.config import EngineConfig
@@ -20,6 +21,7 @@ from app.pipeline import PUBLIC_ERRORS, Pipeline
 from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, PrefixCacheStats, SchedRequest, Scheduler
+from app.structured import Grammars
 from app.tokenizer import load_tokenizer
 from stages.model_config import load_model_args
 
@@ -37,6 +39,7 @@ class Coordinator:
         self.eos_token_ids = tuple(dict.fromkeys(
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
         self.pipeline = Pipeline(config, self.args, placement_group)
+        self.grammars = Grammars(self.tokenizer, self.args.vocab_size, self.eos_token_ids)
         # dynamic chunking's cost model: the model's FLOPs per layer
         self.chunk_cost = ChunkCost.for_model(self.args)
         self.scheduler: Scheduler | None = None
@@ -149,13 +152,14 @@ class Coordinator:
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
         spec = params.to_spec(self.eos_token_ids)
+        grammar = self.grammars.matcher(params.structured) if params.structured else None
         try:
             self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
-                                            params.logprobs is not None))
+                                            params.logprobs is not None, grammar is not None))
         except ValueError as e:
             raise InvalidRequest(str(e), param="prompt") from e
         stream = RequestStream(req_id, ids, params, max_tokens, self.tokenizer,
-                               self.eos_token_ids, arrival_time or time.time())
+                               self.eos_token_ids, arrival_time or time.time(), grammar)
         self._streams[req_id] = stream
         if self.metrics:
             self.metrics.add_tokens(prompt=len(ids))
@@ -239,8 +243,20 @@ class Coordinator:
                     stream.scheduled_time = now
                     if self.metrics:
                         self.metrics.observe_queue_time(now - stream.arrival_time)
+            plan = self._with_masks(plan)
             refs = self.pipeline.dispatch(plan)
             self._inflight.append((plan, asyncio.ensure_future(asyncio.gather(*refs))))
+
+    def _with_masks(self, plan):
+        """The plan with the token masks of its constrained sampling rows: their previous
+        tokens have all retired (the scheduler does not run them ahead), so each matcher is
+        where the row samples."""
+        masks = []
+        for row in plan.rows:
+            stream = self._streams.get(row.req_id)
+            if row.sample and stream is not None and stream.grammar is not None:
+                masks.append((row.req_id, stream.grammar.mask()))
+        return replace(plan, token_masks=tuple(masks)) if masks else plan
 
     def _retire(self, plan, results) -> None:
         last = results[-1]
@@ -259,7 +275,7 @@ class Coordinator:
                 continue
             reason = stream.append(token_id, by_req[req_id], self.metrics)
             if reason is not None:
-                self._finish(stream, reason)
+                self._finish(stream, reason, stream.error)
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None) -> None:
         self.scheduler.finish(stream.req_id, reason)

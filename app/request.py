@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -23,6 +24,24 @@ class Overloaded(InvalidRequest):
 
     def __init__(self, message: str):
         super().__init__(message, status=429)
+
+
+GUIDED_KINDS = ("json", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text: a JSON schema (as JSON text; '{"type": "object"}'
+    for any object), a regular expression, a choice among strings (as a JSON list) or a Lark /
+    GBNF grammar. app/structured.py compiles it."""
+
+    kind: str
+    spec: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in GUIDED_KINDS:
+            raise InvalidRequest(f"unknown structured output kind {self.kind!r}; one of "
+                                 f"{', '.join(GUIDED_KINDS)}.", param="structured_outputs")
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,7 @@ class SamplingParams:
     # token id -> bias added to its logit; OpenAI's JSON keys are strings, parsed here
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: sample only among these
+    structured: StructuredOutput | None = None  # the output follows this grammar
 
     def __post_init__(self) -> None:
         # Accept lists from JSON / callers but keep the object hashable and immutable.
@@ -135,7 +155,8 @@ def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
             raise InvalidRequest(f"logit_bias: key {key!r} is not a token id (an integer).",
                                  param="logit_bias")
         token_id = int(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value):
             raise InvalidRequest(f"logit_bias: the bias of token {key!r} must be a number, "
                                  f"got {value!r}.", param="logit_bias")
         pairs[token_id] = float(value)

@@ -12,7 +12,7 @@ from app.tokenizer import IncrementalDetokenizer, StopStringMatcher
 class RequestStream:
     def __init__(self, req_id: str, prompt_ids: list[int], params: SamplingParams,
                  max_tokens: int, tokenizer, eos_token_ids: tuple[int, ...],
-                 arrival_time: float):
+                 arrival_time: float, grammar=None):
         self.req_id = req_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -29,6 +29,8 @@ class RequestStream:
         self._last_token_time: float | None = None
         self._held: tuple[list[int], str, list[TokenLogprob]] = ([], "", [])
         self._sent_prompt = False
+        self.grammar = grammar  # structured output: app.structured.GrammarMatcher
+        self.error: str | None = None  # why it finished with "error"
 
     def _stop_reason(self, token_id: int) -> str | None:
         if token_id in self.params.stop_token_ids:
@@ -52,10 +54,13 @@ class RequestStream:
         if self.params.logprobs is not None and sampled.logprob is not None:
             lp = TokenLogprob(token_id, sampled.logprob, list(sampled.top_logprobs))
         reason = self._stop_reason(token_id)
+        if reason is None and self.grammar is not None:
+            self.error = self.grammar.accept(token_id)
+            reason = "error" if self.error else None
         text = ""
         if reason is None:
             text, stopped = self._stops.feed(self._detok.add([token_id]))
-            if stopped:
+            if stopped or (self.grammar is not None and self.grammar.done):
                 reason = "stop"
         if reason is None and len(self.output_ids) >= self.max_tokens:
             reason = "length"

@@ -96,6 +96,9 @@ class MicrobatchPlan:
     finished: tuple[str, ...] = ()
     # Whether the last stage sends the sampled ids to stage 0 over the output channel.
     send_output: bool = True
+    # Last stage only: structured outputs' allowed tokens for this plan's sampling rows, as
+    # (req_id, packed bitmask: bit t % 8 of byte t // 8 allows token t).
+    token_masks: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -106,10 +109,11 @@ class MicrobatchPlan:
         rows = self.rows
         if stage != 0:
             rows = tuple(replace(r, token_ids=None) for r in rows)
-        news = self.new_requests
+        news, masks = self.new_requests, self.token_masks
         if stage != num_stages - 1:
             news = tuple(replace(n, prompt_token_ids=(), output_token_ids=()) for n in news)
-        return replace(self, rows=rows, new_requests=news)
+            masks = ()
+        return replace(self, rows=rows, new_requests=news, token_masks=masks)
 
 
 @dataclass(frozen=True)

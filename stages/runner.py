@@ -346,8 +346,10 @@ class StageRunner:
             return None
         rows = hidden if batch is None else hidden[batch.sample_indices]
         logits = self.model.compute_logits(rows)
+        masks = dict(plan.token_masks)
         to_sample = [RowToSample(self.sampling[r.req_id], r.output_index,
-                                 self.prompt_ids[r.req_id], self.output_ids[r.req_id])
+                                 self.prompt_ids[r.req_id], self.output_ids[r.req_id],
+                                 masks.get(r.req_id))
                      for r in sample_rows]
         picked = self.sampler.pick(logits, to_sample)
         if plan.send_output and self.channels is not None:

@@ -14,6 +14,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from app.openai.structured_fields import StructuredFields
 from app.request import InvalidRequest, SamplingParams
 
 
@@ -53,7 +54,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(StructuredFields):
     model_config = _STRICT
 
     model: Text | None = None
@@ -67,7 +68,7 @@ class _Sampling(BaseModel):
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, object] | None = None  # checked by SamplingParams, key by key
     user: Text | None = None
     # vLLM's extras
     top_k: int | None = None
@@ -91,6 +92,7 @@ class _Sampling(BaseModel):
         """The fields SamplingParams shares with this schema, None meaning its default."""
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)
                  if getattr(self, f.name, None) is not None}
+        given["structured"] = self.structured_output()
         return SamplingParams(**{**given, "max_tokens": max_tokens, "logprobs": logprobs})
 
     @property

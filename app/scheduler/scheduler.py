@@ -306,9 +306,12 @@ class Scheduler:
             return st.decode_ready
         if st.finished or st.prefill_left > 0 or not 1 <= st.planned < st.req.max_tokens:
             return False
+        if st.generated == st.planned:  # the previous sampling row has retired
+            return True
         return (
-            st.generated == st.planned  # the previous sampling row has retired
-            or (st.sample_mb is not None and self._next_mb - st.sample_mb >= self.config.num_stages)
+            not st.req.constrained  # its mask needs the previous token: never run ahead
+            and st.sample_mb is not None
+            and self._next_mb - st.sample_mb >= self.config.num_stages
         )
 
     def _decode_row(self, st: ReqState) -> Row:
