@@ -97,6 +97,9 @@ class Grammars:
             raise InvalidRequest(
                 f"invalid {so.kind} for structured output: {m.get_error()}", param="response_format"
             )
+        if not any(m.compute_bitmask()):
+            raise InvalidRequest(f"the {so.kind} of this structured output allows no output.",
+                                 param="response_format")
         return GrammarMatcher(m)
 
 
