@@ -23,12 +23,16 @@ class GenerateRequest:
     messages: list[dict[str, str]] | None = None  # chat: rendered by the server's chat template
     add_generation_prompt: bool = True
     echo: bool = False
+    tools: list[dict] | None = None  # chat: OpenAI's tool definitions, for the template
     prefix_key: PrefixKey | None = None  # for the router (app/prefix_router.py), when it routes
 
 
 @dataclass(frozen=True)
 class Accepted:
     echo_text: str | None = None  # the prompt as text, when echo was asked
+    tool_format: str | None = None  # chat: how this model writes tool calls (app/tool_parsers)
+    # chat: None when the template marks no reasoning; else whether the prompt opened <think>
+    thinking: bool | None = None
 
 
 @dataclass(frozen=True)

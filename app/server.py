@@ -26,6 +26,7 @@ from app.openai.ingress import make_ingress
 from app.pipeline import placement_bundles
 from app.prefix_router import ROUTER_CLASS
 from app.request import InvalidRequest, RequestOutput
+from app.tool_parsers import chat_format
 
 log = logging.getLogger("ppserve.server")
 
@@ -58,7 +59,8 @@ class PipelineServer:
         if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=req.add_generation_prompt)
+                    req.messages, add_generation_prompt=req.add_generation_prompt,
+                    tools=req.tools)
             except Exception as e:  # a template that raises on these messages
                 raise InvalidRequest(f"cannot apply the chat template: {e}",
                                      param="messages") from e
@@ -74,7 +76,8 @@ class PipelineServer:
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Reply]:
         try:  # validated and queued (or refused) before the first reply
-            stream = self.coordinator.add_request(self._prompt(req), req.params,
+            prompt = self._prompt(req)
+            stream = self.coordinator.add_request(prompt, req.params,
                                                   req.request_id, req.arrival_time)
         except InvalidRequest as e:
             yield Failure.of(e)
@@ -85,7 +88,8 @@ class PipelineServer:
             if req.echo:
                 echo = req.prompt if isinstance(req.prompt, str) else \
                     self.tokenizer.decode(req.prompt)
-            yield Accepted(echo)
+            chat = chat_format(self.tokenizer, prompt) if req.messages is not None else {}
+            yield Accepted(echo, **chat)
             async for out in outputs:
                 yield self._delta(out)
         finally:  # also on cancellation: a request left unfinished is aborted

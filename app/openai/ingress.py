@@ -18,6 +18,7 @@ from ray import serve
 from app.messages import PIPELINE_UNAVAILABLE, Accepted, Delta, Failure, GenerateRequest
 from app.openai.availability import ReplicaWatch
 from app.openai.body import read_json_object
+from app.openai.chat_output import ChatOutput
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
 from app.openai.responses import (
@@ -45,6 +46,7 @@ class _Stream:
         self.prompt_tokens = 0  # from the deltas
         self.completion_tokens = 0
         self.offset = len(self.echo_text)
+        self.chat_output: ChatOutput | None = None  # tool calls / reasoning to split off
 
     def logprobs(self, out, pieces):
         if out.logprobs is None:
@@ -161,6 +163,8 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 return error_response(first.message, first.status, first.param)
             state = _Stream(ResponseBuilder(kind, gen_req.request_id, self.model), first,
                             req.include_usage)
+            if kind == "chat":
+                state.chat_output = ChatOutput.for_request(req, first)
             if req.stream:
                 return StreamingResponse(_sse(gen, state), media_type="text/event-stream")
             return await _collect(gen, state)
@@ -192,11 +196,27 @@ async def _collect(gen, state: _Stream):
             lps = lp if lps is None else _merge_logprobs(lps, lp)
         state.completion_tokens = out.completion_tokens
         finish_reason = out.finish_reason
-    return JSONResponse(state.b.full("".join(text), lps, finish_reason, state.usage()))
+    body = state.b.full("".join(text), lps, finish_reason, state.usage())
+    if state.chat_output is not None:
+        choice = body["choices"][0]
+        choice["message"].update(state.chat_output.message("".join(text)))
+        choice["finish_reason"] = state.chat_output.finish_reason(finish_reason)
+    return JSONResponse(body)
 
 
 def _merge_logprobs(a: dict, b: dict) -> dict:
     return {k: a[k] + b[k] for k in a}
+
+
+def _chat_chunks(state: _Stream, out, lp):
+    """A chat delta split into content, reasoning_content and tool_calls."""
+    co = state.chat_output
+    fields = co.delta(out.text, out.finished)
+    reason = co.finish_reason(out.finish_reason) if out.finished else None
+    if fields or reason or lp is not None:
+        chunk = state.b.chunk("", lp, reason)
+        chunk["choices"][0]["delta"] = fields
+        yield sse(chunk)
 
 
 async def _sse(gen, state: _Stream):
@@ -216,7 +236,10 @@ async def _sse(gen, state: _Stream):
             state.prompt_tokens = out.prompt_tokens
             state.completion_tokens = out.completion_tokens
             lp = state.logprobs(out, reply.pieces)
-            if out.text or out.finished or lp is not None:
+            if state.chat_output is not None:
+                for frame in _chat_chunks(state, out, lp):
+                    yield frame
+            elif out.text or out.finished or lp is not None:
                 yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None))
         if state.include_usage:
             yield sse(b.usage_chunk(state.usage()))

@@ -10,12 +10,14 @@ live in SamplingParams.validate, the one place the engine's own callers go throu
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.openai.structured_fields import StructuredFields
-from app.request import InvalidRequest, SamplingParams
+from app.openai.tools import ToolFields
+from app.request import InvalidRequest, SamplingParams, StructuredOutput
 
 
 def _utf8(text: str) -> str:
@@ -139,12 +141,33 @@ class ContentPart(BaseModel):
     text: Text = ""
 
 
+class MessageFunction(BaseModel):
+    model_config = _STRICT
+    name: Text
+    arguments: Text  # JSON text, as OpenAI sends it back
+
+
+class MessageToolCall(BaseModel):
+    model_config = _STRICT
+    id: Text
+    type: Literal["function"] = "function"
+    function: MessageFunction
+
+
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    # Required: without tool calls (unsupported) a message without content means nothing.
-    content: Union[Text, list[ContentPart]]
+    # Only an assistant message that calls tools may come without content.
+    content: Union[Text, list[ContentPart], None] = None
     name: Text | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: Text | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (except in an assistant's tool calls)")
+        return self
 
     def as_dict(self) -> dict:
         content = self.content
@@ -153,21 +176,41 @@ class ChatMessage(BaseModel):
                 raise InvalidRequest("only text content parts are supported.",
                                      param="messages")
             content = "".join(p.text for p in content)
-        return {"role": self.role, "content": content}
+        out: dict = {"role": self.role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [_template_call(c) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
-class ChatCompletionRequest(_Sampling):
+def _template_call(call: MessageToolCall) -> dict:
+    """A tool call as chat templates take it: arguments as a mapping where they are JSON."""
+    try:
+        args = json.loads(call.function.arguments)
+    except ValueError:
+        args = call.function.arguments
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.function.name, "arguments": args}}
+
+
+class ChatCompletionRequest(_Sampling, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    tools: list[dict] | None = None
+
+    def structured_output(self) -> StructuredOutput | None:
+        """response_format / guided_*, or the grammar of a tool_choice that forces a call."""
+        stated, forced = super().structured_output(), self.tool_grammar()
+        if stated is not None and forced is not None:
+            raise InvalidRequest("a tool_choice that forces a call cannot be combined with "
+                                 "another output constraint.", param="tool_choice")
+        return forced or stated
 
     def sampling_params(self) -> SamplingParams:
         self._check_common()
-        if self.tools:
-            raise InvalidRequest("tools are not supported.", param="tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=true.", param="top_logprobs")
         max_tokens = (self.max_completion_tokens if self.max_completion_tokens is not None
@@ -176,5 +219,8 @@ class ChatCompletionRequest(_Sampling):
 
     def prompt_fields(self) -> dict:
         """The GenerateRequest fields of this request's prompt."""
-        return {"messages": [m.as_dict() for m in self.messages],
-                "add_generation_prompt": self.add_generation_prompt}
+        fields = {"messages": [m.as_dict() for m in self.messages],
+                  "add_generation_prompt": self.add_generation_prompt}
+        if self.tools:
+            fields["tools"] = self.template_tools()
+        return fields

@@ -12,6 +12,8 @@ import pytest
 from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster
 
 MODEL = "ppserve-random"
+# Room for prompts that list tools (the byte tokenizer: a token per byte).
+ARGS = {**ENGINE_ARGS, "max_model_len": 1536, "num_kv_blocks": 256, "chunk_size": 128}
 MESSAGES = [{"role": "user", "content": "Describe a pipeline."}]
 SCHEMA = {
     "type": "object",
@@ -32,7 +34,7 @@ JSON_SCHEMA_FORMAT = {
 @pytest.fixture(scope="module")
 def client():
     try:
-        yield start_cluster({"extras": ("/", ENGINE_ARGS)}).client()
+        yield start_cluster({"extras": ("/", ARGS)}).client()
     finally:
         stop_cluster()
 
@@ -154,5 +156,132 @@ def test_cut_json_is_a_valid_prefix_and_other_constraints(client):
     ],
 )
 def test_bad_constraints_refused(client, extra, param):
+    e = refused(client.chat.completions.create, messages=MESSAGES, extra_body=extra)
+    assert e.body["param"].startswith(param), e.body
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+NOW = {
+    "type": "function",
+    "function": {
+        "name": "now",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
+TOOLS = [WEATHER, NOW]
+
+
+def _check_call(call):
+    if call.function.name == "get_weather":
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    else:
+        assert call.function.name == "now" and json.loads(call.function.arguments) == {}
+    assert call.id.startswith("call_") and call.type == "function"
+
+
+def test_named_tool_choice_makes_a_valid_call(client):
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=60,
+        temperature=1.0,
+        seed=2,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    _check_call(call)
+
+
+def _streamed_calls(stream):
+    calls: dict[int, dict] = {}
+    reasons = []
+    for chunk in stream:
+        for c in chunk.choices:
+            reasons.append(c.finish_reason)
+            for d in c.delta.tool_calls or ():
+                entry = calls.setdefault(d.index, {"name": "", "arguments": "", "id": d.id})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+    return list(calls.values()), [r for r in reasons if r]
+
+
+def test_required_tool_choice_streamed(client):
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=120,
+        temperature=1.0,
+        seed=5,
+        tools=TOOLS,
+        tool_choice="required",
+        stream=True,
+    )
+    calls, reasons = _streamed_calls(stream)
+    assert reasons == ["tool_calls"] and calls
+    for c in calls:
+        assert c["name"] in ("get_weather", "now") and c["id"].startswith("call_")
+        if c["name"] == "get_weather":
+            jsonschema.validate(json.loads(c["arguments"]), WEATHER["function"]["parameters"])
+
+
+def test_auto_parses_the_models_own_hermes_call(client):
+    # The random model is made to write a Hermes call (a regex); "auto" finds it in the text.
+    written = (
+        r'Checking\. <tool_call>\n\{"name": "get_weather", "arguments": '
+        r'\{"city": "(Paris|Rome)", "unit": "C"\}\}\n</tool_call>'
+    )
+    kw = dict(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=150,
+        tools=TOOLS,
+        extra_body={"guided_regex": written},
+    )
+    r = client.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking. "
+    _check_call(choice.message.tool_calls[0])
+    calls, reasons = _streamed_calls(client.chat.completions.create(**kw, stream=True))
+    assert reasons == ["tool_calls"] and [c["name"] for c in calls] == ["get_weather"]
+    plain = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, tools=TOOLS, tool_choice="none"
+    )
+    assert plain.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+        ({"tools": [{"type": "retrieval"}]}, "tools"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+        ),
+    ],
+)
+def test_bad_tool_fields_refused(client, extra, param):
     e = refused(client.chat.completions.create, messages=MESSAGES, extra_body=extra)
     assert e.body["param"].startswith(param), e.body
