@@ -268,6 +268,10 @@ class Coordinator:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
         self._channel_sends = max(self._channel_sends, last.output_sends)
         by_req = {s.req_id: s for s in last.sampled}
+        for scored in last.prompt_logprobs:  # before the first token, which carries them
+            stream = self._streams.get(scored.req_id)
+            if stream is not None:
+                stream.add_prompt_logprobs(scored)
         events = self.scheduler.retire(plan.mb_id, [(s.req_id, s.token_id) for s in last.sampled])
         for req_id, token_id, _index in events:
             stream = self._streams.get(req_id)

@@ -68,6 +68,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: sample only among these
     structured: StructuredOutput | None = None  # the output follows this grammar
+    # vLLM's: logprobs of the prompt's tokens (each given the ones before), with top k
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from JSON / callers but keep the object hashable and immutable.
@@ -111,6 +113,9 @@ class SamplingParams:
                 "repetition_penalty")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             bad(f"logprobs must be between 0 and 20, got {self.logprobs}.", "logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            bad(f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}.",
+                "prompt_logprobs")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty.", "stop")
         for token_id, bias in self.logit_bias:
@@ -141,7 +146,8 @@ class SamplingParams:
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
             min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else (),
-            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids or ())
+            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids or (),
+            prompt_logprobs=self.prompt_logprobs)
 
 
 def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
@@ -168,6 +174,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # 1 + how many tokens were likelier (prompt logprobs only)
 
 
 @dataclass
@@ -184,3 +191,5 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None
     prompt_token_ids: list[int] | None = None  # on the first delta only
+    # On the first delta, when asked: one entry per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -69,9 +69,10 @@ class PipelineServer:
     def _delta(self, out: RequestOutput) -> Delta | Failure:
         if out.error:
             return Failure(out.error, 500)
-        if not out.logprobs:
+        scored = [t for t in (out.logprobs or []) + (out.prompt_logprobs or []) if t]
+        if not scored:
             return Delta(out)
-        ids = {t.token_id for t in out.logprobs} | {i for t in out.logprobs for i, _ in t.top}
+        ids = {t.token_id for t in scored} | {i for t in scored for i, _ in t.top}
         return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids})
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Reply]:

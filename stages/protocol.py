@@ -34,6 +34,9 @@ class SamplingSpec:
     min_tokens_banned: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     allowed_token_ids: tuple[int, ...] = ()  # non-empty: only these may be sampled
+    # Logprobs of the prompt's tokens, with top k: the last stage applies the LM head to
+    # every prompt position of this request (only this request's rows).
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -125,6 +128,18 @@ class SampledToken:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """Logprobs of prompt tokens start, start + 1, ... of one request, each given the tokens
+    before it (one prefill chunk's worth)."""
+
+    req_id: str
+    start: int  # prompt position of the first token scored
+    logprobs: tuple[float, ...]
+    ranks: tuple[int, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token, when top k > 0
+
+
+@dataclass(frozen=True)
 class StepResult:
     """Returned by every stage for every plan; only the last stage fills `sampled`."""
 
@@ -138,6 +153,7 @@ class StepResult:
     # (mb_id, seconds) of this stage's forwards whose CUDA events completed since the last step.
     timings: tuple[tuple[int, float], ...] = ()
     graphed: bool = False  # this stage ran the microbatch as a CUDA graph replay
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # last stage, for the rows that ask
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ seed yields the same tokens whatever the PP size, chunk size or batch it lands i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -114,6 +114,9 @@ class Picked:
     # marks the copy done. Reading them waits for this step only, not for work queued after it.
     host_ids: torch.Tensor | None = None
     copied: torch.cuda.Event | None = None
+    # Prompt logprobs on the device: (req_id, first position, logprobs [m], ranks [m],
+    # top values [m, k] or None, top ids [m, k] or None)
+    prompt: list[tuple] = field(default_factory=list)
 
     def copy_to_host(self) -> None:
         if self.token_ids.device.type != "cuda":
@@ -128,6 +131,16 @@ class Picked:
             return self.token_ids.tolist()
         self.copied.synchronize()
         return self.host_ids.tolist()
+
+
+def score_tokens(logits: torch.Tensor, targets: torch.Tensor, k: int) -> tuple:
+    """Logprobs of `targets` [m] under `logits` [m, V] (the raw model's), their ranks, and the
+    top k (values, ids) when k > 0; all on the device."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1)
+    ranks = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
+    top = torch.topk(lp, k, dim=-1) if k > 0 else None
+    return chosen, ranks, top.values if top else None, top.indices if top else None
 
 
 def _plain_greedy(row: RowToSample) -> bool:

@@ -26,11 +26,13 @@ from app.openai.responses import (
     ResponseBuilder,
     chat_logprobs,
     completion_logprobs,
+    echoed_prompt_logprobs,
     error_body,
     error_response,
     health_response,
     sse,
     usage,
+    vllm_prompt_logprobs,
 )
 from app.prefix_routing import prompt_key
 from app.request import InvalidRequest
@@ -55,7 +57,17 @@ class _Stream:
             return chat_logprobs(out.logprobs, pieces)
         lp = completion_logprobs(out.logprobs, pieces, self.offset)
         self.offset += sum(len(t) for t in lp["tokens"])
+        if self.echo_text and out.prompt_logprobs is not None:  # echo: the prompt's first
+            prompt = echoed_prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, pieces)
+            lp = _merge_logprobs(prompt, lp)
         return lp
+
+    def add_prompt_logprobs(self, body: dict, out, pieces) -> dict:
+        """vLLM's `prompt_logprobs` on the body or chunk that carries the first delta."""
+        if out.prompt_logprobs is not None:
+            where = body if self.b.chat else body["choices"][0]
+            where["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs, pieces)
+        return body
 
     def usage(self) -> dict:
         return usage(self.prompt_tokens, self.completion_tokens)
@@ -184,11 +196,12 @@ async def _replies(gen) -> AsyncIterator[Delta | Failure]:
 
 async def _collect(gen, state: _Stream):
     text = [state.echo_text]
-    lps, finish_reason = None, None
+    lps, finish_reason, first = None, None, None
     async for reply in _replies(gen):
         if isinstance(reply, Failure):
             return error_response(reply.message, reply.status, reply.param)
         out = reply.out
+        first = first or reply
         state.prompt_tokens = out.prompt_tokens
         text.append(out.text)
         lp = state.logprobs(out, reply.pieces)
@@ -197,6 +210,8 @@ async def _collect(gen, state: _Stream):
         state.completion_tokens = out.completion_tokens
         finish_reason = out.finish_reason
     body = state.b.full("".join(text), lps, finish_reason, state.usage())
+    if first is not None:
+        state.add_prompt_logprobs(body, first.out, first.pieces)
     if state.chat_output is not None:
         choice = body["choices"][0]
         choice["message"].update(state.chat_output.message("".join(text)))
@@ -236,6 +251,8 @@ async def _sse(gen, state: _Stream):
             state.prompt_tokens = out.prompt_tokens
             state.completion_tokens = out.completion_tokens
             lp = state.logprobs(out, reply.pieces)
+            if out.prompt_logprobs is not None:  # the first delta: a chunk of its own
+                yield sse(state.add_prompt_logprobs(b.chunk("", None, None), out, reply.pieces))
             if state.chat_output is not None:
                 for frame in _chat_chunks(state, out, lp):
                     yield frame

@@ -82,6 +82,7 @@ class _Sampling(StructuredFields):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
 
     def _check_common(self) -> None:
         if self.n != 1:
@@ -129,10 +130,11 @@ class CompletionRequest(_Sampling):
             raise InvalidRequest("suffix is not supported.", param="suffix")
         if self.best_of not in (None, 1):
             raise InvalidRequest("only best_of=1 is supported.", param="best_of")
-        if self.echo and self.logprobs is not None:
-            raise InvalidRequest("echo with logprobs (prompt logprobs) is not supported.",
-                                 param="echo")
-        return self._params(self.max_tokens, self.logprobs)
+        params = self._params(self.max_tokens, self.logprobs)
+        if self.echo and self.logprobs is not None:  # the echoed prompt comes with logprobs
+            k = max(self.logprobs, params.prompt_logprobs or 0)
+            params = dataclasses.replace(params, prompt_logprobs=k)
+        return params
 
 
 class ContentPart(BaseModel):

@@ -225,6 +225,8 @@ class Scheduler:
         outputs = self._resume.get(req.req_id, ())
         prefix = req.prompt_token_ids + outputs
         hashes, hits = self._cached_prefix(prefix)
+        if req.sampling.prompt_logprobs is not None:
+            hits = []  # every prompt position is computed: its logprobs are asked for
         if not self.admission.admit(req, len(prefix), hits):
             return None
         del self._waiting[req.req_id]
@@ -257,7 +259,8 @@ class Scheduler:
         # The last stage needs the prompt only for the repetition penalty, and the tokens
         # generated before a preemption only for the penalties' history (protocol.NewRequest).
         sampling = req.sampling
-        prompt = req.prompt_token_ids if sampling.repetition_penalty != 1.0 else ()
+        wants_prompt = sampling.repetition_penalty != 1.0 or sampling.prompt_logprobs is not None
+        prompt = req.prompt_token_ids if wants_prompt else ()
         history = outputs if sampling.needs_history else ()
         return st, NewRequest(req.req_id, st.slot, sampling, prompt, history)
 

@@ -285,3 +285,44 @@ def test_auto_parses_the_models_own_hermes_call(client):
 def test_bad_tool_fields_refused(client, extra, param):
     e = refused(client.chat.completions.create, messages=MESSAGES, extra_body=extra)
     assert e.body["param"].startswith(param), e.body
+
+
+def test_echo_prompt_logprobs_agree_with_sampled_logprobs(client):
+    # A prompt of 3 prefill chunks (128 tokens each) whose last token, "A", was sampled after
+    # the rest: its prompt logprob is the logprob the first request reports (raw, before the
+    # bias that forced it).
+    prefix = [256, *"The stages of a pipeline pass hidden states along. ".encode() * 6]
+    first = client.completions.create(
+        model=MODEL, prompt=prefix, max_tokens=1, temperature=0, logprobs=0, logit_bias={"65": 100}
+    )
+    flp = first.choices[0].logprobs
+    assert flp.tokens == ["A"] and flp.top_logprobs[0] == {"A": flp.token_logprobs[0]}
+    prompt = [*prefix, 65]
+    r = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=1
+    )
+    lp, n = r.choices[0].logprobs, len(prompt)
+    assert r.usage.prompt_tokens == n > 256 and len(lp.tokens) == n + 2
+    assert r.choices[0].text.startswith("The stages")
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.tokens[n - 1] == "A"
+    assert lp.token_logprobs[n - 1] == pytest.approx(flp.token_logprobs[0], abs=1e-4)
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=2,
+        temperature=0,
+        stream=True,
+        extra_body={"prompt_logprobs": 0},
+    )
+    chunks = [c.choices[0].model_extra.get("prompt_logprobs") for c in stream if c.choices]
+    scored = next(c for c in chunks if c)
+    assert scored[0] is None and len(scored) == n
+    assert scored[n - 1]["65"]["logprob"] == pytest.approx(flp.token_logprobs[0], abs=1e-4)
+
+
+@pytest.mark.parametrize("extra", [{"prompt_logprobs": 21}, {"prompt_logprobs": -1}])
+def test_bad_prompt_logprobs(client, extra):
+    e = refused(client.completions.create, prompt="x", extra_body=extra)
+    assert e.body["param"] == "prompt_logprobs"

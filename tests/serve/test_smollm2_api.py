@@ -111,6 +111,31 @@ def test_named_tool_call_through_the_tool_prompt(client, smollm2_hf):
     assert follow.choices[0].message.content
 
 
+def test_echo_prompt_logprobs_match_transformers(client, smollm2_hf):
+    # Prefill chunks of 8: every prompt position, across chunk boundaries
+    model, tok = smollm2_hf
+    prompt = ("Pipeline parallelism splits the layers of a large language model across several "
+              "GPUs, and each stage passes its hidden states to the next one.")
+    ids = tok.encode(prompt)
+    assert len(ids) > 16
+    ref = hf_logprobs(model, ids[:1], ids[1:])  # the distribution of each prompt token
+    r = complete(client, prompt, max_tokens=2, echo=True, logprobs=2,
+                 extra_body={"prompt_logprobs": 2})
+    choice = r.choices[0]
+    assert choice.text.startswith(prompt)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) + 2 and lp.token_logprobs[0] is None
+    for i, t in enumerate(ids[1:]):
+        assert lp.token_logprobs[1 + i] == pytest.approx(ref[i, t].item(), abs=1e-4)
+        assert sorted(lp.top_logprobs[1 + i].values(), reverse=True) == pytest.approx(
+            ref[i].topk(2).values.tolist(), abs=1e-4)
+    vllm = choice.model_extra["prompt_logprobs"]
+    assert vllm[0] is None and len(vllm) == len(ids)
+    last = vllm[-1][str(ids[-1])]
+    assert last["logprob"] == pytest.approx(ref[-1, ids[-1]].item(), abs=1e-4)
+    assert last["rank"] == 1 + int((ref[-1] > ref[-1, ids[-1]]).sum())
+
+
 def test_special_tokens_in_a_text_prompt(client, smollm2_hf):
     """The rendered template as a plain completion prompt: its <|im_start|>/<|im_end|> are read
     as the special tokens (not spelled out in BPE pieces), so the answer equals the chat one."""
