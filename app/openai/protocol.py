@@ -13,7 +13,15 @@ import dataclasses
 import json
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from app.openai.structured_fields import StructuredFields
 from app.openai.tools import ToolFields
@@ -159,17 +167,20 @@ class MessageToolCall(BaseModel):
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    # Only an assistant message that calls tools may come without content.
-    content: Union[Text, list[ContentPart], None] = None
-    name: Text | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: Text | None = None
+    name: Text | None = None
+    # Only an assistant message that calls tools may come without content (checked after
+    # the fields above, which it reads).
+    content: Union[Text, list[ContentPart], None] = Field(default=None, validate_default=True)
 
-    @model_validator(mode="after")
-    def _has_content(self) -> ChatMessage:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+    @field_validator("content")
+    @classmethod
+    def _has_content(cls, content, info: ValidationInfo):
+        if content is None and not (info.data.get("role") == "assistant"
+                                    and info.data.get("tool_calls")):
             raise ValueError("content is required (except in an assistant's tool calls)")
-        return self
+        return content
 
     def as_dict(self) -> dict:
         content = self.content
