@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -150,10 +150,11 @@ class SamplingParams:
             prompt_logprobs=self.prompt_logprobs)
 
 
-def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+def _bias_pairs(bias: Mapping[object, object] | Iterable[tuple[object, object]] | None
+                ) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, from a mapping (JSON: string keys) or
     pairs; a key that is no token id is refused by name."""
-    items = bias.items() if isinstance(bias, dict) else (bias or ())
+    items = bias.items() if isinstance(bias, Mapping) else (bias or ())
     pairs: dict[int, float] = {}
     for key, value in items:
         if isinstance(key, bool) or not (isinstance(key, int) or (

@@ -14,13 +14,14 @@ models are trained on.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import llguidance
 import llguidance.hf
 
 from app.request import InvalidRequest, StructuredOutput
 
-_JSON_OPTIONS: llguidance.JsonCompileOptions = {
+_JSON_OPTIONS: Any = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
@@ -43,7 +44,7 @@ class _ByteVocab:
 
 
 def llg_tokenizer(
-    tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]
+    tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]
 ) -> llguidance.LLTokenizer:
     """llguidance's view of the serving tokenizer, with the model's vocabulary size (the
     logits' width) and its EOS ids. Takes about a second for a large vocabulary: build once."""
@@ -78,7 +79,7 @@ def grammar_text(so: StructuredOutput) -> str:
 class Grammars:
     """Compiles the requests' constraints against one tokenizer (built on first use)."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         self._args = (tokenizer, vocab_size, eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
 
@@ -98,8 +99,10 @@ class Grammars:
                 f"invalid {so.kind} for structured output: {m.get_error()}", param="response_format"
             )
         if not any(m.compute_bitmask()):
-            raise InvalidRequest(f"the {so.kind} of this structured output allows no output.",
-                                 param="response_format")
+            raise InvalidRequest(
+                f"the {so.kind} of this structured output allows no output.",
+                param="response_format",
+            )
         return GrammarMatcher(m)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 TOOL_FORMATS = ("hermes", "deepseek")
 THINK_START, THINK_END = "<think>", "</think>"
@@ -25,6 +26,9 @@ DS_CALL_BEGIN, DS_CALL_END, DS_SEP = (
     "<｜tool▁call▁end｜>",
     "<｜tool▁sep｜>",
 )
+
+
+Run = tuple[bool, str, bool]  # (inside the tags, text, the run ends at a closing tag)
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,10 @@ class TagSplitter:
         self.start, self.end, self.inside = start, end, inside
         self._buf = ""
 
-    def feed(self, text: str) -> list[tuple[bool, str, bool]]:
+    def feed(self, text: str) -> list[Run]:
         """(inside, text, closed) runs: `closed` marks the end of an inside run."""
         self._buf += text
-        runs: list[tuple[bool, str, bool]] = []
+        runs: list[Run] = []
         while True:
             tag = self.end if self.inside else self.start
             i = self._buf.find(tag)
@@ -81,7 +85,7 @@ class TagSplitter:
             self._buf = self._buf[cut:]
         return [r for r in runs if r[1] or r[2]]
 
-    def flush(self) -> list[tuple[bool, str, bool]]:
+    def flush(self) -> list[Run]:
         rest, self._buf = self._buf, ""
         return [(self.inside, rest, False)] if rest else []
 
@@ -149,12 +153,12 @@ class ToolCallParser:
         self._body = ""
         self._drop = TagDropper(self._wrappers)
 
-    def _runs(self, runs, final: bool) -> Parsed:
+    def _runs(self, runs: list[Run], final: bool) -> Parsed:
         out = self._calls(runs, final)
         out.content = self._drop.feed(out.content, final)
         return out
 
-    def _calls(self, runs, final: bool) -> Parsed:
+    def _calls(self, runs: list[Run], final: bool) -> Parsed:
         out = Parsed()
         for inside, text, closed in runs:
             if not inside:
@@ -187,7 +191,7 @@ class ReasoningParser:
         self._split = TagSplitter(THINK_START, THINK_END, inside)
 
     @staticmethod
-    def _parsed(runs) -> Parsed:
+    def _parsed(runs: list[Run]) -> Parsed:
         out = Parsed()
         for inside, text, _closed in runs:
             if inside:
@@ -227,7 +231,7 @@ class ChatOutputParser:
         return self._tools(parsed, final=True)
 
 
-def chat_format(tokenizer, prompt_ids: list[int]) -> dict:
+def chat_format(tokenizer: Any, prompt_ids: list[int]) -> dict[str, Any]:
     """Accepted's chat fields for a prompt rendered by `tokenizer`'s template: the tool-call
     format the template uses (Hermes where it has none: ppserve's own tool prompt), and
     whether the reply starts inside `<think>` (None: the template marks no reasoning)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 from app.tool_parsers import ChatOutputParser, Parsed, ReasoningParser, ToolCall
 
@@ -30,7 +31,7 @@ class ChatOutput:
         self.calls: list[ToolCall] = []
 
     @classmethod
-    def for_request(cls, req, accepted) -> ChatOutput | None:
+    def for_request(cls, req: Any, accepted: Any) -> ChatOutput | None:
         """None where the text is plain content (no tools to parse, no reasoning marked)."""
         mode = req.tool_mode()
         if mode in (None, "none") and accepted.thinking is None:
@@ -54,10 +55,10 @@ class ChatOutput:
         parsed = self._parser.feed(text)
         return parsed.add(self._parser.finish()) if final else parsed
 
-    def _call_dicts(self, calls: list[ToolCall], index: bool) -> list[dict]:
+    def _call_dicts(self, calls: list[ToolCall], index: bool) -> list[dict[str, Any]]:
         out = []
         for call in calls:
-            entry = {
+            entry: dict[str, Any] = {
                 "id": f"call_{uuid.uuid4().hex[:24]}",
                 "type": "function",
                 "function": {"name": call.name, "arguments": call.arguments},
@@ -68,10 +69,10 @@ class ChatOutput:
             out.append(entry)
         return out
 
-    def delta(self, text: str, final: bool) -> dict:
+    def delta(self, text: str, final: bool) -> dict[str, Any]:
         """The fields of a stream chunk's delta for `text` (only those with something)."""
         parsed = self._parse(text, final)
-        out: dict = {}
+        out: dict[str, Any] = {}
         if parsed.reasoning:
             out["reasoning_content"] = parsed.reasoning
         if parsed.content:
@@ -80,10 +81,10 @@ class ChatOutput:
             out["tool_calls"] = self._call_dicts(parsed.calls, index=True)
         return out
 
-    def message(self, text: str) -> dict:
+    def message(self, text: str) -> dict[str, Any]:
         """The message fields of a whole body."""
         parsed = self._parse(text, final=True)
-        out: dict = {"content": parsed.content or (None if parsed.calls else "")}
+        out: dict[str, Any] = {"content": parsed.content or (None if parsed.calls else "")}
         if parsed.reasoning or self._parser.reasoning is not None:
             out["reasoning_content"] = parsed.reasoning or None
         if parsed.calls:

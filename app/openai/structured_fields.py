@@ -5,7 +5,7 @@ it). A form that is not supported is refused (400), never ignored."""
 from __future__ import annotations
 
 import json
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,7 +19,7 @@ class JsonSchemaFormat(BaseModel):
     model_config = _STRICT
     name: str = "response"
     description: str | None = None
-    json_schema: dict | None = Field(default=None, alias="schema")
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
@@ -33,23 +33,23 @@ class StructuredOutputsParams(BaseModel):
     """vLLM's `structured_outputs` field."""
 
     model_config = _STRICT
-    json_spec: Union[dict, str, None] = Field(default=None, alias="json")
+    json_spec: Union[dict[str, Any], str, None] = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    structural_tag: Union[dict, str, None] = None
+    structural_tag: Union[dict[str, Any], str, None] = None
 
 
-def _json_text(value: dict | str) -> str:
-    return json.dumps(value) if isinstance(value, dict) else value
+def _json_text(value: dict[str, Any] | list[str] | str) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 class StructuredFields(BaseModel):
     """Mixed into the request schemas."""
 
     response_format: ResponseFormat | None = None
-    guided_json: Union[dict, str, None] = None
+    guided_json: Union[dict[str, Any], str, None] = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
@@ -97,8 +97,6 @@ class StructuredFields(BaseModel):
         for param, kind, value in guided:
             if value is None:
                 continue
-            if kind == "choice":
-                value = json.dumps(value)
             found.append((param, StructuredOutput(kind, _json_text(value))))
         if len(found) > 1:
             names = ", ".join(dict.fromkeys(p for p, _ in found))

@@ -6,7 +6,7 @@ then the JSON of the call, parsed as such)."""
 from __future__ import annotations
 
 import json
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,7 +20,7 @@ class FunctionDef(BaseModel):
     model_config = _STRICT
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     description: str | None = None
-    parameters: dict | None = None
+    parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
@@ -65,7 +65,7 @@ class ToolFields(BaseModel):
             return "named"
         return choice
 
-    def template_tools(self) -> list[dict] | None:
+    def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as chat templates take them (OpenAI's shape, as dicts)."""
         if not self.tools:
             return None
@@ -93,7 +93,7 @@ class ToolFields(BaseModel):
             }
             for t in self.tools or ()
         ]
-        schema: dict = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
         if not self.parallel_tool_calls:
             schema["maxItems"] = 1
         return StructuredOutput("json", json.dumps(schema))
