@@ -151,7 +151,7 @@ class Coordinator:
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
-        spec = params.to_spec(self.eos_token_ids)
+        spec = params.to_spec(self.eos_token_ids, self._bad_words_ids(params.bad_words))
         grammar = self.grammars.matcher(params.structured) if params.structured else None
         try:
             self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
@@ -165,6 +165,16 @@ class Coordinator:
             self.metrics.add_tokens(prompt=len(ids))
         self._wakeup.set()
         return stream
+
+    def _bad_words_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word as tokens, alone and after a space (as vLLM tokenizes them)."""
+        seqs: dict[tuple[int, ...], None] = {}
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+                if ids:
+                    seqs[ids] = None
+        return tuple(seqs)
 
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
                        arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:

@@ -67,6 +67,8 @@ class SamplingParams:
     # token id -> bias added to its logit; OpenAI's JSON keys are strings, parsed here
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: sample only among these
+    # vLLM's: words never generated (the token that would complete one is banned)
+    bad_words: tuple[str, ...] = ()
     structured: StructuredOutput | None = None  # the output follows this grammar
     # vLLM's: logprobs of the prompt's tokens (each given the ones before), with top k
     prompt_logprobs: int | None = None
@@ -81,6 +83,7 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if self.allowed_token_ids is not None:
             object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        object.__setattr__(self, "bad_words", tuple(self.bad_words or ()))
         self.validate()
 
     def validate(self) -> None:
@@ -122,6 +125,8 @@ class SamplingParams:
             if not -100.0 <= bias <= 100.0:
                 bad(f"logit_bias: the bias of token {token_id} must be in [-100, 100], got "
                     f"{bias}.", "logit_bias")
+        if any(not w.strip() for w in self.bad_words):
+            bad("bad_words must be non-empty words.", "bad_words")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             bad("allowed_token_ids must not be empty.", "allowed_token_ids")
 
@@ -136,9 +141,11 @@ class SamplingParams:
                 raise InvalidRequest(f"{name}: token id {bad[0]} is out of range for a "
                                      f"vocabulary of {vocab_size}.", param=name)
 
-    def to_spec(self, eos_token_ids: Iterable[int]) -> SamplingSpec:
+    def to_spec(self, eos_token_ids: Iterable[int],
+                bad_words_ids: tuple[tuple[int, ...], ...] = ()) -> SamplingSpec:
         """What the last stage needs to sample: the model's EOS ids are banned, with
-        stop_token_ids, until min_tokens are out (unless ignore_eos)."""
+        stop_token_ids, until min_tokens are out (unless ignore_eos); `bad_words_ids` are
+        bad_words as the coordinator tokenized them."""
         banned = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
         return SamplingSpec(
             temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
@@ -147,7 +154,7 @@ class SamplingParams:
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
             min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else (),
             logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids or (),
-            prompt_logprobs=self.prompt_logprobs)
+            prompt_logprobs=self.prompt_logprobs, bad_words=bad_words_ids)
 
 
 def _bias_pairs(bias: Mapping[object, object] | Iterable[tuple[object, object]] | None

@@ -37,6 +37,9 @@ class SamplingSpec:
     # Logprobs of the prompt's tokens, with top k: the last stage applies the LM head to
     # every prompt position of this request (only this request's rows).
     prompt_logprobs: int | None = None
+    # Token sequences never completed: the last token of one is banned when the output ends
+    # with the others (all of it when it is one token).
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -48,6 +51,7 @@ class SamplingSpec:
             self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
+            or bool(self.bad_words)
         )
 
     @property

@@ -69,6 +69,10 @@ def _shape(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
     if spec.allowed_token_ids:
         idx = torch.tensor(spec.allowed_token_ids, device=logits.device)
         logits = torch.full_like(logits, float("-inf")).index_copy(0, idx, logits[idx])
+    banned = [seq[-1] for seq in spec.bad_words
+              if len(seq) == 1 or tuple(row.output_ids[-(len(seq) - 1):]) == seq[:-1]]
+    if banned:
+        logits = logits.index_fill(0, torch.tensor(banned, device=logits.device), float("-inf"))
     if row.token_mask is not None:
         logits = logits.masked_fill(~unpack_mask(row.token_mask, logits.shape[0],
                                                  logits.device), float("-inf"))

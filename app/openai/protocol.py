@@ -91,6 +91,7 @@ class _Sampling(StructuredFields):
     skip_special_tokens: bool = True
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
+    bad_words: list[Text] | None = None
 
     def _check_common(self) -> None:
         if self.n != 1:
@@ -164,8 +165,16 @@ class MessageToolCall(BaseModel):
     function: MessageFunction
 
 
+# The rule of ChatMessage._has_content, stated in its JSON schema (GET /openapi.json).
+_CONTENT_OR_TOOL_CALLS = {"anyOf": [
+    {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+    {"required": ["role", "tool_calls"], "properties": {"role": {"const": "assistant"},
+                                                        "tool_calls": {"minItems": 1}}},
+]}
+
+
 class ChatMessage(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(**_STRICT, json_schema_extra=_CONTENT_OR_TOOL_CALLS)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: Text | None = None

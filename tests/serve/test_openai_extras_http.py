@@ -67,6 +67,16 @@ def test_logit_bias_forces_and_bans_tokens(client):
         extra_body={"allowed_token_ids": [66, 67]},
     )
     assert set(only.choices[0].text) <= {"B", "C"} and len(only.choices[0].text) == 12
+    # "A" is forced, but "AA" is a bad word: every other token has to be the other one
+    ab = client.completions.create(
+        model=MODEL,
+        prompt="x",
+        max_tokens=6,
+        temperature=0,
+        logit_bias={"65": 100},
+        extra_body={"allowed_token_ids": [65, 66], "bad_words": ["AA"]},
+    )
+    assert ab.choices[0].text == "ABABAB"
 
 
 @pytest.mark.parametrize(

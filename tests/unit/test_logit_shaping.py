@@ -8,6 +8,7 @@ import torch
 
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest
 from app.request import InvalidRequest, SamplingParams
+from stages.protocol import SamplingSpec
 from stages.sampler import RowToSample, Sampler, unpack_mask
 
 
@@ -89,3 +90,16 @@ def test_mask_applied_before_sampling():
     ]
     for _ in range(5):
         assert set(sample(logits, *rows)) <= {5, 50}
+
+
+def test_bad_words_ban_the_completing_token():
+    logits = torch.zeros(1, 50)
+    logits[0, 7] = 5.0
+    seqs = SamplingSpec(temperature=0.0, bad_words=((7,), (3, 9, 7)))
+    assert sample(logits, RowToSample(seqs, 0, (), [])) != [7]  # a one-token word: always
+    two = SamplingSpec(temperature=0.0, bad_words=((3, 9, 7),))
+    assert sample(logits, RowToSample(two, 2, (), [3, 9])) != [7]  # the output ends with 3 9
+    assert sample(logits, RowToSample(two, 2, (), [9, 3])) == [7]
+    assert two.needs_history  # the last stage keeps the output it matches against
+    with pytest.raises(InvalidRequest):
+        SamplingParams(bad_words=[" "])
