@@ -29,9 +29,10 @@ serve: install
 FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing.py \
 	app/dashboard.py app/bench/target.py app/bench/__init__.py app/bench/__main__.py \
 	app/openai/availability.py tests/unit/test_options.py tests/unit/test_dashboard.py \
-	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py
+	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py \
+	app/merged.py app/openai/calls.py tests/unit/test_merged_streams.py
 TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
-	app/dashboard.py
+	app/dashboard.py app/merged.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -27,6 +27,10 @@ from stages.model_config import load_model_args
 
 log = logging.getLogger("ppserve.coordinator")
 
+# How often an idle coordinator reports its load gauges (Ray exports every few seconds and
+# drops a gauge left unrecorded for two export intervals).
+LOAD_REPORT_S = 1.0
+
 
 class Coordinator:
     def __init__(self, config: EngineConfig, metrics=None, placement_group=None):
@@ -208,8 +212,9 @@ class Coordinator:
             self._report_load()
             if not self._inflight:
                 self._wakeup.clear()
-                # Nothing runnable: sleep until a request arrives (or poll briefly if work waits).
-                timeout = 0.05 if self.scheduler.has_work() else None
+                # Nothing runnable: sleep until a request arrives (or poll briefly if work
+                # waits); idle, wake now and then to report the load gauges again.
+                timeout = 0.05 if self.scheduler.has_work() else LOAD_REPORT_S
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
                 except asyncio.TimeoutError:

@@ -25,6 +25,7 @@ class GenerateRequest:
     echo: bool = False
     tools: list[dict] | None = None  # chat: OpenAI's tool definitions, for the template
     prefix_key: PrefixKey | None = None  # for the router (app/prefix_router.py), when it routes
+    n: int = 1  # choices sampled from this prompt, their KV shared (PipelineServer.generate)
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,14 @@ class Accepted:
     tool_format: str | None = None  # chat: how this model writes tool calls (app/tool_parsers)
     # chat: None when the template marks no reasoning; else whether the prompt opened <think>
     thinking: bool | None = None
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
 class Delta:
     out: RequestOutput
     pieces: dict[int, str] = field(default_factory=dict)  # token id -> text, for logprobs
+    index: int = 0  # which of the request's n choices
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ FORWARD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
                    5.0, 10.0, 30.0, 60.0]
 
 _TAGS = ("model_name", "pipeline")
+# The finish reasons of request_success_total (RequestOutput.finish_reason).
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 
 class EngineMetrics:
@@ -71,6 +73,23 @@ class EngineMetrics:
         tags = {"model_name": model_name, "pipeline": pipeline_id}
         for metric in self._all:
             metric.set_default_tags(tags)
+        self._skip_ratio = 0.0  # re-set with the load gauges
+        self._export_zeros()
+
+    def _export_zeros(self) -> None:
+        """Every counter (each known label value) and gauge at zero from startup, as clients
+        and dashboards expect: Ray exports a series only once it is recorded, and its public
+        Counter.inc refuses 0, hence the private _record. (A histogram cannot be exported
+        without an observation.)"""
+        for counter, label, values in (
+                (self.prompt_tokens, None, ()), (self.generation_tokens, None, ()),
+                (self.success, "finished_reason", FINISHED_REASONS),
+                (self.comm, "decision", ("sent", "skipped")), (self.missed, None, ()),
+                (self.orphaned, None, ()), (self.prefix_queries, None, ()),
+                (self.prefix_hits, None, ()), (self.rebuilds, None, ())):
+            for tags in ([{label: v} for v in values] if label else [None]):
+                counter._record(0, tags=tags)
+        self.set_load(0, 0, 0.0)
 
     def _hist(self, name, desc, buckets, extra=()):
         return self._keep(Histogram(METRIC_PREFIX + name, description=desc, boundaries=buckets,
@@ -102,9 +121,13 @@ class EngineMetrics:
         self.stage_forward.observe(max(seconds, 0.0), tags={"stage": str(stage)})
 
     def set_load(self, running: int, waiting: int, kv_usage: float) -> None:
+        """The gauges, also while idle (the coordinator calls this every LOAD_REPORT_S): Ray
+        drops a gauge's series from its export when it goes unrecorded for two export
+        intervals."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
+        self.skip_ratio.set(self._skip_ratio)
 
     def add_tokens(self, prompt: int = 0, generation: int = 0) -> None:
         if prompt > 0:
@@ -135,4 +158,5 @@ class EngineMetrics:
             self.orphaned.inc(1)
         chances = counts["skipped"] + counts["missed"]
         if chances:
-            self.skip_ratio.set(counts["skipped"] / chances)
+            self._skip_ratio = counts["skipped"] / chances
+            self.skip_ratio.set(self._skip_ratio)

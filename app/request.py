@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 from stages.protocol import SamplingSpec
@@ -42,6 +42,9 @@ class StructuredOutput:
         if self.kind not in GUIDED_KINDS:
             raise InvalidRequest(f"unknown structured output kind {self.kind!r}; one of "
                                  f"{', '.join(GUIDED_KINDS)}.", param="structured_outputs")
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's and torch's range
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class SamplingParams:
             bad(f"top_p must be in (0, 1], got {self.top_p}.", "top_p")
         if self.top_k < -1:
             bad(f"top_k must be -1 (disable), 0 (disable) or positive, got {self.top_k}.", "top_k")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            bad(f"seed must be in the signed 64-bit range [{SEED_MIN}, {SEED_MAX}], got "
+                f"{self.seed}.", "seed")
         if not 0.0 <= self.min_p <= 1.0:
             bad(f"min_p must be in [0, 1], got {self.min_p}.", "min_p")
         if self.min_tokens < 0:
@@ -201,3 +207,13 @@ class RequestOutput:
     prompt_token_ids: list[int] | None = None  # on the first delta only
     # On the first delta, when asked: one entry per prompt token, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+def params_of_choice(params: SamplingParams, index: int) -> SamplingParams:
+    """The params of choice `index` of a request with `n` > 1: with a seed, choice i draws
+    from seed + i (wrapped into the signed 64-bit range), as vLLM's parallel sampling does, so
+    choice i of a seeded request is reproducible on its own."""
+    if params.seed is None or index == 0:
+        return params
+    seed = (params.seed + index - SEED_MIN) % 2**64 + SEED_MIN
+    return replace(params, seed=seed)

@@ -20,12 +20,14 @@ from ray.serve.config import RequestRouterConfig
 from app.autoscaling import LOAD_METRIC, pipeline_load
 from app.config import EngineConfig
 from app.coordinator import Coordinator
+from app.merged import MergedStreams
 from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply
 from app.metrics import EngineMetrics
 from app.openai.ingress import make_ingress
 from app.pipeline import placement_bundles
 from app.prefix_router import ROUTER_CLASS
-from app.request import InvalidRequest, RequestOutput
+from app.request import InvalidRequest, RequestOutput, params_of_choice
+from app.request_stream import RequestStream
 from app.tool_parsers import chat_format
 
 log = logging.getLogger("ppserve.server")
@@ -66,36 +68,68 @@ class PipelineServer:
                                      param="messages") from e
         return req.prompt
 
-    def _delta(self, out: RequestOutput) -> Delta | Failure:
+    def _delta(self, out: RequestOutput, index: int) -> Delta | Failure:
         if out.error:
             return Failure(out.error, 500)
         scored = [t for t in (out.logprobs or []) + (out.prompt_logprobs or []) if t]
         if not scored:
-            return Delta(out)
+            return Delta(out, index=index)
         ids = {t.token_id for t in scored} | {i for t in scored for i, _ in t.top}
-        return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids})
+        return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids}, index)
+
+    def _add_choice(self, prompt, req: GenerateRequest, index: int) -> RequestStream:
+        request_id = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
+        return self.coordinator.add_request(prompt, params_of_choice(req.params, index),
+                                            request_id, req.arrival_time)
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Reply]:
-        try:  # validated and queued (or refused) before the first reply
-            prompt = self._prompt(req)
-            stream = self.coordinator.add_request(prompt, req.params,
-                                                  req.request_id, req.arrival_time)
-        except InvalidRequest as e:
-            yield Failure.of(e)
-            return
-        outputs = self.coordinator.outputs(stream)
+        """Accepted, then the deltas of the request's n choices (tagged by index) as they come.
+        With n > 1 and prefix caching, choice 0 runs alone until its first token, by when its
+        prompt's full blocks are in the prefix cache; choices 1..n-1 are queued then and
+        prefill only the prompt's last partial block (no fork of the scheduler's state needed,
+        no n prefills). Without prefix caching, or with a prompt shorter than a block, all n
+        are queued at once."""
+        streams: list[RequestStream] = []
+        merged: MergedStreams[int, RequestOutput] = MergedStreams()
+
+        def add(prompt, index: int) -> None:
+            stream = self._add_choice(prompt, req, index)
+            streams.append(stream)
+            merged.add(index, self.coordinator.outputs(stream))
+
         try:
+            try:  # validated and queued (or refused) before the first reply
+                add(self._prompt(req), 0)
+                prompt_ids = streams[0].prompt_ids
+                later = range(1, req.n)
+                if not (self.config.enable_prefix_caching and
+                        len(prompt_ids) > self.config.block_size):
+                    for i in later:
+                        add(prompt_ids, i)
+                    later = range(0)
+            except InvalidRequest as e:
+                yield Failure.of(e)
+                return
             echo = None
             if req.echo:
                 echo = req.prompt if isinstance(req.prompt, str) else \
                     self.tokenizer.decode(req.prompt)
-            chat = chat_format(self.tokenizer, prompt) if req.messages is not None else {}
-            yield Accepted(echo, **chat)
-            async for out in outputs:
-                yield self._delta(out)
-        finally:  # also on cancellation: a request left unfinished is aborted
-            await outputs.aclose()
-            self.coordinator.abort(stream.req_id)
+            chat = chat_format(self.tokenizer, prompt_ids) if req.messages is not None else {}
+            yield Accepted(echo, prompt_tokens=len(prompt_ids), **chat)
+            async for index, out in merged:
+                yield self._delta(out, index)
+                if later:  # choice 0's first delta: its prompt's blocks are cached now
+                    try:
+                        for i in later:
+                            add(prompt_ids, i)
+                    except InvalidRequest as e:  # e.g. overloaded since choice 0 came in
+                        yield Failure.of(e)
+                        return
+                    later = range(0)
+        finally:  # also on cancellation: every choice left unfinished is aborted
+            await merged.aclose()
+            for stream in streams:
+                self.coordinator.abort(stream.req_id)
 
     async def info(self) -> dict:
         return {"model": self.config.model_name, "root": self.config.model,

@@ -51,11 +51,20 @@ class ReplicaWatch:
     async def first(self, call: Awaitable[Any], cancel) -> Any:
         """`call`'s result; raises Unavailable (after `cancel()`) when no replica runs."""
         fut = asyncio.ensure_future(call)
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=FIRST_REPLY_S)
-            if done:
-                return fut.result()
-            if not await self.running():
-                fut.cancel()
-                cancel()
-                raise Unavailable(f"no {self.deployment} replica is running")
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=FIRST_REPLY_S)
+                if done:
+                    return fut.result()
+                if not await self.running():
+                    raise Unavailable(f"no {self.deployment} replica is running")
+        except BaseException:  # also the caller's cancellation: the call must not run on
+            fut.cancel()
+            fut.add_done_callback(_retrieve)  # whatever it ends with is nobody's to log
+            cancel()
+            raise
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

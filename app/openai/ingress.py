@@ -4,73 +4,30 @@ streams a PipelineServer's deltas back as OpenAI bodies or SSE. It owns no model
 # No `from __future__ import annotations` here: FastAPI must see the real Request type on the
 # class-based routes that serve.ingress rewrites.
 
+import asyncio
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from ray import serve
+from ray.exceptions import TaskCancelledError
 
-from app.messages import PIPELINE_UNAVAILABLE, Accepted, Delta, Failure, GenerateRequest
+from app.messages import PIPELINE_UNAVAILABLE, Failure, GenerateRequest
 from app.openai.availability import ReplicaWatch
 from app.openai.body import read_json_object
+from app.openai.calls import CallsStream, PipelineCalls
 from app.openai.chat_output import ChatOutput
+from app.openai.choices import Choices, collect
+from app.openai.choices import stream as stream_choices
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
-from app.openai.responses import (
-    SSE_DONE,
-    ResponseBuilder,
-    chat_logprobs,
-    completion_logprobs,
-    echoed_prompt_logprobs,
-    error_body,
-    error_response,
-    health_response,
-    sse,
-    usage,
-    vllm_prompt_logprobs,
-)
+from app.openai.responses import ResponseBuilder, error_response, health_response
 from app.prefix_routing import prompt_key
 from app.request import InvalidRequest
-
-
-class _Stream:
-    """One request's deltas, merged for a whole body or framed chunk by chunk."""
-
-    def __init__(self, builder: ResponseBuilder, accepted: Accepted, include_usage: bool):
-        self.b = builder
-        self.echo_text = accepted.echo_text or ""
-        self.include_usage = include_usage
-        self.prompt_tokens = 0  # from the deltas
-        self.completion_tokens = 0
-        self.offset = len(self.echo_text)
-        self.chat_output: ChatOutput | None = None  # tool calls / reasoning to split off
-
-    def logprobs(self, out, pieces):
-        if out.logprobs is None:
-            return None
-        if self.b.chat:
-            return chat_logprobs(out.logprobs, pieces)
-        lp = completion_logprobs(out.logprobs, pieces, self.offset)
-        self.offset += sum(len(t) for t in lp["tokens"])
-        if self.echo_text and out.prompt_logprobs is not None:  # echo: the prompt's first
-            prompt = echoed_prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, pieces)
-            lp = _merge_logprobs(prompt, lp)
-        return lp
-
-    def add_prompt_logprobs(self, body: dict, out, pieces) -> dict:
-        """vLLM's `prompt_logprobs` on the body or chunk that carries the first delta."""
-        if out.prompt_logprobs is not None:
-            where = body if self.b.chat else body["choices"][0]
-            where["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs, pieces)
-        return body
-
-    def usage(self) -> dict:
-        return usage(self.prompt_tokens, self.completion_tokens)
 
 
 def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
@@ -155,113 +112,38 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 return error_response(f"The model `{req.model}` does not exist.", 404,
                                       "model", code="model_not_found")
             prefix = "chatcmpl" if kind == "chat" else "cmpl"
+            request_id = f"{prefix}-{uuid.uuid4().hex}"
             try:
-                fields = req.prompt_fields()
-                if routing_block_size:
-                    fields["prefix_key"] = prompt_key(fields.get("prompt"),
-                                                      fields.get("messages"), routing_block_size)
-                gen_req = GenerateRequest(
-                    request_id=f"{prefix}-{uuid.uuid4().hex}", params=req.sampling_params(),
-                    arrival_time=arrival, **fields)
+                params = req.sampling_params()
+                gen_reqs = []
+                for p, fields in enumerate(fields_list := req.prompts_fields()):
+                    if routing_block_size:
+                        fields["prefix_key"] = prompt_key(
+                            fields.get("prompt"), fields.get("messages"), routing_block_size)
+                    gen_reqs.append(GenerateRequest(
+                        request_id=request_id if len(fields_list) == 1 else f"{request_id}-p{p}",
+                        params=params, arrival_time=arrival, n=req.n, **fields))
             except InvalidRequest as e:
                 return error_response(str(e), e.status, e.param)
-            gen = self.server.options(stream=True).generate.remote(gen_req)
-            try:  # the request is queued, or refused
-                first = await self.replicas.first(gen.__anext__(), gen.cancel)
-            except Exception as e:  # the replica died, or is being replaced
-                gen.cancel()
-                first = Failure.internal(PIPELINE_UNAVAILABLE, e)
-            if isinstance(first, Failure):
-                return error_response(first.message, first.status, first.param)
-            state = _Stream(ResponseBuilder(kind, gen_req.request_id, self.model), first,
-                            req.include_usage)
-            if kind == "chat":
-                state.chat_output = ChatOutput.for_request(req, first)
-            if req.stream:
-                return StreamingResponse(_sse(gen, state), media_type="text/event-stream")
-            return await _collect(gen, state)
+            calls = PipelineCalls(self.server, self.replicas, gen_reqs)
+            streaming = False
+            try:  # the requests are queued, or refused
+                accepted = await calls.accept()
+                if isinstance(accepted, Failure):
+                    return error_response(accepted.message, accepted.status, accepted.param)
+                choices = Choices(ResponseBuilder(kind, request_id, self.model), accepted, req.n,
+                                  req.include_usage, req.continuous_usage)
+                if kind == "chat":  # tool calls / reasoning to split off, choice by choice
+                    for c in choices.choices:
+                        c.chat_output = ChatOutput.for_request(req, accepted[c.prompt])
+                if req.stream:
+                    streaming = True  # from here the response cancels the calls
+                    return CallsStream(stream_choices(calls, choices), calls)
+                return await collect(calls, choices)
+            except TaskCancelledError:  # Serve cancelled our calls: the client is gone
+                raise asyncio.CancelledError() from None
+            finally:
+                if not streaming:
+                    calls.cancel()
 
     return OpenAIIngress
-
-
-async def _replies(gen) -> AsyncIterator[Delta | Failure]:
-    """The server's replies after Accepted; a replica that dies mid-request is one more
-    Failure."""
-    try:
-        async for reply in gen:
-            yield reply
-    except Exception as e:
-        yield Failure.internal(PIPELINE_UNAVAILABLE, e)
-
-
-async def _collect(gen, state: _Stream):
-    text = [state.echo_text]
-    lps, finish_reason, first = None, None, None
-    async for reply in _replies(gen):
-        if isinstance(reply, Failure):
-            return error_response(reply.message, reply.status, reply.param)
-        out = reply.out
-        first = first or reply
-        state.prompt_tokens = out.prompt_tokens
-        text.append(out.text)
-        lp = state.logprobs(out, reply.pieces)
-        if lp is not None:
-            lps = lp if lps is None else _merge_logprobs(lps, lp)
-        state.completion_tokens = out.completion_tokens
-        finish_reason = out.finish_reason
-    body = state.b.full("".join(text), lps, finish_reason, state.usage())
-    if first is not None:
-        state.add_prompt_logprobs(body, first.out, first.pieces)
-    if state.chat_output is not None:
-        choice = body["choices"][0]
-        choice["message"].update(state.chat_output.message("".join(text)))
-        choice["finish_reason"] = state.chat_output.finish_reason(finish_reason)
-    return JSONResponse(body)
-
-
-def _merge_logprobs(a: dict, b: dict) -> dict:
-    return {k: a[k] + b[k] for k in a}
-
-
-def _chat_chunks(state: _Stream, out, lp):
-    """A chat delta split into content, reasoning_content and tool_calls."""
-    co = state.chat_output
-    fields = co.delta(out.text, out.finished)
-    reason = co.finish_reason(out.finish_reason) if out.finished else None
-    if fields or reason or lp is not None:
-        chunk = state.b.chunk("", lp, reason)
-        chunk["choices"][0]["delta"] = fields
-        yield sse(chunk)
-
-
-async def _sse(gen, state: _Stream):
-    """SSE frames; a client that goes away cancels `gen`, which aborts the request upstream."""
-    done = False
-    try:
-        b = state.b
-        if b.chat:
-            yield sse(b.chunk("", None, None, first=True))
-        elif state.echo_text:
-            yield sse(b.chunk(state.echo_text, None, None))
-        async for reply in _replies(gen):
-            if isinstance(reply, Failure):
-                yield sse(error_body(reply.message, reply.status, reply.param))
-                break
-            out = reply.out
-            state.prompt_tokens = out.prompt_tokens
-            state.completion_tokens = out.completion_tokens
-            lp = state.logprobs(out, reply.pieces)
-            if out.prompt_logprobs is not None:  # the first delta: a chunk of its own
-                yield sse(state.add_prompt_logprobs(b.chunk("", None, None), out, reply.pieces))
-            if state.chat_output is not None:
-                for frame in _chat_chunks(state, out, lp):
-                    yield frame
-            elif out.text or out.finished or lp is not None:
-                yield sse(b.chunk(out.text, lp, out.finish_reason if out.finished else None))
-        if state.include_usage:
-            yield sse(b.usage_chunk(state.usage()))
-        yield SSE_DONE
-        done = True
-    finally:
-        if not done:
-            gen.cancel()

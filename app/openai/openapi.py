@@ -19,6 +19,7 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
                    "code": {"type": ["string", "integer", "null"]}}}}}
 _ERROR_STATUSES = {"400": "Invalid request", "401": "Missing or wrong API key",
                    "404": "Unknown model", "413": "Request body too large",
+                   "415": "Request body not declared as JSON",
                    "429": "Too many requests waiting", "503": "Pipeline unavailable"}
 
 

@@ -43,6 +43,9 @@ TokenIds = list[int]
 _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
+# Choices of one request (prompts x n): each is a request of its own in the pipeline.
+MAX_CHOICES = 128
+
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
@@ -94,8 +97,9 @@ class _Sampling(StructuredFields):
     bad_words: list[Text] | None = None
 
     def _check_common(self) -> None:
-        if self.n != 1:
-            raise InvalidRequest("only n=1 is supported.", param="n")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidRequest(f"n must be between 1 and {MAX_CHOICES}, got {self.n}.",
+                                 param="n")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed when stream is true.",
                                  param="stream_options")
@@ -111,6 +115,19 @@ class _Sampling(StructuredFields):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk (vLLM's `continuous_usage_stats`, with include_usage)."""
+        return self.include_usage and bool(self.stream_options and
+                                           self.stream_options.continuous_usage_stats)
+
+    def prompt_fields(self) -> dict:
+        raise NotImplementedError
+
+    def prompts_fields(self) -> list[dict]:
+        """The GenerateRequest fields of each prompt: one PipelineServer call each."""
+        return [self.prompt_fields()]
+
 
 class CompletionRequest(_Sampling):
     prompt: Union[Text, TokenIds, list[Text], list[TokenIds]]
@@ -120,25 +137,30 @@ class CompletionRequest(_Sampling):
     suffix: Text | None = None
     best_of: int | None = None
 
-    def single_prompt(self) -> str | list[int]:
+    def prompts(self) -> list[str | list[int]]:
+        """One prompt, or a batch: a list of strings or of token-id lists."""
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise InvalidRequest("only one prompt per request is supported.",
-                                     param="prompt")
-            p = p[0]
-        return p  # an empty one is refused with the others (Coordinator.add_request)
+            return list(p)
+        return [p]  # an empty one is refused with the others (Coordinator.add_request)
 
     def prompt_fields(self) -> dict:
-        """The GenerateRequest fields of this request's prompt."""
-        return {"prompt": self.single_prompt(), "echo": self.echo}
+        return self.prompts_fields()[0]
+
+    def prompts_fields(self) -> list[dict]:
+        prompts = self.prompts()
+        if len(prompts) * self.n > MAX_CHOICES:
+            raise InvalidRequest(f"{len(prompts)} prompts x n={self.n} choices is more than "
+                                 f"{MAX_CHOICES} choices in one request.", param="prompt")
+        return [{"prompt": p, "echo": self.echo} for p in prompts]
 
     def sampling_params(self) -> SamplingParams:
         self._check_common()
         if self.suffix:
             raise InvalidRequest("suffix is not supported.", param="suffix")
-        if self.best_of not in (None, 1):
-            raise InvalidRequest("only best_of=1 is supported.", param="best_of")
+        if self.best_of not in (None, self.n):
+            raise InvalidRequest("best_of must equal n (best_of > n is not supported).",
+                                 param="best_of")
         params = self._params(self.max_tokens, self.logprobs)
         if self.echo and self.logprobs is not None:  # the echoed prompt comes with logprobs
             k = max(self.logprobs, params.prompt_logprobs or 0)

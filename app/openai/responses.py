@@ -15,6 +15,7 @@ RETRY_AFTER_S = "1"
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                 404: "invalid_request_error", 413: "invalid_request_error",
+                415: "invalid_request_error",
                 429: "rate_limit_exceeded", 503: "server_error", 500: "server_error"}
 
 
@@ -132,26 +133,28 @@ class ResponseBuilder:
         return body
 
     def chunk(self, text: str, logprobs: dict | None, finish_reason: str | None,
-              first: bool = False, usage_: dict | None = None) -> dict:
+              first: bool = False, usage_: dict | None = None, index: int = 0) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else (
                 {"content": text} if text or not finish_reason else {})
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs,
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
                       "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs,
+            choice = {"index": index, "text": text, "logprobs": logprobs,
                       "finish_reason": finish_reason}
         return self._envelope([choice], chunk=True, usage_=usage_)
 
     def usage_chunk(self, usage_: dict) -> dict:
         return self._envelope([], chunk=True, usage_=usage_)
 
-    def full(self, text: str, logprobs: dict | None, finish_reason: str | None,
-             usage_: dict) -> dict:
+    def choice(self, index: int, text: str, logprobs: dict | None,
+               finish_reason: str | None) -> dict:
+        """One choice of a whole (not streamed) body."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": logprobs, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs,
-                      "finish_reason": finish_reason}
-        return self._envelope([choice], chunk=False, usage_=usage_)
+            return {"index": index, "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs,
+                "finish_reason": finish_reason}
+
+    def full(self, choices: list[dict], usage_: dict) -> dict:
+        return self._envelope(choices, chunk=False, usage_=usage_)

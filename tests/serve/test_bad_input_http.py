@@ -46,8 +46,11 @@ CASES = [
     (C, {"prompt": "x", "max_tokens": 10 ** 12}, 400, "max_tokens"),
     (C, {"prompt": "x", "max_tokens": 2 ** 70, "stream": True}, 400, "max_tokens"),
     (CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
-    (C, {"prompt": "x", "n": 2}, 400, "n"),
-    (CHAT, {"messages": MSG, "n": 3}, 400, "n"),
+    (C, {"prompt": "x", "n": 0}, 400, "n"),
+    (CHAT, {"messages": MSG, "n": 129}, 400, "n"),
+    (C, {"prompt": "x", "seed": 2 ** 64}, 400, "seed"),
+    (C, {"prompt": ["x", [1, 2]]}, 400, "prompt"),
+    (C, {"prompt": [[1, 2], [5, 320]]}, 400, "prompt"),
     (C, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "logprobs"),
     # token ids outside the vocabulary (320 for the built-in model)
@@ -130,8 +133,8 @@ def test_official_client_sees_the_errors(served, baseline):
     with pytest.raises(openai.BadRequestError, match="messages.content"):
         client.chat.completions.create(model="ppserve-random",
                                        messages=[{"role": "user", "content": None}])
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.completions.create(model="ppserve-random", prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be"):
+        client.completions.create(model="ppserve-random", prompt="x", n=200)
     with pytest.raises(openai.APIStatusError) as e:
         client.completions.create(model="ppserve-random", prompt="z" * (LIMIT + 10))
     assert e.value.status_code == 413
@@ -139,9 +142,13 @@ def test_official_client_sees_the_errors(served, baseline):
 
 
 def test_large_seed_and_empty_content_are_served(served):
-    """Valid edge values are not refused: any integer seed, an empty system message."""
-    r = post(served, C, {**OK, "seed": 2 ** 80, "temperature": 0.7})
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+    """Valid edge values are not refused: the signed 64-bit range's ends as seeds (past them
+    is a 400), an empty system message."""
+    for seed in (2 ** 63 - 1, -2 ** 63):
+        r = post(served, C, {**OK, "seed": seed, "temperature": 0.7})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+    r = post(served, C, {**OK, "seed": 2 ** 80})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
     r = post(served, CHAT, {"messages": [{"role": "system", "content": ""}, *MSG],
                             "max_tokens": 3})
     assert r.status_code == 200, r.text

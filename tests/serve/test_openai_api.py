@@ -4,6 +4,7 @@ engine's, streaming framing, /v1/models, /health, and every error case."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import openai
@@ -111,6 +112,137 @@ def test_echo(served):
     assert r.choices[0].text.startswith("abc")
 
 
+# -- n, batched prompts, streaming usage ----------------------------------------------------------
+
+def by_index(chunks, chat: bool) -> dict[int, str]:
+    """Streamed text per choice index."""
+    texts: dict[int, str] = {}
+    for ch in chunks:
+        for c in ch.choices:
+            piece = (c.delta.content or "") if chat else c.text
+            texts[c.index] = texts.get(c.index, "") + piece
+    return texts
+
+
+def test_n_choices_seeded_with_logprobs_share_the_prompt(served):
+    """n=3 with a seed and logprobs: each choice its own index and logprobs, choice i what a
+    lone request with seed + i samples, and choices 1..2 prefill from choice 0's cached
+    blocks rather than again."""
+    c = served.client()
+    prompt = f"{uuid.uuid4().hex} " + PROMPT  # nothing of it is cached yet
+    kwargs = {"model": "ppserve-random", "max_tokens": 6, "temperature": 1.0, "seed": 7}
+    hits0 = served.stats()["prefix_cache_hits"]
+    r = c.completions.create(prompt=prompt, n=3, logprobs=2, **kwargs)
+    hits = served.stats()["prefix_cache_hits"] - hits0
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    n_prompt = r.usage.prompt_tokens
+    assert n_prompt > 2 * 16  # more than a block: something to share
+    assert r.usage.completion_tokens == 18 and r.usage.total_tokens == n_prompt + 18
+    assert hits == 2 * ((n_prompt - 1) // 16 * 16)
+    for ch in r.choices:
+        assert len(ch.logprobs.tokens) == 6
+        assert all(len(t) >= 1 for t in ch.logprobs.top_logprobs)
+    assert len({ch.text for ch in r.choices}) > 1
+    for i in (1, 2):
+        alone = c.completions.create(prompt=prompt, **{**kwargs, "seed": 7 + i})
+        assert alone.choices[0].text == r.choices[i].text
+
+
+def test_n_choices_chat_streamed_and_not(served):
+    c = served.client()
+    kwargs = {"model": "ppserve-random", "messages": MESSAGES, "max_tokens": 5, "n": 2,
+              "seed": 11, "temperature": 1.0}
+    whole = c.chat.completions.create(**kwargs)
+    assert [ch.index for ch in whole.choices] == [0, 1]
+    assert all(ch.message.role == "assistant" for ch in whole.choices)
+    assert whole.usage.completion_tokens == 10
+    chunks = list(c.chat.completions.create(**kwargs, stream=True,
+                                            stream_options={"include_usage": True}))
+    firsts = {}
+    for ch in chunks:
+        for choice in ch.choices:
+            firsts.setdefault(choice.index, choice.delta)
+    assert {i: d.role for i, d in firsts.items()} == {0: "assistant", 1: "assistant"}
+    assert by_index(chunks, chat=True) == {i: ch.message.content
+                                           for i, ch in enumerate(whole.choices)}
+    finishes = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert sorted(f.index for f in finishes) == [0, 1]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_batched_prompts(served, engine):
+    """A list of strings and a list of token-id lists: one choice per prompt x n, in order,
+    usage summed; streamed, chunks tagged by choice index."""
+    c = served.client()
+    prompts = ["The quick brown fox", "Pipelines of stages"]
+    want = [greedy(engine, p, 5) for p in prompts]
+    r = c.completions.create(model="ppserve-random", prompt=prompts, n=2, max_tokens=5,
+                             temperature=0)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    assert [ch.text for ch in r.choices] == [want[0].text] * 2 + [want[1].text] * 2
+    assert r.usage.prompt_tokens == sum(w.prompt_tokens for w in want)
+    assert r.usage.completion_tokens == 20
+    ids = [list(range(70, 90)), list(range(100, 130))]
+    r = c.completions.create(model="ppserve-random", prompt=ids, max_tokens=4, temperature=0)
+    assert [ch.text for ch in r.choices] == [greedy(engine, p, 4).text for p in ids]
+    assert r.usage.prompt_tokens == 50 and r.usage.completion_tokens == 8
+    chunks = list(c.completions.create(model="ppserve-random", prompt=prompts, max_tokens=5,
+                                       temperature=0, stream=True, echo=True,
+                                       stream_options={"include_usage": True}))
+    assert by_index(chunks, chat=False) == {i: p + w.text
+                                            for i, (p, w) in enumerate(zip(prompts, want))}
+    assert chunks[-1].usage.prompt_tokens == sum(w.prompt_tokens for w in want)
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_stream_usage_exact(served):
+    """include_usage: one usage chunk at the end; continuous_usage_stats: every chunk's
+    usage is that choice's so far; the totals equal the tokens streamed (one logprob
+    entry each)."""
+    c = served.client()
+    kwargs = {"model": "ppserve-random", "messages": MESSAGES, "max_tokens": 7,
+              "temperature": 0, "stream": True, "logprobs": True}
+    chunks = list(c.chat.completions.create(**kwargs, stream_options={
+        "include_usage": True, "continuous_usage_stats": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = [lp for ch in chunks for choice in ch.choices
+                for lp in (choice.logprobs.content if choice.logprobs else [])]
+    body, last = chunks[:-1], chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == len(streamed) == 7
+    assert all(ch.usage is not None for ch in body)
+    assert body[0].usage.completion_tokens == 0
+    counts = [ch.usage.completion_tokens for ch in body]
+    assert counts == sorted(counts) and counts[-1] == 7
+    assert all(ch.usage.total_tokens == ch.usage.prompt_tokens + ch.usage.completion_tokens
+               and ch.usage.prompt_tokens == last.usage.prompt_tokens for ch in body)
+    plain = list(c.chat.completions.create(**kwargs, stream_options={"include_usage": True}))
+    assert all(ch.usage is None for ch in plain[:-1]) and plain[-1].usage == last.usage
+    none = list(c.chat.completions.create(**kwargs))
+    assert all(ch.usage is None for ch in none)
+
+
+def test_bad_values_of_new_fields(served):
+    for body, param in [({"n": 0}, "n"), ({"n": 129}, "n"), ({"n": 2, "best_of": 3}, "best_of"),
+                        ({"seed": 2 ** 63}, "seed"), ({"seed": -2 ** 63 - 1}, "seed"),
+                        ({"prompt": ["a"] * 65, "n": 2}, "prompt"),
+                        ({"prompt": [[1, 2], []]}, "prompt")]:
+        err = assert_error(post(served, "/v1/completions", {"prompt": "x", **body}), 400)
+        assert err["param"] == param, err
+    assert_error(post(served, "/v1/chat/completions", {"messages": MESSAGES, "n": -1}), 400,
+                 "n must be")
+    ok = post(served, "/v1/completions", {"prompt": "x", "max_tokens": 1, "seed": 2 ** 63 - 1})
+    assert ok.status_code == 200, ok.text
+    with pytest.raises(openai.BadRequestError, match="seed"):
+        served.client().completions.create(model="ppserve-random", prompt="x", seed=2 ** 64)
+    # A JSON body declared as something else is refused; JSON types with parameters are not.
+    raw = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+    err = assert_error(post(served, "/v1/completions", raw, raw=True,
+                            headers={"Content-Type": "text/plain"}), 415, "JSON")
+    assert err["type"] == "invalid_request_error"
+    assert post(served, "/v1/completions", raw, raw=True, headers={
+        "Content-Type": "application/json; charset=utf-8"}).status_code == 200
+
+
 # -- errors over real HTTP ------------------------------------------------------------------------
 
 def post(served, path, body, raw=False, headers=None):
@@ -147,7 +279,7 @@ def test_wrong_types_and_missing_fields(served):
 def test_bad_values(served):
     assert_error(post(served, "/v1/completions", {"prompt": "x", "max_tokens": 0}), 400,
                  "max_tokens")
-    assert_error(post(served, "/v1/completions", {"prompt": "x", "n": 2}), 400, "n=1")
+    assert_error(post(served, "/v1/completions", {"prompt": "x", "n": 0}), 400, "n must be")
     assert_error(post(served, "/v1/completions", {"prompt": "x", "top_p": 0}), 400, "top_p")
     assert_error(post(served, "/v1/completions", {"prompt": [5, 10 ** 6]}), 400,
                  "out of range")

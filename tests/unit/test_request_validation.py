@@ -76,7 +76,10 @@ def test_lone_surrogates_refused(field):
 
 @pytest.mark.parametrize("body,param", [
     ({"max_tokens": -1}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"),
-    ({"n": 2}, "n"), ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"),
+    ({"n": 0}, "n"), ({"n": 129}, "n"), ({"seed": 2 ** 63}, "seed"),
+    ({"seed": -2 ** 63 - 1}, "seed"), ({"prompt": ["a"] * 65, "n": 2}, "prompt"),
+    ({"n": 2, "best_of": 3}, "best_of"), ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": -1}, "logprobs"),
     ({"top_p": 0}, "top_p"), ({"temperature": -0.1}, "temperature"),
     ({"min_tokens": -3}, "min_tokens"), ({"best_of": 3}, "best_of"),
 ])
@@ -94,7 +97,7 @@ def test_chat_logprob_limits():
 def test_valid_requests_still_accepted():
     req = CompletionRequest.model_validate({"prompt": [1, 2, 3], "max_tokens": 4,
                                             "temperature": 0, "top_p": 1, "stop": ["x"]})
-    assert req.sampling_params().temperature == 0.0 and req.single_prompt() == [1, 2, 3]
+    assert req.sampling_params().temperature == 0.0 and req.prompts() == [[1, 2, 3]]
     chat = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "system", "content": ""},
                       {"role": "user", "content": [{"type": "text", "text": "a"}]}]})
