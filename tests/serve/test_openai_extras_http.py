@@ -117,6 +117,40 @@ def test_json_schema_output_validates(client):
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
+def test_json_schema_under_n_choices(client):
+    # each choice has its own matcher; seeded choices differ, all validate
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=100,
+        n=2,
+        temperature=1.0,
+        seed=11,
+        response_format=JSON_SCHEMA_FORMAT,
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    for c in r.choices:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.message.content), SCHEMA)
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=["{", "JSON: "],
+        max_tokens=100,
+        n=2,
+        temperature=1.0,
+        seed=12,
+        stream=True,
+        extra_body={"guided_json": SCHEMA},
+    )
+    texts: dict[int, str] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert sorted(texts) == [0, 1, 2, 3]
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
 def test_cut_json_is_a_valid_prefix_and_other_constraints(client):
     r = client.completions.create(
         model=MODEL,
