@@ -37,6 +37,7 @@ class StructuredOutput:
 
     kind: str
     spec: str
+    source: str = "response_format"  # the request field it came from, named in errors
 
     def __post_init__(self) -> None:
         if self.kind not in GUIDED_KINDS:

@@ -72,7 +72,7 @@ def grammar_text(so: StructuredOutput) -> str:
         return llguidance.grammar_from("grammar", so.spec)
     except ValueError as e:
         raise InvalidRequest(
-            f"invalid {so.kind} for structured output: {e}", param="response_format"
+            f"invalid {so.kind} for structured output: {e}", param=so.source
         ) from None
 
 
@@ -91,17 +91,17 @@ class Grammars:
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error:
             raise InvalidRequest(
-                f"invalid {so.kind} for structured output: {error}", param="response_format"
+                f"invalid {so.kind} for structured output: {error}", param=so.source
             )
         m = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if m.is_error():
             raise InvalidRequest(
-                f"invalid {so.kind} for structured output: {m.get_error()}", param="response_format"
+                f"invalid {so.kind} for structured output: {m.get_error()}", param=so.source
             )
         if not any(m.compute_bitmask()):
             raise InvalidRequest(
                 f"the {so.kind} of this structured output allows no output.",
-                param="response_format",
+                param=so.source,
             )
         return GrammarMatcher(m)
 

@@ -97,7 +97,7 @@ class StructuredFields(BaseModel):
         for param, kind, value in guided:
             if value is None:
                 continue
-            found.append((param, StructuredOutput(kind, _json_text(value))))
+            found.append((param, StructuredOutput(kind, _json_text(value), param)))
         if len(found) > 1:
             names = ", ".join(dict.fromkeys(p for p, _ in found))
             raise InvalidRequest(

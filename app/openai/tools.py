@@ -78,7 +78,7 @@ class ToolFields(BaseModel):
         if mode == "named":
             name = self.tool_choice.function.name  # type: ignore[union-attr]
             fn = next(t.function for t in self.tools or () if t.function.name == name)
-            return StructuredOutput("json", json.dumps(fn.parameters or _ANY_ARGUMENTS))
+            return StructuredOutput("json", json.dumps(fn.parameters or _ANY_ARGUMENTS), "tools")
         if mode != "required":
             return None
         calls = [
@@ -96,4 +96,4 @@ class ToolFields(BaseModel):
         schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
         if not self.parallel_tool_calls:
             schema["maxItems"] = 1
-        return StructuredOutput("json", json.dumps(schema))
+        return StructuredOutput("json", json.dumps(schema), "tools")
