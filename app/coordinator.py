@@ -66,7 +66,9 @@ class Coordinator:
     async def start(self) -> None:
         """Start the pipeline; on failure its stage actors are killed before the error rises."""
         try:
+            grammars = asyncio.ensure_future(asyncio.to_thread(self.grammars.prepare))
             num_blocks = await self.pipeline.start()
+            await grammars  # built while the stages load
             self.scheduler = Scheduler(self.config.scheduler_config(
                 num_blocks, self.max_model_len, self.chunk_cost), self._output_event,
                 self._prefix_lookup)

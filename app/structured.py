@@ -82,18 +82,34 @@ class Grammars:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
         self._args = (tokenizer, vocab_size, eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._error: str | None = None
+
+    def prepare(self) -> llguidance.LLTokenizer | None:
+        """Build llguidance's tokenizer now (about a second for a large vocabulary), not in
+        the first constrained request. A tokenizer it cannot read leaves structured outputs
+        refused (the reason in each 400), never the server down."""
+        if self._tokenizer is None and self._error is None:
+            try:
+                self._tokenizer = llg_tokenizer(*self._args)
+            except Exception as e:  # e.g. a slow (non-Rust) tokenizer
+                self._error = f"{type(e).__name__}: {e}"
+        return self._tokenizer
 
     def matcher(self, so: StructuredOutput) -> GrammarMatcher:
         """A fresh matcher for one request; InvalidRequest (400) for a bad grammar."""
-        if self._tokenizer is None:
-            self._tokenizer = llg_tokenizer(*self._args)
+        tokenizer = self.prepare()
+        if tokenizer is None:
+            raise InvalidRequest(
+                f"structured outputs are unavailable with this model's tokenizer ({self._error}).",
+                param=so.source,
+            )
         grammar = grammar_text(so)
-        error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise InvalidRequest(
                 f"invalid {so.kind} for structured output: {error}", param=so.source
             )
-        m = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        m = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if m.is_error():
             raise InvalidRequest(
                 f"invalid {so.kind} for structured output: {m.get_error()}", param=so.source

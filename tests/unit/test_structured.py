@@ -57,3 +57,11 @@ def test_bad_grammars_refused(grammars, kind, spec):
     with pytest.raises(InvalidRequest) as e:
         grammars.matcher(StructuredOutput(kind, spec))
     assert e.value.param == "response_format" and e.value.status == 400
+
+
+def test_a_tokenizer_llguidance_cannot_read_refuses_constraints_only():
+    broken = Grammars(object(), BYTE_VOCAB, (BYTE_EOS,))
+    assert broken.prepare() is None  # the server starts anyway
+    with pytest.raises(InvalidRequest, match="unavailable with this model's tokenizer") as e:
+        broken.matcher(StructuredOutput("regex", "a", "guided_regex"))
+    assert e.value.param == "guided_regex"
