@@ -69,8 +69,17 @@ class ChatOutput:
             out.append(entry)
         return out
 
+    def _named_delta(self, text: str) -> dict[str, Any]:
+        """A named function's arguments stream as they come: the call's id and name first."""
+        if self.calls:
+            return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
+        (entry,) = self._call_dicts([ToolCall(self.named or "", text)], index=True)
+        return {"tool_calls": [entry]}
+
     def delta(self, text: str, final: bool) -> dict[str, Any]:
         """The fields of a stream chunk's delta for `text` (only those with something)."""
+        if self.mode == "named":
+            return self._named_delta(text)
         parsed = self._parse(text, final)
         out: dict[str, Any] = {}
         if parsed.reasoning:

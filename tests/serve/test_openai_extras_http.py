@@ -251,6 +251,20 @@ def test_named_tool_choice_makes_a_valid_call(client):
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     _check_call(call)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=60,
+        temperature=1.0,
+        seed=2,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        stream=True,
+    )
+    calls, reasons = _streamed_calls(stream)
+    assert reasons == ["stop"] and calls == [
+        {"name": "get_weather", "arguments": call.function.arguments, "id": calls[0]["id"]}
+    ]
 
 
 def _streamed_calls(stream):
