@@ -27,12 +27,17 @@ serve: install
 
 # Formatted with `ruff format` and type-checked with mypy --strict: grow these lists file by file.
 FORMATTED := app/scheduler stages/protocol.py app/messages.py app/prefix_routing.py \
-	app/dashboard.py app/bench/target.py app/bench/__init__.py app/bench/__main__.py \
+	app/dashboard.py app/bench/target.py app/bench/actors.py app/bench/__init__.py \
+	app/bench/__main__.py tests/unit/scheduler_configs.py tests/unit/test_control_plane_imports.py \
 	app/openai/availability.py tests/unit/test_options.py tests/unit/test_dashboard.py \
 	tests/unit/test_bench_layout.py tests/unit/test_request_data_never_executed.py \
-	app/merged.py app/openai/calls.py tests/unit/test_merged_streams.py
-TYPED := app/scheduler stages/protocol.py app/request.py app/messages.py app/prefix_routing.py \
-	app/dashboard.py app/merged.py
+	tests/unit/test_docs_links.py app/merged.py app/openai/calls.py \
+	tests/unit/test_merged_streams.py stages/output_ring.py stages/copy_channel.py \
+	app/bench/output_channels.py tests/unit/test_output_ring.py
+TYPED := app/scheduler app/bench stages/protocol.py app/request.py app/messages.py \
+	app/prefix_routing.py app/dashboard.py app/config.py app/autoscaling.py app/models_cache.py \
+	app/gguf_checkpoint.py app/tokenizer.py app/pipeline.py app/engine.py app/cli.py \
+	stages/partition.py stages/timing.py stages/sync_guard.py app/merged.py stages/output_ring.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -46,7 +46,7 @@ class PipelineLoadPolicy:
         desired_pipelines([], target_load)  # validates target_load at deploy time
         self.target_load = target_load
 
-    def __call__(self, ctx: Any) -> tuple[int, dict]:
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         loads = (ctx.aggregated_metrics or {}).get(LOAD_METRIC)
         if not loads:  # no replica has reported yet (starting): keep the current target
             return ctx.target_num_replicas, {}

@@ -9,21 +9,22 @@ import os
 import signal
 import sys
 import time
+from typing import Any, NoReturn
 
 from app.config import EngineConfig, option_type
 from app.models_cache import DEFAULT_MODEL, MODELS
 
 
-def _flags(f: dataclasses.Field) -> tuple[str, ...]:
+def _flags(f: dataclasses.Field[Any]) -> tuple[str, ...]:
     own = "--" + f.name.replace("_", "-")
     # Declared names (--pp, vLLM's) lead; the field's own name is always accepted too.
     return tuple(dict.fromkeys((*f.metadata["flags"], own)))
 
 
-def _doc_default(f: dataclasses.Field) -> str:
+def _doc_default(f: dataclasses.Field[Any]) -> str:
     doc = f.metadata["doc_default"]
     if doc is not None:
-        return doc
+        return str(doc)
     if isinstance(f.default, bool):
         return "on" if f.default else "off"
     return str(f.default)
@@ -55,10 +56,11 @@ def add_engine_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) 
                  "instead of starting a local one.")
 
 
-def _server_flag(g, *names: str, doc: str, help: str, **kwargs) -> None:
+def _server_flag(g: argparse._ArgumentGroup, *names: str, doc: str, help: str,
+                 **kwargs: Any) -> None:
     action = g.add_argument(*names, help=f"{help} (default: {doc})", **kwargs)
-    action.doc_default = doc
-    action.doc_help = help
+    action.doc_default = doc  # type: ignore[attr-defined]
+    action.doc_help = help  # type: ignore[attr-defined]
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -85,7 +87,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                  "browser pages may call the API: CORS headers and preflight answers for them.")
 
 
-def engine_args(a: argparse.Namespace) -> dict:
+def engine_args(a: argparse.Namespace) -> dict[str, Any]:
     return {f.name: getattr(a, f.name) for f in dataclasses.fields(EngineConfig)
             if getattr(a, f.name, None) is not None}
 
@@ -100,29 +102,29 @@ def flag_table() -> str:
         if not hasattr(action, "doc_default"):
             continue
         flags = ", ".join(f"`{n}`" for n in action.option_strings)
-        meaning = action.doc_help
+        meaning = str(getattr(action, "doc_help"))
         if action.choices:
             meaning += " One of: " + ", ".join(f"`{c}`" for c in action.choices) + "."
         meaning = meaning.replace("|", "\\|")
-        rows.append(f"| {flags} | {action.doc_default} | {meaning} |")
+        rows.append(f"| {flags} | {getattr(action, 'doc_default')} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
-def _init_ray(a, metrics_port: int | None = None) -> None:
+def _init_ray(a: argparse.Namespace, metrics_port: int | None = None) -> None:
     import ray
 
     if a.address:
         ray.init(address=a.address)
         return
-    pp = a.pp_size or 2
-    need = int(pp * (a.stage_num_cpus or 1.0) + 2)
-    kwargs = {"_metrics_export_port": metrics_port} if metrics_port else {}
+    default = EngineConfig()
+    pp = a.pp_size or default.pp_size
+    need = int(pp * (a.stage_num_cpus or default.stage_num_cpus) + 2)
     # address="local": a cluster of its own, even where `ray start` left one running
     ray.init(address="local", num_cpus=a.num_cpus or max(os.cpu_count() or 1, need),
-             include_dashboard=False, **kwargs)
+             include_dashboard=False, _metrics_export_port=metrics_port)
 
 
-def _model_args(a) -> dict:
+def _model_args(a: argparse.Namespace) -> dict[str, Any]:
     """Engine args with --model resolved (downloaded on first use); exits on a failed fetch."""
     from app.models_cache import ModelDownloadError, resolve_model_args
 
@@ -142,7 +144,7 @@ def _check_model(path: str | None) -> None:
         sys.exit(f"ppserve: {e}")
 
 
-def cmd_download(a) -> int:
+def cmd_download(a: argparse.Namespace) -> int:
     from app.models_cache import ModelDownloadError, ensure_model, is_cached
 
     try:
@@ -157,16 +159,17 @@ def cmd_download(a) -> int:
     return 0
 
 
-def _interrupt(*_):
+def _interrupt(*_: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
-def cmd_serve(a) -> int:
+def cmd_serve(a: argparse.Namespace) -> int:
     from ray import serve
 
     from app.server import build_app
 
     args = _model_args(a)
+    model_name = EngineConfig.from_dict(args).model_name
     if a.api_key:
         args["api_key"] = a.api_key
     if a.num_replicas:
@@ -189,8 +192,7 @@ def cmd_serve(a) -> int:
         serve.start(http_options={"host": a.host, "port": a.port})
         serve.run(app, name="ppserve", route_prefix="/")
         host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
-        print(f"ppserve: OpenAI API at http://{host}:{a.port}/v1 "
-              f"(model {args.get('served_model_name') or args.get('model') or 'ppserve-random'})")
+        print(f"ppserve: OpenAI API at http://{host}:{a.port}/v1 (model {model_name})")
         if not a.address:
             print(f"ppserve: Prometheus metrics at http://{host}:{a.metrics_port}/metrics")
         print("ppserve: Ctrl-C to stop", flush=True)
@@ -202,14 +204,13 @@ def cmd_serve(a) -> int:
         import ray
 
         try:
-            serve.shutdown()
+            serve.shutdown()  # type: ignore[no-untyped-call]
         finally:
             ray.shutdown()
     return 0
 
 
-def cmd_generate(a) -> int:
-    from app.config import EngineConfig
+def cmd_generate(a: argparse.Namespace) -> int:
     from app.engine import Engine
     from app.request import SamplingParams
 

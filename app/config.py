@@ -9,6 +9,7 @@ an EngineConfig through `from_dict`. Names follow vLLM where they mean the same.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -16,17 +17,30 @@ from typing import Any
 from app.scheduler.chunking import ChunkCost
 from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
 from stages.kernels.registry import BACKENDS
-from stages.protocol import DEVICES, DTYPES, LOAD_FORMATS, OUTPUT_POSTS, StageSpec
+from stages.protocol import (
+    DEVICES,
+    DTYPES,
+    LOAD_FORMATS,
+    OUTPUT_CHANNELS,
+    OUTPUT_POSTS,
+    StageSpec,
+)
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 def option(default: Any, help: str, *, doc_default: str | None = None,
-           choices: tuple | None = None, flags: tuple[str, ...] = ()) -> Any:
-    """A field with what the CLI and docs need. flags: extra names besides --field-name;
-    doc_default: the default as people read it, when the value alone does not say it."""
+           choices: tuple[str, ...] | None = None, flags: tuple[str, ...] = (),
+           minimum: float | None = None, exclusive_minimum: float | None = None,
+           maximum: float | None = None) -> Any:
+    """A field with what the CLI, the docs and validation need. flags: extra names besides
+    --field-name; doc_default: the default as people read it, when the value alone does not
+    say it; minimum / exclusive_minimum / maximum: bounds of a number (None passes)."""
+    # named as in JSON Schema: values.schema.json states the same (tests/unit/test_options.py)
+    bounds = {"minimum": minimum, "exclusiveMinimum": exclusive_minimum, "maximum": maximum}
     return dataclasses.field(default=default, metadata={
-        "help": help, "doc_default": doc_default, "choices": choices, "flags": flags})
+        "help": help, "doc_default": doc_default, "choices": choices, "flags": flags,
+        "bounds": {k: v for k, v in bounds.items() if v is not None}})
 
 
 @dataclass(frozen=True)
@@ -44,7 +58,7 @@ class EngineConfig:
         "seeded random weights (benchmarks).", choices=LOAD_FORMATS)
     pp_size: int = option(
         2, "Pipeline stages, each a Ray actor (one GPU) with a contiguous range of layers.",
-        flags=("--pp", "--pipeline-parallel-size"))
+        flags=("--pp", "--pipeline-parallel-size"), minimum=1)
     device: str = option(
         "cpu", "Where the stages run; cuda puts each stage on its own GPU.", choices=DEVICES)
     dtype: str = option(
@@ -52,27 +66,29 @@ class EngineConfig:
         choices=("auto", *DTYPES))
     chunk_size: int = option(
         512, "Prefill tokens of one request per microbatch: long prompts are cut into chunks "
-        "of this size.")
+        "of this size.", minimum=1)
     max_num_batched_tokens: int | None = option(
-        None, "Token budget of one microbatch (decode rows first).", doc_default="--chunk-size")
-    max_num_seqs: int = option(64, "Requests running at once (stage 0's token slots).")
+        None, "Token budget of one microbatch (decode rows first).", doc_default="--chunk-size",
+        minimum=1)
+    max_num_seqs: int = option(64, "Requests running at once (stage 0's token slots).", minimum=1)
     max_model_len: int | None = option(
         None, "Longest prompt + completion in tokens; longer prompts get a 400.",
-        doc_default="the model's max_position_embeddings")
+        doc_default="the model's max_position_embeddings", minimum=1)
     max_waiting_requests: int | None = option(
         None, "Requests waiting for admission past which new ones get a 429 with Retry-After.",
-        doc_default="no bound")
+        doc_default="no bound", minimum=1)
     max_inflight: int | None = option(
         None, "Microbatches in flight across the pipeline.",
-        doc_default="--pp; with --run-ahead 2 x --pp, 3 at --pp 1")
-    block_size: int = option(64, "Tokens per KV cache block.")
+        doc_default="--pp; with --run-ahead 2 x --pp, 3 at --pp 1", minimum=1)
+    block_size: int = option(64, "Tokens per KV cache block.", minimum=1)
     num_kv_blocks: int | None = option(
         None, "KV cache blocks per stage, overriding the count derived from memory.",
-        doc_default="from memory", flags=("--num-gpu-blocks-override",))
+        doc_default="from memory", flags=("--num-gpu-blocks-override",), minimum=1)
     kv_cache_memory_bytes: int = option(
-        1 << 30, "KV cache bytes per stage on CPU.", doc_default="1 GiB")
+        1 << 30, "KV cache bytes per stage on CPU.", doc_default="1 GiB", minimum=1)
     gpu_memory_utilization: float = option(
-        0.9, "Fraction of each GPU a stage may use for weights + KV cache.")
+        0.9, "Fraction of each GPU a stage may use for weights + KV cache.",
+        exclusive_minimum=0, maximum=1)
     pp_output_skip: str = option(
         "auto", "When the last stage sends sampled tokens back to stage 0: off = always; "
         "sglang = SGLang's rule (lone prefill-only chunk); auto = whenever no row's token is "
@@ -80,6 +96,13 @@ class EngineConfig:
     output_post: str = option(
         "early", "Where stage 0 posts the output recv: early = at dispatch; late = just before "
         "its consumer.", choices=OUTPUT_POSTS)
+    output_channel: str = option(
+        "auto", "How sampled tokens reach stage 0 from the last stage: nccl = a NCCL send/recv "
+        "(gloo on CPU); copy = a CUDA IPC peer copy on a copy engine and an interprocess event "
+        "stage 0's stream waits on (one node, CUDA; holds no SM while it waits); host = stage 0 "
+        "takes them from the next plan (no output message; a request's next step is planned "
+        "once its token is on the host); auto = nccl (copy is not yet measured in a PP=2 "
+        "decode; docs/PERFORMANCE.md).", choices=OUTPUT_CHANNELS)
     run_ahead: bool | None = option(
         None, "Plan a request's next decode step as soon as its previous one is dispatched "
         "(at least --pp microbatches later); stage 0 takes the token from the output channel "
@@ -102,11 +125,11 @@ class EngineConfig:
         "For --pp > 1.")
     dynamic_chunk_smooth: float = option(
         0.75, "With dynamic chunking: 1 = equal-cost chunks, 0 = fixed --chunk-size, between = "
-        "a blend.")
+        "a blend.", minimum=0, maximum=1)
     warmup_len: int | None = option(
         None, "At startup, build the attention kernels (cuDNN graphs) for every chunk of a "
         "prompt this long, so the first long requests do not pay for them; 0 = none.",
-        doc_default="the longest prompt that fits")
+        doc_default="the longest prompt that fits", minimum=0)
     enforce_eager: bool = option(
         False, "On CUDA, decode-only microbatches run the paged decode path eagerly instead of "
         "replaying CUDA graphs (vLLM's flag).")
@@ -126,33 +149,20 @@ class EngineConfig:
         choices=PLACEMENT_STRATEGIES)
     placement_timeout_s: float = option(
         300.0, "Seconds to wait for a pipeline's placement group (at start and on each rebuild "
-        "attempt) before failing; a lost node whose bundles fit nowhere else ends in a 503.")
-    stage_num_cpus: float = option(1.0, "Logical Ray CPUs per stage on CPU.")
-    torch_threads: int = option(1, "Intra-op torch threads per CPU stage.")
+        "attempt) before failing; a lost node whose bundles fit nowhere else ends in a 503.",
+        exclusive_minimum=0)
+    stage_num_cpus: float = option(
+        1.0, "Logical Ray CPUs per stage on CPU.", exclusive_minimum=0)
+    torch_threads: int = option(1, "Intra-op torch threads per CPU stage.", minimum=1)
     seed: int = option(0, "Seed of the built-in random model's (or dummy) weights.")
 
     def __post_init__(self) -> None:
+        """The one validation of every option: its type, choices and bounds (from option())."""
         for f in dataclasses.fields(self):
-            choices = f.metadata["choices"]
-            value = getattr(self, f.name)
-            if choices and value not in choices:
-                raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
-        positive = ("pp_size", "chunk_size", "max_num_batched_tokens", "max_num_seqs",
-                    "max_waiting_requests", "block_size", "max_inflight", "num_kv_blocks",
-                    "torch_threads")
-        for name in positive:
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.placement_timeout_s <= 0:
-            raise ValueError(f"placement_timeout_s must be > 0, got {self.placement_timeout_s}")
-        if self.warmup_len is not None and self.warmup_len < 0:
-            raise ValueError(f"warmup_len must be >= 0, got {self.warmup_len}")
-        if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
-            raise ValueError(
-                f"dynamic_chunk_smooth must be in [0, 1], got {self.dynamic_chunk_smooth}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+            check_option(f, getattr(self, f.name))
+        if self.output_channel == "copy" and self.device != "cuda":
+            raise ValueError("output_channel 'copy' needs --device cuda (a CUDA IPC copy); "
+                             "use nccl (gloo on CPU) or host")
 
     @property
     def resolved_dtype(self) -> str:
@@ -195,13 +205,16 @@ class EngineConfig:
             max_model_len=max_model_len, run_ahead=self.resolved_run_ahead, num_stages=self.pp_size,
             kv_admission=self.kv_admission, enable_prefix_caching=self.enable_prefix_caching,
             chunk_cost=chunk_cost if self.enable_dynamic_chunking else None,
-            dynamic_chunk_smooth=self.dynamic_chunk_smooth)
+            dynamic_chunk_smooth=self.dynamic_chunk_smooth,
+            tokens_from_host=self.output_channel == "host")
 
     def resolved_max_model_len(self, max_position_embeddings: int) -> int:
         return min(self.max_model_len or max_position_embeddings, max_position_embeddings)
 
-    def stage_spec(self, index: int, layers: tuple[int, int], max_model_len: int) -> StageSpec:
-        """What stage `index`, holding layers [start, end), is told at creation."""
+    def stage_spec(self, index: int, layers: tuple[int, int], max_model_len: int,
+                   output_channel: str = "nccl") -> StageSpec:
+        """What stage `index`, holding layers [start, end), is told at creation (with the
+        output channel the pipeline resolved from output_channel)."""
         return StageSpec(
             stage_index=index, num_stages=self.pp_size, layer_start=layers[0],
             layer_end=layers[1], model_path=self.model, load_format=self.load_format,
@@ -209,15 +222,16 @@ class EngineConfig:
             max_running=self.max_num_seqs, kv_cache_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization,
             channel_check=self.channel_check, output_post=self.output_post,
-            linear_backend=self.linear_backend, attention_backend=self.attention_backend,
+            output_channel=output_channel, linear_backend=self.linear_backend,
+            attention_backend=self.attention_backend,
             seed=self.seed, max_model_len=max_model_len, enforce_eager=self.enforce_eager)
 
     @classmethod
-    def from_dict(cls, d: dict) -> EngineConfig:
+    def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
         """From CLI/Serve args: accepts dashes or underscores and any flag name of an option
         (pp, pipeline_parallel_size...), rejects unknown keys."""
         names = option_names()
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for key, value in d.items():
             name = names.get(key.lstrip("-").replace("-", "_"))
             if name is None:
@@ -225,7 +239,7 @@ class EngineConfig:
             kwargs[name] = value
         return cls(**kwargs)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -239,8 +253,44 @@ def option_names() -> dict[str, str]:
     return names
 
 
-def option_type(f: dataclasses.Field) -> type:
+def check_option(f: dataclasses.Field[Any], value: Any) -> None:
+    """Raise a ValueError naming the option when `value` is not of its type, choices or bounds."""
+    hint = option_hints()[f.name]
+    if value is None:
+        if type(None) in typing.get_args(hint):
+            return
+        raise ValueError(f"{f.name} may not be None")
+    typ = option_type(f)
+    # bool is an int to Python, not to a user; an int is a fine float
+    if typ is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif typ is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, typ)
+    if not ok:
+        raise ValueError(f"{f.name} must be a {typ.__name__}, got {value!r}")
+    choices = f.metadata["choices"]
+    if choices and value not in choices:
+        raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
+    bounds = f.metadata["bounds"]
+    if "minimum" in bounds and value < bounds["minimum"]:
+        raise ValueError(f"{f.name} must be >= {bounds['minimum']}, got {value!r}")
+    if "exclusiveMinimum" in bounds and value <= bounds["exclusiveMinimum"]:
+        raise ValueError(f"{f.name} must be > {bounds['exclusiveMinimum']}, got {value!r}")
+    if "maximum" in bounds and value > bounds["maximum"]:
+        raise ValueError(f"{f.name} must be <= {bounds['maximum']}, got {value!r}")
+
+
+@functools.cache
+def option_hints() -> dict[str, Any]:
+    """EngineConfig's field types, resolved once (its annotations are strings)."""
+    return typing.get_type_hints(EngineConfig)
+
+
+def option_type(f: dataclasses.Field[Any]) -> type:
     """The field's value type, Optional unwrapped (int | None -> int)."""
-    hint = typing.get_type_hints(EngineConfig)[f.name]
+    hint = option_hints()[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
+    typ: type = args[0] if args else hint
+    return typ

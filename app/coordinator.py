@@ -23,6 +23,7 @@ from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, PrefixCacheStats, SchedRequest, Scheduler
 from app.structured import Grammars
 from app.tokenizer import load_tokenizer
+from stages.actor import StageActor
 from stages.model_config import load_model_args
 
 log = logging.getLogger("ppserve.coordinator")
@@ -33,7 +34,8 @@ LOAD_REPORT_S = 1.0
 
 
 class Coordinator:
-    def __init__(self, config: EngineConfig, metrics=None, placement_group=None):
+    def __init__(self, config: EngineConfig, metrics=None, placement_group=None,
+                 stage_actor=StageActor):
         self.config = config
         self.metrics = metrics
         self.args = load_model_args(config.model)
@@ -42,7 +44,7 @@ class Coordinator:
         # A checkpoint without tokenizer.json still stops on its own config's EOS ids.
         self.eos_token_ids = tuple(dict.fromkeys(
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
-        self.pipeline = Pipeline(config, self.args, placement_group)
+        self.pipeline = Pipeline(config, self.args, placement_group, stage_actor)
         self.grammars = Grammars(self.tokenizer, self.args.vocab_size, self.eos_token_ids)
         # dynamic chunking's cost model: the model's FLOPs per layer
         self.chunk_cost = ChunkCost.for_model(self.args)
@@ -56,8 +58,6 @@ class Coordinator:
         self._stage_forward = [0.0] * config.pp_size
         self._graph_steps = [0] * config.pp_size  # microbatches each stage replayed as a graph
         self._failures = 0
-        # (stage, mb_id, seconds) of the stages' forwards, newest last: the bench reads them
-        self.stage_timings: deque = deque(maxlen=8192)
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
         self._rebuilding = False  # between a stage failure and the rebuilt pipeline
         self._warmup: list[dict] = []  # per stage: attention shapes built at startup, seconds
@@ -280,7 +280,6 @@ class Coordinator:
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
             self._graph_steps[r.stage] += r.graphed
-            self.stage_timings.extend((r.stage, mb, sec) for mb, sec in r.timings)
             if self.metrics:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
         self._channel_sends = max(self._channel_sends, last.output_sends)
@@ -379,6 +378,7 @@ class Coordinator:
         return {
             "pp_output_comm": dict(s.comm_stats()),
             "channel_output_sends": self._channel_sends,
+            "output_channel": self.pipeline.output_channel,
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
             "inflight_microbatches": s.inflight,

@@ -1,4 +1,5 @@
-"""The PromQL of ppserve's metrics and the Grafana dashboard built from it (DESIGN §10).
+"""The PromQL of ppserve's metrics and the Grafana dashboard built from it
+(docs/ARCHITECTURE.md#metrics).
 
 Every query, the skip-hit ratio across replicas included, is written here once; the dashboard
 JSON under deploy/grafana/ and its copy in the Helm chart (Helm reads files only inside the

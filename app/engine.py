@@ -9,9 +9,8 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
-from typing import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 import ray
 from ray.exceptions import RayTaskError
@@ -20,8 +19,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
 from app.pipeline import COORDINATOR_CPUS, placement_bundles
-from app.request import RequestOutput, SamplingParams
+from app.request import Prompt, RequestOutput, SamplingParams
 from stages.model_config import load_model_args
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
+    from app.coordinator import Coordinator
+    from app.metrics import EngineMetrics
+    from app.request_stream import RequestStream
 
 
 def merge_outputs(deltas: list[RequestOutput]) -> RequestOutput:
@@ -37,31 +43,43 @@ def merge_outputs(deltas: list[RequestOutput]) -> RequestOutput:
         prompt_token_ids=first.prompt_token_ids)
 
 
-@ray.remote
-class CoordinatorActor:
-    """A Coordinator in its own process, for the Engine, tests and the bench."""
+class CoordinatorHost:
+    """A Coordinator in its own process (as CoordinatorActor), for the Engine and tests; the
+    bench's actor (app/bench/actors.py) subclasses it with its knobs."""
 
-    def __init__(self, config: EngineConfig, pg=None, with_metrics: bool = False):
+    def __init__(self, config: EngineConfig, pg: PlacementGroup | None = None,
+                 with_metrics: bool = False):
         self._args = (config, pg, with_metrics)
-        self.coordinator = None
+        self._coordinator: Coordinator | None = None
 
-    async def start(self) -> dict:
-        # Built here rather than in __init__: an error raised by a method reaches the driver as
-        # itself (RayTaskError.cause), one raised by __init__ only as an ActorDiedError's text.
+    @property
+    def coordinator(self) -> Coordinator:
+        if self._coordinator is None:
+            raise RuntimeError("the coordinator has not started")
+        return self._coordinator
+
+    def make_coordinator(self, config: EngineConfig, metrics: EngineMetrics | None,
+                         pg: PlacementGroup | None) -> Coordinator:
         from app.coordinator import Coordinator
 
+        return Coordinator(config, metrics=metrics, placement_group=pg)
+
+    async def start(self) -> dict[str, Any]:
+        # Built here rather than in __init__: an error raised by a method reaches the driver as
+        # itself (RayTaskError.cause), one raised by __init__ only as an ActorDiedError's text.
         config, pg, with_metrics = self._args
         metrics = None
         if with_metrics:
             from app.metrics import EngineMetrics
 
             metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}")
-        self.coordinator = Coordinator(config, metrics=metrics, placement_group=pg)
+        self._coordinator = self.make_coordinator(config, metrics, pg)
         await self.coordinator.start()
         return {"max_model_len": self.coordinator.max_model_len,
                 "stages": await self.coordinator.pipeline.describe()}
 
-    async def generate_batch(self, prompts: list, params: list[SamplingParams]) -> list:
+    async def generate_batch(self, prompts: list[Prompt],
+                             params: list[SamplingParams]) -> list[RequestOutput]:
         streams = []
         try:  # validate all before running any: one bad prompt fails the call, nothing runs
             for p, sp in zip(prompts, params):
@@ -70,35 +88,35 @@ class CoordinatorActor:
             for s in streams:
                 self.coordinator.abort(s.req_id)
             raise
-        return await asyncio.gather(*[self._collect(s) for s in streams])
+        return list(await asyncio.gather(*[self._collect(s) for s in streams]))
 
     @staticmethod
-    async def _collect(stream) -> RequestOutput:
-        deltas = []
+    async def _collect(stream: RequestStream) -> RequestOutput:
+        deltas: list[RequestOutput] = []
         while not deltas or not deltas[-1].finished:
             deltas.append(await stream.queue.get())
         return merge_outputs(deltas)
 
-    async def generate_stream(self, prompt, params: SamplingParams):
+    async def generate_stream(self, prompt: Prompt,
+                              params: SamplingParams) -> AsyncIterator[RequestOutput]:
         async for delta in self.coordinator.generate(prompt, params):
             yield delta
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self.coordinator.stats()
 
-    async def call(self, fn, *args, **kwargs):
-        """fn(coordinator, *args, **kwargs) in this process, awaited if it is a coroutine:
-        how benchmarks (app/bench/) reach inside without plumbing of their own here."""
-        result = fn(self.coordinator, *args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
-
     def shutdown(self) -> bool:
-        if self.coordinator is not None:
-            self.coordinator.shutdown()
+        if self._coordinator is not None:
+            self._coordinator.shutdown()
         return True
 
 
+CoordinatorActor = ray.remote(CoordinatorHost)
+
+
 class Engine:
+    coordinator_actor: Any = CoordinatorActor  # the bench's engine runs its own (app/bench/)
+
     def __init__(self, config: EngineConfig | None = None, *, num_cpus: int | None = None,
                  with_metrics: bool = False):
         self.config = config or EngineConfig()
@@ -106,7 +124,8 @@ class Engine:
         # Ray or any actor starts.
         load_model_args(self.config.model)
         self._owns_ray = not ray.is_initialized()
-        self._pg = self._actor = None
+        self._pg: PlacementGroup | None = None
+        self._actor: Any = None  # the coordinator actor's handle
         if self._owns_ray:  # a laptop: a local cluster with enough logical CPUs for the stages
             need = int(self.config.pp_size * self.config.stage_num_cpus + 2)
             # address="local": a cluster of its own, even where `ray start` left one running
@@ -116,12 +135,12 @@ class Engine:
             self._pg = placement_group(placement_bundles(self.config),
                                        strategy=self.config.placement_strategy)
             ray.get(self._pg.ready(), timeout=self.config.placement_timeout_s)
-            self._actor = CoordinatorActor.options(
+            self._actor = self.coordinator_actor.options(
                 num_cpus=COORDINATOR_CPUS, max_concurrency=1000,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._pg, placement_group_bundle_index=0),
             ).remote(self.config, self._pg, with_metrics)
-            self.info = ray.get(self._actor.start.remote())
+            self.info: dict[str, Any] = ray.get(self._actor.start.remote())
         except BaseException as e:
             # Everything this construction took is given back, so another Engine can start.
             self._release()
@@ -131,30 +150,30 @@ class Engine:
 
     @property
     def max_model_len(self) -> int:
-        return self.info["max_model_len"]
+        return int(self.info["max_model_len"])
 
-    def generate(self, prompts: str | list | Sequence,
+    def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
         """Prompts are strings or lists of token ids; one SamplingParams for all, or one each."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        one = isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
+        batch = [prompts] if one else list(prompts)
         params = sampling_params or SamplingParams()
         if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        return ray.get(self._actor.generate_batch.remote(list(prompts), list(params)))
+            params = [params] * len(batch)
+        outputs: list[RequestOutput] = ray.get(
+            self._actor.generate_batch.remote(batch, list(params)))
+        return outputs
 
-    async def stream(self, prompt, params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def stream(self, prompt: Prompt,
+                     params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Streamed deltas of one request (an async generator over a Ray streaming call)."""
         async for ref in self._actor.generate_stream.remote(prompt, params):
             yield await ref
 
-    def stats(self) -> dict:
-        return ray.get(self._actor.stats.remote())
-
-    def call(self, fn, *args, **kwargs):
-        """fn(coordinator, *args, **kwargs), run inside the coordinator's actor."""
-        return ray.get(self._actor.call.remote(fn, *args, **kwargs))
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = ray.get(self._actor.stats.remote())
+        return stats
 
     def shutdown(self) -> None:
         self._release()
@@ -175,8 +194,8 @@ class Engine:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 
-    def __enter__(self):
+    def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()

@@ -8,6 +8,8 @@ them; transformers writes the config and converts the GGUF tokenizer.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,12 +17,12 @@ import torch
 GGUF_ARCHITECTURES = ("llama",)
 
 
-def _field(reader, key: str, default=None):
+def _field(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.get_field(key)
     return default if field is None else field.contents()
 
 
-def hf_config_dict(reader) -> dict:
+def hf_config_dict(reader: Any) -> dict[str, Any]:
     """LlamaConfig keyword arguments from the GGUF metadata."""
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -51,10 +53,13 @@ def hf_config_dict(reader) -> dict:
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (its converter interleaves each head's RoPE halves)."""
     half = w.shape[0] // n_heads // 2
-    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    out: np.ndarray = w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return out
 
 
-def hf_state_dict(reader, config, dtype: torch.dtype, progress=None) -> dict[str, torch.Tensor]:
+def hf_state_dict(reader: Any, config: Any, dtype: torch.dtype,
+                  progress: Callable[[Iterable[str]], Iterable[str]] | None = None,
+                  ) -> dict[str, torch.Tensor]:
     """Every tensor of the HF model, dequantized by `gguf` and named by its tensor-name map."""
     import gguf
     from transformers import LlamaForCausalLM

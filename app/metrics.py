@@ -1,4 +1,4 @@
-"""Prometheus metrics of one pipeline, exported the Ray way (DESIGN §10).
+"""Prometheus metrics of one pipeline, exported the Ray way (docs/ARCHITECTURE.md#metrics).
 
 Ray prefixes every name with `ray_` and exports from each node's metrics export port every few
 seconds (RAY_metrics_report_interval_ms). Counters are named with `_total` here; Ray 2.60 keeps

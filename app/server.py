@@ -1,5 +1,5 @@
-"""The Ray Serve application (DESIGN §3): a thin OpenAI ingress in front of PipelineServer
-replicas, each the coordinator of one whole pipeline.
+"""The Ray Serve application (docs/ARCHITECTURE.md#the-flow-of-one-request): a thin OpenAI ingress
+in front of PipelineServer replicas, each the coordinator of one whole pipeline.
 
 `build_app(args)` is the entry point of `serve run deploy/serve_config.yaml`, of KubeRay's
 serveConfigV2 and of `ppserve serve`. `args` holds EngineConfig options (dashes or underscores)

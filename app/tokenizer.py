@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 320
 _REPLACEMENT = "\ufffd"
@@ -16,7 +18,7 @@ _REPLACEMENT = "\ufffd"
 _MAX_HOLD_TOKENS = 4
 
 
-def _message_text(content) -> str:
+def _message_text(content: Any) -> str:
     """OpenAI content is a string or a list of parts; only text parts are supported."""
     if content is None:
         return ""
@@ -31,14 +33,15 @@ def _message_text(content) -> str:
     return "".join(parts)
 
 
-def simple_chat_text(messages: list[dict], add_generation_prompt: bool = True) -> str:
+def simple_chat_text(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
     """The built-in template: one `<|role|>` header line per message, then the content."""
     text = "".join(f"<|{m.get('role', 'user')}|>\n{_message_text(m.get('content'))}\n"
                    for m in messages)
     return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
 
-def with_tool_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
+def with_tool_prompt(messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For a template without tool support: the tools described in the system message, and
     earlier calls written into the assistant's content, in the Hermes format that
     app/tool_parsers.py reads back."""
@@ -72,7 +75,7 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [BYTE_BOS] + ids if add_special_tokens else ids
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """Bytes as UTF-8 (invalid sequences as U+FFFD); ids past the vocabulary (a random model
         with a larger one, e.g. an 8B-shaped benchmark model, samples them) spell "<unk>"
         whatever `skip_special_tokens` says: they are not special, just unknown here, and a
@@ -108,8 +111,9 @@ class ByteTokenizer:
 
     chat_template = ""
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None):
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
         if tools:
             messages = with_tool_prompt(messages, tools)
         return self.encode(simple_chat_text(messages, add_generation_prompt))
@@ -137,25 +141,27 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return cast(str, self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def id_to_piece(self, token_id: int) -> str:
-        text = self.hf.decode([token_id], skip_special_tokens=False)
+        text = cast(str, self.hf.decode([token_id], skip_special_tokens=False))
         if _REPLACEMENT in text:  # a byte-fallback piece: show the raw token instead
             return str(self.hf.convert_ids_to_tokens(token_id))
         return text
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None):
+    def apply_chat_template(self, messages: list[dict[str, Any]],
+                            add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
         msgs = [{**m, "content": _message_text(m.get("content"))} for m in messages]
         if tools and "tools" not in self.chat_template:  # a template that cannot show them
             msgs, tools = with_tool_prompt(msgs, tools), None
         if not self.has_chat_template:
             # Like a base model served without a template: a plain, documented fallback.
             return self.encode(simple_chat_text(msgs, add_generation_prompt))
-        text = self.hf.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt,
-                                           tokenize=False, tools=tools)
+        hf_tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
+        text = cast(str, self.hf.apply_chat_template(
+            msgs, add_generation_prompt=add_generation_prompt, tokenize=False, tools=hf_tools))
         # The rendered template already holds BOS where the model wants it.
         return self.encode(text, add_special_tokens=False)
 
@@ -175,7 +181,10 @@ def _eos_ids(path: str, tokenizer_eos: int | None) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def load_tokenizer(model_path: str | None):
+Tokenizer = ByteTokenizer | HFTokenizer
+
+
+def load_tokenizer(model_path: str | None) -> Tokenizer:
     """The checkpoint's tokenizer when `model_path` holds tokenizer.json, else the byte one."""
     if model_path and os.path.exists(os.path.join(model_path, "tokenizer.json")):
         return HFTokenizer(model_path)
@@ -189,7 +198,7 @@ class IncrementalDetokenizer:
     new ones, so tokenizers that strip or merge at token boundaries still give the right text.
     """
 
-    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.token_ids: list[int] = []
@@ -197,7 +206,7 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0  # context start
         self._read_offset = 0  # tokens before this are already in self.text
 
-    def _decode(self, ids) -> str:
+    def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, token_ids: list[int]) -> str:
@@ -215,9 +224,10 @@ class IncrementalDetokenizer:
         prefix = self._decode(ids[self._prefix_offset:self._read_offset])
         end, full = len(ids), self._decode(ids[self._prefix_offset:])
         if full.endswith(_REPLACEMENT) and not force:
-            end, full = self._last_complete(end)
-            if end is None:
+            complete, full = self._last_complete(end)
+            if complete is None:
                 return ""
+            end = complete
         if len(full) <= len(prefix) and not force:
             return ""  # e.g. only special tokens so far: nothing visible yet
         delta = full[len(prefix):]
@@ -225,7 +235,7 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
-    def _last_complete(self, end: int):
+    def _last_complete(self, end: int) -> tuple[int | None, str]:
         """The latest window end whose text ends on a whole character; (None, "") to wait."""
         for k in range(1, _MAX_HOLD_TOKENS):
             if end - k <= self._read_offset:
@@ -256,7 +266,7 @@ class StopStringMatcher:
         if not self.stops:
             return delta, False
         self._buf += delta
-        hit, stop = -1, None
+        hit, stop = -1, ""
         for s in self.stops:
             i = self._buf.find(s)
             if i >= 0 and (hit < 0 or i < hit):

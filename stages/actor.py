@@ -1,7 +1,8 @@
 """The Ray actor of one pipeline stage: a thin shell over StageRunner.
 
 Ray runs an actor's calls one at a time, in the order one caller submitted them, so every stage
-sees the plans in dispatch order, which is what keeps the channels in step.
+sees the plans in dispatch order, which is what keeps the channels in step. StageShell holds the
+serving methods; the bench's actor (app/bench/actors.py) adds its knobs to a subclass.
 """
 
 from __future__ import annotations
@@ -14,14 +15,23 @@ import ray
 from stages.protocol import MicrobatchPlan, StageSpec, StepResult
 
 
-@ray.remote
-class StageActor:
+def _assigned_gpu() -> int:
+    """The index of Ray's GPU for this actor among the visible ones, when Ray leaves every GPU
+    of the node visible (the copy output channel)."""
+    gpu = str(ray.get_gpu_ids()[0])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",").index(gpu) if visible else int(gpu)
+
+
+class StageShell:
     def __init__(self, spec: StageSpec, torch_threads: int = 1):
         import torch
 
         logging.basicConfig(level=logging.INFO)
         if spec.device == "cpu":
             torch.set_num_threads(max(1, torch_threads))
+        elif os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
+            torch.cuda.set_device(_assigned_gpu())
         from stages.runner import StageRunner
 
         self.spec = spec
@@ -42,9 +52,6 @@ class StageActor:
         if self.start_error is not None:
             raise self.start_error
         return True
-
-    def node_ip(self) -> str:
-        return ray.util.get_node_ip_address()
 
     def open_store(self) -> tuple[str, int]:
         from stages.channels import open_store
@@ -83,15 +90,6 @@ class StageActor:
             self._launched = self.runner.launch(plan)
         return self.runner.finish(previous) if previous is not None else None
 
-    def set_policy(self, output_post: str | None = None,
-                   linear_backend: str | None = None) -> dict:
-        return self.runner.set_policy(output_post, linear_backend)
-
-    def flush_timings(self) -> tuple:
-        """(mb_id, seconds) of forwards not yet reported: the last microbatches of a run on the
-        stages before the last one complete after their step returned."""
-        return self.runner.timer.flush()
-
     def describe(self) -> dict:
         return {"stage": self.spec.stage_index, "layers": [self.spec.layer_start,
                 self.spec.layer_end], "kernels": dict(self.runner.kernels.names),
@@ -99,6 +97,5 @@ class StageActor:
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "decode_graphs": dict(self.runner.decode_graph_info)}
 
-    def close(self) -> bool:
-        self.runner.close()
-        return True
+
+StageActor = ray.remote(StageShell)

@@ -1,4 +1,4 @@
-"""Point-to-point channels between the stages of one pipeline (DESIGN §4).
+"""Point-to-point channels between the stages of one pipeline (docs/ARCHITECTURE.md#channels).
 
 All stages form one torch.distributed world (rank = stage index). Every *directed* link gets its
 own group: hidden i -> i+1 for each i, and output last -> 0. Hidden and output never share a
@@ -8,6 +8,10 @@ stream and deadlock. Sender and receiver decide from the same plan; shapes come 
 In check mode every message is preceded by a header (microbatch id, sequence number, byte count)
 that the receiver verifies: gloo honours tags, so CPU tests would otherwise miss an ordering bug
 that NCCL turns into garbage.
+
+The output link depends on the output channel: "nccl" (its own group, gloo on CPU), "copy" (a
+CUDA IPC ring, stages/copy_channel.py; no group) or "host" (nothing: stage 0 reads the ids from
+the plans).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from stages.copy_channel import CopyOutput
 
 _TIMEOUT = datetime.timedelta(minutes=30)  # a 1M-token chunk on a slow stage is not a hang
 
@@ -51,6 +57,12 @@ class PendingRecv:
             _check_header(self.header, self.mb_id, self.seq, self.buf)
         return self.buf
 
+    def landed(self) -> bool:
+        return False  # consumed when a plan needs it (the posting policy decides the rest)
+
+    def release(self) -> None:
+        """The buffer is a fresh tensor per message: nothing to give back."""
+
 
 def _header(mb_id: int, seq: int, t: torch.Tensor) -> torch.Tensor:
     return torch.tensor([mb_id, seq, t.numel() * t.element_size()], dtype=torch.int64,
@@ -74,13 +86,19 @@ def open_store(host: str) -> tuple[dist.TCPStore, int]:
 class PipelineChannels:
     """This rank's ends of the pipeline's links."""
 
-    def __init__(self, rank: int, world: int, device: torch.device, check: bool):
+    def __init__(self, rank: int, world: int, device: torch.device, check: bool,
+                 output_channel: str = "nccl", max_ids: int = 1):
+        """max_ids: the most ids one output message carries (the copy ring's width)."""
         self.rank = rank
         self.world = world
         self.device = device
         self.check = check
+        self.output_channel = output_channel
         self.hidden_links: list[_Link] = []
         self.output_link: _Link | None = None
+        self.copy: CopyOutput | None = None
+        if output_channel == "copy" and rank in (0, world - 1):
+            self.copy = CopyOutput(device, max_ids, check)
         self.output_sends = 0  # the channel's own count, compared with the plan's in tests
 
     def connect(self, host: str, port: int, store: dist.TCPStore | None = None) -> None:
@@ -94,13 +112,19 @@ class PipelineChannels:
         for i in range(self.world - 1):
             self.hidden_links.append(_Link(i, i + 1, dist.new_group([i, i + 1])))
         last = self.world - 1
-        self.output_link = _Link(last, 0, dist.new_group([last, 0]))
+        if self.output_channel == "nccl":
+            self.output_link = _Link(last, 0, dist.new_group([last, 0]))
         self._warm()
+        if self.copy is not None:
+            if self.rank == 0:
+                self.copy.serve(store)
+            else:
+                self.copy.join(store)
 
     def _warm(self) -> None:
         """One element over each link in link order: a first NCCL send otherwise blocks until
         its peer joins, in the middle of real work."""
-        for link in [*self.hidden_links, self.output_link]:
+        for link in [*self.hidden_links, *([self.output_link] if self.output_link else [])]:
             t = torch.ones(1, device=self.device)
             if self.rank == link.src:
                 dist.send(t, dst=link.dst, group=link.group)
@@ -118,9 +142,16 @@ class PipelineChannels:
     # -- sampled ids, last -> 0 ------------------------------------------------------------------
     def send_output(self, t: torch.Tensor, mb_id: int) -> list:
         self.output_sends += 1
+        if self.copy is not None:
+            self.copy.send(t, mb_id)
+            return []
         return self._isend(self.output_link, t, mb_id)
 
-    def post_output_recv(self, buf: torch.Tensor, mb_id: int) -> PendingRecv:
+    def post_output_recv(self, num_ids: int, mb_id: int):
+        """A PendingRecv (nccl) or PendingCopy (copy) of one message of num_ids ids."""
+        if self.copy is not None:
+            return self.copy.expect(mb_id, num_ids)
+        buf = torch.empty(num_ids, dtype=torch.long, device=self.device)
         return self._irecv(self.output_link, buf, mb_id)
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -142,7 +173,3 @@ class PipelineChannels:
         pending = PendingRecv(mb_id, buf, works, header, link, link.seq)
         link.seq += 1
         return pending
-
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()

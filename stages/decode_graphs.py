@@ -43,9 +43,9 @@ def is_decode_row(r: Row) -> bool:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, kv: PagedKVCache, *, num_slots: int,
-                 max_model_len: int, scratch_slot: int, hidden_size: int, kv_heads: int,
-                 dtype: torch.dtype, device: torch.device, is_first: bool, max_rows: int,
-                 eager: bool):
+                 max_model_len: int, scratch_slot: int, hidden_shape: tuple[int, ...],
+                 kv_heads: int, dtype: torch.dtype, device: torch.device, is_first: bool,
+                 max_rows: int, eager: bool):
         self.model, self.kv = model, kv
         self.block_size = kv.block_size
         self.max_model_len = max_model_len
@@ -60,7 +60,7 @@ class DecodeGraphs:
         if is_first:
             self.inputs = torch.zeros(top, dtype=torch.long, device=device)
         else:
-            self.inputs = torch.zeros(top, hidden_size, dtype=dtype, device=device)
+            self.inputs = torch.zeros(top, *hidden_shape, dtype=dtype, device=device)
         self.batches: dict[int, PagedDecodeBatch] = {}
         self.meta: dict[int, torch.Tensor] = {}
         for b in self.buckets:

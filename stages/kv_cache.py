@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from stages.mla_cache import LatentKVCache, latent_components
 from stages.model_config import ModelArgs
 
 
 def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype) -> int:
-    """Cache bytes one token costs in one layer: K and V, or MLA's latent components."""
+    """Cache bytes one token costs in one layer: the family's cache components together."""
     elem = torch.empty((), dtype=dtype).element_size()
-    if args.deepseek is not None:
-        return sum(latent_components(args).values()) * elem
-    return 2 * args.num_key_value_heads * args.head_dim * elem
+    return sum(args.family.kv_components(args).values()) * elem
 
 
 def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
@@ -24,9 +21,8 @@ def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
 
 def make_kv_cache(args: ModelArgs, num_local_layers: int, num_blocks: int, block_size: int,
                   dtype: torch.dtype, device: str | torch.device):
-    """The cache the model family reads: K/V pages, or MLA latent pages."""
-    cls = LatentKVCache if args.deepseek is not None else PagedKVCache
-    return cls(args, num_local_layers, num_blocks, block_size, dtype, device)
+    """The cache class the model family declares (K/V pages, MLA latent pages, ...)."""
+    return args.family.cache()(args, num_local_layers, num_blocks, block_size, dtype, device)
 
 
 class PagedKVCache:

@@ -14,11 +14,9 @@ from safetensors import safe_open
 from stages import protocol
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
-from stages.models.deepseek import DeepseekStage
-from stages.models.llama import LlamaStage
 
 log = logging.getLogger(__name__)
-StageModel = LlamaStage | DeepseekStage
+StageModel = torch.nn.Module  # a family's stage class (stages/models/families.py)
 DTYPES = {**{name: getattr(torch, name) for name in protocol.DTYPES},
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -51,7 +49,7 @@ def _weight_files(path: str) -> dict[str, str]:
 
 def tensor_sources(model: StageModel) -> dict[str, list[tuple[str, tuple]]]:
     """Parameter name -> (checkpoint tensor, index into the parameter) per piece: the tensor
-    of the same name, or the pieces a model stacks (DeepSeek's routed experts)."""
+    of the same name, or the pieces a model fuses or stacks (q/k/v, routed experts)."""
     custom = model.checkpoint_sources() if hasattr(model, "checkpoint_sources") else {}
     return {n: custom.get(n) or [(checkpoint_name(n), ())] for n, _ in model.named_parameters()}
 
@@ -88,7 +86,6 @@ def load_stage_weights(model: StageModel, path: str, args: ModelArgs, layer_star
     by_file: dict[str, list[tuple[str, tuple, torch.Tensor]]] = {}
     for piece in pieces:
         by_file.setdefault(files[piece[0]], []).append(piece)
-    block = args.deepseek.fp8_block if args.deepseek is not None else None
     dequantized = 0
     with torch.no_grad():
         for file, group in sorted(by_file.items()):
@@ -100,7 +97,7 @@ def load_stage_weights(model: StageModel, path: str, args: ModelArgs, layer_star
                         with safe_open(files[n + "_scale_inv"], framework="pt",
                                        device="cpu") as fs:
                             t = dequantize_fp8(t, fs.get_tensor(n + "_scale_inv"),
-                                               block or (128, 128))
+                                               args.fp8_block or (128, 128))
                         dequantized += 1
                     if tuple(t.shape) != tuple(target.shape):
                         raise ValueError(f"{n}: checkpoint shape {tuple(t.shape)}, model "
@@ -138,9 +135,8 @@ def build_stage_model(args: ModelArgs, model_path: str | None, layer_start: int,
                       dtype: torch.dtype | str, device: str | torch.device,
                       seed: int = 0) -> StageModel:
     """The stage's module with its weights loaded (or seeded random when model_path is None)."""
-    cls = DeepseekStage if args.deepseek is not None else LlamaStage
-    model = cls(args, layer_start, layer_end, is_first, is_last, kernels,
-                       resolve_dtype(dtype), device)
+    model = args.family.stage()(args, layer_start, layer_end, is_first, is_last, kernels,
+                                resolve_dtype(dtype), device)
     if model_path is None:
         random_init(model, seed)
     else:

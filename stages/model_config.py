@@ -9,14 +9,11 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
-from stages.deepseek_config import DEEPSEEK_MODEL_TYPES, DeepseekArgs
+from stages.models.families import Family, family_of
 
 log = logging.getLogger(__name__)
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *DEEPSEEK_MODEL_TYPES)
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
-DEEPSEEK_ROPE_TYPES = ("default", "yarn")
 
 # The built-in random model; byte-level vocabulary: 0..255 bytes, 256 <bos>, 257 <eos>, rest unused.
 BUILTIN_CONFIG: dict = {
@@ -58,14 +55,18 @@ class ModelArgs:
     mlp_bias: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
-    deepseek: DeepseekArgs | None = None  # MLA + MoE (head_dim is then the q/k head dim)
+    fp8_block: tuple[int, int] | None = None  # weight_scale_inv block of an FP8 checkpoint
+    # The family's own arguments (stages/models/families.py), read only by its model code.
+    family_args: Any = None
+
+    @property
+    def family(self) -> Family:
+        return family_of(self.model_type)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "ModelArgs":
         model_type = d.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unsupported model_type {model_type!r}; ppserve supports "
-                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        family = family_of(model_type)
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {d['hidden_act']!r} (only silu)")
         if d.get("sliding_window") and d.get("use_sliding_window", model_type == "mistral"):
@@ -74,41 +75,40 @@ class ModelArgs:
             log.warning("ignoring sliding_window=%s: ppserve uses full attention",
                         d["sliding_window"])
         heads = int(d["num_attention_heads"])
-        deepseek = DeepseekArgs.from_hf_dict(d) if model_type in DEEPSEEK_MODEL_TYPES else None
-        head_dim = (deepseek.qk_head_dim if deepseek else
-                    d.get("head_dim") or int(d["hidden_size"]) // heads)
-        theta, scaling = _rope(d, DEEPSEEK_ROPE_TYPES if deepseek else SUPPORTED_ROPE_TYPES)
-        if model_type == "qwen2":
-            attention_bias = bool(d.get("attention_bias", True))
-            o_proj_bias = False
-        else:
-            attention_bias = bool(d.get("attention_bias", False))
-            o_proj_bias = attention_bias
+        theta, scaling = _rope(d, family.rope_types)
         eos = d.get("eos_token_id")
         eos_list = [] if eos is None else eos if isinstance(eos, list) else [eos]
-        return cls(
+        fields = dict(
             model_type=model_type,
             vocab_size=int(d["vocab_size"]),
             hidden_size=int(d["hidden_size"]),
             intermediate_size=int(d["intermediate_size"]),
             num_hidden_layers=int(d["num_hidden_layers"]),
             num_attention_heads=heads,
-            # MLA: every query head has its own K/V once the latent is expanded
-            num_key_value_heads=heads if deepseek else int(d.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=attention_bias,
-            o_proj_bias=o_proj_bias,
-            qk_norm=model_type == "qwen3",
             mlp_bias=bool(d.get("mlp_bias", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=tuple(int(e) for e in eos_list),
-            deepseek=deepseek,
+            fp8_block=_fp8_block(d),
         )
+        return cls(**{**fields, **family.fields(d)})
+
+
+def _fp8_block(d: dict) -> tuple[int, int] | None:
+    quant = d.get("quantization_config") or {}
+    if not quant:
+        return None
+    if quant.get("quant_method") != "fp8":
+        raise ValueError(f"unsupported quantization {quant.get('quant_method')!r} (only "
+                         f"block-scaled fp8)")
+    block = quant.get("weight_block_size") or (128, 128)
+    return int(block[0]), int(block[1])
 
 
 def _rope(d: dict, supported: tuple[str, ...]) -> tuple[float, dict | None]:

@@ -13,6 +13,10 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: the checkpoint's shapes with seeded random weights
 OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late: before its use
+# How the sampled ids travel from the last stage to stage 0 (docs/ARCHITECTURE.md#channels):
+# auto (resolved by the pipeline), nccl (gloo on CPU), copy (CUDA IPC peer copy + interprocess
+# event, one node), host (stage 0 reads them from the plans: no output message at all).
+OUTPUT_CHANNELS = ("auto", "nccl", "copy", "host")
 
 
 @dataclass(frozen=True)
@@ -160,27 +164,31 @@ class StepResult:
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # last stage, for the rows that ask
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StageSpec:
+    """What one stage is told at creation; EngineConfig.stage_spec (app/config.py) derives it
+    from the engine options, which hold every default and check."""
+
     stage_index: int
     num_stages: int
     layer_start: int
     layer_end: int  # exclusive
     model_path: str | None  # None: the built-in random model
-    load_format: str = "auto"  # "dummy": the checkpoint's shapes with seeded random weights
-    device: str = "cpu"
-    dtype: str = "float32"
-    block_size: int = 64
-    max_running: int = 256  # slots in next_tokens
-    kv_cache_bytes: int | None = None  # CPU budget; None: from gpu_memory_utilization on GPU
-    gpu_memory_utilization: float = 0.9
-    channel_check: bool = False  # test mode: every message carries a checked header
-    output_post: str = "early"  # "early": recv posted at dispatch; "late": before its consumer
-    linear_backend: str = "auto"
-    attention_backend: str = "auto"
-    seed: int = 0  # the built-in random model's seed
-    max_model_len: int = 0  # width of the decode graphs' block tables; 0: no decode graphs
-    enforce_eager: bool = False  # decode-only microbatches run the paged path without graphs
+    load_format: str  # "dummy": the checkpoint's shapes with seeded random weights
+    device: str
+    dtype: str  # resolved: never "auto"
+    block_size: int
+    max_running: int  # slots in next_tokens
+    kv_cache_bytes: int  # the KV budget on CPU (on GPU it comes from gpu_memory_utilization)
+    gpu_memory_utilization: float
+    channel_check: bool  # test mode: every message carries a checked header
+    output_post: str  # "early": recv posted at dispatch; "late": before its consumer
+    output_channel: str  # resolved: "nccl", "copy" or "host" (never "auto")
+    linear_backend: str
+    attention_backend: str
+    seed: int  # the built-in random model's seed
+    max_model_len: int  # width of the decode graphs' block tables; 0: no decode graphs
+    enforce_eager: bool  # decode-only microbatches run the paged path without graphs
 
     @property
     def is_first(self) -> bool:

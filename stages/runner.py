@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from stages.channels import ChannelError, PendingRecv, PipelineChannels
+from stages.copy_channel import PendingCopy
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import moe_backend_for, select_kernels
-from stages.kv_cache import PagedKVCache, bytes_per_block, bytes_per_token_layer, make_kv_cache
+from stages.kv_cache import bytes_per_block, bytes_per_token_layer, make_kv_cache
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, PromptLogprobs, SampledToken, StageSpec, StepResult
@@ -59,12 +60,12 @@ class StageRunner:
             self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
             spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
             spec.seed)
-        self.kv: PagedKVCache | None = None  # a LatentKVCache for MLA models
+        self.kv = None  # the family's cache class (PagedKVCache for K/V pages)
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
         self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
+        self.family = self.args.family
         log.info("KV cache: %d bytes per token per layer (%s)",
-                 bytes_per_token_layer(self.args, self.dtype),
-                 "MLA latent" if self.args.deepseek else "K and V")
+                 bytes_per_token_layer(self.args, self.dtype), self.family.kv_description)
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
@@ -73,10 +74,15 @@ class StageRunner:
         self.sampling: dict[str, object] = {}
         self.prompt_ids: dict[str, tuple[int, ...]] = {}
         self.output_ids: dict[str, list[int]] = {}
-        # Stage 0: where decode rows read their input token (DESIGN §3 step 5).
+        # Stage 0: where decode rows read their input token
+        # (docs/ARCHITECTURE.md#run-ahead-decoding).
         self.next_tokens = torch.zeros(spec.max_running, dtype=torch.long, device=self.device)
         self.slot_writer = [-1] * spec.max_running  # mb whose output last wrote each slot
-        self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | None]] = deque()
+        # Output messages stage 0 expects, in plan order; None until posted (nccl: an irecv;
+        # copy: a PendingCopy). The host channel has none: decode rows carry their token.
+        self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | PendingCopy | None]] = (
+            deque())
+        self.output_channel = spec.output_channel
         self.pending_sends: list = []  # (work, tensor) pairs not yet waited
         self.sampler = Sampler(self.device, spec.seed) if spec.is_last else None
         self.output_post = spec.output_post
@@ -85,6 +91,11 @@ class StageRunner:
 
     # -- setup -----------------------------------------------------------------------------------
     @property
+    def sends_outputs(self) -> bool:
+        """Whether sampled ids travel to stage 0 by a message (not with the host channel)."""
+        return self.output_channel != "host"
+
+    @property
     def num_local_layers(self) -> int:
         return self.spec.layer_end - self.spec.layer_start
 
@@ -92,10 +103,10 @@ class StageRunner:
     def uses_decode_graphs(self) -> bool:
         """Decode-only microbatches take the paged path (graphed unless enforce_eager) where
         a paged decode kernel runs: CUDA with Triton, and a block size it supports; for the
-        Llama family (MLA models decode through their own absorbed path)."""
+        families that declare it (others decode through their own path)."""
         bs = self.spec.block_size
         return (self.device.type == "cuda" and self.spec.max_model_len > 0
-                and self.args.deepseek is None
+                and self.family.paged_decode_graphs
                 and self.kernels.names["paged_decode"] != "torch"
                 and bs >= 16 and bs & (bs - 1) == 0)
 
@@ -109,7 +120,7 @@ class StageRunner:
             if self.uses_decode_graphs:  # the scratch block, graph pools, activations
                 budget -= DECODE_GRAPH_RESERVE + per_block
         else:
-            budget = self.spec.kv_cache_bytes or (1 << 30)
+            budget = self.spec.kv_cache_bytes
         return max(0, budget // max(per_block, 1))
 
     def allocate_kv(self, num_blocks: int) -> None:
@@ -126,7 +137,8 @@ class StageRunner:
             self.model, self.kv, num_slots=self.spec.max_running,
             max_model_len=self.spec.max_model_len,
             scratch_slot=(self.kv.num_blocks - 1) * self.spec.block_size,
-            hidden_size=self.args.hidden_size, kv_heads=self.args.num_key_value_heads,
+            hidden_shape=self.family.hidden_shape(self.args),
+            kv_heads=self.args.num_key_value_heads,
             dtype=self.dtype, device=self.device, is_first=self.spec.is_first,
             max_rows=self.spec.max_running, eager=self.spec.enforce_eager)
         for req_id, table in self.block_tables.items():  # a recapture keeps live requests
@@ -140,7 +152,7 @@ class StageRunner:
         cache, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request
         needs them. Only where attention is cuDNN: the torch reference has nothing to build."""
         if (self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks
-                or self.args.deepseek is not None):  # MLA prefill shapes: not built ahead
+                or not self.family.cudnn_warm_up):  # e.g. MLA prefill shapes: not built ahead
             return {"shapes": 0, "seconds": 0.0}
         from stages.kernels.cudnn_attention import diagonal_sizes
 
@@ -162,7 +174,8 @@ class StageRunner:
 
     def connect(self, host: str, port: int, store=None) -> None:
         self.channels = PipelineChannels(self.spec.stage_index, self.spec.num_stages,
-                                         self.device, self.spec.channel_check)
+                                         self.device, self.spec.channel_check,
+                                         self.spec.output_channel, self.spec.max_running)
         self.channels.connect(host, port, store)
 
     # -- one microbatch --------------------------------------------------------------------------
@@ -174,6 +187,8 @@ class StageRunner:
         """Queue the microbatch's work on the device; `finish` reads its results."""
         self._apply_deltas(plan)
         self._wait_sends()
+        if self.spec.is_first and self.output_channel == "copy":
+            self._consume_landed()
         graphs = self.decode_graphs
         bucket = graphs.bucket_for(plan.rows) if graphs is not None else None
         batch = None
@@ -184,8 +199,8 @@ class StageRunner:
         if self.spec.is_first:
             inputs = self._input_ids(plan)
         else:
-            inputs = self.channels.recv_hidden((plan.num_tokens, self.args.hidden_size),
-                                               self.dtype, plan.mb_id)
+            inputs = self.channels.recv_hidden(
+                (plan.num_tokens, *self.family.hidden_shape(self.args)), self.dtype, plan.mb_id)
         self.timer.start(plan.mb_id)
         graphed = batch is None and not graphs.eager
         if batch is None:  # every row samples: the hidden rows are the sampling rows
@@ -195,7 +210,7 @@ class StageRunner:
         if not self.spec.is_last:
             self.timer.stop()
             self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
-            if self.spec.is_first and self.channels is not None:
+            if self.spec.is_first and self.channels is not None and self.sends_outputs:
                 self._post_outputs(plan)
             return LaunchedStep(plan, graphed, result=StepResult(
                 plan.mb_id, self.spec.stage_index, forward_s=self.timer.last_elapsed(),
@@ -203,7 +218,7 @@ class StageRunner:
         picked = self._pick(plan, hidden, batch)
         timing = self.timer.stop()
         if picked is not None:
-            if self.spec.is_first:  # PP=1: the "channel" is a local scatter
+            if self.spec.is_first and self.sends_outputs:  # PP=1: a local scatter
                 self._scatter_local(plan, picked.token_ids)
             picked.copy_to_host()
         return LaunchedStep(plan, graphed, picked, timing)
@@ -316,8 +331,8 @@ class StageRunner:
     def _post_queued(self) -> None:
         for i, (plan, pending) in enumerate(self.pending_outputs):
             if pending is None:
-                buf = torch.empty(len(plan.rows), dtype=torch.long, device=self.device)
-                self.pending_outputs[i] = (plan, self.channels.post_output_recv(buf, plan.mb_id))
+                posted = self.channels.post_output_recv(len(plan.rows), plan.mb_id)
+                self.pending_outputs[i] = (plan, posted)
 
     def _ensure_output(self, mb_id: int | None) -> None:
         """Complete output recvs in order up to the one carrying mb_id."""
@@ -325,15 +340,29 @@ class StageRunner:
             return
         while self.pending_outputs and self.pending_outputs[0][0].mb_id <= mb_id:
             self._post_queued()
-            plan, pending = self.pending_outputs.popleft()
-            buf = pending.wait()
-            rows = [i for i, r in enumerate(plan.rows) if r.sample]
-            if rows:
-                idx = self._to_device(rows)
-                slots = self._to_device([plan.rows[i].slot for i in rows])
-                self.next_tokens[slots] = buf[idx]
-                for i in rows:
-                    self.slot_writer[plan.rows[i].slot] = plan.mb_id
+            self._consume_head()
+
+    def _consume_landed(self) -> None:
+        """Copy channel: consume the messages that are already on the device, in order, so
+        that ring slots of outputs nobody reads (orphans, `off` sends) come free; the
+        stream waits then cost nothing."""
+        self._post_queued()
+        while self.pending_outputs and self.pending_outputs[0][1].landed():
+            self._consume_head()
+
+    def _consume_head(self) -> None:
+        """Scatter the oldest posted output message into next_tokens (the stream waits for
+        it just before), then give its buffer back."""
+        plan, pending = self.pending_outputs.popleft()
+        buf = pending.wait()
+        rows = [i for i, r in enumerate(plan.rows) if r.sample]
+        if rows:
+            idx = self._to_device(rows)
+            slots = self._to_device([plan.rows[i].slot for i in rows])
+            self.next_tokens[slots] = buf[idx]
+            for i in rows:
+                self.slot_writer[plan.rows[i].slot] = plan.mb_id
+        pending.release()
 
     def _scatter_local(self, plan: MicrobatchPlan, token_ids: torch.Tensor) -> None:
         if not plan.send_output:
@@ -346,9 +375,10 @@ class StageRunner:
     # -- last stage: sample and send ---------------------------------------------------------------
     def _pick(self, plan, hidden, batch: ForwardBatch | None) -> Picked | None:
         sample_rows = [r for r in plan.rows if r.sample]
+        sends = plan.send_output and self.channels is not None and self.sends_outputs
         prompt = self._prompt_logprobs(plan, hidden, batch)
         if not sample_rows:
-            if plan.send_output and self.channels is not None:
+            if sends:
                 self._send_output(plan, None)
             if not prompt:
                 return None
@@ -363,7 +393,7 @@ class StageRunner:
                      for r in sample_rows]
         picked = self.sampler.pick(logits, to_sample)
         picked.prompt = prompt
-        if plan.send_output and self.channels is not None:
+        if sends:
             self._send_output(plan, picked.token_ids)
         return picked
 
@@ -400,23 +430,3 @@ class StageRunner:
             if token_ids is not None:
                 out[self._to_device(sampling)] = token_ids
         self.pending_sends += self.channels.send_output(out, plan.mb_id)
-
-    def set_policy(self, output_post: str | None = None, linear_backend: str | None = None):
-        """Bench knobs, applied between requests: where stage 0 posts output recvs, and which
-        linear backend the layers call."""
-        if output_post is not None:
-            self.output_post = output_post
-        if linear_backend is not None:
-            names = self.kernels.names
-            self.kernels = select_kernels(self.spec.device, linear_backend, names["attention"],
-                                          names["mla_decode"], moe_backend_for(linear_backend))
-            for module in self.model.modules():
-                if hasattr(module, "kernels"):
-                    module.kernels = self.kernels
-            if self.decode_graphs is not None:  # the graphs hold the old kernels' launches
-                self._build_decode_graphs()
-        return dict(self.kernels.names, output_post=self.output_post)
-
-    def close(self) -> None:
-        if self.channels is not None:
-            self.channels.close()

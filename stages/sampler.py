@@ -160,10 +160,6 @@ class Sampler:
         self._unseeded = torch.Generator(device=device)
         self._unseeded.manual_seed(seed ^ 0x5EED)
 
-    def sample(self, logits: torch.Tensor, rows: list[RowToSample]) -> list[Sampled]:
-        """logits: float32 [R, V]. Returns one Sampled per row, in order."""
-        return self.collect(self.pick(logits, rows))
-
     def pick(self, logits: torch.Tensor, rows: list[RowToSample]) -> Picked:
         """Choose every row's token on the device, without waiting for it."""
         need_logprobs = any(r.spec.logprobs is not None for r in rows)

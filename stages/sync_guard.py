@@ -1,13 +1,14 @@
 """Check mode on CUDA: fail loudly if anything synchronises the device while a recv is posted.
 
 A posted NCCL recv only completes when its peer sends; a device-wide synchronise (or
-empty_cache) behind it can wait on the very work that would trigger that send (DESIGN §4).
-Installed per stage process, only when the pipeline runs with channel_check.
+empty_cache) behind it can wait on the very work that would trigger that send
+(docs/ARCHITECTURE.md#channels). Installed per stage process, only when the pipeline runs with
+channel_check.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -17,8 +18,8 @@ class SyncWhileRecvPosted(RuntimeError):
 
 
 def install_sync_guard(recv_posted: Callable[[], bool]) -> None:
-    def guarded(name: str, fn: Callable) -> Callable:
-        def wrapper(*args, **kwargs):
+    def guarded(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             if recv_posted():
                 raise SyncWhileRecvPosted(f"torch.cuda.{name}() called while an output recv "
                                           "is posted on this stage")

@@ -15,16 +15,16 @@ import torch
 
 @dataclass
 class Measurement:
-    start: object  # torch.cuda.Event, None on CPU
-    end: object
+    start: torch.cuda.Event | None  # None on CPU
+    end: torch.cuda.Event | None
     seconds: float | None = None  # known at stop on CPU, on first read on CUDA
 
 
 class StageTimer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self._open = None
-        self._done: deque = deque(maxlen=64)
+        self._open: torch.cuda.Event | float | None = None  # start event (CUDA) or time (CPU)
+        self._done: deque[tuple[int, torch.cuda.Event, torch.cuda.Event]] = deque(maxlen=64)
         self._last = 0.0
         self._mb = -1
         self._finished: list[tuple[int, float]] = []
@@ -40,19 +40,17 @@ class StageTimer:
 
     def stop(self) -> Measurement | None:
         """Close the open measurement; its handle tells when it completed and how long it took."""
-        if self._open is None:
+        opened, self._open = self._open, None
+        if opened is None:
             return None
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._done.append((self._mb, self._open, end))
-            handle = Measurement(self._open, end)
-        else:
-            self._last = time.perf_counter() - self._open
+        if isinstance(opened, float):
+            self._last = time.perf_counter() - opened
             self._finished.append((self._mb, self._last))
-            handle = Measurement(None, None, self._last)
-        self._open = None
-        return handle
+            return Measurement(None, None, self._last)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._done.append((self._mb, opened, end))
+        return Measurement(opened, end)
 
     @staticmethod
     def elapsed(handle: Measurement | None) -> float:
@@ -60,6 +58,8 @@ class StageTimer:
         if handle is None:
             return 0.0
         if handle.seconds is None:
+            if handle.start is None or handle.end is None:
+                raise ValueError("a CUDA measurement without its events")
             handle.end.synchronize()
             handle.seconds = handle.start.elapsed_time(handle.end) / 1000.0
         return handle.seconds

@@ -21,7 +21,9 @@ import json
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +32,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from stages.kernels import cudnn_attention, torch_ref
 
 HQ, HKV, D = 32, 8, 128
+# (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,D], scale) -> [t,Hq,D]
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 CASES = [(4096, 8192), (4096, 32768), (8192, 16384), (8192, 65536), (8192, 131072)]
 SQUARES = [8192, 16384, 32768]
 
 
-def cuda_median_ms(fn, reps: int = 5) -> float:
+def cuda_median_ms(fn: Callable[[], object], reps: int = 5) -> float:
     """Median milliseconds of fn() over reps, CUDA events, after one warm-up call."""
     fn()
     torch.cuda.synchronize()
@@ -46,7 +50,7 @@ def cuda_median_ms(fn, reps: int = 5) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return float(statistics.median(times))
 
 
 def _bhld(x: torch.Tensor) -> torch.Tensor:
@@ -57,7 +61,8 @@ def _repeat(k: torch.Tensor) -> torch.Tensor:
     return k.repeat_interleave(HQ // k.shape[1], dim=1)
 
 
-def sdpa_repeat(q, k, v, scale):
+def sdpa_repeat(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                scale: float) -> torch.Tensor:
     from torch.nn.attention.bias import causal_lower_right
     t, length = q.shape[0], k.shape[0]
     out = F.scaled_dot_product_attention(_bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v)),
@@ -65,7 +70,8 @@ def sdpa_repeat(q, k, v, scale):
     return out[0].transpose(0, 1)
 
 
-def _op_with_lse(kind: str, q, k, v, causal: bool, scale: float):
+def _op_with_lse(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [1,H,t,D], lse [1,H,t]) from the aten op that returns the log-sum-exp."""
     if kind == "cudnn":
         res = torch.ops.aten._scaled_dot_product_cudnn_attention(
@@ -77,9 +83,9 @@ def _op_with_lse(kind: str, q, k, v, causal: bool, scale: float):
     return out, lse.reshape(out.shape[:3]).float()
 
 
-def split_variant(kind: str):
+def split_variant(kind: str) -> Attention:
     """The split with KV heads repeated, on cuDNN or flash (variants the engine did not take)."""
-    def run(q, k, v, scale):
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         t, length = q.shape[0], k.shape[0]
         q_, k_, v_ = _bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v))
         diag, diag_lse = _op_with_lse(kind, q_, k_[:, :, length - t:], v_[:, :, length - t:],
@@ -93,8 +99,8 @@ def split_variant(kind: str):
     return run
 
 
-def square(backend):
-    def run(q, k, v, scale):
+def square(backend: SDPBackend | None) -> Attention:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         with sdpa_kernel([backend]) if backend is not None else nullcontext():
             out = F.scaled_dot_product_attention(_bhld(q), _bhld(_repeat(k)), _bhld(_repeat(v)),
                                                  is_causal=True, scale=scale)
@@ -102,12 +108,12 @@ def square(backend):
     return run
 
 
-def flex_factory():
+def flex_factory() -> Attention:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     compiled = torch.compile(flex_attention, dynamic=False)
-    masks: dict = {}
+    masks: dict[tuple[int, int], Any] = {}
 
-    def run(q, k, v, scale):
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         t, length = q.shape[0], k.shape[0]
         if (t, length) not in masks:
             off = length - t
@@ -119,7 +125,7 @@ def flex_factory():
     return run
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles)")

@@ -1,4 +1,5 @@
-"""Kernel-level contention table (DESIGN §1, issue 4 item 3a), and the Triton GEMM tuning sweep.
+"""Kernel-level contention table (docs/ARCHITECTURE.md#why-the-output-channel-matters), and the
+Triton GEMM tuning sweep.
 
 On rank 1 of a 2-process NCCL group, each kernel is timed alone and then with one NCCL irecv
 pending on the same GPU (posted before the timed loop; rank 0 issues the matching send only after
@@ -16,13 +17,16 @@ the contention table, 1 for the sweep. NCCL_NVLS_ENABLE=0 is kept (set if absent
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +49,7 @@ def _command() -> str:
     return "python -m app.bench.contention " + " ".join(sys.argv[1:])
 
 
-def _environment() -> dict:
+def _environment() -> dict[str, Any]:
     import triton
 
     props = torch.cuda.get_device_properties(0)
@@ -70,7 +74,7 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.float(), ref.float()
     if not torch.isfinite(out).all():
         return float("inf")
-    return ((out - ref).norm() / ref.norm()).item()
+    return float(((out - ref).norm() / ref.norm()).item())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ def candidate_configs(m: int) -> list[tg.GemmConfig]:
     return configs
 
 
-def tune(path: str) -> dict:
+def tune(path: str) -> dict[str, Any]:
     import triton.testing
 
     dev = torch.device("cuda", 0)
@@ -104,7 +108,7 @@ def tune(path: str) -> dict:
     shapes = [("gemm8192", 8192, 8192, 8192)]
     shapes += [(name, m, n, k) for m in TOKENS for name, (n, k) in LLAMA8B_LINEARS.items()]
     shapes += [(name, TUNE_MEDIUM_M, n, k) for name, (n, k) in LLAMA8B_LINEARS.items()]
-    report = {"command": _command(), "environment": _environment(), "grid": sms,
+    report: dict[str, Any] = {"command": _command(), "environment": _environment(), "grid": sms,
               "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed)",
               "check": "rel. Frobenius error vs cuBLAS bf16 output < 1e-2",
               "shapes": [], "best": []}
@@ -114,20 +118,21 @@ def tune(path: str) -> dict:
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         ref = F.linear(x, w)
         flops = 2.0 * m * n * k
-        def cublas(x=x, w=w):
+        def cublas(x: torch.Tensor = x, w: torch.Tensor = w) -> torch.Tensor:
             return F.linear(x, w)
 
         cublas_ms = [triton.testing.do_bench(cublas, return_mode="median")]
-        rows = []
+        rows: list[dict[str, Any]] = []
         for cfg in candidate_configs(m):
             out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
-            row = {"config": cfg.as_dict()}
+            row: dict[str, Any] = {"config": cfg.as_dict()}
             try:
                 tg.launch(x, w, None, out, sms, cfg)
                 torch.cuda.synchronize()
                 row["rel_err"] = _rel_err(out, ref)
                 if row["rel_err"] < 1e-2:
-                    def run(x=x, w=w, out=out, cfg=cfg):
+                    def run(x: torch.Tensor = x, w: torch.Tensor = w, out: torch.Tensor = out,
+                            cfg: tg.GemmConfig = cfg) -> Any:
                         return tg.launch(x, w, None, out, sms, cfg)
 
                     ms = triton.testing.do_bench(run, return_mode="median")
@@ -179,26 +184,28 @@ def _cases() -> list[tuple[str, str, int, int, int]]:
     return cases
 
 
-def _build_case(backend: str, m: int, n: int, k: int, dev: torch.device):
+def _build_case(backend: str, m: int, n: int, k: int,
+                dev: torch.device) -> tuple[Callable[[], torch.Tensor], float, dict[str, Any]]:
     """Return (fn, flops, info) for one case of _cases()."""
     if backend.startswith("sdpa"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         shape = (1, n, m, k)  # batch, heads, tokens, head dim
         q, kk, v = (torch.randn(shape, device=dev, dtype=torch.bfloat16) for _ in range(3))
-        def fn():
+        def sdpa() -> torch.Tensor:
             if backend == "sdpa-default":
                 return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                 return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
 
         flops = 4.0 * n * m * m * k / 2  # QK^T and PV, half of the square (causal)
-        return fn, flops, {"shape": list(shape), "backend": backend, "causal": True}
+        return sdpa, flops, {"shape": list(shape), "backend": backend, "causal": True}
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-    info = {"M": m, "N": n, "K": k, "backend": backend}
+    info: dict[str, Any] = {"M": m, "N": n, "K": k, "backend": backend}
+    fn: Callable[[], torch.Tensor]
     if backend == "cublas":
-        fn = lambda x=x, w=w: F.linear(x, w)  # noqa: E731
+        fn = functools.partial(F.linear, x, w)
     else:
         sm1 = backend == "triton-sm1"
         fn = (lambda: tg.linear_sm1(x, w)) if sm1 else (lambda: tg.linear(x, w))
@@ -208,7 +215,7 @@ def _build_case(backend: str, m: int, n: int, k: int, dev: torch.device):
     return fn, 2.0 * m * n * k, info
 
 
-def _time(fn, iters: int) -> list[float]:
+def _time(fn: Callable[[], object], iters: int) -> list[float]:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for s, e in zip(starts, ends):
@@ -225,7 +232,8 @@ def _worker(rank: int, port: int, iters: int, rounds: int, result_path: str) -> 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=600))
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=600))
     dist.init_process_group("nccl", store=store, rank=rank, world_size=2, device_id=dev)
     msg = torch.zeros(64, dtype=torch.int64, device=dev)  # 512 bytes: a microbatch's token ids
     if rank == 0:
@@ -249,6 +257,8 @@ def _worker(rank: int, port: int, iters: int, rounds: int, result_path: str) -> 
         for r in range(rounds):
             alone.append(_time(fn, iters))
             req = dist.irecv(msg, src=0)
+            if req is None:
+                raise RuntimeError("irecv gave no work handle")
             time.sleep(0.002)  # let the recv kernel reach the GPU before the timed launches
             contended.append(_time(fn, iters))
             pending.append(not req.is_completed())
@@ -278,17 +288,18 @@ def _worker(rank: int, port: int, iters: int, rounds: int, result_path: str) -> 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def contention(out: str, iters: int, rounds: int) -> dict:
+def contention(out: str, iters: int, rounds: int) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     if torch.cuda.device_count() < 2:
         raise SystemExit("the contention table needs 2 GPUs (one NCCL send/recv pair)")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     tmp = out + ".rank1.tmp"
-    mp.spawn(_worker, args=(_free_port(), iters, rounds, tmp), nprocs=2, join=True)
+    mp.spawn(_worker,  # type: ignore[attr-defined,no-untyped-call]
+             args=(_free_port(), iters, rounds, tmp), nprocs=2, join=True)
     with open(tmp) as f:
         rows = json.load(f)
     os.remove(tmp)

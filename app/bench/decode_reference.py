@@ -8,8 +8,14 @@ model's shapes. What ppserve's decode step is measured against (issue 12's targe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 
-def graph_decode_step_s(cfg: dict, rows: int, kv_len: int, steps: int = 50) -> dict:
+if TYPE_CHECKING:
+    import torch
+
+
+def graph_decode_step_s(cfg: dict[str, Any], rows: int, kv_len: int,
+                        steps: int = 50) -> dict[str, Any]:
     """Median seconds of one replayed decode step of `rows` rows over `kv_len` keys, for the
     Hugging Face config dict `cfg` (Llama family); also the eager loop's median. Leaves the
     GPU's memory to the engine that starts next."""
@@ -20,7 +26,7 @@ def graph_decode_step_s(cfg: dict, rows: int, kv_len: int, steps: int = 50) -> d
     return result
 
 
-def _measure(cfg: dict, rows: int, kv_len: int, steps: int) -> dict:
+def _measure(cfg: dict[str, Any], rows: int, kv_len: int, steps: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -32,7 +38,7 @@ def _measure(cfg: dict, rows: int, kv_len: int, steps: int) -> dict:
     d = cfg.get("head_dim") or h // hq
     layers, vocab = cfg["num_hidden_layers"], cfg["vocab_size"]
 
-    def w(*shape):
+    def w(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=dev, dtype=dt) * 0.02
 
     weights = [dict(qkv=w((hq + 2 * hkv) * d, h), o=w(h, hq * d), gate_up=w(2 * inter, h),
@@ -47,15 +53,15 @@ def _measure(cfg: dict, rows: int, kv_len: int, steps: int) -> dict:
     cos = torch.cat((ang, ang), -1).cos().to(dt)[:, None, :]
     sin = torch.cat((ang, ang), -1).sin().to(dt)[:, None, :]
 
-    def norm(x, g):
+    def norm(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         return g * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dt)
 
-    def rope(x):
+    def rope(x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
-    def step():
+    def step() -> torch.Tensor:
         x = embed[ids]
         for lw, kc, vc in zip(weights, k_cache, v_cache):
             qkv = F.linear(norm(x, lw["n1"]), lw["qkv"])

@@ -1,5 +1,5 @@
 """`ppserve bench engine`: TTFT of lone long prompts per skip mode and posting policy, with the
-no-contention bound, on a Llama-3-8B-shaped random model (DESIGN §12).
+no-contention bound, on a Llama-3-8B-shaped random model (docs/ARCHITECTURE.md#benchmarks).
 
 One pipeline is loaded per (PP size, linear backend) and measured under every policy through
 BenchEngine.set_policy, so the modes differ in nothing but the policy. The bound is the pipeline
@@ -16,8 +16,19 @@ import random
 import statistics
 import sys
 import time
+from typing import Any
 
-from app.bench.target import LLAMA3_8B, MODEL_SHAPES, BenchEngine, environment, write_model
+from app.bench.target import (
+    LLAMA3_8B,
+    MODEL_SHAPES,
+    BenchEngine,
+    StageTiming,
+    engine_default,
+    environment,
+    lone_prompt_chunk_sizes,
+    write_model,
+)
+from stages.protocol import OUTPUT_CHANNELS
 
 # mode name -> (skip_mode, output_post, linear backend override or None)
 MODES = {
@@ -40,7 +51,8 @@ def flow_shop_bound(times: list[list[float]]) -> float:
     return finish[-1][-1]
 
 
-def _stage_times(timings, pp: int, n_chunks: int) -> list[list[float]] | None:
+def _stage_times(timings: list[StageTiming], pp: int,
+                 n_chunks: int) -> list[list[float]] | None:
     """[stage][chunk] seconds of a lone prompt's n_chunks chunks, or None when the run was not
     exactly n_chunks prefill microbatches + one decode step (max_tokens=2)."""
     by_mb: dict[int, dict[int, float]] = {}
@@ -53,29 +65,26 @@ def _stage_times(timings, pp: int, n_chunks: int) -> list[list[float]] | None:
 
 
 def parse_chunking(spec: str) -> tuple[str, float | None]:
-    """"fixed", "dynamic" (smooth 0.75) or "dynamic:S" -> (name, smooth or None)."""
+    """"fixed", "dynamic" (EngineConfig's default smooth) or "dynamic:S" -> (name, smooth or
+    None)."""
     name, _, smooth = spec.partition(":")
     if name == "fixed" and not smooth:
         return spec, None
     if name == "dynamic":
-        return spec, float(smooth) if smooth else 0.75
+        return spec, float(smooth) if smooth else engine_default("dynamic_chunk_smooth")
     raise ValueError(f"chunking must be fixed, dynamic or dynamic:SMOOTH, got {spec!r}")
 
 
-def chunk_plan(prompt_len: int, chunk: int, smooth: float | None, m: dict) -> list[int]:
+def chunk_plan(prompt_len: int, chunk: int, smooth: float | None,
+               m: dict[str, Any]) -> list[int]:
     """The chunk sizes the scheduler cuts a lone prompt into (its own pure rule), for the
     model config dict `m`."""
-    from app.scheduler import ChunkCost, SchedulerConfig
-    from stages.model_config import ModelArgs
-
-    cost = ChunkCost.for_model(ModelArgs.from_hf_dict(m)) if smooth is not None else None
-    cfg = SchedulerConfig(chunk_size=chunk, max_num_batched_tokens=chunk, chunk_cost=cost,
-                          dynamic_chunk_smooth=smooth if smooth is not None else 0.75)
-    return [n for _, n in cfg.lone_prompt_chunks(prompt_len)]
+    return lone_prompt_chunk_sizes(prompt_len, chunk, smooth, m)
 
 
-def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fixed",
-               model=LLAMA3_8B, seed=0) -> list[dict]:
+def run_config(engine: BenchEngine, pp: int, linear: str, prompt_len: int, chunk: int,
+               modes: list[str], reps: int, chunking: str = "fixed",
+               model: dict[str, Any] = LLAMA3_8B, seed: int = 0) -> list[dict[str, Any]]:
     from app.request import SamplingParams
 
     rng = random.Random(seed)
@@ -85,7 +94,7 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
     _, smooth = parse_chunking(chunking)
     chunks = chunk_plan(prompt_len, chunk, smooth, model)
     n_chunks = len(chunks)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for mode in modes:
         skip, post, lin = MODES[mode]
         if lin and linear == "torch":
@@ -97,7 +106,9 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
         # set_policy rebuilt the attention plans of the new chunking (as a server does at
         # startup); two chunks also compile a Triton GEMM's kernels
         asyncio.run(engine.ttft(prompt[: min(prompt_len, 2 * chunk)], params))
-        ttfts, bounds, stage_times = [], [], None
+        ttfts: list[float] = []
+        bounds: list[float] = []
+        stage_times = None
         comm0 = engine.comm()
         for _ in range(reps):
             engine.take_timings()
@@ -127,7 +138,7 @@ def run_config(engine, pp, linear, prompt_len, chunk, modes, reps, chunking="fix
     return rows
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ppserve bench engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pp", type=int, default=2)
@@ -138,7 +149,8 @@ def main(argv=None) -> int:
                    help="comma-separated prompt_len:chunk pairs")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--chunking", default="fixed",
-                   help="comma-separated: fixed, dynamic (smooth 0.75) or dynamic:SMOOTH")
+                   help="comma-separated: fixed, dynamic (the engine's default smooth) or "
+                        "dynamic:SMOOTH")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--model-shape", choices=MODEL_SHAPES, default="llama8b",
                    help="that shape with random weights (app/bench/target.py); tiny: the "
@@ -146,6 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
+    p.add_argument("--output-channel", choices=OUTPUT_CHANNELS, default="auto",
+                   help="how sampled ids reach stage 0 (--output-channel of ppserve serve)")
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 
@@ -164,7 +178,8 @@ def main(argv=None) -> int:
                          chunk_size=runs[0][1], linear_backend=linear,
                          attention_backend=a.attention, max_model_len=longest + 64,
                          num_kv_blocks=(longest + 256) // 64 + 8,
-                         max_inflight=a.max_inflight) as engine:
+                         max_inflight=a.max_inflight,
+                         output_channel=a.output_channel) as engine:
             print(f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s",
                   flush=True)
             for prompt_len, chunk in runs:
@@ -178,7 +193,8 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write(a, argv, rows, model) -> None:
+def _write(a: argparse.Namespace, argv: list[str] | None, rows: list[dict[str, Any]],
+           model: dict[str, Any]) -> None:
     out = {"command": "python -m app.bench " + " ".join(argv or sys.argv[1:]),
            "environment": environment(), "model": model,
            "results": rows}

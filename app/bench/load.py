@@ -1,4 +1,4 @@
-"""`ppserve bench load`: the skip decision under load (DESIGN §5, §12; issue 4 items 3e, 3f, 3h).
+"""`ppserve bench load`: the skip decision under load (docs/ARCHITECTURE.md#the-skip-rule).
 
 mixed  — M short-prompt requests decoding (ignore_eos, long outputs, all admitted in one
          microbatch so they decode in lockstep), then N long prompts arriving together. TTFT
@@ -29,9 +29,12 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
-from stages.protocol import DEVICES
+from app.request import Prompt
+from stages.protocol import DEVICES, OUTPUT_CHANNELS
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -45,17 +48,18 @@ def percentile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def _comm_delta(c0: dict, c1: dict) -> tuple[dict, float]:
+def _comm_delta(c0: dict[str, int], c1: dict[str, int]) -> tuple[dict[str, int], float]:
     d = {k: c1.get(k, 0) - c0.get(k, 0) for k in COMM_KEYS}
     return d, d["skipped"] / max(1, d["skipped"] + d["missed"])
 
 
-def _model(a) -> tuple[str | None, str, dict]:
+def _model(a: argparse.Namespace) -> tuple[str | None, str, dict[str, Any]]:
     """(model dir or None, load_format, config dict) for --model-shape / --layers."""
     return write_model(a.model_shape, a.layers)
 
 
-async def _mixed_once(engine, longs, shorts, dec_tokens) -> dict:
+async def _mixed_once(engine: BenchEngine, longs: list[Prompt], shorts: list[Prompt],
+                      dec_tokens: int) -> dict[str, Any]:
     from app.request import SamplingParams
 
     c0 = engine.wait_idle()["pp_output_comm"]
@@ -84,7 +88,7 @@ async def _mixed_once(engine, longs, shorts, dec_tokens) -> dict:
             "decodes_outlasted": outlasted, "comm": comm, "skip_hit_ratio": hit}
 
 
-def _decode_once(engine, prompts, n_tokens) -> dict:
+def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> dict[str, Any]:
     from app.request import SamplingParams
 
     c0 = engine.wait_idle()["pp_output_comm"]
@@ -104,9 +108,9 @@ def _decode_once(engine, prompts, n_tokens) -> dict:
             "wall_per_microbatch_s": wall / max(1, len(forwards))}
 
 
-def summarize(runs: list[dict], keys: tuple[str, ...]) -> dict:
+def summarize(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
     """Medians over reps of the numbers in `keys` and of each comm counter."""
-    out = {"reps": len(runs)}
+    out: dict[str, Any] = {"reps": len(runs)}
     for k in keys + ("skip_hit_ratio",):
         values = [r[k] for r in runs if r[k] is not None]
         out[k] = statistics.median(values) if values else None
@@ -114,7 +118,9 @@ def summarize(runs: list[dict], keys: tuple[str, ...]) -> dict:
     return out
 
 
-def _sweep(engine, part: dict, write, keys, run, line) -> None:
+def _sweep(engine: BenchEngine, part: dict[str, Any], write: Callable[[], None],
+           keys: tuple[str, ...], run: Callable[[], dict[str, Any]],
+           line: Callable[[dict[str, Any]], str]) -> None:
     """Rep-major: every mode once per rep, set_policy on an idle pipeline before each run."""
     for rep in range(part["reps"]):
         for mode in part["modes"]:
@@ -129,11 +135,11 @@ def _sweep(engine, part: dict, write, keys, run, line) -> None:
     write()
 
 
-def _comm_str(comm: dict, hit: float) -> str:
+def _comm_str(comm: dict[str, int], hit: float) -> str:
     return " ".join(f"{comm[k]:>8g}" for k in COMM_KEYS) + f" {hit:>6.3f}"
 
 
-def _print_tables(res: dict) -> None:
+def _print_tables(res: dict[str, Any]) -> None:
     head = " ".join(f"{k:>8s}" for k in COMM_KEYS) + "    hit"
     if res.get("mixed", {}).get("summary"):
         m = res["mixed"]
@@ -183,11 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode-only microbatches without CUDA graphs")
     p.add_argument("--run-ahead", action=argparse.BooleanOptionalAction, default=None,
                    help="default: the engine's (on with CUDA)")
+    p.add_argument("--output-channel", choices=OUTPUT_CHANNELS, default="auto",
+                   help="how sampled ids reach stage 0 (--output-channel of ppserve serve)")
     p.add_argument("--out", default="bench_load.json")
     return p
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     parts = a.parts.split(",")
@@ -208,7 +216,7 @@ def main(argv=None) -> int:
     per_step = max(1, (a.pp - 1) * budget + max(0, budget - a.num_decode))
     dec_mixed = 2 * math.ceil(a.num_long * a.long_len / per_step) + 32
 
-    def blocks(n_req, n_tok):
+    def blocks(n_req: int, n_tok: int) -> int:
         return n_req * math.ceil(n_tok / 64)
 
     kv_blocks = 16 + max(blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
@@ -229,17 +237,19 @@ def main(argv=None) -> int:
                        chunk_size=a.chunk_size, max_num_batched_tokens=budget,
                        max_num_seqs=seqs, max_model_len=max_len + 64, num_kv_blocks=kv_blocks,
                        block_size=64, linear_backend=a.linear, attention_backend=a.attention,
-                       seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead)
+                       seed=a.seed, enforce_eager=a.enforce_eager, run_ahead=a.run_ahead,
+                       output_channel=a.output_channel)
     rng = random.Random(a.seed)
     lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)
 
-    def prompts(n, length):
+    def prompts(n: int, length: int) -> list[Prompt]:
         return [[rng.randrange(lo, hi) for _ in range(length)] for _ in range(n)]
 
     longs, shorts = prompts(a.num_long, a.long_len), prompts(a.num_decode, a.short_len)
     conc = prompts(a.decode_concurrency, a.short_len)
-    res = {"command": "ppserve bench load " + " ".join(argv), "environment": environment(),
-           "model": model_cfg, "model_shape": a.model_shape}
+    res: dict[str, Any] = {"command": "ppserve bench load " + " ".join(argv),
+                           "environment": environment(), "model": model_cfg,
+                           "model_shape": a.model_shape}
     if "mixed" in parts:
         res["mixed"] = {"name": "mixed", "num_long": a.num_long, "long_len": a.long_len,
                         "num_decode": a.num_decode, "short_len": a.short_len,
@@ -250,7 +260,7 @@ def main(argv=None) -> int:
                          "short_len": a.short_len, "decode_tokens": a.decode_tokens,
                          "modes": a.decode_modes.split(","), "reps": a.reps, "runs": []}
 
-    def write():
+    def write() -> None:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 

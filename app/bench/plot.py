@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 MODE_ORDER = ["off-early", "off-late", "off-sm1", "sglang", "auto"]
 COLORS = {"off-early": "#9e9e9e", "off-late": "#607d8b", "off-sm1": "#795548",
@@ -22,9 +23,9 @@ def _k(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
-def load_rows(paths: list[str]) -> dict:
+def load_rows(paths: list[str]) -> dict[int, dict[tuple[Any, ...], dict[str, Any]]]:
     """{prompt_len: {(chunk, linear, pp, attention): {mode: row}}}; a later file wins."""
-    panels: dict = {}
+    panels: dict[int, dict[tuple[Any, ...], dict[str, Any]]] = {}
     for path in paths:
         with open(path) as f:
             data = json.load(f)
@@ -39,7 +40,7 @@ def load_rows(paths: list[str]) -> dict:
     return panels
 
 
-def _label(key: tuple, prompt_len: int) -> str:
+def _label(key: tuple[Any, ...], prompt_len: int) -> str:
     chunk, linear, pp, attention = key
     lines = [f"PP={pp}", "no chunks" if chunk >= prompt_len else f"{_k(chunk)} chunks",
              linear.replace("triton-persistent", "persistent GEMM")]
@@ -48,7 +49,8 @@ def _label(key: tuple, prompt_len: int) -> str:
     return "\n".join(lines)
 
 
-def draw(panels: dict, out: str, title: str | None = None) -> None:
+def draw(panels: dict[int, dict[tuple[Any, ...], dict[str, Any]]], out: str,
+         title: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,7 +60,7 @@ def draw(panels: dict, out: str, title: str | None = None) -> None:
     most = max(len(panels[n]) for n in lengths)
     fig, axes = plt.subplots(len(lengths), 1, figsize=(1.7 * most + 1.6, 3.8 * len(lengths) + 0.8),
                              squeeze=False)
-    seen_modes: dict = {}
+    seen_modes: dict[str, Any] = {}
     for ax, n in zip(axes[:, 0], lengths):
         groups = sorted(panels[n].items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0],
                                                           kv[0][3]))
@@ -105,7 +107,7 @@ def draw(panels: dict, out: str, title: str | None = None) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.bench.plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", help="JSON files written by `ppserve bench engine`")

@@ -27,15 +27,18 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
-from app.bench.target import BenchEngine, environment, write_model
+from app.bench.target import BenchEngine, engine_default, environment, write_model
 from stages.protocol import DEVICES
 
 PARTS = ("docs", "chat", "distinct")
+Tokens = Callable[[int], list[int]]  # n -> n random token ids
 MAX_TOKENS = 2  # as the other TTFT benches: one token out, the second needs it at stage 0
 
 
-def _request(engine, prompt: list[int], max_tokens: int) -> dict:
+def _request(engine: BenchEngine, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     """One request alone: its TTFT, its output and its prefix-cache counters."""
     from app.request import SamplingParams
 
@@ -48,7 +51,8 @@ def _request(engine, prompt: list[int], max_tokens: int) -> dict:
             "queries": s1["prefix_cache_queries"] - s0["prefix_cache_queries"]}
 
 
-def _row(part: str, cache: str, rep: int, reqs: list[dict], **extra) -> dict:
+def _row(part: str, cache: str, rep: int, reqs: list[dict[str, Any]],
+         **extra: Any) -> dict[str, Any]:
     return {"part": part, "cache": cache, "rep": rep, **extra,
             "prompt_lens": [r["prompt_len"] for r in reqs],
             "ttft_s": [r["ttft_s"] for r in reqs],
@@ -56,7 +60,8 @@ def _row(part: str, cache: str, rep: int, reqs: list[dict], **extra) -> dict:
             "prefix_queries": [r["queries"] for r in reqs]}
 
 
-def run_docs(engine, tokens, a, cache: str, rep: int) -> list[dict]:
+def run_docs(engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str,
+             rep: int) -> list[dict[str, Any]]:
     rows = []
     for doc_len in a.docs:
         doc = tokens(doc_len)
@@ -66,7 +71,8 @@ def run_docs(engine, tokens, a, cache: str, rep: int) -> list[dict]:
     return rows
 
 
-def run_chat(engine, tokens, a, cache: str, rep: int) -> list[dict]:
+def run_chat(engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str,
+             rep: int) -> list[dict[str, Any]]:
     step = a.chat_len // a.chat_turns
     history: list[int] = []
     reqs = []
@@ -78,7 +84,8 @@ def run_chat(engine, tokens, a, cache: str, rep: int) -> list[dict]:
     return [_row("chat", cache, rep, reqs)]
 
 
-def run_distinct(engine, tokens, a, cache: str, rep: int) -> list[dict]:
+def run_distinct(engine: BenchEngine, tokens: Tokens, a: argparse.Namespace, cache: str,
+                 rep: int) -> list[dict[str, Any]]:
     reqs = [_request(engine, tokens(a.distinct_len), MAX_TOKENS) for _ in range(a.distinct)]
     return [_row("distinct", cache, rep, reqs)]
 
@@ -90,31 +97,32 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over reps: per document length the first and the following TTFTs, per chat turn,
     the distinct prompts'; cache on against off where both ran."""
-    out: dict = {}
-    docs: dict = {}
+    out: dict[str, Any] = {}
+    docs: dict[str, Any] = {}
     for r in (r for r in rows if r["part"] == "docs"):
         d = docs.setdefault(str(r["doc_len"]), {}).setdefault(r["cache"], {"first": [], "next": []})
         d["first"].append(r["ttft_s"][0])
         d["next"] += r["ttft_s"][1:]
     for doc_len, by_cache in docs.items():
-        s = {c: {"first_ttft_s": _median(v["first"]), "next_ttft_s": _median(v["next"])}
-             for c, v in by_cache.items()}
-        if "on" in s and "off" in s:
+        s: dict[str, Any] = {
+            c: {"first_ttft_s": _median(v["first"]), "next_ttft_s": _median(v["next"])}
+            for c, v in by_cache.items()}
+        if "on" in s and "off" in s and s["on"]["next_ttft_s"] and s["off"]["first_ttft_s"]:
             s["next_on_over_first_off"] = s["on"]["next_ttft_s"] / s["off"]["first_ttft_s"]
         docs[doc_len] = s
     if docs:
         out["docs"] = docs
-    chat: dict = {}
+    chat: dict[str, Any] = {}
     for r in (r for r in rows if r["part"] == "chat"):
         chat.setdefault(r["cache"], []).append(r["ttft_s"])
     if chat:
         out["chat"] = {c: {"turn_ttft_s": [_median(list(t)) for t in zip(*runs, strict=True)],
                            "total_ttft_s": _median([sum(run) for run in runs])}
                        for c, runs in chat.items()}
-    distinct: dict = {}
+    distinct: dict[str, Any] = {}
     for r in (r for r in rows if r["part"] == "distinct"):
         distinct.setdefault(r["cache"], []).extend(r["ttft_s"])
     if distinct:
@@ -126,7 +134,7 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def _print(summary: dict) -> None:
+def _print(summary: dict[str, Any]) -> None:
     for doc_len, s in summary.get("docs", {}).items():
         for c in ("off", "on"):
             if c in s:
@@ -166,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distinct-len", type=int, default=16384)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=8192)
-    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=engine_default("block_size"))
     p.add_argument("--linear", default="auto", help="linear backend")
     p.add_argument("--attention", default="auto", help="attention backend")
     p.add_argument("--seed", type=int, default=0)
@@ -174,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     parts = a.parts.split(",")
@@ -200,11 +208,11 @@ def main(argv=None) -> int:
     def tokens(n: int) -> list[int]:
         return [rng.randrange(lo, hi) for _ in range(n)]
 
-    res: dict = {"command": "ppserve bench prefix " + " ".join(argv),
+    res: dict[str, Any] = {"command": "ppserve bench prefix " + " ".join(argv),
                  "environment": environment(), "model": model_cfg,
                  "model_shape": a.model_shape, "engines": {}, "rows": []}
 
-    def write():
+    def write() -> None:
         res["summary"] = summarize(res["rows"])
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

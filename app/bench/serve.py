@@ -14,6 +14,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import httpx
 from tqdm import tqdm
@@ -39,9 +40,12 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def make_prompts(a, rng: random.Random) -> list[tuple[list[int] | str, int, int]]:
+PromptCase = tuple[list[int] | str, int, int]  # (prompt, prompt length, output length)
+
+
+def make_prompts(a: argparse.Namespace, rng: random.Random) -> list[PromptCase]:
     """(prompt, prompt length, output length) per request; lengths drawn from the mixes."""
-    out = []
+    out: list[PromptCase] = []
     for _ in range(a.num_prompts):
         n, m = rng.choice(a.input_lens), rng.choice(a.output_lens)
         ids = [rng.randrange(a.token_id_min, a.token_id_max) for _ in range(n)]
@@ -49,9 +53,11 @@ def make_prompts(a, rng: random.Random) -> list[tuple[list[int] | str, int, int]
     return out
 
 
-async def one_request(client: httpx.AsyncClient, a, prompt, n: int, m: int) -> Result:
-    body = {"model": a.model, "max_tokens": m, "stream": True, "temperature": a.temperature,
-            "ignore_eos": a.ignore_eos, "stream_options": {"include_usage": True}}
+async def one_request(client: httpx.AsyncClient, a: argparse.Namespace, prompt: list[int] | str,
+                      n: int, m: int) -> Result:
+    body: dict[str, Any] = {
+        "model": a.model, "max_tokens": m, "stream": True, "temperature": a.temperature,
+        "ignore_eos": a.ignore_eos, "stream_options": {"include_usage": True}}
     if a.endpoint == "chat":
         text = prompt if isinstance(prompt, str) else "".join(map(chr, prompt))
         path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": text}]
@@ -86,14 +92,15 @@ async def one_request(client: httpx.AsyncClient, a, prompt, n: int, m: int) -> R
     return res
 
 
-async def run_rate(a, rate: float, prompts) -> dict:
+async def run_rate(a: argparse.Namespace, rate: float,
+                   prompts: list[PromptCase]) -> dict[str, Any]:
     rng = random.Random(a.seed)
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     limits = httpx.Limits(max_connections=a.max_concurrency or len(prompts) + 1)
     progress = tqdm(total=len(prompts), desc=f"rate {rate:g} req/s", file=sys.stderr)
     sem = asyncio.Semaphore(a.max_concurrency or len(prompts))
 
-    async def limited(p, n, m):
+    async def limited(client: httpx.AsyncClient, p: list[int] | str, n: int, m: int) -> Result:
         async with sem:
             res = await one_request(client, a, p, n, m)
         progress.update(1)
@@ -103,7 +110,7 @@ async def run_rate(a, rate: float, prompts) -> dict:
                                  timeout=httpx.Timeout(a.timeout)) as client:
         start, tasks = time.perf_counter(), []
         for p, n, m in prompts:
-            tasks.append(asyncio.create_task(limited(p, n, m)))
+            tasks.append(asyncio.create_task(limited(client, p, n, m)))
             if math.isfinite(rate):
                 await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals
         results = await asyncio.gather(*tasks)
@@ -112,7 +119,7 @@ async def run_rate(a, rate: float, prompts) -> dict:
     return summarize(rate, results, duration)
 
 
-def summarize(rate: float, results: list[Result], duration: float) -> dict:
+def summarize(rate: float, results: list[Result], duration: float) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     itl = [x for r in ok for x in r.itl]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -158,7 +165,8 @@ def comm_counts(metrics_url: str) -> dict[str, float] | None:
     return out
 
 
-def comm_delta(before: dict | None, after: dict | None) -> dict:
+def comm_delta(before: dict[str, float] | None,
+               after: dict[str, float] | None) -> dict[str, Any]:
     if before is None or after is None:
         return {"pp_output_comm": None, "skip_hit_ratio": None}
     comm = {k: int(after[k] - before[k]) for k in COMM_SAMPLES}
@@ -167,7 +175,7 @@ def comm_delta(before: dict | None, after: dict | None) -> dict:
     return {"pp_output_comm": comm, "skip_hit_ratio": ratio}
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict[str, Any]]) -> None:
     cols = [("rate", "request_rate", "g"), ("ok", "completed", "d"), ("err", "errors", "d"),
             ("req/s", "request_throughput", ".2f"), ("out tok/s", "output_throughput", ".1f"),
             ("TTFT p50 ms", "ttft_ms_p50", ".1f"), ("TTFT p99 ms", "ttft_ms_p99", ".1f"),
@@ -183,7 +191,7 @@ def print_table(rows: list[dict]) -> None:
             print(f"rate {r['request_rate']:g}: error: {e}")
 
 
-def parse_args(argv) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ppserve bench serve", description=__doc__)
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="Server root (no /v1).")
     p.add_argument("--model", default=None, help="Model name (default: the server's first).")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ def _indices(rows: int, keys: int, g: torch.Generator) -> torch.Tensor:
     return torch.randint(0, keys, (rows, TOPK), generator=g, device="cuda", dtype=torch.int32)
 
 
-def prefill_case(heads: int, queries: int, keys: int, g: torch.Generator) -> dict:
+def prefill_case(heads: int, queries: int, keys: int, g: torch.Generator) -> dict[str, Any]:
     q = torch.randn(queries, heads, 576, generator=g, device="cuda").bfloat16()
     kv = (torch.randn(keys, 1, 576, generator=g, device="cuda") / 4).bfloat16()
     idx = _indices(queries, keys, g)
@@ -35,12 +36,12 @@ def prefill_case(heads: int, queries: int, keys: int, g: torch.Generator) -> dic
             "topk": TOPK, "ms": round(ms, 4)}
 
 
-def decode_case(heads: int, rows: int, keys: int, g: torch.Generator) -> dict:
+def decode_case(heads: int, rows: int, keys: int, g: torch.Generator) -> dict[str, Any]:
     q = torch.randn(rows, heads, 576, generator=g, device="cuda").bfloat16()
     latent = (torch.randn(keys, 576, generator=g, device="cuda") / 4).bfloat16()
     pages = fp8_latent.quantize(latent).view(-1, 64, 1, fp8_latent.BYTES)
     idx = _indices(rows, keys, g)
-    state: dict = {}
+    state: dict[str, Any] = {}
     fp8 = cuda_median_ms(
         lambda: flash_mla.mla_sparse_fp8_decode(q, pages, idx, 512, SCALE, state), reps=20)
     kv = latent.view(keys, 1, 576)
@@ -49,7 +50,7 @@ def decode_case(heads: int, rows: int, keys: int, g: torch.Generator) -> dict:
             "fp8_decode_ms": round(fp8, 4), "bf16_prefill_kernel_ms": round(bf16, 4)}
 
 
-def indexer_case(queries: int, keys: int, g: torch.Generator) -> dict:
+def indexer_case(queries: int, keys: int, g: torch.Generator) -> dict[str, Any]:
     """V3.2's indexer: 64 heads of 128, bf16 (the torch reference on its bf16 matmuls)."""
     q = torch.randn(queries, 64, 128, generator=g, device="cuda").bfloat16()
     k = torch.randn(keys, 128, generator=g, device="cuda").bfloat16()

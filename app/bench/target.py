@@ -1,17 +1,20 @@
-"""The one way a benchmark reaches the engine: a BenchEngine (a pipeline with its policy knobs)
-and the synthetic models the benches load. Nothing in the serving path imports app/bench/."""
+"""The one way a benchmark reaches the engine: a BenchEngine (a pipeline with its policy knobs,
+run by the bench's actors of app/bench/actors.py) and the synthetic models the benches load.
+Nothing in the serving path imports app/bench/."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
 import sys
 import tempfile
 import time
+from typing import Any
 
-from app.request import RequestOutput, SamplingParams
+from app.request import Prompt, RequestOutput, SamplingParams
+
+StageTiming = tuple[int, int, float]  # (stage, mb_id, seconds) of one forward
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],
@@ -38,46 +41,74 @@ LLAMA3_8B = {
     "eos_token_id": 128001,
 }
 
+# Qwen3-30B-A3B-Instruct-2507's shapes (262K positions natively): 48 layers, every one routed.
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000000.0,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
 
 class BenchEngine:
     """One loaded pipeline: run prompts, read its counters, switch policy between runs."""
 
-    def __init__(self, **options) -> None:
+    def __init__(self, **options: Any) -> None:
+        from app.bench.actors import BenchDriver
         from app.config import EngineConfig
-        from app.engine import Engine
 
         # Benches send the same prompts under every mode and rep: a prefix-cache hit would
         # measure a shorter prefill than the one asked for.
         options.setdefault("enable_prefix_caching", False)
         self.config = EngineConfig(**options)
-        self._engine = Engine(self.config)
+        self._engine = BenchDriver(self.config)
 
-    def generate(self, prompts: list, params: SamplingParams) -> list[RequestOutput]:
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[RequestOutput]:
         return self._engine.generate(prompts, params)
 
-    async def ttft(self, prompt, params: SamplingParams) -> float:
+    async def ttft(self, prompt: Prompt, params: SamplingParams) -> float:
         """Seconds to the first streamed delta; the request runs to its end."""
         return (await self.timed(prompt, params))[0]
 
-    async def timed(self, prompt, params: SamplingParams) -> tuple[float, list[int]]:
+    async def timed(self, prompt: Prompt, params: SamplingParams) -> tuple[float, list[int]]:
         """(seconds to the first streamed delta, every generated token id); runs to the end."""
         t0 = time.perf_counter()
-        first = None
+        first: float | None = None
         tokens: list[int] = []
         async for delta in self._engine.stream(prompt, params):
             if first is None:
                 first = time.perf_counter() - t0
             tokens.extend(delta.token_ids)
+        if first is None:
+            raise RuntimeError("the request streamed nothing")
         return first, tokens
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self._engine.stats()
 
-    def comm(self) -> dict:
+    def comm(self) -> dict[str, int]:
         """The output channel's sent / skipped / missed / orphaned counts so far."""
-        return self.stats()["pp_output_comm"]
+        comm: dict[str, int] = self.stats()["pp_output_comm"]
+        return comm
 
-    def wait_idle(self, timeout: float = 120.0) -> dict:
+    def wait_idle(self, timeout: float = 120.0) -> dict[str, Any]:
         t0 = time.monotonic()
         while True:
             s = self.stats()
@@ -87,14 +118,14 @@ class BenchEngine:
                 raise RuntimeError(f"the pipeline did not go idle: {s}")
             time.sleep(0.01)
 
-    def set_policy(self, **knobs) -> list[dict]:
+    def set_policy(self, **knobs: Any) -> list[dict[str, str]]:
         """Between requests: skip_mode, output_post, linear_backend, chunk_size, dynamic
         chunking; returns each stage's kernels."""
-        return self._engine.call(_set_policy, **knobs)
+        return self._engine.set_policy(**knobs)
 
-    def take_timings(self) -> list[tuple[int, int, float]]:
+    def take_timings(self) -> list[StageTiming]:
         """(stage, mb_id, seconds) of every stage's forwards since the last call."""
-        return self._engine.call(_take_timings)
+        return self._engine.take_timings()
 
     def close(self) -> None:
         self._engine.shutdown()
@@ -102,57 +133,35 @@ class BenchEngine:
     def __enter__(self) -> BenchEngine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-async def _set_policy(
-    coordinator,
-    skip_mode: str | None = None,
-    output_post: str | None = None,
-    linear_backend: str | None = None,
-    chunk_size: int | None = None,
-    dynamic_chunking: bool | None = None,
-    dynamic_chunk_smooth: float | None = None,
-) -> list[dict]:
-    """Runs in the coordinator's actor, so one loaded pipeline is measured under every policy.
-    Idle pipelines only."""
-    s = coordinator.scheduler
-    if s.inflight or s.num_running or s.num_waiting:
-        raise RuntimeError("set_policy needs an idle pipeline")
-    changes: dict = {}
-    if skip_mode is not None:
-        changes["skip_mode"] = skip_mode
-    if chunk_size is not None:
-        changes.update(chunk_size=chunk_size, max_num_batched_tokens=chunk_size)
-    if dynamic_chunking is not None:
-        changes["chunk_cost"] = coordinator.chunk_cost if dynamic_chunking else None
-    if dynamic_chunk_smooth is not None:
-        changes["dynamic_chunk_smooth"] = dynamic_chunk_smooth
-    old, s.config = s.config, dataclasses.replace(s.config, **changes)
-    kernels = await asyncio.gather(
-        *[
-            stage.set_policy.remote(output_post, linear_backend)
-            for stage in coordinator.pipeline.stages
-        ]
+def engine_default(option: str) -> Any:
+    """An engine option's default (EngineConfig holds every one)."""
+    from app.config import EngineConfig
+
+    return getattr(EngineConfig(), option)
+
+
+def lone_prompt_chunk_sizes(
+    prompt_len: int, chunk: int, smooth: float | None, model: dict[str, Any]
+) -> list[int]:
+    """The chunk sizes the scheduler cuts a lone prompt of the model config dict `model` into:
+    fixed chunks (smooth None) or dynamic chunking with that smooth."""
+    from app.config import EngineConfig
+    from app.scheduler import ChunkCost
+    from stages.model_config import ModelArgs
+
+    options = EngineConfig(chunk_size=chunk, enable_dynamic_chunking=smooth is not None)
+    if smooth is not None:
+        options = dataclasses.replace(options, dynamic_chunk_smooth=smooth)
+    cfg = options.scheduler_config(
+        num_blocks=1,
+        max_model_len=prompt_len,
+        chunk_cost=ChunkCost.for_model(ModelArgs.from_hf_dict(model)),
     )
-    chunking = ("chunk_size", "chunk_cost", "dynamic_chunk_smooth")
-    if any(getattr(old, k) != getattr(s.config, k) for k in chunking):
-        await coordinator.warm_up()  # the new chunking's shapes
-    return list(kernels)
-
-
-async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
-    """Runs in the coordinator's actor: the stage timings gathered since the last call, with
-    what the stages still hold once the pipeline is idle."""
-    if not coordinator.scheduler.inflight:
-        stages = coordinator.pipeline.stages
-        flushed = await asyncio.gather(*[s.flush_timings.remote() for s in stages])
-        for stage, timings in enumerate(flushed):
-            coordinator.stage_timings.extend((stage, mb, sec) for mb, sec in timings)
-    out = list(coordinator.stage_timings)
-    coordinator.stage_timings.clear()
-    return out
+    return [n for _, n in cfg.lone_prompt_chunks(prompt_len)]
 
 
 # --model-shape of the benches: random-weight configs of these shapes ("tiny": the built-in
@@ -160,12 +169,12 @@ async def _take_timings(coordinator) -> list[tuple[int, int, float]]:
 # take: DeepSeek-V2-Lite's layers and experts with 64 query heads (64 or 128 only), V3's q LoRA
 # (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
 # 256K rows).
-MODEL_SHAPES = ("llama8b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
+MODEL_SHAPES = ("llama8b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
 
 
-def shape_config(shape: str) -> dict:
-    from stages.deepseek_config import DEEPSEEK_V2_LITE
+def shape_config(shape: str) -> dict[str, Any]:
     from stages.model_config import BUILTIN_CONFIG
+    from stages.models.deepseek_config import DEEPSEEK_V2_LITE
 
     if shape == "deepseek-v32-bench":
         return dict(
@@ -181,12 +190,15 @@ def shape_config(shape: str) -> dict:
             norm_topk_prob=True,
             max_position_embeddings=1 << 20,
         )
-    return {"tiny": BUILTIN_CONFIG, "deepseek-v2-lite": DEEPSEEK_V2_LITE, "llama8b": LLAMA3_8B}[
-        shape
-    ]
+    return {
+        "tiny": BUILTIN_CONFIG,
+        "deepseek-v2-lite": DEEPSEEK_V2_LITE,
+        "llama8b": LLAMA3_8B,
+        "qwen3-30b-a3b": QWEN3_30B_A3B,
+    }[shape]
 
 
-def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
+def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict[str, Any]]:
     """(model dir or None, load_format, config dict): a MODEL_SHAPES shape with random weights
     (a config.json in a temp dir, load_format dummy); "tiny" = the built-in model."""
     from stages.model_config import BUILTIN_CONFIG
@@ -201,12 +213,16 @@ def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict]:
     return d, "dummy", cfg
 
 
-def environment() -> dict:
+def environment() -> dict[str, Any]:
     """Versions and devices, written into every result file."""
     import ray
     import torch
 
-    env = {"torch": torch.__version__, "python": sys.version.split()[0], "ray": ray.__version__}
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "ray": ray.__version__,
+    }
     if torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         env["sms"] = torch.cuda.get_device_properties(0).multi_processor_count

@@ -1,5 +1,6 @@
-"""KV admission strategies (DESIGN §6): when the head of the queue may start, and where a
-running request's next blocks come from. The scheduler holds one, chosen by kv_admission.
+"""KV admission strategies (docs/ARCHITECTURE.md#kv-cache): when the head of the queue may start,
+and where a running request's next blocks come from. The scheduler holds one, chosen by
+kv_admission.
 
 `ReserveAdmission` ("reserve", default): a request is admitted once the pool can reserve every
 block it can ever need (prompt + max_tokens); nothing is ever preempted (see scheduler.py).

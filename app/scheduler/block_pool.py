@@ -12,12 +12,12 @@ dropped when the request finishes. A block goes back to the free list only at re
 request finished or aborted while a chunk of it is still in flight never lends its blocks to
 another request before that chunk has run on every stage.
 
-Prefix caching (DESIGN §6): a full block whose KV has been written (its microbatch retired) may
-be `register`ed under the hash of its contents (prefix_cache.py). At refcount 0 a hashed block
-is not free-listed but kept, evictable, in least-recently-released order; it still counts as
-free, and is evicted (its hash dropped) only when a fresh block is needed and no unhashed free
-block is left. `lookup` finds a block by hash, `touch` takes a reference on it (reviving it from
-the evictable set if it had none). At most one block holds a given hash.
+Prefix caching (docs/ARCHITECTURE.md#kv-cache): a full block whose KV has been written (its
+microbatch retired) may be `register`ed under the hash of its contents (prefix_cache.py). At
+refcount 0 a hashed block is not free-listed but kept, evictable, in least-recently-released order;
+it still counts as free, and is evicted (its hash dropped) only when a fresh block is needed and no
+unhashed free block is left. `lookup` finds a block by hash, `touch` takes a reference on it
+(reviving it from the evictable set if it had none). At most one block holds a given hash.
 """
 
 from __future__ import annotations

@@ -21,11 +21,16 @@ from typing import Protocol
 class ModelShape(Protocol):
     """The shapes a chunk's cost depends on (stages.model_config.ModelArgs has them)."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
 
 @dataclass(frozen=True)

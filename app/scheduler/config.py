@@ -1,4 +1,6 @@
-"""Scheduler configuration: one frozen dataclass, validated on construction."""
+"""The scheduler's view of the engine options: a frozen dataclass with no defaults and no checks
+of its own. EngineConfig (app/config.py) declares, defaults and validates every option once and
+derives this from them (EngineConfig.scheduler_config)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ SKIP_MODES = ("off", "sglang", "auto")
 KV_ADMISSIONS = ("reserve", "on-demand")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """Knobs of the chunked-prefill microbatch scheduler (names follow vLLM where they match).
 
@@ -20,62 +22,41 @@ class SchedulerConfig:
     max_num_seqs: most running requests; also the number of slots in stage 0's next_tokens.
     max_inflight: most microbatches dispatched and not yet retired (usually the stage count).
     block_size / num_blocks: the paged KV cache the block pool hands out.
-    skip_mode: the output-channel skip rule of DESIGN §5 ("off", "sglang", "auto").
+    skip_mode: the output-channel skip rule (docs/ARCHITECTURE.md#the-skip-rule) ("off", "sglang",
+    "auto").
     max_model_len: a request's prompt + max_tokens may not exceed this.
-    run_ahead: plan a request's decode step t+1 once step t is dispatched (DESIGN §3 step 5),
+    run_ahead: plan a request's decode step t+1 once step t is dispatched
+    (docs/ARCHITECTURE.md#run-ahead-decoding),
       not only once its token has retired; the row reads next_tokens[slot] at stage 0.
     num_stages: the pipeline's depth S; with run_ahead, a request's consecutive decode steps
       are at least S microbatch ids apart (see Scheduler._decode_ready).
     kv_admission: "reserve" admits a request once prompt + max_tokens blocks can be reserved
       (never preempts); "on-demand" admits on its prompt's blocks + one, allocates as rows
       grow and preempts (recompute) the youngest running request when blocks run out.
+    tokens_from_host: the output channel is the host (--output-channel host): a decode row
+      carries its input token in the plan, so a request's next step is planned only once its
+      previous token has retired, run-ahead or not.
     enable_prefix_caching: keep full blocks named by a hash of their tokens after their request
-      finishes and start a request with a cached prefix after it (DESIGN §6, prefix_cache.py).
+      finishes and start a request with a cached prefix after it (docs/ARCHITECTURE.md#kv-cache).
+    chunk_cost / dynamic_chunk_smooth: the model's cost per chunk when chunks are sized to equal
+      cost (None: every chunk is chunk_size), and the blend between the two.
     """
 
-    chunk_size: int = 2048
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 64
-    max_inflight: int = 2
-    block_size: int = 64
-    num_blocks: int = 1024
-    skip_mode: str = "auto"
-    max_model_len: int = 131072
-    run_ahead: bool = False
-    num_stages: int = 1
-    kv_admission: str = "reserve"
-    enable_prefix_caching: bool = True
-    chunk_cost: ChunkCost | None = None
-    dynamic_chunk_smooth: float = 0.75
-
-    def __post_init__(self) -> None:
-        for name in (
-            "chunk_size",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "max_inflight",
-            "block_size",
-            "num_blocks",
-            "max_model_len",
-            "num_stages",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SchedulerConfig.{name} must be a positive int, got {value!r}")
-        if self.skip_mode not in SKIP_MODES:
-            raise ValueError(
-                f"SchedulerConfig.skip_mode must be one of {SKIP_MODES}, got {self.skip_mode!r}"
-            )
-        if self.kv_admission not in KV_ADMISSIONS:
-            raise ValueError(
-                f"SchedulerConfig.kv_admission must be one of {KV_ADMISSIONS}, "
-                f"got {self.kv_admission!r}"
-            )
-        if not 0.0 <= self.dynamic_chunk_smooth <= 1.0:
-            raise ValueError(
-                "SchedulerConfig.dynamic_chunk_smooth must be in [0, 1], "
-                f"got {self.dynamic_chunk_smooth!r}"
-            )
+    chunk_size: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_inflight: int
+    block_size: int
+    num_blocks: int
+    skip_mode: str
+    max_model_len: int
+    run_ahead: bool
+    num_stages: int
+    kv_admission: str
+    enable_prefix_caching: bool
+    chunk_cost: ChunkCost | None
+    dynamic_chunk_smooth: float
+    tokens_from_host: bool
 
     def chunk_limit(self, prefix: int) -> int:
         """Most prompt tokens of one request's next chunk, `prefix` of them already cached."""

@@ -1,4 +1,5 @@
-"""Content hashes of full KV blocks for prefix caching (DESIGN §6, vLLM v1's scheme).
+"""Content hashes of full KV blocks for prefix caching (docs/ARCHITECTURE.md#kv-cache, vLLM v1's
+scheme).
 
 Block i of a sequence is named by hash(name of block i - 1, its block_size token ids), so one
 name stands for the whole prefix up to the end of that block: two requests share block i only

@@ -1,4 +1,5 @@
-"""The microbatch scheduler: chunked prefill + decode under a token budget (DESIGN §3, §5, §6).
+"""The microbatch scheduler: chunked prefill + decode under a token budget
+(docs/ARCHITECTURE.md#the-flow-of-one-request).
 
 Driven by the coordinator: `add` requests, `schedule` plans (dispatch bookkeeping happens
 there), `retire` them in dispatch order with the sampled tokens, `finish` requests.
@@ -311,8 +312,11 @@ class Scheduler:
             return False
         if st.generated == st.planned:  # the previous sampling row has retired
             return True
+        # With the host as the channel the plan carries the token: it must be back first; a
+        # constrained request's mask needs it too.
         return (
-            not st.req.constrained  # its mask needs the previous token: never run ahead
+            not self.config.tokens_from_host
+            and not st.req.constrained
             and st.sample_mb is not None
             and self._next_mb - st.sample_mb >= self.config.num_stages
         )
@@ -327,13 +331,21 @@ class Scheduler:
             )
         self._ledger.consume(st.sample_mb, st.req_id)
         st.source_mb = None
+        token_ids: tuple[int, ...] | None = None
+        input_from: int | None = st.sample_mb
+        if self.config.tokens_from_host:
+            check(
+                st.generated == st.planned,
+                f"{st.req_id!r}: a decode row from the host before its token {st.planned - 1}",
+            )
+            token_ids, input_from = (st.output_ids[st.planned - 1],), None
         return Row(
             st.req_id,
             st.slot,
             st.req.prompt_len + st.planned - 1,
             1,
-            None,
-            input_from_mb=st.sample_mb,
+            token_ids,
+            input_from_mb=input_from,
             sample=True,
             output_index=st.planned,
             is_prefill=False,

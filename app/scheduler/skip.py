@@ -1,4 +1,5 @@
-"""The output-channel skip decision (DESIGN §5): pure functions of a plan's rows.
+"""The output-channel skip decision (docs/ARCHITECTURE.md#the-skip-rule): pure functions of a plan's
+rows.
 
 A sampling row's token is *needed at stage 0* iff its request continues after it
 (output_index + 1 < max_tokens): only then does a later decode row read it from the slot.

@@ -34,9 +34,12 @@ def is_available(device: str) -> bool:
             and hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention"))
 
 
-def _supported(q: torch.Tensor) -> bool:
-    d = q.shape[-1]
-    return q.dtype in (torch.bfloat16, torch.float16) and d % 8 == 0 and d <= 128
+MAX_HEAD_DIM = 256  # cuDNN's fused flash kernels on SM90, q/k and v widths each
+
+
+def _supported(q: torch.Tensor, v: torch.Tensor) -> bool:
+    return q.dtype in (torch.bfloat16, torch.float16) and all(
+        d % 8 == 0 and d <= MAX_HEAD_DIM for d in (q.shape[-1], v.shape[-1]))
 
 
 def _cudnn(q, k, v, causal: bool, scale: float):
@@ -48,11 +51,12 @@ def _cudnn(q, k, v, causal: bool, scale: float):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Same contract as torch_ref.attention: q [t, Hq, D], k/v [L, Hkv, D] -> [t, Hq, D]."""
+    """Same contract as torch_ref.attention: q [t, Hq, D], k [L, Hkv, D], v [L, Hkv, Dv] ->
+    [t, Hq, Dv] (MLA's expanded heads: D 192, Dv 128, run as they are)."""
     t, length = q.shape[0], k.shape[0]
     if t > length:
         raise ValueError(f"{t} queries attend to a prefix of only {length} keys")
-    if t < MIN_QUERIES or not _supported(q):
+    if t < MIN_QUERIES or not _supported(q, v):
         return torch_ref.attention(q, k, v, scale)
     return split_attention(q, k, v, scale)
 
@@ -89,7 +93,7 @@ def diagonal_sizes(max_queries: int) -> range:
 
 def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     scale: float) -> torch.Tensor:
-    """cuDNN for any t <= L (bf16/fp16, head dim a multiple of 8 up to 128).
+    """cuDNN for any t <= L (bf16/fp16, head dims multiples of 8 up to 256; v's may differ).
 
     Shapes are bucketed so cuDNN meets few of them: the prefix part covers the keys up to the
     last multiple of KEY_ALIGN before the chunk (base); the r cached keys after it go with the

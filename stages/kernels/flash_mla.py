@@ -1,6 +1,7 @@
-"""MLA dense decode on FlashMLA (DESIGN §7): the `sgl-flash-mla` wheel (1.0.0), whose SM90
-kernels are its "legacy" half. Persistent (sized to the SM count), so a waiting NCCL recv costs
-it a wave (DESIGN §1: x1.5-1.7), which is what makes it worth measuring under the skip.
+"""MLA dense decode on FlashMLA (docs/ARCHITECTURE.md#kernel-backends): the `sgl-flash-mla` wheel
+(1.0.0), whose SM90 kernels are its "legacy" half. Persistent (sized to the SM count), so a waiting
+NCCL recv costs it a wave (docs/ARCHITECTURE.md#why-the-output-channel-matters), which is what makes
+it worth measuring under the skip.
 
 ``mla_decode`` matches ``stages.kernels.torch_ref.mla_decode``: one query per row over the bf16
 latent pages [blocks, 64, 1, 576]. The scheduler plan FlashMLA builds on its first call is kept

@@ -17,7 +17,8 @@ BACKENDS: dict[str, dict[str, str]] = {
     "linear": {
         "torch": "stages.kernels.torch_ref:linear",
         "triton-persistent": "stages.kernels.triton_gemm:linear",
-        # Persistent grid of SM count - 1: leaves an SM free for the NCCL kernel (DESIGN §7).
+        # Persistent grid of SM count - 1: leaves an SM free for the NCCL kernel
+        # (docs/ARCHITECTURE.md#kernel-backends).
         "triton-persistent-sm1": "stages.kernels.triton_gemm:linear_sm1",
     },
     "attention": {
@@ -48,6 +49,12 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.torch_ref:indexer_logits",
         "triton": "stages.kernels.triton_indexer:indexer_logits",
     },
+    # The same scores for every selecting row of a batch at once, through each row's slot table
+    # (stages.kernels.indexer_select).
+    "indexer_logits_rows": {
+        "torch": "stages.kernels.indexer_select:logits_rows_reference",
+        "triton": "stages.kernels.triton_indexer:indexer_logits_rows",
+    },
     # Routed MoE experts: per-expert cuBLAS GEMMs, or one grouped persistent Triton kernel.
     "moe_experts": {
         "torch": "stages.kernels.torch_ref:moe_experts",
@@ -66,6 +73,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "mla_decode": ("flash-mla", "torch"),
     "mla_sparse": ("flash-mla", "torch"),
     "indexer_logits": ("triton", "torch"),
+    "indexer_logits_rows": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
 }
 
@@ -73,7 +81,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class Kernels:
     linear: Callable  # (x, weight, bias=None) -> x @ weight.T + bias
-    attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,D], scale) -> [t,Hq,D]
+    attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,Dv], scale) -> [t,Hq,Dv]
     decode_attention: Callable  # (q [R,Hq,D], k/v [R,Lmax,Hkv,D], mask [R,Lmax], scale)
     # (q [R,Hq,D], k/v cache [slots,Hkv,D], tables, table_rows [R], lengths [R], scale, block)
     paged_decode: Callable
@@ -87,6 +95,9 @@ class Kernels:
     # (q [T,Hi,D], k [L,D], weights [T,Hi] fp32, scale) -> [T,L] fp32:
     # sum_h weights[t,h] * relu(scale * q[t,h].k[l]); the model masks causally, takes top-k
     indexer_logits: Callable | None = None
+    # (q [Ts,Hi,D], keys [slots,D], weights [Ts,Hi] fp32, scale, SelectPlan) -> [Ts,Lmax] fp32,
+    # -inf where a token does not see the key
+    indexer_logits_rows: Callable | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -127,7 +138,8 @@ def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
     chosen = {op: _select(op, choice, str(device)) for op, choice in (
         ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
         ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts),
-        ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits))}
+        ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits),
+        ("indexer_logits_rows", indexer_logits))}
     names = {op: name for op, (name, _fn) in chosen.items()}
     log.info("kernels on %s: %s", device, names)
     return Kernels(**{op: fn for op, (_name, fn) in chosen.items()}, names=names)

@@ -20,10 +20,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 
     Query i sits at position L - t + i and sees keys 0..L-t+i: the causal mask is aligned to the
     bottom right. `is_causal=True` would align it top-left, wrong for every chunk after the first.
+    v may be narrower than q/k (MLA: 128 vs 192): on CUDA it is zero-padded to their width,
+    which SDPA's flash kernel needs (its other kernels are slower and fail on long prefixes).
     """
     t, length = q.shape[0], k.shape[0]
     if t > length:
         raise ValueError(f"{t} queries attend to a prefix of only {length} keys")
+    dv = v.shape[-1]
+    if q.is_cuda and dv < q.shape[-1]:
+        return attention(q, k, F.pad(v, (0, q.shape[-1] - dv)), scale)[..., :dv]
     q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, seq, D]
     mask = causal_lower_right(t, length) if t > 1 else None  # one query sees every key
     # GQA: query head h reads KV head h // (Hq / Hkv), shared in place instead of repeated.

@@ -1,4 +1,4 @@
-"""Persistent bf16 GEMM in Triton for linear layers (DESIGN §1, §7).
+"""Persistent bf16 GEMM in Triton for linear layers (docs/ARCHITECTURE.md#kernel-backends).
 
 ``linear(x, weight, bias)`` computes ``x @ weight.T (+ bias)`` with torch.nn.Linear's layout
 (x [..., K], weight [N, K]). The grid is the number of SMs: each program walks the output tiles

@@ -6,6 +6,12 @@ products the torch reference materialises tile by tile never leave registers. q 
 in their own dtype (bf16 on the GPU: tensor cores), accumulated in fp32. DeepGEMM's
 fp8_mqa_logits is the FP8 version of the same computation; it does not load on this host.
 
+``indexer_logits_rows`` scores every selecting row of a batch at once
+(stages.kernels.indexer_select), keys read from the paged cache through each row's slot table,
+-inf where a token does not see a key: one launch for the chunk rows (a program: up to 64
+tokens of a row x a block of its keys, the arithmetic of ``indexer_logits``) and one for the
+decode rows (a program: one token's index heads as the MMA's rows x a block of its keys).
+
 Imports cleanly without triton or CUDA: triton is imported lazily.
 """
 
@@ -53,6 +59,110 @@ def _kernel():
                  mask=t_mask[:, None] & l_mask[None, :])
 
     return logits_kernel
+
+
+DECODE_BLOCK_L = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _rows_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def chunk_kernel(Q, K, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
+                     stride_k, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr):
+        """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic."""
+        tile = tl.program_id(0)
+        row = tl.load(TILES + tile * 3).to(tl.int64)
+        first = tl.load(TILES + tile * 3 + 1)
+        count = tl.load(TILES + tile * 3 + 2)
+        rel = tl.arange(0, BT)
+        t_mask = rel < count
+        offs_t = (first + rel).to(tl.int64)
+        visible = tl.load(VISIBLE + offs_t, mask=t_mask, other=0)
+        offs_l = tl.program_id(1) * BL + tl.arange(0, BL)
+        out_ptrs = OUT + offs_t[:, None] * stride_ot + offs_l[None, :]
+        store_mask = t_mask[:, None] & (offs_l[None, :] < LMAX)
+        seen = tl.max(visible, 0)
+        if tl.program_id(1) * BL >= seen:  # no token of the tile sees this block
+            tl.store(out_ptrs, tl.full((BT, BL), float("-inf"), tl.float32), mask=store_mask)
+        else:
+            l_mask = offs_l < seen
+            slots = tl.load(SLOTS + row * stride_sr + offs_l, mask=l_mask, other=0).to(tl.int64)
+            offs_d = tl.arange(0, HEAD_DIM)
+            k = tl.load(K + slots[None, :] * stride_k + offs_d[:, None],
+                        mask=l_mask[None, :], other=0.0)  # [D, BL]
+            acc = tl.zeros([BT, BL], tl.float32)
+            for h in range(HEADS):
+                q = tl.load(Q + offs_t[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                            mask=t_mask[:, None], other=0.0)  # [BT, D]
+                s = tl.maximum(tl.dot(q, k) * scale, 0.0)
+                w = tl.load(W + offs_t * stride_wt + h, mask=t_mask, other=0.0)
+                acc += s * w[:, None]
+            acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
+            tl.store(out_ptrs, acc, mask=store_mask)
+
+    @triton.jit
+    def decode_kernel(Q, K, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
+                      stride_k, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BL: tl.constexpr):
+        """One token (a decode row) x BL of its keys; the index heads are the MMA's rows."""
+        tile = tl.program_id(0)
+        row = tl.load(TILES + tile * 2).to(tl.int64)
+        tok = tl.load(TILES + tile * 2 + 1).to(tl.int64)
+        visible = tl.load(VISIBLE + tok)
+        offs_l = tl.program_id(1) * BL + tl.arange(0, BL)
+        out_ptrs = OUT + tok * stride_ot + offs_l
+        if tl.program_id(1) * BL >= visible:
+            tl.store(out_ptrs, tl.full((BL,), float("-inf"), tl.float32), mask=offs_l < LMAX)
+        else:
+            l_mask = offs_l < visible
+            slots = tl.load(SLOTS + row * stride_sr + offs_l, mask=l_mask, other=0).to(tl.int64)
+            offs_d = tl.arange(0, HEAD_DIM)
+            k = tl.load(K + slots[None, :] * stride_k + offs_d[:, None],
+                        mask=l_mask[None, :], other=0.0)  # [D, BL]
+            hs = tl.arange(0, HEADS)
+            q = tl.load(Q + tok * stride_qt + hs[:, None] * stride_qh + offs_d[None, :])
+            s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]
+            w = tl.load(W + tok * stride_wt + hs)
+            logit = tl.sum(s * w[:, None], 0)
+            logit = tl.where(l_mask, logit, float("-inf"))
+            tl.store(out_ptrs, logit, mask=offs_l < LMAX)
+
+    return chunk_kernel, decode_kernel
+
+
+def indexer_logits_rows(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
+                        scale: float, plan) -> torch.Tensor:
+    """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys [slots, D] (the flat
+    cache), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf where a token does not see a key).
+    Chunk rows and decode rows are one launch each."""
+    from stages.kernels import indexer_select
+
+    ts, heads, dim = q.shape
+    lmax = plan.key_slots.shape[1]
+    # decode tiles' MMA rows are the heads: at least 16, a power of two
+    if dim not in (64, 128) or keys.dtype != q.dtype or (
+            plan.decode_tiles.shape[0] and (heads < 16 or heads & (heads - 1))):
+        return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
+    q = q.contiguous()
+    weights = weights.float().contiguous()
+    out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
+    chunk_kernel, decode_kernel = _rows_kernels()
+    args = (q, keys, weights, plan.key_slots, plan.visible)
+    strides = (q.stride(0), q.stride(1), keys.stride(0), weights.stride(0),
+               plan.key_slots.stride(0), out.stride(0))
+    if plan.chunk_tiles.shape[0]:
+        grid = (plan.chunk_tiles.shape[0], -(-lmax // BLOCK_L))
+        chunk_kernel[grid](*args, plan.chunk_tiles, out, lmax, scale, *strides, HEADS=heads,
+                           HEAD_DIM=dim, BT=indexer_select.CHUNK_TILE, BL=BLOCK_L)
+    if plan.decode_tiles.shape[0]:
+        grid = (plan.decode_tiles.shape[0], -(-lmax // DECODE_BLOCK_L))
+        decode_kernel[grid](*args, plan.decode_tiles, out, lmax, scale, *strides, HEADS=heads,
+                            HEAD_DIM=dim, BL=DECODE_BLOCK_L)
+    return out
 
 
 def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,

@@ -1,44 +1,36 @@
-"""Routed MoE experts on a grouped persistent Triton GEMM (DESIGN §1, §7).
+"""Routed MoE experts on grouped persistent Triton GEMMs (docs/ARCHITECTURE.md#kernel-backends).
 
 ``moe_experts(x, gate_up, down, topk_ids, topk_weights)`` matches
-``stages.kernels.torch_ref.moe_experts``. The (token, expert) pairs are sorted by expert on the
-device (no host sync: the tile map is sized by an upper bound), each expert's rows form a
-segment, and one kernel launch per projection walks every (segment tile, N tile) with a grid of
-one program per SM (``moe_experts_sm1``: SMs - 1, leaving an SM to a waiting NCCL recv). The
-grid and tile walk are those of ``stages.kernels.triton_gemm``; loads are masked pointer loads
-since segments start at any row.
+``stages.kernels.torch_ref.moe_experts``. The layout is DeepGEMM's grouped contiguous one, built
+on the device with no host sync (``stages.kernels.moe_routing``): the (token, expert) pairs
+sorted by expert, each expert's rows padded to a multiple of BLOCK_M, so every M tile belongs to
+one expert and both operands load through Hopper TMA descriptors. The number of real tiles stays
+on the device; the persistent kernels read it themselves.
 
-Anything that is not a bf16 CUDA tensor goes to the torch reference. Imports cleanly without
-triton or CUDA.
+The tokens' rows are copied into that layout while it is built; gate and up are one GEMM whose
+epilogue applies silu(gate) * up; the down GEMM scales each row by its routing weight and
+stores it at its (token, k) slot, and the k slots of a token are summed. Both GEMMs are
+persistent: one program per SM walks the tiles (``moe_experts_sm1``: SMs - 1, leaving an SM to a
+waiting NCCL recv). Tile sizes per model shape: ``stages.kernels.moe_tuning``.
+
+Anything that is not a bf16 CUDA tensor (or has widths that TMA cannot address) goes to the
+torch reference. Imports cleanly without triton or CUDA.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
 from stages.kernels import torch_ref
+from stages.kernels.moe_routing import Routing, route_and_gather
+from stages.kernels.moe_tuning import MoeConfig, TileConfig, pick_moe_config
 from stages.kernels.triton_gemm import num_sms
-
-
-@dataclass(frozen=True)
-class MoeGemmConfig:
-    block_m: int = 64  # segments are short (tokens x k / experts rows): small M tiles
-    block_n: int = 128
-    block_k: int = 64
-    num_stages: int = 3
-    num_warps: int = 4
-
-
-DEFAULT = MoeGemmConfig()
 
 
 def is_available(device: str = "cuda") -> bool:
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         return False
-    return triton is not None
+    return triton is not None and torch.cuda.get_device_capability()[0] >= 9
 
 
 def moe_experts(x, gate_up, down, topk_ids, topk_weights) -> torch.Tensor:
@@ -49,70 +41,75 @@ def moe_experts_sm1(x, gate_up, down, topk_ids, topk_weights) -> torch.Tensor:
     return _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin=1)
 
 
-@dataclass
-class TileMap:
-    """Device-side map of a grouped GEMM's M tiles to expert segments."""
-    tile_expert: torch.Tensor  # [max_tiles] int32, -1 past the last real tile
-    tile_row: torch.Tensor  # [max_tiles] int32: first row of the tile
-    seg_end: torch.Tensor  # [E] int32: one past each expert's last row
-
-    @classmethod
-    def build(cls, expert_of_row_sorted_counts: torch.Tensor, num_rows: int,
-              block_m: int) -> "TileMap":
-        counts = expert_of_row_sorted_counts
-        e = counts.numel()
-        tiles = (counts + block_m - 1) // block_m
-        cum = tiles.cumsum(0)
-        first_tile = cum - tiles
-        seg_start = counts.cumsum(0) - counts
-        max_tiles = -(-num_rows // block_m) + e  # each segment adds at most one partial tile
-        idx = torch.arange(max_tiles, device=counts.device)
-        expert = torch.searchsorted(cum, idx, right=True)
-        valid = expert < e
-        ec = expert.clamp(max=e - 1)
-        row = seg_start[ec] + (idx - first_tile[ec]) * block_m
-        return cls(torch.where(valid, expert, -1).to(torch.int32), row.to(torch.int32),
-                   (seg_start + counts).to(torch.int32))
-
-
-def grouped_gemm(a: torch.Tensor, w: torch.Tensor, tiles: TileMap, grid: int,
-                 cfg: MoeGemmConfig = DEFAULT) -> torch.Tensor:
-    """c[r] = a[r] @ w[expert(r)].T for rows sorted by expert: a [R, K], w [E, N, K]."""
-    rows, k = a.shape
-    n = w.shape[1]
-    c = torch.empty(rows, n, dtype=a.dtype, device=a.device)
-    max_tiles = tiles.tile_expert.numel()
-    total = max_tiles * triton.cdiv(n, cfg.block_n)
-    progs = max(1, min(grid, total))
-    _grouped_gemm[(progs,)](a, w, c, tiles.tile_expert, tiles.tile_row, tiles.seg_end,
-                            max_tiles, n, k, progs, a.stride(0), w.stride(0), w.stride(1),
-                            c.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                            BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
-                            num_stages=cfg.num_stages)
-    return c
+def _tma_ok(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
+    hidden, inter = x.shape[1], down.shape[2]
+    return hidden % 8 == 0 and inter % 8 == 0 and gate_up.shape[1] == 2 * inter
 
 
 def _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin: int) -> torch.Tensor:
     usable = (triton is not None and x.is_cuda and x.dtype == torch.bfloat16
-              and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16)
+              and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16
+              and x.shape[0] > 0 and _tma_ok(x, gate_up, down))
     if not usable:
         return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights)
     t, k = topk_ids.shape
-    e = gate_up.shape[0]
-    flat = topk_ids.reshape(-1)
-    order = flat.argsort(stable=True)
-    # counts without bincount, whose output size makes the host wait for the device
-    counts = torch.zeros(e, dtype=torch.long, device=x.device).scatter_add_(
-        0, flat, torch.ones_like(flat))
-    tiles = TileMap.build(counts, t * k, DEFAULT.block_m)
-    grid = num_sms(x.device) - sm_margin
-    a = x.index_select(0, order // k).contiguous()
-    gate, up = grouped_gemm(a, gate_up.contiguous(), tiles, grid).chunk(2, dim=-1)
-    y = grouped_gemm((F.silu(gate) * up).contiguous(), down.contiguous(), tiles, grid)
-    unsorted = torch.empty_like(y)
-    unsorted[order] = y
-    out = (unsorted.view(t, k, -1).float() * topk_weights[:, :, None].float()).sum(dim=1)
-    return out.to(x.dtype)
+    experts, hidden, inter = down.shape
+    cfg = pick_moe_config(t, k, experts, hidden, inter)
+    return run_moe(x, gate_up.contiguous(), down.contiguous(), topk_ids, topk_weights,
+                   num_sms(x.device) - sm_margin, cfg)
+
+
+def run_moe(x, gate_up, down, topk_ids, topk_weights, grid: int, cfg: MoeConfig) -> torch.Tensor:
+    """Routing, the two grouped GEMMs and the sum over k, on contiguous bf16 weights with
+    ``grid`` persistent programs."""
+    t, k = topk_ids.shape
+    r, a = route_and_gather(x, topk_ids, topk_weights, down.shape[0], cfg.block_m)
+    h = gate_up_silu(a, gate_up, r, grid, cfg.gate)
+    y = down_scatter(h, down, r, t * k, grid, cfg.down)
+    return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+def gate_up_silu(a: torch.Tensor, gate_up: torch.Tensor, r: Routing, grid: int,
+                 g: TileConfig) -> torch.Tensor:
+    """h [rows, I] = silu(a @ gate[e].T) * (a @ up[e].T), e the expert of each row's tile."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, hidden = a.shape
+    experts, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    h = torch.empty(rows, inter, dtype=a.dtype, device=a.device)
+    a_desc = TensorDescriptor(a, [rows, hidden], [hidden, 1], [r.block_m, g.block_k])
+    # gate_up [E, 2I, H] as [2E, I, H]: gate of expert e is slice 2e, up is 2e + 1, so a tile
+    # past I reads zeros instead of the other half
+    w_desc = TensorDescriptor(gate_up, [2 * experts, inter, hidden], [inter * hidden, hidden, 1],
+                              [1, g.block_n, g.block_k])
+    h_desc = TensorDescriptor(h, [rows, inter], [inter, 1], [r.block_m, g.block_n])
+    progs = max(1, min(grid, r.max_tiles * triton.cdiv(inter, g.block_n)))
+    _gate_up_silu[(progs,)](a_desc, w_desc, h_desc, r.tile_expert, r.num_tiles, inter, hidden,
+                            progs, BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
+                            GROUP_M=g.group_m, FLATTEN=g.flatten,
+                            WARP_SPECIALIZE=g.warp_specialize, num_warps=g.num_warps,
+                            num_stages=g.num_stages)
+    return h
+
+
+def down_scatter(h: torch.Tensor, down: torch.Tensor, r: Routing, pairs: int, grid: int,
+                 d: TileConfig) -> torch.Tensor:
+    """y [pairs, H]: each row's (h @ down[e].T) times its routing weight, at its pair's slot."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, inter = h.shape
+    experts, hidden = down.shape[0], down.shape[1]
+    y = torch.empty(pairs, hidden, dtype=h.dtype, device=h.device)
+    h_desc = TensorDescriptor(h, [rows, inter], [inter, 1], [r.block_m, d.block_k])
+    d_desc = TensorDescriptor(down, [experts, hidden, inter], [hidden * inter, inter, 1],
+                              [1, d.block_n, d.block_k])
+    progs = max(1, min(grid, r.max_tiles * triton.cdiv(hidden, d.block_n)))
+    _down_scatter[(progs,)](h_desc, d_desc, y, r.pair_of_row, r.row_weight, r.tile_expert,
+                            r.num_tiles, hidden, inter, progs, BLOCK_M=r.block_m,
+                            BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,
+                            FLATTEN=d.flatten, WARP_SPECIALIZE=d.warp_specialize,
+                            num_warps=d.num_warps, num_stages=d.num_stages)
+    return y
 
 
 try:
@@ -122,36 +119,72 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.triton_gemm import _tile_coords
 
     @triton.jit
-    def _grouped_gemm(a_ptr, w_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, seg_end_ptr,
-                      num_m_tiles, N, K, num_progs, stride_am, stride_we, stride_wn, stride_cm,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        start = tl.program_id(0)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        num_tiles = num_m_tiles * num_pid_n
-        k_tiles = tl.cdiv(K, BLOCK_K)
-        for tile_id in tl.range(start, num_tiles, num_progs):
-            m_tile = tile_id // num_pid_n
-            pid_n = tile_id % num_pid_n
-            expert = tl.load(tile_expert_ptr + m_tile)
-            if expert >= 0:
-                row0 = tl.load(tile_row_ptr + m_tile)
-                end = tl.load(seg_end_ptr + expert)
-                rows = row0 + tl.arange(0, BLOCK_M)
-                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-                rows_safe = tl.where(rows < end, rows, row0).to(tl.int64)
-                cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
-                w_base = w_ptr + expert.to(tl.int64) * stride_we
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for ki in range(k_tiles):
-                    ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-                    kmask = ks[None, :] < K
-                    a = tl.load(a_ptr + rows_safe[:, None] * stride_am + ks[None, :],
-                                mask=kmask, other=0.0)
-                    w = tl.load(w_base + cols_safe[:, None] * stride_wn + ks[None, :],
-                                mask=kmask, other=0.0)
-                    acc = tl.dot(a, w.T, acc)
-                mask = (rows[:, None] < end) & (cols[None, :] < N)
-                c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-                tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    def _gate_up_silu(a_desc, w_desc, h_desc, tile_expert_ptr, num_tiles_ptr, INTER, H,
+                      num_progs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
+                      WARP_SPECIALIZE: tl.constexpr):
+        """h[rows of tile m, n tile] = silu(a @ gate[e].T) * (a @ up[e].T), e = tile's expert."""
+        num_pid_m = tl.load(num_tiles_ptr)
+        num_pid_n = (INTER + BLOCK_N - 1) // BLOCK_N
+        k_tiles = (H + BLOCK_K - 1) // BLOCK_K
+        # the epilogue's own tile counter keeps it independent of the prologue for the
+        # pipeliner (as in stages.kernels.triton_gemm)
+        tile_c = tl.program_id(0) - num_progs
+        for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
+                                flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            expert = tl.load(tile_expert_ptr + pid_m)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_tiles):
+                off_k = ki * BLOCK_K
+                a = a_desc.load([off_m, off_k])
+                wg = tl.reshape(w_desc.load([2 * expert, off_n, off_k]), (BLOCK_N, BLOCK_K))
+                wu = tl.reshape(w_desc.load([2 * expert + 1, off_n, off_k]), (BLOCK_N, BLOCK_K))
+                acc_g = tl.dot(a, wg.T, acc_g)
+                acc_u = tl.dot(a, wu.T, acc_u)
+            act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+            tile_c += num_progs
+            pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+            h_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], act.to(h_desc.dtype))
+
+    @triton.jit
+    def _down_scatter(h_desc, d_desc, y_ptr, pair_ptr, weight_ptr, tile_expert_ptr,
+                      num_tiles_ptr, H, INTER, num_progs, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+        """y[pair of row] = weight of row * (h[row] @ down[e].T) for the rows of each tile."""
+        num_pid_m = tl.load(num_tiles_ptr)
+        num_pid_n = (H + BLOCK_N - 1) // BLOCK_N
+        k_tiles = (INTER + BLOCK_K - 1) // BLOCK_K
+        # the epilogue's own tile counter keeps it independent of the prologue for the
+        # pipeliner (as in stages.kernels.triton_gemm)
+        tile_c = tl.program_id(0) - num_progs
+        for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
+                                flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            expert = tl.load(tile_expert_ptr + pid_m)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_tiles):
+                off_k = ki * BLOCK_K
+                a = h_desc.load([off_m, off_k])
+                w = tl.reshape(d_desc.load([expert, off_n, off_k]), (BLOCK_N, BLOCK_K))
+                acc = tl.dot(a, w.T, acc)
+            tile_c += num_progs
+            pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            rows = off_m + tl.arange(0, BLOCK_M)
+            pair = tl.load(pair_ptr + rows)
+            acc = acc * tl.load(weight_ptr + rows)[:, None]
+            cols = off_n + tl.arange(0, BLOCK_N)
+            ptrs = y_ptr + pair.to(tl.int64)[:, None] * H + cols[None, :]
+            keep = (pair[:, None] >= 0) & (cols[None, :] < H)
+            tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=keep)

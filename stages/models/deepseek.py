@@ -1,5 +1,5 @@
 """One pipeline stage of a DeepSeek-V2/V3/V3.2 model: MLA attention (V3.2: sparse, DSA), MoE (or
-dense) MLP per layer.
+dense) MLP per layer, and DeepSeek's routers.
 
 Parameter names are the checkpoint's minus `model.`, except the stacked routed experts, which
 `checkpoint_sources` maps to the checkpoint's per-expert tensors.
@@ -12,96 +12,95 @@ from torch import nn
 
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels
-from stages.mla_cache import LatentKVCache
 from stages.model_config import ModelArgs
+from stages.models.deepseek_config import DeepseekArgs
 from stages.models.dsa import DSAttention, SparseRows
-from stages.models.llama import Linear, RMSNorm
+from stages.models.layers import DecoderLayer, SwiGLU
 from stages.models.mla import MLADecodeRows, MLAttention, rope_tables
-from stages.models.moe import MoE, SwiGLU
+from stages.models.mla_cache import LatentKVCache
+from stages.models.moe import Experts, MoE
+from stages.models.stage import Stage
 
 
-class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int, kernels: Kernels, dtype, device):
+class DeepseekRouter(nn.Module):
+    """Top-k experts: V2 a softmax (greedy or group-limited), V3 a sigmoid with the
+    bias-corrected score choosing groups and experts. Checkpoint name `gate`; fp32 weights and
+    scores, as transformers keeps them."""
+
+    def __init__(self, args: ModelArgs, device):
         super().__init__()
-        attention = MLAttention if args.deepseek.indexer is None else DSAttention
-        self.self_attn = attention(args, kernels, dtype, device)
-        if args.deepseek.is_moe_layer(layer):
-            self.mlp = MoE(args, kernels, dtype, device)
+        d: DeepseekArgs = args.family_args
+        self.d = d
+        self.weight = nn.Parameter(torch.empty(d.n_routed_experts, args.hidden_size,
+                                               dtype=torch.float32, device=device))
+        if d.version == "v3":
+            self.e_score_correction_bias = nn.Parameter(
+                torch.zeros(d.n_routed_experts, dtype=torch.float32, device=device))
+
+    def _group_mask(self, scores: torch.Tensor, group_scores: torch.Tensor) -> torch.Tensor:
+        """[T, E] bool: experts in each token's topk_group best groups."""
+        d = self.d
+        best = group_scores.topk(d.topk_group, dim=-1, sorted=False).indices
+        mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        return mask[:, :, None].expand(-1, -1, d.n_routed_experts // d.n_group).reshape(
+            scores.shape)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] fp32, expert ids [T, k] long)."""
+        d = self.d
+        logits = nn.functional.linear(x.float(), self.weight)
+        scores_shape = (x.shape[0], d.n_group, d.n_routed_experts // d.n_group)
+        if d.version == "v2":
+            scores = logits.softmax(dim=-1)
+            if d.topk_method == "group_limited_greedy":
+                grouped = scores.view(scores_shape).max(dim=-1).values
+                scores = scores.masked_fill(~self._group_mask(scores, grouped), 0.0)
+            weights, ids = scores.topk(d.num_experts_per_tok, dim=-1, sorted=False)
         else:
-            self.mlp = SwiGLU(args.hidden_size, args.intermediate_size, args.mlp_bias, kernels,
-                              dtype, device)
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias
+            grouped = choice.view(scores_shape).topk(2, dim=-1).values.sum(dim=-1)
+            choice = choice.masked_fill(~self._group_mask(choice, grouped), float("-inf"))
+            ids = choice.topk(d.num_experts_per_tok, dim=-1, sorted=False).indices
+            weights = scores.gather(1, ids)
+            if d.norm_topk_prob:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * d.routed_scaling_factor, ids
 
-    def forward(self, h, cos, sin, batch, rows, kv, local_layer):
-        """rows: the forward's per-row attention metadata (MLADecodeRows or SparseRows)."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, rows, kv, local_layer)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
-
-class DeepseekStage(nn.Module):
-    """Layers [layer_start, layer_end) plus the embedding (first) and norm + head (last)."""
-
+class DeepseekStage(Stage):
     def __init__(self, args: ModelArgs, layer_start: int, layer_end: int, is_first: bool,
                  is_last: bool, kernels: Kernels, dtype: torch.dtype,
                  device: str | torch.device):
-        super().__init__()
-        if args.deepseek is None:
+        if not isinstance(args.family_args, DeepseekArgs):
             raise ValueError(f"{args.model_type} is not a DeepSeek model")
-        if not 0 <= layer_start < layer_end <= args.num_hidden_layers:
-            raise ValueError(f"bad layer range [{layer_start}, {layer_end}) for a model with "
-                             f"{args.num_hidden_layers} layers")
-        self.args = args
-        self.layer_start, self.layer_end = layer_start, layer_end
-        self.is_first, self.is_last = is_first, is_last
-        self.kernels = kernels
-        self.dtype = dtype
-        if is_first or (is_last and args.tie_word_embeddings):
-            self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size, dtype=dtype,
-                                             device=device)
-        self.layers = nn.ModuleDict({str(i): DeepseekDecoderLayer(args, i, kernels, dtype, device)
-                                     for i in range(layer_start, layer_end)})
-        if is_last:
-            self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
-            if not args.tie_word_embeddings:
-                self.lm_head = Linear(args.hidden_size, args.vocab_size, False, kernels, dtype,
-                                      device)
+        super().__init__(args, layer_start, layer_end, is_first, is_last, kernels, dtype, device)
         inv_freq, self.rope_scale = rope_tables(args)
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
-    @property
-    def num_local_layers(self) -> int:
-        return self.layer_end - self.layer_start
+    def build_layer(self, layer: int, kernels: Kernels, dtype: torch.dtype,
+                    device: str | torch.device) -> nn.Module:
+        a, d = self.args, self.args.family_args
+        attention = MLAttention if d.indexer is None else DSAttention
+        mlp: nn.Module
+        if d.is_moe_layer(layer):
+            shared = d.moe_intermediate_size * d.n_shared_experts
+            mlp = MoE(DeepseekRouter(a, device),
+                      Experts(d.n_routed_experts, a.hidden_size, d.moe_intermediate_size, dtype,
+                              device),
+                      SwiGLU(a.hidden_size, shared, a.mlp_bias, kernels, dtype, device)
+                      if shared else None, kernels)
+        else:
+            mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
+        return DecoderLayer(a, attention(a, kernels, dtype, device), mlp, dtype, device)
 
-    def checkpoint_sources(self) -> dict[str, list[tuple[str, tuple]]]:
-        """Parameters not stored under their own name: the stacked routed experts."""
-        out = {}
-        for i, layer in self.layers.items():
-            if isinstance(layer.mlp, MoE):
-                own = f"layers.{i}.mlp.experts"
-                for name, pieces in layer.mlp.experts.checkpoint_sources("model." + own).items():
-                    out[f"{own}.{name}"] = pieces
-        return out
-
-    def forward(self, inputs: torch.Tensor, batch: ForwardBatch,
-                kv: LatentKVCache) -> torch.Tensor:
-        """Token ids [T] (first stage) or hidden [T, hidden] -> hidden [T, hidden], before the
-        final norm."""
-        h = self.embed_tokens(inputs) if self.is_first else inputs.to(self.dtype)
+    def layer_context(self, batch: ForwardBatch, kv: LatentKVCache, h: torch.Tensor) -> tuple:
+        """(cos, sin [T, rope / 2], the attention's row metadata: MLADecodeRows or
+        SparseRows)."""
         freqs = batch.positions[:, None].float() * self.inv_freq[None, :]
-        cos = (freqs.cos() * self.rope_scale).to(h.dtype)  # [T, rope / 2]
+        cos = (freqs.cos() * self.rope_scale).to(h.dtype)
         sin = (freqs.sin() * self.rope_scale).to(h.dtype)
-        indexer = self.args.deepseek.indexer
+        indexer = self.args.family_args.indexer
         rows = (MLADecodeRows.build(batch, h.device) if indexer is None
                 else SparseRows.build(batch, kv.block_size, indexer.topk, h.device))
-        for local, layer in enumerate(self.layers.values()):
-            h = layer(h, cos, sin, batch, rows, kv, local)
-        return h
-
-    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head on the rows that sample: [R, hidden] -> fp32 logits [R, V]."""
-        if not self.is_last:
-            raise RuntimeError("compute_logits runs on the last stage only")
-        h = self.norm(hidden_rows)
-        weight = self.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        return self.kernels.linear(h, weight).float()
+        return cos, sin, rows

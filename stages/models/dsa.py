@@ -17,31 +17,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.deepseek_config import IndexerArgs
 from stages.forward_batch import ForwardBatch
+from stages.kernels.indexer_select import SelectPlan, topk_slots
 from stages.kernels.registry import Kernels
-from stages.mla_cache import INDEXER_KEY, LatentKVCache
 from stages.model_config import ModelArgs
-from stages.models.llama import Linear
-from stages.models.mla import MLAttention, apply_rope
-
-
-@dataclass
-class SparseRow:
-    """One row of the batch whose prefix is longer than index_topk: the indexer selects."""
-    offset: int  # its first token in T
-    num_tokens: int
-    prefix: torch.Tensor | slice  # gather index of its keys 0..start+n-1 (a slice: in place)
-    slots: torch.Tensor  # [start + n] long: the slot of each prefix position
-    future: torch.Tensor | None  # [n, n] bool: its own chunk's keys after each query (n > 1)
+from stages.models.deepseek_config import INDEXER_KEY, IndexerArgs
+from stages.models.layers import Linear, apply_rope
+from stages.models.mla import MLAttention
+from stages.models.mla_cache import LatentKVCache
 
 
 @dataclass
 class SparseRows:
     """What every DSA layer of a forward shares: the indices of rows that attend densely (fixed
-    for the whole forward) and, per selecting row, its prefix."""
+    for the whole forward) and the selecting rows' plan (None: no row selects)."""
     dense: torch.Tensor  # [T, topk] int32 slot ids, -1 padded; selecting rows' are overwritten
-    selecting: list[SparseRow]
+    plan: SelectPlan | None
 
     @classmethod
     def build(cls, batch: ForwardBatch, block_size: int, topk: int,
@@ -72,15 +63,15 @@ class SparseRows:
                 slots = torch.arange(prefix.start, prefix.stop, device=device)
             else:
                 slots = prefix
-            future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1) if n > 1 else None
             if length <= topk:
                 row = slots[None, :].repeat(n, 1)
-                if future is not None:
+                if n > 1:  # keys of the chunk after the query
+                    future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
                     row[:, start:] = row[:, start:].masked_fill(future, -1)
                 dense[off:off + n, :length] = row.int()
             else:
-                selecting.append(SparseRow(off, n, prefix, slots, future))
-        return cls(dense, selecting)
+                selecting.append((off, n, start, slots))
+        return cls(dense, SelectPlan.build(selecting, device) if selecting else None)
 
 
 class Indexer(nn.Module):
@@ -90,7 +81,7 @@ class Indexer(nn.Module):
 
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
         super().__init__()
-        d = args.deepseek
+        d = args.family_args
         ix: IndexerArgs = d.indexer
         self.ix, self.rope_dim = ix, d.qk_rope_head_dim
         self.scale = ix.head_dim ** -0.5
@@ -123,9 +114,8 @@ class DSAttention(MLAttention):
         super().__init__(args, kernels, dtype, device)
         self.indexer = Indexer(args, kernels, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, rows: SparseRows, kv: LatentKVCache,
-                local_layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: SparseRows,
+                batch: ForwardBatch, kv: LatentKVCache, local_layer: int) -> torch.Tensor:
         d, t = self.d, x.shape[0]
         q_nope, q_pe, q_resid = self.project(x, cos, sin, batch, kv, local_layer)
         kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
@@ -140,19 +130,13 @@ class DSAttention(MLAttention):
     def _select(self, x, q_resid, cos, sin, rows: SparseRows, kv: LatentKVCache,
                 local_layer: int) -> torch.Tensor:
         """[T, topk] int32 slot ids each query attends to (-1: none)."""
-        if not rows.selecting:
+        if rows.plan is None:
             return rows.dense
-        indices = rows.dense.clone()
+        plan, indices = rows.plan, rows.dense.clone()
         q, weights = self.indexer.queries(x, q_resid, cos, sin)
-        topk = indices.shape[1]
-        for row in rows.selecting:
-            span = slice(row.offset, row.offset + row.num_tokens)
-            logits = self.kernels.indexer_logits(
-                q[span], kv.gather(local_layer, row.prefix, INDEXER_KEY), weights[span],
-                self.indexer.scale)
-            if row.future is not None:  # keys of the chunk after the query
-                logits[:, -row.num_tokens:].masked_fill_(row.future, float("-inf"))
-            best, pos = logits.topk(topk, dim=-1)
-            # a query with fewer than topk keys before it picks some future ones: none
-            indices[span] = row.slots[pos].masked_fill(best == float("-inf"), -1).int()
+        keys = kv.pages(local_layer, INDEXER_KEY)
+        logits = self.kernels.indexer_logits_rows(
+            q[plan.token_index], keys.view(-1, keys.shape[-1]), weights[plan.token_index],
+            self.indexer.scale, plan)
+        indices[plan.token_index] = topk_slots(logits, plan, indices.shape[1])
         return indices

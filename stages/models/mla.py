@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from stages.deepseek_config import DeepseekArgs, softmax_scale, yarn_get_mscale
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels
-from stages.mla_cache import LatentKVCache
 from stages.model_config import ModelArgs
-from stages.models.llama import Linear, RMSNorm
+from stages.models.deepseek_config import DeepseekArgs, softmax_scale, yarn_get_mscale
+from stages.models.layers import Linear, RMSNorm, apply_rope
+from stages.models.mla_cache import LatentKVCache
 
 
 def yarn_inv_freq(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
@@ -57,24 +57,10 @@ def yarn_inv_freq(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
 
 def rope_tables(args: ModelArgs) -> tuple[torch.Tensor, float]:
     """(inv_freq [qk_rope_head_dim / 2], cos/sin scale) for the model's rope dims."""
-    dim = args.deepseek.qk_rope_head_dim
+    dim = args.family_args.qk_rope_head_dim
     if args.rope_scaling is None:
         return 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
     return yarn_inv_freq(dim, args.rope_theta, args.rope_scaling)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               interleave: bool) -> torch.Tensor:
-    """Rotate x [..., D] by angles whose cos/sin are [..., D/2]. Interleaved checkpoints pair
-    (x0, x1), (x2, x3)...; others pair the two halves. Either way the result is laid out as
-    [rotated firsts, rotated seconds]; q and k share the layout, so their dot products are the
-    checkpoint's."""
-    if interleave:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-    else:
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 @dataclass
@@ -107,7 +93,7 @@ class MLADecodeRows:
 class MLAttention(nn.Module):
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
         super().__init__()
-        d: DeepseekArgs = args.deepseek
+        d: DeepseekArgs = args.family_args
         h, bias = args.hidden_size, args.attention_bias
         self.d, self.heads, self.kernels = d, args.num_attention_heads, kernels
         self.scale = softmax_scale(d, args.rope_scaling)
@@ -160,7 +146,7 @@ class MLAttention(nn.Module):
         return torch.einsum("rhc,hvc->rhv", out.to(dtype), self._kv_b()[1])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch, decode: MLADecodeRows | None, kv: LatentKVCache,
+                decode: MLADecodeRows | None, batch: ForwardBatch, kv: LatentKVCache,
                 local_layer: int) -> torch.Tensor:
         d, t = self.d, x.shape[0]
         q_nope, q_pe, _ = self.project(x, cos, sin, batch, kv, local_layer)
@@ -183,7 +169,7 @@ class MLAttention(nn.Module):
 
     def _expanded(self, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """A chunk's queries [n, H, qk] over its prefix's latent [L, rank + rope] expanded to
-        per-head K/V; V is zero-padded to the q/k width so every SDPA backend takes it."""
+        per-head K/V (V keeps its own width: the attention kernels take it)."""
         d, length = self.d, latent.shape[0]
         latent = latent.to(q.dtype)
         kv = self.kv_b_proj(latent[:, :d.kv_lora_rank]).view(
@@ -191,5 +177,4 @@ class MLAttention(nn.Module):
         k_nope, v = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
         k_pe = latent[:, None, d.kv_lora_rank:].expand(length, self.heads, d.qk_rope_head_dim)
         k = torch.cat((k_nope, k_pe), dim=-1)
-        v = nn.functional.pad(v, (0, d.qk_head_dim - d.v_head_dim))
-        return self.kernels.attention(q, k, v, self.scale)[..., :d.v_head_dim]
+        return self.kernels.attention(q, k, v, self.scale)

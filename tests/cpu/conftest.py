@@ -14,6 +14,9 @@ ARCHS = ("llama", "llama3", "llama_tied", "qwen2", "qwen3")
 DSA_ARCHS = ("ds_v32_sparse", "ds_v32_dense")
 DEEPSEEK_ARCHS = ("ds_v2", "ds_v2_grouped", "ds_v3", "ds_v3_flat", *DSA_ARCHS)
 DSA_SPARSE_TOPK = 8
+# Qwen3-MoE: every layer routed but one dense (mlp_only_layers), renormalised top-k; or every
+# second layer routed (decoder_sparse_step), raw softmax weights, biased attention, tied head.
+QWEN3_MOE_ARCHS = ("qwen3_moe", "qwen3_moe_step2")
 
 _COMMON = dict(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -66,10 +69,19 @@ def deepseek_config(arch: str):
     raise ValueError(f"unknown arch {arch!r}; choose from {DEEPSEEK_ARCHS}")
 
 
+_QWEN3_MOE = dict(_COMMON, head_dim=16, moe_intermediate_size=32, num_experts=8,
+                  num_experts_per_tok=2, rope_theta=1000000.0)
+
+
 def hf_config(arch: str):
     import transformers as tf
     if arch in DEEPSEEK_ARCHS:
         return deepseek_config(arch)
+    if arch == "qwen3_moe":
+        return tf.Qwen3MoeConfig(**_QWEN3_MOE, norm_topk_prob=True, mlp_only_layers=[1])
+    if arch == "qwen3_moe_step2":
+        return tf.Qwen3MoeConfig(**_QWEN3_MOE, decoder_sparse_step=2, attention_bias=True,
+                                 tie_word_embeddings=True)
     if arch == "llama":
         return tf.LlamaConfig(**_COMMON, rope_theta=10000.0)
     if arch == "llama3":
@@ -91,6 +103,7 @@ def hf_model(arch: str, seed: int = 0):
            "ds_v2": tf.DeepseekV2ForCausalLM, "ds_v2_grouped": tf.DeepseekV2ForCausalLM,
            "ds_v3": tf.DeepseekV3ForCausalLM, "ds_v3_flat": tf.DeepseekV3ForCausalLM,
            **dict.fromkeys(DSA_ARCHS, tf.DeepseekV32ForCausalLM),
+           **dict.fromkeys(QWEN3_MOE_ARCHS, tf.Qwen3MoeForCausalLM),
            }.get(arch, tf.LlamaForCausalLM)
     torch.manual_seed(seed)
     model = cls(hf_config(arch)).float().eval()
@@ -148,3 +161,23 @@ def tensor_reads(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(loader, "safe_open", Recording)
     return read
+
+
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """Triton kernels run by Triton's CPU interpreter: needs triton and TRITON_INTERPRET=1 set
+    before triton is imported (`TRITON_INTERPRET=1 pytest ...`), else the test is skipped. Also
+    makes the interpreter's scalar __index__ work with NumPy 2.4+, which refuses int() of a
+    one-element array."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton interpreter tests run with TRITON_INTERPRET=1")
+    pytest.importorskip("triton")
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)

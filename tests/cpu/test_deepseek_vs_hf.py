@@ -12,13 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from stages.deepseek_config import DEEPSEEK_V2_LITE, softmax_scale
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer
 from stages.loader import load_stage_weights
 from stages.model_config import ModelArgs, load_model_args
-from stages.models.deepseek import DeepseekStage
-from stages.models.moe import Router
+from stages.models.deepseek import DeepseekRouter, DeepseekStage
+from stages.models.deepseek_config import DEEPSEEK_V2_LITE, softmax_scale
 from tests.cpu.conftest import DEEPSEEK_ARCHS, hf_model, write_tiny_checkpoint
 from tests.cpu.test_shards_vs_hf import PROMPT, TOL, Pipeline
 
@@ -155,12 +154,12 @@ def test_fp8_block_scaled_checkpoint(tmp_path, checkpoints, caplog):
 
 def test_latent_cache_bytes_and_yarn_scale():
     lite = ModelArgs.from_hf_dict(DEEPSEEK_V2_LITE)
-    assert lite.deepseek.latent_dim == 576 and lite.head_dim == 192
+    assert lite.family_args.latent_dim == 576 and lite.head_dim == 192
     assert bytes_per_token_layer(lite, torch.bfloat16) == 576 * 2  # not 2 x 16 heads x 192
     assert bytes_per_block(lite, 13, 64, torch.bfloat16) == 13 * 64 * 576 * 2
     # YaRN: softmax scale x mscale(40, 0.707)^2, as transformers' yarn_apply_mscale
     m = 0.1 * 0.707 * torch.log(torch.tensor(40.0)).item() + 1.0
-    assert softmax_scale(lite.deepseek, lite.rope_scaling) == pytest.approx(192 ** -0.5 * m * m)
+    assert softmax_scale(lite.family_args, lite.rope_scaling) == pytest.approx(192 ** -0.5 * m * m)
 
 
 def test_grouped_routing_is_exercised(checkpoints):
@@ -168,14 +167,14 @@ def test_grouped_routing_is_exercised(checkpoints):
     test them), and a bad topk_method is refused by name."""
     for arch in ("ds_v2_grouped", "ds_v3"):
         args = load_model_args(checkpoints[arch])
-        router = Router(args, "cpu")
+        router = DeepseekRouter(args, "cpu")
         torch.manual_seed(0)
         router.weight.data.normal_(0, 0.1)
-        if args.deepseek.version == "v3":
+        if args.family_args.version == "v3":
             router.e_score_correction_bias.data.zero_()
         x = torch.randn(64, args.hidden_size)
         grouped = router(x)[1].sort(dim=-1).values
-        router.d = dataclasses.replace(args.deepseek, topk_group=args.deepseek.n_group)
+        router.d = dataclasses.replace(args.family_args, topk_group=args.family_args.n_group)
         free = router(x)[1].sort(dim=-1).values
         assert not torch.equal(grouped, free)
     with open(os.path.join(checkpoints["ds_v2"], "config.json")) as f:
@@ -190,13 +189,14 @@ def test_grouped_routing_is_exercised(checkpoints):
 def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog, arch, indexer_width):
     """The stage's block count comes from the latent's bytes (kv_lora_rank + rope per token and
     layer, plus V3.2's indexer key), and the stage logs that figure at start."""
-    from stages.mla_cache import INDEXER_KEY
-    from stages.protocol import StageSpec
+    from app.config import EngineConfig
+    from stages.models.deepseek_config import INDEXER_KEY
     from stages.runner import StageRunner
 
     caplog.set_level("INFO", logger="ppserve.stage")
-    spec = StageSpec(stage_index=0, num_stages=2, layer_start=0, layer_end=2,
-                     model_path=checkpoints[arch], block_size=4, kv_cache_bytes=1 << 20)
+    config = EngineConfig(model=checkpoints[arch], pp_size=2, block_size=4,
+                          kv_cache_memory_bytes=1 << 20)
+    spec = config.stage_spec(0, (0, 2), max_model_len=0)
     runner = StageRunner(spec)
     per_token_layer = (32 + 8 + indexer_width) * 4  # fp32 latent (+ key) of the tiny config
     assert f"{per_token_layer} bytes per token per layer" in caplog.text

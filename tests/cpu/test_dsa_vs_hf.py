@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.deepseek_config import IndexerArgs
 from stages.kernels import torch_ref
 from stages.kv_cache import bytes_per_token_layer
 from stages.model_config import ModelArgs
+from stages.models.deepseek_config import IndexerArgs
 from tests.cpu.conftest import DSA_SPARSE_TOPK, hf_model, write_tiny_checkpoint
 from tests.cpu.test_shards_vs_hf import PROMPT, TOL, Pipeline
 
@@ -87,11 +87,11 @@ def test_v32_config_and_cache_bytes():
 
     cfg = DeepseekV32Config().to_dict()
     args = ModelArgs.from_hf_dict(cfg)
-    d = args.deepseek
+    d = args.family_args
     assert d.indexer == IndexerArgs(topk=2048, n_heads=64, head_dim=128)
     assert (d.version, d.rope_interleave, d.first_k_dense_replace) == ("v3", True, 3)
     assert bytes_per_token_layer(args, torch.bfloat16) == (512 + 64 + 128) * 2
-    assert ModelArgs.from_hf_dict({**cfg, "rope_interleave": False}).deepseek.rope_interleave
+    assert ModelArgs.from_hf_dict({**cfg, "rope_interleave": False}).family_args.rope_interleave
     with pytest.raises(ValueError, match="q_lora_rank"):
         ModelArgs.from_hf_dict({**cfg, "q_lora_rank": None})
     with pytest.raises(ValueError, match="mlp_layer_types"):
@@ -99,5 +99,5 @@ def test_v32_config_and_cache_bytes():
     with pytest.raises(ValueError, match="index_head_dim"):
         ModelArgs.from_hf_dict({**cfg, "index_head_dim": 32})
     v3 = ModelArgs.from_hf_dict({**cfg, "model_type": "deepseek_v3"})
-    assert v3.deepseek.indexer is None
+    assert v3.family_args.indexer is None
     assert bytes_per_token_layer(v3, torch.bfloat16) == 576 * 2

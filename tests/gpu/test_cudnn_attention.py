@@ -56,3 +56,20 @@ def test_more_queries_than_keys_is_an_error():
 def test_auto_picks_cudnn_on_cuda_and_torch_on_cpu():
     assert select_kernels("cuda").names["attention"] == "cudnn"
     assert select_kernels("cpu").names["attention"] == "torch"
+
+
+@pytest.mark.parametrize("fn", ["split_attention", "attention"])
+@pytest.mark.parametrize("heads,t,length", [(16, 600, 601), (16, 4096, 8269), (16, 777, 33000),
+                                            (128, 1000, 5000), (16, 64, 4096)])
+def test_mla_head_dims_match_reference(fn, heads, t, length):
+    """MLA's expanded heads: q/k 192, v 128 (narrower), run by cuDNN without padding."""
+    g = torch.Generator(device="cuda").manual_seed(t + length)
+    q = torch.randn(t, heads, 192, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(length, heads, 192, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(length, heads, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    scale = 192 ** -0.5
+    out = getattr(ca, fn)(q, k, v, scale)
+    ref = torch_ref.attention(q.float(), k.float(), v.float(), scale)
+    assert out.shape == (t, heads, 128) and out.dtype == torch.bfloat16
+    err = (out.float() - ref).abs().max().item()
+    assert err < 2e-2, f"max abs error {err}"

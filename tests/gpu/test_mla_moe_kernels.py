@@ -104,12 +104,12 @@ def test_triton_moe_matches_reference(fn, tokens, hidden, inter, experts, k, ske
 def test_deepseek_stage_backends_agree():
     """A 2-layer V2-Lite-shaped stage in bf16: prefill then decode logits with the fastest
     backends available equal the torch reference backends' within the bf16 band."""
-    from stages.deepseek_config import DEEPSEEK_V2_LITE
     from stages.forward_batch import ForwardBatch
     from stages.kernels.registry import select_kernels
     from stages.kv_cache import make_kv_cache
     from stages.loader import build_stage_model
     from stages.model_config import ModelArgs
+    from stages.models.deepseek_config import DEEPSEEK_V2_LITE
 
     args = ModelArgs.from_hf_dict(dict(DEEPSEEK_V2_LITE, num_hidden_layers=2))
     fast = select_kernels("cuda", moe_experts="auto" if not triton_moe.is_available("cuda")

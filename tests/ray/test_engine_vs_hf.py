@@ -75,14 +75,14 @@ def test_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference
 def test_dynamic_chunking_matches_transformers(ray_cluster, checkpoint, prompts, reference):
     """Chunks that shrink as the prefix grows leave greedy tokens unchanged, alone and 16
     concurrent; the lone prompt runs in exactly the scheduler's planned chunks."""
-    from app.scheduler import ChunkCost, SchedulerConfig
+    from app.scheduler import ChunkCost
     from stages.model_config import load_model_args
 
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     cfg = dataclasses.replace(_cfg(checkpoint, 2, 16, "auto"), enable_dynamic_chunking=True,
                               dynamic_chunk_smooth=1.0)
-    plan = SchedulerConfig(chunk_size=16, chunk_cost=ChunkCost.for_model(
-        load_model_args(checkpoint)), dynamic_chunk_smooth=1.0)
+    plan = cfg.scheduler_config(num_blocks=1, max_model_len=64,
+                                chunk_cost=ChunkCost.for_model(load_model_args(checkpoint)))
     chunks, prefix = 0, 0
     while prefix < 64:
         prefix += plan.chunk_limit(prefix)

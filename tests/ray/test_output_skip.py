@@ -1,4 +1,5 @@
-"""The skip is real: the channel counts its own sends, and the modes differ as DESIGN §5 says."""
+"""The skip is real: the channel counts its own sends, and the modes differ as
+docs/ARCHITECTURE.md#the-skip-rule says."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Prefix caching through Ray (DESIGN §6): requests that start after a cached prefix give the
-same greedy tokens as transformers and as an engine without the cache, for PP 1/2/3, with
-prefixes ending inside and at block boundaries, concurrent requests sharing a prefix still
+"""Prefix caching through Ray (docs/ARCHITECTURE.md#kv-cache): requests that start after a cached
+prefix give the same greedy tokens as transformers and as an engine without the cache, for PP 1/2/3,
+with prefixes ending inside and at block boundaries, concurrent requests sharing a prefix still
 being prefilled, and eviction in a pool too small to keep everything; the hit counts in
 stats() are exactly the full blocks a request shares with what ran before it."""
 

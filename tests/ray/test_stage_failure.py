@@ -1,7 +1,7 @@
 """A stage that dies mid-prefill (a real `ray.kill`, no mocks) fails only the request in flight,
-with a clear error; the coordinator rebuilds the pipeline (DESIGN §3, last paragraph), the
-requests that were only waiting complete normally, and the rebuilt pipeline gives the same greedy
-tokens as before with the KV pool whole again."""
+with a clear error; the coordinator rebuilds the pipeline (docs/ARCHITECTURE.md#when-a-stage-fails),
+the requests that were only waiting complete normally, and the rebuilt pipeline gives the same
+greedy tokens as before with the KV pool whole again."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ from ray.serve.autoscaling_policy import (
 from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
 from app.autoscaling import LOAD_METRIC, PipelineLoadPolicy, desired_pipelines, pipeline_load
-from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import SchedRequest, Scheduler
+from tests.unit.scheduler_configs import scheduler_config
 
 BLOCK, BLOCKS = 64, 1024  # a pipeline's KV cache: 65,536 tokens
 CONFIG = AutoscalingConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=32,
@@ -22,7 +23,7 @@ CONFIG = AutoscalingConfig(min_replicas=1, max_replicas=4, target_ongoing_reques
 
 def _load_of(prompt_lens: list[int]) -> float:
     """The load one pipeline reports with these prompts waiting (none admitted yet)."""
-    s = Scheduler(SchedulerConfig(block_size=BLOCK, num_blocks=BLOCKS, max_model_len=1 << 17))
+    s = Scheduler(scheduler_config(block_size=BLOCK, num_blocks=BLOCKS, max_model_len=1 << 17))
     for i, n in enumerate(prompt_lens):
         s.add(SchedRequest(f"r{i}", tuple(range(n)), max_tokens=16))
     assert s.num_waiting == len(prompt_lens)

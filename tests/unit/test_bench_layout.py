@@ -1,5 +1,6 @@
-"""Benchmarks sit beside the serving path (app/bench/): nothing else imports them, and they
-reach the engine only through app/bench/target.py."""
+"""Benchmarks sit beside the serving path (app/bench/): nothing else imports them, they reach the
+engine only through app/bench/target.py (and the bench's actors it starts, app/bench/actors.py),
+and the serving actors carry no bench knob."""
 
 import ast
 from pathlib import Path
@@ -28,7 +29,30 @@ def test_serving_code_never_imports_the_benches():
 
 def test_benches_reach_the_engine_only_through_the_target():
     for f in sorted((ROOT / "app" / "bench").glob("*.py")):
-        if f.name == "target.py":
+        if f.name in ("target.py", "actors.py"):
             continue
         bad = imported_modules(f) & ENGINE_MODULES
         assert not bad, f"app/bench/{f.name} imports {sorted(bad)}: use app.bench.target"
+
+
+BENCH_KNOBS = {"set_policy", "flush_timings", "take_timings", "call", "stage_timings"}
+
+
+def defined_names(path: Path) -> set[str]:
+    """Functions, methods and attributes (self.x = ...) a module defines."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.attr for t in targets if isinstance(t, ast.Attribute))
+    return names
+
+
+def test_serving_code_defines_no_bench_knob():
+    for f in sorted((ROOT / "app").rglob("*.py")) + sorted((ROOT / "stages").rglob("*.py")):
+        if "bench" in f.relative_to(ROOT).parts[:2]:
+            continue
+        bad = defined_names(f) & BENCH_KNOBS
+        assert not bad, f"{f.relative_to(ROOT)} defines {sorted(bad)}: app/bench/actors.py's"

@@ -2,8 +2,10 @@
 
 import pytest
 
+from app.config import EngineConfig
 from app.scheduler import ChunkCost, SchedRequest, Scheduler, SchedulerConfig
 from app.scheduler.chunking import dynamic_chunk_size, granule
+from tests.unit.scheduler_configs import scheduler_config
 
 LLAMA_8B = ChunkCost.from_shape(hidden=4096, intermediate=14336, heads=32, kv_heads=8,
                                 head_dim=128)
@@ -73,8 +75,8 @@ def _plan_chunks(cfg: SchedulerConfig, prompt_len: int) -> list[tuple[int, int]]
 def test_scheduler_cuts_a_lone_prompt_into_shrinking_chunks_with_less_drain():
     base = dict(chunk_size=8192, max_num_batched_tokens=8192, max_num_seqs=1, max_inflight=1,
                 block_size=64, num_blocks=2100, max_model_len=140000)
-    fixed = _plan_chunks(SchedulerConfig(**base), 131072)
-    dynamic = _plan_chunks(SchedulerConfig(**base, chunk_cost=LLAMA_8B), 131072)
+    fixed = _plan_chunks(scheduler_config(**base), 131072)
+    dynamic = _plan_chunks(scheduler_config(**base, chunk_cost=LLAMA_8B), 131072)
     for chunks in (fixed, dynamic):  # the whole prompt, in order, once
         assert [p for p, _ in chunks] == [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
         assert sum(n for _, n in chunks) == 131072
@@ -87,6 +89,6 @@ def test_scheduler_cuts_a_lone_prompt_into_shrinking_chunks_with_less_drain():
 
 def test_smooth_out_of_range_is_rejected():
     with pytest.raises(ValueError, match="dynamic_chunk_smooth"):
-        SchedulerConfig(chunk_cost=LLAMA_8B, dynamic_chunk_smooth=1.5)
+        EngineConfig(enable_dynamic_chunking=True, dynamic_chunk_smooth=1.5)
     with pytest.raises(ValueError, match="positive"):
         ChunkCost(1.0, 0.0)

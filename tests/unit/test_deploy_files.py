@@ -1,9 +1,11 @@
 """deploy/: both Serve configs against Ray Serve's schema and build_app, the GPU one in step with
-the Helm chart's defaults, and the Dockerfile linted by hadolint and on the chart's Ray."""
+the Helm chart's defaults, every engine option they name in step with EngineConfig's defaults,
+and the Dockerfile linted by hadolint and on the chart's Ray."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import subprocess
 import sys
@@ -46,6 +48,54 @@ def test_gpu_serve_config_has_the_charts_defaults():
     scaling = {k: v for k, v in VALUES["serve"]["autoscaling"].items() if k != "enabled"}
     assert args["autoscaling_config"] == scaling
     AutoscalingConfig(**args["autoscaling_config"])
+
+
+# What each deployment file sets on purpose; every other engine option it names must carry
+# EngineConfig's default (or null: the default), so no default is kept by hand in two places.
+DEPLOYED_CHOICES = {
+    "serve_config.yaml": {"stage_num_cpus": 0.5},  # fits a 2-core laptop
+    "serve_config_gpu.yaml": {"device": "cuda"},
+    "values.yaml": {"device": "cuda"},
+}
+
+
+def _engine_options(name: str) -> dict:
+    if name == "values.yaml":
+        return VALUES["engine"]
+    from app.server import SERVER_KEYS
+
+    return {k: v for k, v in yaml.safe_load((DEPLOY / name).read_text())["applications"][0][
+        "args"].items() if k not in SERVER_KEYS}
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYED_CHOICES))
+def test_deployed_options_are_engine_options_with_its_defaults(name):
+    from app.config import EngineConfig, option_names
+
+    names, default = option_names(), EngineConfig()
+    options = _engine_options(name)
+    unknown = set(options) - set(names)
+    assert not unknown, f"{name} names no such engine option: {sorted(unknown)}"
+    chosen = DEPLOYED_CHOICES[name]
+    for key, value in options.items():
+        if key in chosen:
+            assert value == chosen[key], (name, key)
+        elif value is not None:
+            want = getattr(default, names[key])
+            assert value == want, f"{name}: {key} is {value!r}, EngineConfig's default {want!r}"
+    EngineConfig.from_dict({k: v for k, v in options.items() if v is not None})
+
+
+def test_values_comments_list_each_options_choices():
+    from app.config import EngineConfig, option_names
+
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    names = option_names()
+    listed = re.findall(r"^  (\w+): .*#\s*([\w-]+(?: \| [\w-]+)+)\s*$",
+                        (ROOT / "charts" / "ppserve" / "values.yaml").read_text(), re.M)
+    assert listed, "values.yaml lists some choices in its comments"
+    for key, choices in listed:
+        assert set(choices.split(" | ")) == set(fields[names[key]].metadata["choices"]), key
 
 
 def _dockerfile_arg(text: str, name: str) -> str:

@@ -1,6 +1,7 @@
-"""charts/ppserve, offline (DESIGN §13): helm lint and template, the rendered RayService against
-KubeRay's CRD schema (check-jsonschema), serveConfigV2 against Ray Serve's schema and build_app,
-and values.schema.json refusing bad values. helm comes from charts/fetch-helm.sh (cached)."""
+"""charts/ppserve, offline (docs/ARCHITECTURE.md#helm-and-kuberay): helm lint and template, the
+rendered RayService against KubeRay's CRD schema (check-jsonschema), serveConfigV2 against Ray
+Serve's schema and build_app, and values.schema.json refusing bad values. helm comes from
+charts/fetch-helm.sh (cached)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The layering rules of DESIGN §2, checked on the source with `ast` (nothing is imported)."""
+"""The import rules (docs/ARCHITECTURE.md#import-rules), checked on the source with `ast` (nothing
+is imported)."""
 
 import ast
 from pathlib import Path
@@ -7,7 +8,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = ["app/scheduler", "app/request.py", "app/prefix_routing.py", "stages/protocol.py",
-        "stages/partition.py", "stages/model_config.py"]
+        "stages/partition.py", "stages/model_config.py", "stages/models/families.py",
+        "stages/models/deepseek_config.py"]
 MAX_LINES = 500
 
 
@@ -72,3 +74,66 @@ def test_scheduler_reaches_stages_only_through_the_protocol():
             if isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 if node.module.split(".")[0] == "stages":
                     assert node.module == "stages.protocol", f"{f.name} imports {node.module}"
+
+
+# Code that must not know which model family it runs: everything in app/ and stages/ except the
+# families themselves (stages/models/) and the benches (app/bench/ builds named model shapes).
+FAMILY_AWARE = ("stages/models/", "app/bench/")
+FAMILY_TABLE = "stages.models.families"
+
+
+def test_nothing_outside_the_models_names_a_family():
+    """Outside FAMILY_AWARE, a module reaches stages/models/ only through the family table
+    (no import of a family's module), and reads no family-specific attribute: neither
+    `family_args` (a family's own arguments) nor one named after a family (`args.deepseek`)."""
+    from stages.models.families import FAMILIES
+
+    banned_attrs = {"family_args"} | {family.name for family in FAMILIES}
+    for f in py_files("app") + py_files("stages"):
+        rel = f.relative_to(ROOT).as_posix()
+        if rel.startswith(FAMILY_AWARE):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                base = node.module or ""
+                modules = ([f"{base}.{a.name}" for a in node.names] if base == "stages.models"
+                           else [base])
+            else:
+                modules = []
+            for m in modules:
+                assert not m.startswith("stages.models.") or m == FAMILY_TABLE, (
+                    f"{rel} imports {m}: outside stages/models/ use {FAMILY_TABLE}")
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in banned_attrs, (
+                    f"{rel}:{node.lineno} reads .{node.attr}: a family branch outside "
+                    "stages/models/ (declare it in the family instead)")
+
+
+def test_model_files_share_no_six_line_stretch():
+    """What two families share lives in one place (stages/models/layers.py, moe.py, stage.py):
+    no run of 6 non-blank code lines (whitespace stripped) appears in two files of
+    stages/models/. Imports and function signatures are left out: a subclass restates its base's
+    constructor signature, which one parameter per line spreads over many lines."""
+    import itertools
+
+    def skipped(node):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return range(node.lineno, node.end_lineno + 1)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return range(node.lineno, node.body[0].lineno)
+        return range(0)
+
+    def runs(path, n=6):
+        text = path.read_text()
+        left_out = {i for node in ast.walk(ast.parse(text)) for i in skipped(node)}
+        lines = [line.strip() for i, line in enumerate(text.splitlines(), 1)
+                 if line.strip() and i not in left_out]
+        return {tuple(lines[i:i + n]) for i in range(len(lines) - n + 1)}
+
+    files = {f: runs(f) for f in py_files("stages/models")}
+    for a, b in itertools.combinations(files, 2):
+        shared = files[a] & files[b]
+        assert not shared, (f"{a.relative_to(ROOT)} and {b.relative_to(ROOT)} share the lines "
+                            f"{list(next(iter(shared)))}")

@@ -91,6 +91,32 @@ def test_helm_values_schema_matches_the_options():
         types = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
         json_type = {bool: "boolean", int: "integer", float: "number", str: "string"}
         assert json_type[option_type(f)] in types, key
+        bounds = {k: prop[k] for k in ("minimum", "exclusiveMinimum", "maximum") if k in prop}
+        assert bounds == f.metadata["bounds"], key
+
+
+@pytest.mark.parametrize("f", [f for f in FIELDS if f.metadata["bounds"]], ids=lambda f: f.name)
+def test_bounds_are_enforced_by_config(f):
+    bounds = f.metadata["bounds"]
+    bad = []
+    if "minimum" in bounds:
+        bad.append(bounds["minimum"] - 1)
+    if "exclusiveMinimum" in bounds:
+        bad.append(bounds["exclusiveMinimum"])
+    if "maximum" in bounds:
+        bad.append(bounds["maximum"] + 1)
+    for value in bad:
+        with pytest.raises(ValueError, match=f.name):
+            EngineConfig(**{f.name: value})
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [("chunk_size", "512"), ("pp_size", True), ("enable_prefix_caching", 1), ("device", None)],
+)
+def test_types_are_enforced_by_config(name, value):
+    with pytest.raises(ValueError, match=name):
+        EngineConfig(**{name: value})
 
 
 def _tuple_literals(path: Path) -> set[tuple]:

@@ -1,5 +1,5 @@
-"""The block pool with prefix caching (DESIGN §6): random admissions of requests whose token
-sequences share prefixes, against a model of who holds which block."""
+"""The block pool with prefix caching (docs/ARCHITECTURE.md#kv-cache): random admissions of requests
+whose token sequences share prefixes, against a model of who holds which block."""
 
 import pytest
 from hypothesis import given, settings

@@ -2,15 +2,17 @@
 
 import pytest
 
-from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.config import EngineConfig
+from app.scheduler import SchedRequest, Scheduler
 from stages.protocol import SamplingSpec
+from tests.unit.scheduler_configs import scheduler_config
 
 
 def make(mode="auto", **kw):
     args = dict(chunk_size=8, max_num_batched_tokens=8, max_num_seqs=4, max_inflight=2,
                 block_size=4, num_blocks=64, skip_mode=mode, max_model_len=256)
     args.update(kw)
-    return Scheduler(SchedulerConfig(**args))
+    return Scheduler(scheduler_config(**args))
 
 
 def req(rid, n, max_tokens=3, **kw):
@@ -187,10 +189,11 @@ def test_max_num_seqs_and_budget_limit_admission():
 
 
 @pytest.mark.parametrize("kw", [dict(chunk_size=0), dict(max_inflight=-1),
-                                dict(skip_mode="sometimes"), dict(block_size=1.5)])
+                                dict(pp_output_skip="sometimes"), dict(block_size=1.5)])
 def test_config_validation(kw):
-    with pytest.raises(ValueError):
-        SchedulerConfig(**kw)
+    """The scheduler's options are checked once, by EngineConfig, naming the option."""
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        EngineConfig(**kw)
 
 
 def test_abort_inflight_after_a_stage_failure():

@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import SchedRequest, Scheduler
 from stages.protocol import SamplingSpec
+from tests.unit.scheduler_configs import scheduler_config
 from tests.unit.scheduler_driver import drive
 
 
@@ -15,7 +16,7 @@ def make(kv_admission="on-demand", **kw):
                 block_size=4, num_blocks=6, skip_mode="auto", max_model_len=64,
                 kv_admission=kv_admission)
     args.update(kw)
-    return Scheduler(SchedulerConfig(**args))
+    return Scheduler(scheduler_config(**args))
 
 
 def run_one(s, tokens):
@@ -81,7 +82,7 @@ def test_prompt_too_large_for_the_pool_is_refused():
 
 @pytest.mark.parametrize("run_ahead", [False, True])
 def test_driver_preempts_and_keeps_every_invariant(run_ahead):
-    cfg = SchedulerConfig(chunk_size=4, max_num_batched_tokens=12, max_num_seqs=6,
+    cfg = scheduler_config(chunk_size=4, max_num_batched_tokens=12, max_num_seqs=6,
                           max_inflight=3, block_size=2, num_blocks=12, skip_mode="auto",
                           max_model_len=64, run_ahead=run_ahead, num_stages=2,
                           kv_admission="on-demand")

@@ -2,14 +2,15 @@
 test_scheduler_properties.py): when a block becomes reusable, where a hit starts prefill,
 what a failed pipeline forgets."""
 
-from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import SchedRequest, Scheduler
+from tests.unit.scheduler_configs import scheduler_config
 
 
 def make(**kw):
     args = dict(chunk_size=4, max_num_batched_tokens=8, max_num_seqs=4, max_inflight=2,
                 block_size=4, num_blocks=16, max_model_len=64)
     args.update(kw)
-    return Scheduler(SchedulerConfig(**args))
+    return Scheduler(scheduler_config(**args))
 
 
 def req(rid, tokens, max_tokens=2):

@@ -1,5 +1,6 @@
 """A pure simulated coordinator drives the scheduler through random loads and checks, from the
-plans alone, everything the stages and the output channel rely on (DESIGN §3, §5, §6).
+plans alone, everything the stages and the output channel rely on
+(docs/ARCHITECTURE.md#the-flow-of-one-request).
 
 With kv_admission="on-demand" the scheduler may preempt: a request listed in a plan's
 `finished` that the driver did not finish was preempted; it is re-admitted later (a new
@@ -13,9 +14,10 @@ from app.scheduler import (
     ChunkCost,
     SchedRequest,
     Scheduler,
-    SchedulerConfig,
     SchedulerInvariantError,
 )
+from app.scheduler.config import SKIP_MODES
+from tests.unit.scheduler_configs import scheduler_config
 from tests.unit.scheduler_driver import drive
 
 # None = fixed chunks; else dynamic chunking (chunks shrink as the prefix grows)
@@ -24,20 +26,20 @@ chunk_costs = st.one_of(st.none(), st.builds(ChunkCost, st.floats(0.1, 100.0),
 smooths = st.floats(0.0, 1.0)
 
 common = dict(chunk_size=st.integers(1, 16), max_num_batched_tokens=st.integers(1, 40),
-              max_num_seqs=st.integers(1, 6), skip_mode=st.sampled_from(["off", "sglang", "auto"]),
+              max_num_seqs=st.integers(1, 6), skip_mode=st.sampled_from(SKIP_MODES),
               max_model_len=st.integers(8, 80), chunk_cost=chunk_costs,
               dynamic_chunk_smooth=smooths, enable_prefix_caching=st.booleans())
-configs = st.builds(SchedulerConfig, **common, max_inflight=st.integers(1, 4),
+configs = st.builds(scheduler_config, **common, max_inflight=st.integers(1, 4),
                     block_size=st.integers(1, 8), num_blocks=st.integers(1, 40))
 loads = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 50), st.integers(1, 10),
                            st.booleans()), min_size=1, max_size=12)
 
 
 run_ahead_configs = st.builds(
-    SchedulerConfig, **common, max_inflight=st.integers(1, 9), block_size=st.integers(1, 8),
+    scheduler_config, **common, max_inflight=st.integers(1, 9), block_size=st.integers(1, 8),
     num_blocks=st.integers(1, 40), run_ahead=st.just(True), num_stages=st.integers(1, 4))
 on_demand_configs = st.builds(
-    SchedulerConfig, **common, max_inflight=st.integers(1, 6), block_size=st.integers(1, 4),
+    scheduler_config, **common, max_inflight=st.integers(1, 6), block_size=st.integers(1, 4),
     num_blocks=st.integers(2, 24), run_ahead=st.booleans(), num_stages=st.integers(1, 3),
     kv_admission=st.just("on-demand"))
 drives = dict(load=loads, seed=st.integers(0, 2**32 - 1),
@@ -65,7 +67,7 @@ def test_random_loads_with_on_demand_admission_keep_every_invariant(cfg, load, s
 
 
 def test_decode_from_skipped_output_is_caught():
-    s = Scheduler(SchedulerConfig(chunk_size=4, max_num_batched_tokens=8, max_num_seqs=2,
+    s = Scheduler(scheduler_config(chunk_size=4, max_num_batched_tokens=8, max_num_seqs=2,
                                   max_inflight=2, block_size=4, num_blocks=8, max_model_len=64))
     s.add(SchedRequest("a", (1, 2, 3), 3))
     plan = s.schedule()

@@ -1,7 +1,9 @@
-"""Run-ahead decoding (DESIGN §3 step 5): step t+1 planned once step t is dispatched, at least
-S microbatches later; stops while a step is in flight orphan its send and leak nothing."""
+"""Run-ahead decoding (docs/ARCHITECTURE.md#run-ahead-decoding): step t+1 planned once step t is
+dispatched, at least S microbatches later; stops while a step is in flight orphan its send and leak
+nothing."""
 
-from app.scheduler import SchedRequest, Scheduler, SchedulerConfig
+from app.scheduler import SchedRequest, Scheduler
+from tests.unit.scheduler_configs import scheduler_config
 
 
 def make(run_ahead=True, **kw):
@@ -9,7 +11,7 @@ def make(run_ahead=True, **kw):
                 block_size=4, num_blocks=64, skip_mode="auto", max_model_len=256,
                 run_ahead=run_ahead, num_stages=2)
     args.update(kw)
-    return Scheduler(SchedulerConfig(**args))
+    return Scheduler(scheduler_config(**args))
 
 
 def two_requests(s, max_tokens):
@@ -75,3 +77,22 @@ def test_without_run_ahead_a_step_waits_for_the_previous_token():
     assert plans[2:] == [None, None]
     s.retire(0, [("a", 5)])
     assert rows(s.schedule()) == [("a", 1, 0)]
+
+
+def test_tokens_from_the_host_wait_for_their_token_and_ride_in_the_plan():
+    """--output-channel host: a decode row carries the retired token itself; run-ahead still
+    fills the pipeline with other requests but never plans a step before its input is back."""
+    s = make(tokens_from_host=True)
+    plans = two_requests(s, max_tokens=3)
+    assert [rows(p) for p in plans[:2]] == [[("a", 0, None)], [("b", 0, None)]]
+    assert plans[2:] == [None, None]  # neither token is back yet
+    s.retire(0, [("a", 41)])
+    p2 = s.schedule()
+    assert rows(p2) == [("a", 1, None)] and p2.rows[0].token_ids == (41,)
+    assert p2.rows[0].start == 8 and not p2.rows[0].is_prefill
+    assert s.schedule() is None  # a's next step needs p2's token; b's is not back
+    s.retire(1, [("b", 42)])
+    s.retire(2, [("a", 43)])
+    p3 = s.schedule()
+    assert [(r.req_id, r.token_ids) for r in p3.rows] == [("a", (43,)), ("b", (42,))]
+    assert s.comm_stats()["missed"] == 0  # the skip decisions are the channel's as ever

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stages.model_config import ModelArgs
 
 DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
@@ -82,7 +86,6 @@ class DeepseekArgs:
     topk_group: int
     routed_scaling_factor: float
     norm_topk_prob: bool  # v3 only: transformers' V2 router never renormalises
-    fp8_block: tuple[int, int] | None  # weight_scale_inv block of an FP8 checkpoint
     indexer: IndexerArgs | None = None  # V3.2: every layer attends sparsely (DSA)
 
     @property
@@ -115,11 +118,6 @@ class DeepseekArgs:
             raise ValueError(f"n_routed_experts={experts} is not a multiple of n_group={n_group}")
         if topk_group > n_group:
             raise ValueError(f"topk_group={topk_group} exceeds n_group={n_group}")
-        quant = d.get("quantization_config") or {}
-        block = quant.get("weight_block_size")
-        if quant and quant.get("quant_method") != "fp8":
-            raise ValueError(f"unsupported quantization {quant.get('quant_method')!r} (only "
-                             f"block-scaled fp8)")
         q_lora = d.get("q_lora_rank")
         first_dense = int(d.get("first_k_dense_replace") or 0)
         if sparse:
@@ -151,9 +149,32 @@ class DeepseekArgs:
             topk_group=topk_group,
             routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
             norm_topk_prob=version == "v3" and bool(d.get("norm_topk_prob", True)),
-            fp8_block=(int(block[0]), int(block[1])) if block else (128, 128) if quant else None,
             indexer=IndexerArgs.from_hf_dict(d) if sparse else None,
         )
+
+
+def deepseek_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The ModelArgs fields a DeepSeek config sets: head_dim is the q/k head width, and every
+    query head has its own K/V once the latent is expanded."""
+    args = DeepseekArgs.from_hf_dict(d)
+    bias = bool(d.get("attention_bias", False))
+    return {"family_args": args, "head_dim": args.qk_head_dim,
+            "num_key_value_heads": int(d["num_attention_heads"]), "attention_bias": bias,
+            "o_proj_bias": bias, "qk_norm": False}
+
+
+# The latent cache's components: the latent itself and V3.2's indexer key.
+LATENT = "latent"
+INDEXER_KEY = "indexer_key"
+
+
+def latent_components(args: ModelArgs) -> dict[str, int]:
+    """Component name -> values per token per layer."""
+    d: DeepseekArgs = args.family_args
+    out = {LATENT: d.latent_dim}
+    if d.indexer is not None:
+        out[INDEXER_KEY] = d.indexer.head_dim
+    return out
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -12,18 +12,7 @@ from __future__ import annotations
 import torch
 
 from stages.model_config import ModelArgs
-
-LATENT = "latent"
-INDEXER_KEY = "indexer_key"
-
-
-def latent_components(args: ModelArgs) -> dict[str, int]:
-    """Component name -> values per token per layer."""
-    d = args.deepseek
-    out = {LATENT: d.latent_dim}
-    if d.indexer is not None:
-        out[INDEXER_KEY] = d.indexer.head_dim
-    return out
+from stages.models.deepseek_config import LATENT, latent_components
 
 
 class LatentKVCache:

@@ -1,0 +1,211 @@
+"""The grouped MoE GEMMs on DeepSeek / Qwen3-MoE shapes against cuBLAS running the same FLOPs as
+two dense GEMMs, and their contention under the one-CTA pending-recv stand-in
+(docs/ARCHITECTURE.md#why-the-output-channel-matters).
+
+    python -m app.bench.moe --tune --out docs/bench/moe_kernels.json
+
+FLOPs of one call: 6 * tokens * top-k * hidden * expert width (gate/up, then down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+
+import torch
+
+from stages.kernels import triton_moe
+from stages.kernels.moe_routing import route_and_gather
+from stages.kernels.moe_tuning import DEFAULT, MoeConfig, TileConfig, pick_moe_config
+from stages.kernels.triton_gemm import num_sms
+
+# name -> (experts, top-k, hidden, expert width)
+SHAPES = {
+    "deepseek-v2-lite": (64, 6, 2048, 1408),
+    "deepseek-v3": (256, 8, 7168, 2048),
+    "qwen3-moe": (128, 8, 2048, 768),
+    "deepseek-v4": (256, 6, 4096, 2048),
+}
+# (block_n, block_k, group_m, stages, warps, flatten, warp_specialize); the first of each list
+# was the best of the previous sweep
+GATE_CANDIDATES = [
+    TileConfig(128, 64, 8, 3, 8),
+    TileConfig(128, 64, 8, 3, 8, True),
+    TileConfig(128, 64, 8, 3, 8, False, True),
+]
+DOWN_CANDIDATES = [
+    TileConfig(256, 64, 8, 3, 8),
+    TileConfig(256, 64, 8, 3, 8, True),
+    TileConfig(256, 64, 8, 3, 8, False, True),
+]
+SMALL_M: list[MoeConfig] = []
+
+
+def timed(fn, pre=None, reps: int = 15, inner: int = 1) -> float:
+    """Median of reps CUDA-event timings (ms per call) of `inner` back-to-back calls after 3
+    warm-ups (inner > 1: the host queues ahead, so its launch gaps do not count); `pre` runs
+    before each timing."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if pre is not None:
+            pre()
+        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def pending_recv_standin(side: torch.cuda.Stream):
+    """One CTA spinning on a side stream for ~400 ms: takes one SM as a waiting recv does."""
+
+    def pre():
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(400 * 1.98e6))
+
+    return pre
+
+
+def inputs(tokens: int, experts: int, k: int, hidden: int, inter: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
+    gate_up = (
+        torch.randn(experts, 2 * inter, hidden, generator=g, device="cuda") * hidden**-0.5
+    ).bfloat16()
+    down = (
+        torch.randn(experts, hidden, inter, generator=g, device="cuda") * inter**-0.5
+    ).bfloat16()
+    weights, ids = torch.randn(tokens, experts, generator=g, device="cuda").softmax(-1).topk(k)
+    return x, gate_up, down, ids, weights
+
+
+def load_module(path: str):
+    spec = importlib.util.spec_from_file_location("before_moe", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_case(name: str, tokens: int, tune: bool, before, side) -> dict:
+    experts, k, hidden, inter = SHAPES[name]
+    x, gate_up, down, ids, weights = inputs(tokens, experts, k, hidden, inter)
+    flops = 6 * tokens * k * hidden * inter
+    tflops = lambda ms: round(flops / ms / 1e9, 1)  # noqa: E731
+    a1 = torch.randn(tokens * k, hidden, device="cuda").bfloat16()
+    w1 = torch.randn(2 * inter, hidden, device="cuda").bfloat16()
+    a2 = torch.randn(tokens * k, inter, device="cuda").bfloat16()
+    w2 = torch.randn(hidden, inter, device="cuda").bfloat16()
+    dense = lambda: (a1 @ w1.T, a2 @ w2.T)  # noqa: E731
+    row: dict = {
+        "shape": name,
+        "tokens": tokens,
+        "experts": experts,
+        "topk": k,
+        "hidden": hidden,
+        "inter": inter,
+        "gflop": round(flops / 1e9, 1),
+    }
+    row["cublas_dense_ms"] = timed(dense, inner=3)
+    row["cublas_dense_tflops"] = tflops(row["cublas_dense_ms"])
+    sms = num_sms("cuda")
+
+    def run(cfg, grid=sms):
+        return lambda: triton_moe.run_moe(x, gate_up, down, ids, weights, grid, cfg)
+
+    if before is not None:
+        ms = timed(lambda: before.moe_experts(x, gate_up, down, ids, weights), reps=5, inner=3)
+        row["before_ms"], row["before_tflops"] = ms, tflops(ms)
+    trials = []
+
+    def trial(cfg: MoeConfig) -> float:
+        try:
+            ms = timed(run(cfg), reps=7, inner=3)
+        except Exception as e:  # a config over the shared-memory budget, say
+            trials.append({"config": cfg.as_dict(), "error": repr(e)[:200]})
+            return float("inf")
+        trials.append({"config": cfg.as_dict(), "ms": ms, "tflops": tflops(ms)})
+        return ms
+
+    if tune:
+        best, best_ms = DEFAULT, float("inf")
+        first_down = DOWN_CANDIDATES[0]
+        gate_best = min(GATE_CANDIDATES, key=lambda g: trial(MoeConfig(128, g, first_down)))
+        for d in DOWN_CANDIDATES:
+            ms = trial(MoeConfig(128, gate_best, d))
+            if ms < best_ms:
+                best, best_ms = MoeConfig(128, gate_best, d), ms
+        for cfg in SMALL_M:
+            ms = trial(cfg)
+            if ms < best_ms:
+                best, best_ms = cfg, ms
+        row["trials"] = trials
+    else:
+        best = pick_moe_config(tokens, k, experts, hidden, inter)
+    row["config"] = best.as_dict()
+    for label, grid in (("sms", sms), ("sms_minus_1", sms - 1)):
+        alone = timed(run(best, grid), inner=3)
+        busy = timed(run(best, grid), pre=pending_recv_standin(side), inner=3)
+        row[f"{label}_ms"], row[f"{label}_tflops"] = alone, tflops(alone)
+        row[f"{label}_standin_ms"], row[f"{label}_standin_x"] = busy, round(busy / alone, 3)
+    dense_busy = timed(dense, pre=pending_recv_standin(side), inner=3)
+    row["phases_ms"] = phases(x, gate_up, down, ids, weights, sms, best)
+    weight_bytes = 3 * experts * hidden * inter * 2
+    # the chip's dense bf16 rate (cuBLAS above) and HBM's 4.8 TB/s: whichever binds
+    row["roofline_ms"] = round(max(row["cublas_dense_ms"], weight_bytes / 4.8e9), 3)
+    row["cublas_dense_standin_x"] = round(dense_busy / row["cublas_dense_ms"], 3)
+    row["vs_cublas"] = round(row["cublas_dense_ms"] / row["sms_ms"], 3)
+    print(json.dumps({k_: v for k_, v in row.items() if k_ != "trials"}), flush=True)
+    return row
+
+
+def phases(x, gate_up, down, ids, weights, grid: int, cfg: MoeConfig) -> dict:
+    """Each launch of one call timed alone (ms): routing + row copy, gate/up, down, the sum."""
+    t, k = ids.shape
+    r, a = route_and_gather(x, ids, weights, down.shape[0], cfg.block_m)
+    h = triton_moe.gate_up_silu(a, gate_up, r, grid, cfg.gate)
+    y = triton_moe.down_scatter(h, down, r, t * k, grid, cfg.down)
+    steps = {
+        "route_and_gather": lambda: route_and_gather(x, ids, weights, down.shape[0], cfg.block_m),
+        "gate_up_silu": lambda: triton_moe.gate_up_silu(a, gate_up, r, grid, cfg.gate),
+        "down_scatter": lambda: triton_moe.down_scatter(h, down, r, t * k, grid, cfg.down),
+        "sum_over_k": lambda: y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype),
+    }
+    return {name: round(timed(fn, inner=3), 4) for name, fn in steps.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--tokens", default="4096,8192")
+    p.add_argument("--tune", action="store_true")
+    p.add_argument("--before", default="", help="path of the previous triton_moe.py to compare")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    before = load_module(a.before) if a.before else None
+    side = torch.cuda.Stream()
+    env = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+        "triton": __import__("triton").__version__,
+    }
+    rows = []
+    for s in a.shapes.split(","):
+        for t in a.tokens.split(","):
+            rows.append(bench_case(s, int(t), a.tune, before, side))
+            with open(a.out, "w") as f:  # after each case: a run cut short keeps the rest
+                json.dump({"env": env, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

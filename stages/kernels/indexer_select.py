@@ -1,0 +1,107 @@
+"""DeepSeek-V3.2's indexer selection for every selecting row of a batch at once.
+
+A forward builds one ``SelectPlan`` (host metadata, one copy to the device); each DSA layer then
+scores all the plan's tokens against their own rows' keys in one call of the
+``indexer_logits_rows`` op, into a [tokens, Lmax] buffer where keys a token does not see (the
+future of its chunk, other rows' padding) are -inf, and ``topk_slots`` picks each token's top-k
+in one batched top-k. No Python loop per row in a layer.
+
+Ties: many keys score exactly 0 (the ReLU), so the k-th best score is often shared. A row's
+scores are the first columns of its tokens' lines and the padding after them is -inf, so a
+top-k over the padded line meets the same candidates as the per-row top-k did; CUDA's top-k
+takes tied values in index order (its radix select gathers the values equal to the k-th in
+order), so the chosen set is the same. The chunk rows' scores are computed exactly as the
+per-row kernel (stages.kernels.triton_indexer.indexer_logits) computed them; decode rows sum
+the heads in another order (bit-level differences only; exact zeros stay exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stages.kernels import torch_ref
+
+# Tokens of one chunk row scored together by a program of the Triton kernel (the MMA's rows);
+# rows of one token (decode) are tiles of their own, whose MMA rows are the index heads.
+CHUNK_TILE = 64
+
+
+@dataclass
+class SelectPlan:
+    token_index: torch.Tensor  # [Ts] long: the selecting rows' tokens in the batch
+    token_row: torch.Tensor  # [Ts] long: each token's row in the plan
+    visible: torch.Tensor  # [Ts] int32: keys each token sees (its row's prefix up to itself)
+    key_slots: torch.Tensor  # [R, Lmax] int32: cache slot of each row position (0 padded)
+    chunk_tiles: torch.Tensor  # [n, 3] int32: (row, first token in Ts, tokens <= CHUNK_TILE)
+    decode_tiles: torch.Tensor  # [m, 2] int32: (row, token in Ts) of each one-token row
+    row_tokens: list[tuple[int, int, int]]  # host copy: (first token in Ts, tokens, keys)
+
+    @classmethod
+    def build(
+        cls, rows: list[tuple[int, int, int, torch.Tensor]], device: torch.device
+    ) -> "SelectPlan":
+        """rows: (offset in the batch, tokens, first token's position, slots [start + n])."""
+        lmax = max(start + n for _, n, start, _ in rows)
+        token_index: list[int] = []
+        token_row: list[int] = []
+        visible: list[int] = []
+        dest: list[int] = []
+        row_tokens: list[tuple[int, int, int]] = []
+        chunk: list[tuple[int, int, int]] = []
+        decode: list[tuple[int, int]] = []
+        first = 0
+        for r, (off, n, start, _slots) in enumerate(rows):
+            token_index += range(off, off + n)
+            token_row += [r] * n
+            visible += range(start + 1, start + n + 1)
+            if n == 1:
+                decode.append((r, first))
+            else:
+                chunk += [
+                    (r, first + t0, min(CHUNK_TILE, n - t0)) for t0 in range(0, n, CHUNK_TILE)
+                ]
+            dest += range(r * lmax, r * lmax + start + n)
+            row_tokens.append((first, n, start + n))
+            first += n
+        tiles = [x for t in chunk for x in t] + [x for t in decode for x in t]
+        host = torch.tensor(token_index + token_row + visible + tiles + dest, dtype=torch.int64)
+        if device.type == "cuda":  # one pinned copy: a pageable one makes the host wait
+            host = host.pin_memory().to(device, non_blocking=True)
+        ts, nc, nd = len(token_index), len(chunk), len(decode)
+        t0 = 3 * ts
+        key_slots = torch.zeros(len(rows) * lmax, dtype=torch.int32, device=device)
+        key_slots[host[t0 + len(tiles) :]] = torch.cat([s for *_, s in rows]).int()
+        return cls(
+            host[:ts],
+            host[ts : 2 * ts],
+            host[2 * ts : t0].int(),
+            key_slots.view(len(rows), lmax),
+            host[t0 : t0 + 3 * nc].int().view(nc, 3),
+            host[t0 + 3 * nc : t0 + 3 * nc + 2 * nd].int().view(nd, 2),
+            row_tokens,
+        )
+
+
+def logits_rows_reference(
+    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, scale: float, plan: SelectPlan
+) -> torch.Tensor:
+    """The indexer_logits_rows contract, a row at a time on torch_ref.indexer_logits:
+    q [Ts, Hi, D] and weights [Ts, Hi] of the plan's tokens, keys [slots, D] the flat cache ->
+    [Ts, Lmax] fp32, -inf where the token does not see the key."""
+    ts, lmax = q.shape[0], plan.key_slots.shape[1]
+    out = torch.full((ts, lmax), float("-inf"), dtype=torch.float32, device=q.device)
+    for r, (first, n, length) in enumerate(plan.row_tokens):
+        span = slice(first, first + n)
+        k = keys.index_select(0, plan.key_slots[r, :length].long())
+        out[span, :length] = torch_ref.indexer_logits(q[span], k, weights[span], scale)
+    cols = torch.arange(lmax, device=q.device)
+    return out.masked_fill_(cols[None, :] >= plan.visible[:, None], float("-inf"))
+
+
+def topk_slots(logits: torch.Tensor, plan: SelectPlan, k: int) -> torch.Tensor:
+    """[Ts, k] int32 cache slots of each token's top k keys; -1 where a token sees fewer."""
+    best, pos = logits.topk(k, dim=-1)
+    slots = plan.key_slots[plan.token_row[:, None], pos]
+    return slots.masked_fill(best == float("-inf"), -1).int()

@@ -1,0 +1,188 @@
+"""The grouped contiguous layout of a MoE batch (DeepGEMM's), built on the device with no host
+sync: the (token, expert) pairs sorted by expert, each expert's rows padded to a multiple of
+BLOCK_M, so every M tile of the grouped GEMMs belongs to one expert.
+
+``route`` builds it with torch ops (the reference the CPU tests read); ``route_and_gather``
+builds the same layout with three small Triton kernels and copies each pair's token row into
+it on the way. Within an expert the rows' order follows atomic counters, so it may differ from
+``route``'s: each row of a GEMM is computed on its own, so the results do not depend on it.
+Buffers are sized by the layout's upper bound; the number of real tiles stays on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Routing:
+    pair_of_row: torch.Tensor  # [rows] int32: flat index t * k + j of the pair; -1 on padding
+    row_weight: torch.Tensor  # [rows] fp32: the pair's routing weight (undefined on padding)
+    tile_expert: torch.Tensor  # [max_tiles] int32: the expert of each M tile
+    num_tiles: torch.Tensor  # [1] int32: M tiles in use (the rest of the buffers is unused)
+    block_m: int
+
+    @property
+    def max_tiles(self) -> int:
+        return self.tile_expert.numel()
+
+
+def max_tiles(pairs: int, experts: int, block_m: int) -> int:
+    """Every expert with pairs adds at most one partial tile to the unpadded count."""
+    return -(-pairs // block_m) + min(experts, pairs)
+
+
+def route(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int
+) -> Routing:
+    """The layout with torch ops (pairs of an expert in their flat order; padding weighs 0)."""
+    flat = topk_ids.reshape(-1).long()
+    n, device = flat.numel(), flat.device
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
+    tiles = (counts + block_m - 1) // block_m
+    cum_tiles = tiles.cumsum(0)
+    bound = max_tiles(n, num_experts, block_m)
+    order = flat.argsort(stable=True)
+    expert_sorted = flat[order]
+    seg_start = counts.cumsum(0) - counts
+    rank = torch.arange(n, device=device) - seg_start[expert_sorted]
+    dest = (cum_tiles - tiles)[expert_sorted] * block_m + rank
+    pair_of_row = torch.full((bound * block_m,), -1, dtype=torch.int32, device=device)
+    pair_of_row[dest] = order.int()
+    row_weight = torch.zeros(bound * block_m, dtype=torch.float32, device=device)
+    row_weight[dest] = topk_weights.reshape(-1).float()[order]
+    tile_idx = torch.arange(bound, device=device)
+    tile_expert = torch.searchsorted(cum_tiles, tile_idx, right=True).clamp_(max=num_experts - 1)
+    return Routing(pair_of_row, row_weight, tile_expert.int(), cum_tiles[-1:].int(), block_m)
+
+
+def route_and_gather(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+) -> tuple[Routing, torch.Tensor]:
+    """(the layout, x's rows in it [rows, H]; padding rows are left unwritten)."""
+    import triton
+
+    t, k = topk_ids.shape
+    n, hidden, device = t * k, x.shape[1], x.device
+    bound = max_tiles(n, num_experts, block_m)
+    ids = topk_ids.reshape(-1).int().contiguous()
+    counters = torch.zeros(2, num_experts, dtype=torch.int32, device=device)
+    tile_start = torch.empty(num_experts, dtype=torch.int32, device=device)
+    tile_expert = torch.empty(bound, dtype=torch.int32, device=device)
+    num_tiles = torch.empty(1, dtype=torch.int32, device=device)
+    pair_of_row = torch.full((bound * block_m,), -1, dtype=torch.int32, device=device)
+    row_weight = torch.empty(bound * block_m, dtype=torch.float32, device=device)
+    a = torch.empty(bound * block_m, hidden, dtype=x.dtype, device=device)
+    block = 256
+    _count[(triton.cdiv(n, block),)](ids, counters, n, BLOCK=block)
+    _plan[(1,)](
+        counters,
+        tile_start,
+        tile_expert,
+        num_tiles,
+        num_experts,
+        bound,
+        block_m,
+        BLOCK_E=triton.next_power_of_2(num_experts),
+        BLOCK_T=32,
+    )
+    pairs = 16
+    _scatter[(triton.cdiv(n, pairs),)](
+        x.contiguous(),
+        ids,
+        topk_weights.reshape(-1).float().contiguous(),
+        a,
+        pair_of_row,
+        row_weight,
+        tile_start,
+        counters[1],
+        n,
+        hidden,
+        k,
+        block_m,
+        BLOCK_P=pairs,
+        BLOCK_H=256,
+    )
+    return Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m), a
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _count(ids_ptr, counts_ptr, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        keep = offs < N
+        expert = tl.load(ids_ptr + offs, mask=keep, other=0)
+        tl.atomic_add(counts_ptr + expert, 1, mask=keep)
+
+    @triton.jit
+    def _plan(
+        counts_ptr,
+        tile_start_ptr,
+        tile_expert_ptr,
+        num_tiles_ptr,
+        E,
+        MAX_TILES,
+        BLOCK_M,
+        BLOCK_E: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+    ):
+        es = tl.arange(0, BLOCK_E)
+        real = es < E
+        counts = tl.load(counts_ptr + es, mask=real, other=0)
+        tiles = (counts + BLOCK_M - 1) // BLOCK_M
+        cum = tl.cumsum(tiles, 0)
+        tl.store(tile_start_ptr + es, cum - tiles, mask=real)
+        tl.store(num_tiles_ptr, tl.sum(tiles, 0))
+        for m0 in range(0, MAX_TILES, BLOCK_T):
+            ms = m0 + tl.arange(0, BLOCK_T)
+            # the expert of tile m: how many experts' tiles all end at or before m
+            before = (cum[None, :] <= ms[:, None]) & real[None, :]
+            expert = tl.minimum(tl.sum(before.to(tl.int32), 1), E - 1)
+            tl.store(tile_expert_ptr + ms, expert, mask=ms < MAX_TILES)
+
+    @triton.jit
+    def _scatter(
+        x_ptr,
+        ids_ptr,
+        w_ptr,
+        a_ptr,
+        pair_ptr,
+        row_weight_ptr,
+        tile_start_ptr,
+        fill_ptr,
+        N,
+        H,
+        TOPK,
+        BLOCK_M,
+        BLOCK_P: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        pairs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        keep = pairs < N
+        expert = tl.load(ids_ptr + pairs, mask=keep, other=0)
+        rank = tl.atomic_add(fill_ptr + expert, 1, mask=keep)
+        dest = tl.load(tile_start_ptr + expert, mask=keep, other=0) * BLOCK_M + rank
+        tl.store(pair_ptr + dest, pairs, mask=keep)
+        tl.store(row_weight_ptr + dest, tl.load(w_ptr + pairs, mask=keep, other=0.0), mask=keep)
+        token = (pairs // TOPK).to(tl.int64)
+        dest = dest.to(tl.int64)
+        for hi in range((H + BLOCK_H - 1) // BLOCK_H):
+            cols = hi * BLOCK_H + tl.arange(0, BLOCK_H)
+            both = keep[:, None] & (cols[None, :] < H)
+            v = tl.load(x_ptr + token[:, None] * H + cols[None, :], mask=both)
+            tl.store(a_ptr + dest[:, None] * H + cols[None, :], v, mask=both)

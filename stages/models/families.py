@@ -1,0 +1,157 @@
+"""The model families: one table from a checkpoint's `model_type` to what the engine needs to know
+about its family. Standard library only, so the control plane reads it without torch.
+
+A family declares:
+- `fields`: the ModelArgs fields it reads from config.json beyond the common ones (its own
+  arguments go to `family_args`), and the rope types it supports;
+- `stage_class`: the module of one pipeline stage ("module:Class", imported when first built);
+- its KV layout: `kv_components` (named cache components -> values per token per layer; bytes
+  are their sum times the element size), `cache_class` that holds them and `kv_description`
+  for the logs;
+- `hidden_shape`: the per-token shape of the hidden state one stage sends the next;
+- capabilities the runner asks about: paged-decode CUDA graphs and cuDNN warm-up, both built
+  for K/V pages of [slots, kv_heads, head_dim].
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from stages.models.deepseek_config import DEEPSEEK_MODEL_TYPES, deepseek_fields, latent_components
+
+if TYPE_CHECKING:
+    from stages.model_config import ModelArgs
+
+PLAIN_ROPE_TYPES = ("default", "llama3")
+
+
+def _token_hidden(args: ModelArgs) -> tuple[int, ...]:
+    return (args.hidden_size,)
+
+
+def _key_value(args: ModelArgs) -> dict[str, int]:
+    width = args.num_key_value_heads * args.head_dim
+    return {"key": width, "value": width}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    fields: Callable[[dict[str, Any]], dict[str, Any]]
+    rope_types: tuple[str, ...]
+    stage_class: str
+    cache_class: str = "stages.kv_cache:PagedKVCache"
+    kv_components: Callable[[ModelArgs], dict[str, int]] = _key_value
+    kv_description: str = "K and V"
+    hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
+    paged_decode_graphs: bool = False
+    cudnn_warm_up: bool = False
+
+    def stage(self) -> type:
+        return _resolve(self.stage_class)
+
+    def cache(self) -> type:
+        return _resolve(self.cache_class)
+
+
+def _resolve(name: str) -> type:
+    module, attr = name.split(":")
+    cls: type = getattr(importlib.import_module(module), attr)
+    return cls
+
+
+def _gqa_attention_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """Llama-style attention: Qwen2 biases q/k/v (never o_proj) by default; Qwen3 and
+    Qwen3-MoE normalise q and k per head."""
+    qwen2 = d["model_type"] == "qwen2"
+    bias = bool(d.get("attention_bias", qwen2))
+    return {
+        "attention_bias": bias,
+        "o_proj_bias": bias and not qwen2,
+        "qk_norm": d["model_type"] in ("qwen3", "qwen3_moe"),
+    }
+
+
+@dataclass(frozen=True)
+class Qwen3MoeArgs:
+    """Routed experts of a Qwen3-MoE layer (transformers' Qwen3MoeSparseMoeBlock)."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (
+            layer not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+
+def _qwen3_moe_fields(d: dict[str, Any]) -> dict[str, Any]:
+    # transformers 5 writes num_local_experts (its attribute map); Hub checkpoints num_experts
+    experts = int(d.get("num_experts", d.get("num_local_experts", 128)))
+    step = int(d.get("decoder_sparse_step", 1))
+    top_k = int(d.get("num_experts_per_tok", 8))
+    if step < 1 or not 0 < top_k <= max(experts, 1):
+        raise ValueError(
+            f"bad Qwen3-MoE routing: decoder_sparse_step={step}, "
+            f"num_experts_per_tok={top_k} of {experts} experts"
+        )
+    moe = Qwen3MoeArgs(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=int(d.get("moe_intermediate_size", 768)),
+        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+        decoder_sparse_step=step,
+        mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+    )
+    return {**_gqa_attention_fields(d), "family_args": moe}
+
+
+LLAMA = Family(
+    "llama",
+    ("llama", "mistral", "qwen2", "qwen3"),
+    _gqa_attention_fields,
+    PLAIN_ROPE_TYPES,
+    "stages.models.llama:LlamaStage",
+    paged_decode_graphs=True,
+    cudnn_warm_up=True,
+)
+QWEN3_MOE = Family(
+    "qwen3_moe",
+    ("qwen3_moe",),
+    _qwen3_moe_fields,
+    PLAIN_ROPE_TYPES,
+    "stages.models.qwen3_moe:Qwen3MoeStage",
+    # not paged_decode_graphs: the torch reference of the MoE experts syncs with the host
+    cudnn_warm_up=True,
+)
+DEEPSEEK = Family(
+    "deepseek",
+    DEEPSEEK_MODEL_TYPES,
+    deepseek_fields,
+    ("default", "yarn"),
+    "stages.models.deepseek:DeepseekStage",
+    cache_class="stages.models.mla_cache:LatentKVCache",
+    kv_components=latent_components,
+    kv_description="MLA latent",
+)
+FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK)
+BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+SUPPORTED_MODEL_TYPES = tuple(BY_MODEL_TYPE)
+
+
+def family_of(model_type: str | None) -> Family:
+    if model_type not in BY_MODEL_TYPE:
+        raise ValueError(
+            f"unsupported model_type {model_type!r}; ppserve supports "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return BY_MODEL_TYPE[model_type]

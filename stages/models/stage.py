@@ -1,0 +1,100 @@
+"""The shell of one pipeline stage every family shares: layers [layer_start, layer_end) keyed by
+their global index (so parameter names are the checkpoint's minus `model.`), the embedding on the
+first stage (and on the last with tied embeddings), the final norm and LM head on the last, and
+logits for the sampling rows only. A family subclass builds its layers and the per-forward
+context they share (rope tables, attention row metadata)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from stages.kernels.registry import Kernels
+from stages.model_config import ModelArgs
+from stages.models.layers import Linear, RMSNorm, Sources
+
+
+class Stage(nn.Module):
+    def __init__(
+        self,
+        args: ModelArgs,
+        layer_start: int,
+        layer_end: int,
+        is_first: bool,
+        is_last: bool,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ):
+        super().__init__()
+        if not 0 <= layer_start < layer_end <= args.num_hidden_layers:
+            raise ValueError(
+                f"bad layer range [{layer_start}, {layer_end}) for a model with "
+                f"{args.num_hidden_layers} layers"
+            )
+        self.args = args
+        self.layer_start, self.layer_end = layer_start, layer_end
+        self.is_first, self.is_last = is_first, is_last
+        self.kernels = kernels
+        self.dtype = dtype
+        if is_first or (is_last and args.tie_word_embeddings):
+            self.embed_tokens = nn.Embedding(
+                args.vocab_size, args.hidden_size, dtype=dtype, device=device
+            )
+        self.layers = nn.ModuleDict(
+            {
+                str(i): self.build_layer(i, kernels, dtype, device)
+                for i in range(layer_start, layer_end)
+            }
+        )
+        if is_last:
+            self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
+            if not args.tie_word_embeddings:
+                self.lm_head = Linear(
+                    args.hidden_size, args.vocab_size, False, kernels, dtype, device
+                )
+
+    def build_layer(
+        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
+    ) -> nn.Module:
+        """The decoder layer of global index `layer` (self.args is set)."""
+        raise NotImplementedError
+
+    def layer_context(self, batch: Any, kv: Any, h: torch.Tensor) -> tuple[Any, ...]:
+        """What every layer of one forward shares, passed to each before the batch."""
+        raise NotImplementedError
+
+    @property
+    def num_local_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+    def checkpoint_sources(self) -> Sources:
+        """Parameters not stored under their own name (fused or stacked) -> their pieces."""
+        out: Sources = {}
+        for module_name, module in self.named_modules():
+            sources = getattr(module, "checkpoint_sources", None)
+            if module is self or sources is None:
+                continue
+            for leaf, pieces in sources("model." + module_name).items():
+                out[f"{module_name}.{leaf}"] = pieces
+        return out
+
+    def forward(self, inputs: torch.Tensor, batch: Any, kv: Any) -> torch.Tensor:
+        """Token ids [T] (first stage) or hidden [T, hidden] -> hidden [T, hidden], before the
+        final norm."""
+        h = self.embed_tokens(inputs) if self.is_first else inputs.to(self.dtype)
+        context = self.layer_context(batch, kv, h)
+        for local, layer in enumerate(self.layers.values()):
+            h = layer(h, context, batch, kv, local)
+        return h
+
+    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on the rows that sample: [R, hidden] -> fp32 logits [R, V]."""
+        if not self.is_last:
+            raise RuntimeError("compute_logits runs on the last stage only")
+        h = self.norm(hidden_rows)
+        weight = self.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+        logits: torch.Tensor = self.kernels.linear(h, weight)
+        return logits.float()

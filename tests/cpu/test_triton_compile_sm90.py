@@ -1,0 +1,124 @@
+"""The Triton kernels of the MoE and the indexer compile for an H200 (sm_90) on a machine with
+no GPU (triton.compile with an explicit target, the wheel's own ptxas): catches type and shape
+errors before device time is spent. Skipped without triton; slow (tens of seconds)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+triton = pytest.importorskip("triton")
+
+SCALARS = {"INTER": "i32", "H": "i32", "num_progs": "i32"}
+
+
+def _compile(fn, signature: dict, constants: dict, **options) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(signature, **{name: "constexpr" for name in constants})
+    triton.compile(ASTSource(fn, sig, constants), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@pytest.mark.parametrize("flatten,warp_specialize", [(False, False), (True, False), (False, True)])
+def test_moe_gemms_compile(flatten, warp_specialize):
+    from stages.kernels import triton_moe
+    from stages.kernels.moe_tuning import DEFAULT
+
+    bm, g, d = DEFAULT.block_m, DEFAULT.gate, DEFAULT.down
+    flags = {"GROUP_M": 8, "FLATTEN": flatten, "WARP_SPECIALIZE": warp_specialize}
+    _compile(
+        triton_moe._gate_up_silu,
+        {
+            "a_desc": f"tensordesc<bf16[{bm},{g.block_k}]>",
+            "w_desc": f"tensordesc<bf16[1,{g.block_n},{g.block_k}]>",
+            "h_desc": f"tensordesc<bf16[{bm},{g.block_n}]>",
+            "tile_expert_ptr": "*i32",
+            "num_tiles_ptr": "*i32",
+            **SCALARS,
+        },
+        {"BLOCK_M": bm, "BLOCK_N": g.block_n, "BLOCK_K": g.block_k, **flags},
+        num_warps=g.num_warps,
+        num_stages=g.num_stages,
+    )
+    _compile(
+        triton_moe._down_scatter,
+        {
+            "h_desc": f"tensordesc<bf16[{bm},{d.block_k}]>",
+            "d_desc": f"tensordesc<bf16[1,{d.block_n},{d.block_k}]>",
+            "y_ptr": "*bf16",
+            "pair_ptr": "*i32",
+            "weight_ptr": "*fp32",
+            "tile_expert_ptr": "*i32",
+            "num_tiles_ptr": "*i32",
+            "H": "i32",
+            "INTER": "i32",
+            "num_progs": "i32",
+        },
+        {"BLOCK_M": bm, "BLOCK_N": d.block_n, "BLOCK_K": d.block_k, **flags},
+        num_warps=d.num_warps,
+        num_stages=d.num_stages,
+    )
+
+
+def test_moe_routing_compiles():
+    from stages.kernels import moe_routing
+
+    _compile(
+        moe_routing._count, {"ids_ptr": "*i32", "counts_ptr": "*i32", "N": "i32"}, {"BLOCK": 256}
+    )
+    _compile(
+        moe_routing._plan,
+        {
+            "counts_ptr": "*i32",
+            "tile_start_ptr": "*i32",
+            "tile_expert_ptr": "*i32",
+            "num_tiles_ptr": "*i32",
+            "E": "i32",
+            "MAX_TILES": "i32",
+            "BLOCK_M": "i32",
+        },
+        {"BLOCK_E": 256, "BLOCK_T": 32},
+    )
+    _compile(
+        moe_routing._scatter,
+        {
+            "x_ptr": "*bf16",
+            "ids_ptr": "*i32",
+            "w_ptr": "*fp32",
+            "a_ptr": "*bf16",
+            "pair_ptr": "*i32",
+            "row_weight_ptr": "*fp32",
+            "tile_start_ptr": "*i32",
+            "fill_ptr": "*i32",
+            "N": "i32",
+            "H": "i32",
+            "TOPK": "i32",
+            "BLOCK_M": "i32",
+        },
+        {"BLOCK_P": 16, "BLOCK_H": 256},
+    )
+
+
+def test_indexer_rows_kernels_compile():
+    from stages.kernels import triton_indexer
+
+    chunk, decode = triton_indexer._rows_kernels()
+    sig = {
+        "Q": "*bf16",
+        "K": "*bf16",
+        "W": "*fp32",
+        "SLOTS": "*i32",
+        "VISIBLE": "*i32",
+        "TILES": "*i32",
+        "OUT": "*fp32",
+        "LMAX": "i32",
+        "scale": "fp32",
+        **{
+            s: "i32"
+            for s in ("stride_qt", "stride_qh", "stride_k", "stride_wt", "stride_sr", "stride_ot")
+        },
+    }
+    _compile(chunk, sig, {"HEADS": 64, "HEAD_DIM": 128, "BT": 64, "BL": 128}, num_warps=4)
+    _compile(decode, sig, {"HEADS": 64, "HEAD_DIM": 128, "BL": 64}, num_warps=4)

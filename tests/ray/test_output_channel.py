@@ -1,0 +1,113 @@
+"""--output-channel host on CPU: stage 0 takes each decode row's token from the plan; no output
+message crosses the pipeline. Greedy tokens identical to transformers and to the gloo channel,
+with run-ahead, in every skip mode; an abort mid-decode and a stage failure (rebuild) leave the
+pipeline in step."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from app import Engine, EngineConfig, SamplingParams
+from app.pipeline import STAGE_NAMESPACE
+from tests.ray.test_engine_vs_hf import MAX_NEW, checkpoint, prompts, reference  # noqa: F401
+from tests.ray.test_stage_failure import LONG, _prompt, _wait_for
+
+GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+
+
+def _cfg(checkpoint, channel, skip="auto", pp=2):
+    return EngineConfig(
+        model=checkpoint,
+        pp_size=pp,
+        device="cpu",
+        chunk_size=7,
+        pp_output_skip=skip,
+        block_size=4,
+        max_num_seqs=16,
+        max_model_len=256,
+        channel_check=True,
+        stage_num_cpus=0.5,
+        num_kv_blocks=2048,
+        run_ahead=True,
+        output_channel=channel,
+    )
+
+
+def test_copy_is_refused_on_cpu():
+    with pytest.raises(ValueError, match="copy.*cuda"):
+        EngineConfig(device="cpu", output_channel="copy")
+
+
+async def _abort_one_mid_decode(coord, prompts, params):
+    """Abort the first request once it has streamed a token; collect the others."""
+    streams = [coord.add_request(p, params) for p in prompts]
+    victim = streams[0]
+    while not (await victim.queue.get()).token_ids:
+        pass
+    coord.abort(victim.req_id)
+    outs = []
+    for s in streams[1:]:
+        tokens = []
+        while True:
+            out = await s.queue.get()
+            tokens.extend(out.token_ids)
+            if out.finished:
+                break
+        outs.append(tokens)
+    await asyncio.sleep(0)
+    return outs
+
+
+@pytest.mark.parametrize("skip,pp", [("off", 1), ("sglang", 3), ("auto", 2)])
+def test_host_matches_transformers_and_gloo(ray_cluster, checkpoint, prompts, reference, skip, pp):
+    """Each host engine also aborts a request mid-decode and carries on."""
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # for engine.call
+    outs = {}
+    for channel in ("host", "nccl") if skip == "auto" else ("host",):
+        with Engine(_cfg(checkpoint, channel, skip, pp)) as engine:
+            outs[channel] = [o.token_ids for o in engine.generate(prompts, GREEDY)]
+            if channel == "host":
+                assert engine.call(_abort_one_mid_decode, prompts, GREEDY) == reference[1:]
+            stats = engine.stats()
+        assert stats["output_channel"] == channel
+        if channel == "host":  # the plans carry the tokens: nothing on the channel
+            assert stats["channel_output_sends"] == 0
+        elif pp > 1:
+            assert stats["channel_output_sends"] == stats["pp_output_comm"]["sent"]
+        assert stats["kv_cache_usage"] == 0.0
+    for tokens in outs.values():
+        assert tokens == reference
+
+
+def test_host_rebuild_after_a_stage_failure(ray_cluster):
+    """The built-in random model, one long prompt in chunks of 16 (as test_stage_failure)."""
+    ray = ray_cluster
+    cfg = EngineConfig(
+        pp_size=2,
+        device="cpu",
+        chunk_size=16,
+        block_size=16,
+        max_num_seqs=1,
+        stage_num_cpus=0.5,
+        num_kv_blocks=256,
+        channel_check=True,
+        run_ahead=True,
+        output_channel="host",
+    )
+    short = [_prompt(20, seed) for seed in (1, 2)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    with Engine(cfg) as engine:
+        before = [o.token_ids for o in engine.generate(short, params)]
+        pid = engine.stats()["pipeline_id"]
+        victim = engine._actor.generate_batch.remote([_prompt(LONG, 0)], [params])
+        _wait_for(engine, lambda s: s["num_running"] == 1, "the long request to start")
+        ray.kill(ray.get_actor(f"ppserve-{pid}-stage1", namespace=STAGE_NAMESPACE), no_restart=True)
+        [failed] = ray.get(victim, timeout=60)
+        assert failed.finish_reason == "error"
+        assert [o.token_ids for o in engine.generate(short, params)] == before
+        stats = engine.stats()
+        assert stats["pipeline_failures"] == 1 and stats["kv_cache_usage"] == 0.0
+        assert stats["channel_output_sends"] == 0
