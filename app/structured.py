@@ -17,7 +17,6 @@ import json
 from typing import Any
 
 import llguidance
-import llguidance.hf
 
 from app.request import InvalidRequest, StructuredOutput
 
@@ -50,7 +49,9 @@ def llg_tokenizer(
     logits' width) and its EOS ids. Takes about a second for a large vocabulary: build once."""
     hf = getattr(tokenizer, "hf", None)
     if hf is not None:
-        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        from llguidance.hf import from_tokenizer  # imports transformers: only for HF ones
+
+        return from_tokenizer(hf, n_vocab=vocab_size, eos_token=list(eos_token_ids))
     vocab = _ByteVocab(vocab_size, tokenizer.bos_token_id, tokenizer.eos_token_ids[0])
     return llguidance.LLTokenizer(
         llguidance.TokenizerWrapper(vocab), n_vocab=vocab_size, eos_token=list(eos_token_ids)

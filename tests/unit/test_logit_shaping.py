@@ -17,7 +17,8 @@ def spec(**kw):
 
 
 def sample(logits, *rows):
-    return [s.token_id for s in Sampler(torch.device("cpu")).sample(logits, list(rows))]
+    sampler = Sampler(torch.device("cpu"))
+    return [s.token_id for s in sampler.collect(sampler.pick(logits, list(rows)))]
 
 
 def test_logit_bias_parsed_from_json_keys():
