@@ -7,22 +7,50 @@ import torch
 from stages.model_config import ModelArgs
 
 
-def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype) -> int:
-    """Cache bytes one token costs in one layer: the family's cache components together."""
+def _layers(layers: int | range) -> range:
+    """A stage's layers: an int counts layers that all cost the same (a uniform family)."""
+    return range(layers) if isinstance(layers, int) else layers
+
+
+def layer_bytes_per_block(args: ModelArgs, layer: int, block_size: int,
+                          dtype: torch.dtype) -> int:
+    """Bytes one block costs in one layer: each component's entries of the block (one per token,
+    or one per group of tokens) times its width."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return sum(args.family.kv_components(args).values()) * elem
+    return sum(width * (block_size // per) * elem
+               for width, per in args.family.components_of_layer(args, layer).values())
 
 
-def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
+def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype) -> int:
+    """Cache bytes one token costs in one layer: the family's cache components together (for a
+    family whose layers differ, the mean over the model's layers, rounded)."""
+    block = args.family.block_multiple(args)
+    layers = range(args.num_hidden_layers)
+    return round(bytes_per_block(args, layers, block, dtype) / (block * len(layers)))
+
+
+def bytes_per_block(args: ModelArgs, layers: int | range, block_size: int,
                     dtype: torch.dtype) -> int:
-    """Bytes one block costs on a stage holding `num_local_layers` layers."""
-    return num_local_layers * block_size * bytes_per_token_layer(args, dtype)
+    """Bytes one block costs on a stage holding `layers` (a count, or the range for a family
+    whose layers differ)."""
+    return sum(layer_bytes_per_block(args, i, block_size, dtype) for i in _layers(layers))
 
 
-def make_kv_cache(args: ModelArgs, num_local_layers: int, num_blocks: int, block_size: int,
+def check_block_size(args: ModelArgs, block_size: int) -> None:
+    multiple = args.family.block_multiple(args)
+    if block_size < 1 or block_size % multiple:
+        raise ValueError(f"{args.model_type} needs a block size that is a multiple of "
+                         f"{multiple} (its largest compression rate: whole groups per block), "
+                         f"got {block_size}")
+
+
+def make_kv_cache(args: ModelArgs, layers: int | range, num_blocks: int, block_size: int,
                   dtype: torch.dtype, device: str | torch.device):
-    """The cache class the model family declares (K/V pages, MLA latent pages, ...)."""
-    return args.family.cache()(args, num_local_layers, num_blocks, block_size, dtype, device)
+    """The cache class the model family declares (K/V pages, MLA latent pages, ...); a family
+    whose layers differ gets the stage's layer range, the others its layer count."""
+    check_block_size(args, block_size)
+    span = _layers(layers) if args.family.layer_kv_components is not None else len(_layers(layers))
+    return args.family.cache()(args, span, num_blocks, block_size, dtype, device)
 
 
 class PagedKVCache:

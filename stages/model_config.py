@@ -82,7 +82,7 @@ class ModelArgs:
             model_type=model_type,
             vocab_size=int(d["vocab_size"]),
             hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
+            intermediate_size=int(d.get("intermediate_size") or 0),  # MoE-only: the family's
             num_hidden_layers=int(d["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(d.get("num_key_value_heads") or heads),

@@ -17,7 +17,7 @@ from stages.copy_channel import PendingCopy
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import moe_backend_for, select_kernels
-from stages.kv_cache import bytes_per_block, bytes_per_token_layer, make_kv_cache
+from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, PromptLogprobs, SampledToken, StageSpec, StepResult
@@ -64,8 +64,19 @@ class StageRunner:
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
         self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
         self.family = self.args.family
-        log.info("KV cache: %d bytes per token per layer (%s)",
-                 bytes_per_token_layer(self.args, self.dtype), self.family.kv_description)
+        check_block_size(self.args, spec.block_size)
+        # Hash-routed layers read their rows' token ids, which only stage 0 has (decode rows'
+        # are on its device, from the output channel): they follow the hidden state over the
+        # hidden links, from stage 0 to the last stage holding such a layer.
+        id_layers = self.family.token_id_layers(self.args)
+        self.receives_token_ids = not spec.is_first and any(
+            i >= spec.layer_start for i in id_layers)
+        self.sends_token_ids = not spec.is_last and any(i >= spec.layer_end for i in id_layers)
+        log.info("KV cache: %d bytes per token per layer (%s); %d bytes per block of %d tokens "
+                 "over layers [%d, %d)", bytes_per_token_layer(self.args, self.dtype),
+                 self.family.kv_description, bytes_per_block(
+                     self.args, self.layer_range, spec.block_size, self.dtype),
+                 spec.block_size, spec.layer_start, spec.layer_end)
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
@@ -100,6 +111,10 @@ class StageRunner:
         return self.spec.layer_end - self.spec.layer_start
 
     @property
+    def layer_range(self) -> range:
+        return range(self.spec.layer_start, self.spec.layer_end)
+
+    @property
     def uses_decode_graphs(self) -> bool:
         """Decode-only microbatches take the paged path (graphed unless enforce_eager) where
         a paged decode kernel runs: CUDA with Triton, and a block size it supports; for the
@@ -111,7 +126,7 @@ class StageRunner:
                 and bs >= 16 and bs & (bs - 1) == 0)
 
     def kv_capacity(self) -> int:
-        per_block = bytes_per_block(self.args, self.num_local_layers, self.spec.block_size,
+        per_block = bytes_per_block(self.args, self.layer_range, self.spec.block_size,
                                     self.dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -126,7 +141,7 @@ class StageRunner:
     def allocate_kv(self, num_blocks: int) -> None:
         graphs = self.uses_decode_graphs
         # With decode graphs one block more: the scratch block padding rows write to.
-        self.kv = make_kv_cache(self.args, self.num_local_layers, num_blocks + graphs,
+        self.kv = make_kv_cache(self.args, self.layer_range, num_blocks + graphs,
                                 self.spec.block_size, self.dtype, self.device)
         self.decode_graphs = None
         if graphs:
@@ -197,19 +212,24 @@ class StageRunner:
                     for r in plan.rows]
             batch = ForwardBatch.build(rows, self.spec.block_size, self.device)
         if self.spec.is_first:
-            inputs = self._input_ids(plan)
+            inputs = token_ids = self._input_ids(plan)
         else:
             inputs = self.channels.recv_hidden(
                 (plan.num_tokens, *self.family.hidden_shape(self.args)), self.dtype, plan.mb_id)
+            token_ids = (self.channels.recv_hidden((plan.num_tokens,), torch.long, plan.mb_id)
+                         if self.receives_token_ids else None)
         self.timer.start(plan.mb_id)
         graphed = batch is None and not graphs.eager
         if batch is None:  # every row samples: the hidden rows are the sampling rows
             hidden = graphs.run(bucket, plan.rows, inputs, self.block_tables)
         else:
-            hidden = self.model(inputs, batch, self.kv)
+            hidden = (self.model(inputs, batch, self.kv, token_ids) if self.receives_token_ids
+                      else self.model(inputs, batch, self.kv))
         if not self.spec.is_last:
             self.timer.stop()
             self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
+            if self.sends_token_ids:
+                self.pending_sends += self.channels.send_hidden(token_ids, plan.mb_id)
             if self.spec.is_first and self.channels is not None and self.sends_outputs:
                 self._post_outputs(plan)
             return LaunchedStep(plan, graphed, result=StepResult(

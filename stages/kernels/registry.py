@@ -55,6 +55,10 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.indexer_select:logits_rows_reference",
         "triton": "stages.kernels.triton_indexer:indexer_logits_rows",
     },
+    # DeepSeek-V4 attention: a K=V head over selected keys (window + compressed), with sinks.
+    "sparse_sink_attention": {
+        "torch": "stages.kernels.torch_ref:sparse_sink_attention",
+    },
     # Routed MoE experts: per-expert cuBLAS GEMMs, or one grouped persistent Triton kernel.
     "moe_experts": {
         "torch": "stages.kernels.torch_ref:moe_experts",
@@ -75,6 +79,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "indexer_logits": ("triton", "torch"),
     "indexer_logits_rows": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
+    "sparse_sink_attention": ("torch",),
 }
 
 
@@ -87,7 +92,8 @@ class Kernels:
     paged_decode: Callable
     # (q [R,H,576], pages [blocks,B,1,576], block_table, seqlens, dv, scale, state) -> [R,H,dv]
     mla_decode: Callable | None = None
-    # (x [T,H], gate_up [E,2I,H], down [E,H,I], topk_ids [T,k], topk_weights [T,k]) -> [T,H]
+    # (x [T,H], gate_up [E,2I,H], down [E,H,I], topk_ids [T,k], topk_weights [T,k],
+    #  limit=None: DeepSeek-V4's swiglu clamp) -> [T,H]
     moe_experts: Callable | None = None
     # (q [T,H,576], kv [slots,1,576], indices [T,topk] int32 slot ids (-1: none), dv, scale)
     # -> [T,H,dv] in q's dtype: FlashMLA's flash_mla_sparse_fwd contract
@@ -98,6 +104,8 @@ class Kernels:
     # (q [Ts,Hi,D], keys [slots,D], weights [Ts,Hi] fp32, scale, SelectPlan) -> [Ts,Lmax] fp32,
     # -inf where a token does not see the key
     indexer_logits_rows: Callable | None = None
+    # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
+    sparse_sink_attention: Callable | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -139,7 +147,7 @@ def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
         ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
         ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts),
         ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits),
-        ("indexer_logits_rows", indexer_logits))}
+        ("indexer_logits_rows", indexer_logits), ("sparse_sink_attention", "auto"))}
     names = {op: name for op, (name, _fn) in chosen.items()}
     log.info("kernels on %s: %s", device, names)
     return Kernels(**{op: fn for op, (_name, fn) in chosen.items()}, names=names)

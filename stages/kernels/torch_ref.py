@@ -129,11 +129,20 @@ def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
     return out
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """silu(gate) * up; with a limit (DeepSeek-V4's swiglu_limit) gate is clamped from above
+    and up to [-limit, limit] first."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return F.silu(gate) * up
+
+
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+                topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                limit: float | None = None) -> torch.Tensor:
     """Routed experts: x [T, H], gate_up [E, 2I, H], down [E, H, I], ids/weights [T, k] ->
-    sum over each token's k experts of weight * down(silu(gate) * up), [T, H]. One GEMM pair
-    per expert that received tokens."""
+    sum over each token's k experts of weight * down(swiglu(gate, up, limit)), [T, H]. One GEMM
+    pair per expert that received tokens."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     order = flat.argsort(stable=True)
@@ -148,6 +157,27 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
         start += n
         tokens = sel // k
         gate, up = F.linear(x[tokens], gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, down[e])
+        y = F.linear(swiglu(gate, up, limit), down[e])
         out.index_add_(0, tokens, y.float() * weights[sel, None])
     return out.to(x.dtype)
+
+
+def sparse_sink_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                          sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """DeepSeek-V4's attention (FlashMLA's sparse contract with `attn_sink`): query t attends to
+    kv[indices[t]] only, one K=V head shared by every query head, each head's softmax also
+    over a learned sink logit that takes weight and gives nothing. q [T, H, D], kv [N, D],
+    indices [T, K] (-1: no key), sinks [H] fp32 -> [T, H, D] in q's dtype."""
+    t, heads, d = q.shape
+    out = q.new_empty(t, heads, d)
+    step = max(1, TILE_ELEMENTS // max(1, indices.shape[1] * max(d, heads)))
+    for i in range(0, t, step):
+        idx = indices[i:i + step].long()
+        keys = kv.index_select(0, idx.clamp(min=0).reshape(-1)).view(*idx.shape, d).float()
+        scores = torch.einsum("thd,tkd->thk", q[i:i + step].float(), keys) * scale
+        scores = scores.masked_fill((idx < 0)[:, None, :], float("-inf"))
+        sink = sinks.float()[None, :, None].expand(scores.shape[0], heads, 1)
+        logits = torch.cat((scores, sink), dim=-1)
+        probs = (logits - logits.max(dim=-1, keepdim=True).values).softmax(dim=-1)[..., :-1]
+        out[i:i + step] = torch.einsum("thk,tkd->thd", probs, keys).to(q.dtype)
+    return out

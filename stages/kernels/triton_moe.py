@@ -33,12 +33,12 @@ def is_available(device: str = "cuda") -> bool:
     return triton is not None and torch.cuda.get_device_capability()[0] >= 9
 
 
-def moe_experts(x, gate_up, down, topk_ids, topk_weights) -> torch.Tensor:
-    return _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin=0)
+def moe_experts(x, gate_up, down, topk_ids, topk_weights, limit=None) -> torch.Tensor:
+    return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=0)
 
 
-def moe_experts_sm1(x, gate_up, down, topk_ids, topk_weights) -> torch.Tensor:
-    return _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin=1)
+def moe_experts_sm1(x, gate_up, down, topk_ids, topk_weights, limit=None) -> torch.Tensor:
+    return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=1)
 
 
 def _tma_ok(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
@@ -46,31 +46,32 @@ def _tma_ok(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     return hidden % 8 == 0 and inter % 8 == 0 and gate_up.shape[1] == 2 * inter
 
 
-def _moe(x, gate_up, down, topk_ids, topk_weights, sm_margin: int) -> torch.Tensor:
+def _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin: int) -> torch.Tensor:
     usable = (triton is not None and x.is_cuda and x.dtype == torch.bfloat16
               and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16
               and x.shape[0] > 0 and _tma_ok(x, gate_up, down))
     if not usable:
-        return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights)
+        return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights, limit)
     t, k = topk_ids.shape
     experts, hidden, inter = down.shape
     cfg = pick_moe_config(t, k, experts, hidden, inter)
     return run_moe(x, gate_up.contiguous(), down.contiguous(), topk_ids, topk_weights,
-                   num_sms(x.device) - sm_margin, cfg)
+                   num_sms(x.device) - sm_margin, cfg, limit)
 
 
-def run_moe(x, gate_up, down, topk_ids, topk_weights, grid: int, cfg: MoeConfig) -> torch.Tensor:
+def run_moe(x, gate_up, down, topk_ids, topk_weights, grid: int, cfg: MoeConfig,
+            limit: float | None = None) -> torch.Tensor:
     """Routing, the two grouped GEMMs and the sum over k, on contiguous bf16 weights with
-    ``grid`` persistent programs."""
+    ``grid`` persistent programs (limit: DeepSeek-V4's swiglu clamp, as torch_ref.swiglu)."""
     t, k = topk_ids.shape
     r, a = route_and_gather(x, topk_ids, topk_weights, down.shape[0], cfg.block_m)
-    h = gate_up_silu(a, gate_up, r, grid, cfg.gate)
+    h = gate_up_silu(a, gate_up, r, grid, cfg.gate, limit)
     y = down_scatter(h, down, r, t * k, grid, cfg.down)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 
 def gate_up_silu(a: torch.Tensor, gate_up: torch.Tensor, r: Routing, grid: int,
-                 g: TileConfig) -> torch.Tensor:
+                 g: TileConfig, limit: float | None = None) -> torch.Tensor:
     """h [rows, I] = silu(a @ gate[e].T) * (a @ up[e].T), e the expert of each row's tile."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -85,8 +86,9 @@ def gate_up_silu(a: torch.Tensor, gate_up: torch.Tensor, r: Routing, grid: int,
     h_desc = TensorDescriptor(h, [rows, inter], [inter, 1], [r.block_m, g.block_n])
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(inter, g.block_n)))
     _gate_up_silu[(progs,)](a_desc, w_desc, h_desc, r.tile_expert, r.num_tiles, inter, hidden,
-                            progs, BLOCK_M=r.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k,
-                            GROUP_M=g.group_m, FLATTEN=g.flatten,
+                            progs, 0.0 if limit is None else float(limit),
+                            HAS_LIMIT=limit is not None, BLOCK_M=r.block_m,
+                            BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m, FLATTEN=g.flatten,
                             WARP_SPECIALIZE=g.warp_specialize, num_warps=g.num_warps,
                             num_stages=g.num_stages)
     return h
@@ -123,7 +125,7 @@ if triton is not None:
 
     @triton.jit
     def _gate_up_silu(a_desc, w_desc, h_desc, tile_expert_ptr, num_tiles_ptr, INTER, H,
-                      num_progs, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      num_progs, LIMIT, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
                       WARP_SPECIALIZE: tl.constexpr):
         """h[rows of tile m, n tile] = silu(a @ gate[e].T) * (a @ up[e].T), e = tile's expert."""
@@ -148,6 +150,9 @@ if triton is not None:
                 wu = tl.reshape(w_desc.load([2 * expert + 1, off_n, off_k]), (BLOCK_N, BLOCK_K))
                 acc_g = tl.dot(a, wg.T, acc_g)
                 acc_u = tl.dot(a, wu.T, acc_u)
+            if HAS_LIMIT:  # DeepSeek-V4's swiglu_limit: gate from above, up both ways
+                acc_g = tl.minimum(acc_g, LIMIT)
+                acc_u = tl.minimum(tl.maximum(acc_u, -LIMIT), LIMIT)
             act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
             tile_c += num_progs
             pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)

@@ -8,7 +8,12 @@ A family declares:
 - its KV layout: `kv_components` (named cache components -> values per token per layer; bytes
   are their sum times the element size), `cache_class` that holds them and `kv_description`
   for the logs;
+  A family whose layers differ (DeepSeek-V4) declares `layer_kv_components` instead: per
+  layer, component -> (values per entry, tokens per entry); its cache class then takes the
+  stage's layer range, and its block size must be a multiple of `block_multiple`;
 - `hidden_shape`: the per-token shape of the hidden state one stage sends the next;
+- `token_id_layers`: the layers that read their rows' token ids (hash-routed MoE): a stage
+  holding one gets them from stage 0 over the hidden channel;
 - capabilities the runner asks about: paged-decode CUDA graphs and cuDNN warm-up, both built
   for K/V pages of [slots, kv_heads, head_dim].
 """
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from stages.models.deepseek_config import DEEPSEEK_MODEL_TYPES, deepseek_fields, latent_components
+from stages.models.deepseek_v4.config import v4_fields, v4_hidden_shape, v4_layer_components
 
 if TYPE_CHECKING:
     from stages.model_config import ModelArgs
@@ -49,6 +55,15 @@ class Family:
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     paged_decode_graphs: bool = False
     cudnn_warm_up: bool = False
+    layer_kv_components: Callable[[ModelArgs, int], dict[str, tuple[int, int]]] | None = None
+    block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
+    token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
+
+    def components_of_layer(self, args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
+        """Cache component -> (values per entry, tokens per entry) of one layer."""
+        if self.layer_kv_components is not None:
+            return self.layer_kv_components(args, layer)
+        return {name: (width, 1) for name, width in self.kv_components(args).items()}
 
     def stage(self) -> type:
         return _resolve(self.stage_class)
@@ -143,7 +158,20 @@ DEEPSEEK = Family(
     kv_components=latent_components,
     kv_description="MLA latent",
 )
-FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK)
+DEEPSEEK_V4 = Family(
+    "deepseek_v4",
+    ("deepseek_v4",),
+    v4_fields,
+    ("default", "yarn"),
+    "stages.models.deepseek_v4.stage:DeepseekV4Stage",
+    cache_class="stages.models.deepseek_v4.cache:V4Cache",
+    kv_description="V4 window latents, compressed entries, compressor inputs",
+    hidden_shape=v4_hidden_shape,
+    layer_kv_components=v4_layer_components,
+    block_multiple=lambda args: args.family_args.max_rate,
+    token_id_layers=lambda args: args.family_args.hash_layers,
+)
+FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 SUPPORTED_MODEL_TYPES = tuple(BY_MODEL_TYPE)
 

@@ -11,10 +11,10 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from stages.kernels.registry import Kernels
+from stages.kernels.torch_ref import swiglu
 from stages.model_config import ModelArgs
 
 # Parameter -> (checkpoint tensor, index into the parameter) of each piece it is loaded from.
@@ -114,7 +114,7 @@ class Linear(nn.Module):
 
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up in one GEMM (the loader concatenates the
-    checkpoint's gate_proj and up_proj)."""
+    checkpoint's gate_proj and up_proj); `limit` clamps both first (DeepSeek-V4)."""
 
     def __init__(
         self,
@@ -124,8 +124,10 @@ class SwiGLU(nn.Module):
         kernels: Kernels,
         dtype: torch.dtype,
         device: Device,
+        limit: float | None = None,
     ):
         super().__init__()
+        self.limit = limit
         self.gate_up_proj = Linear(
             hidden,
             2 * inter,
@@ -139,7 +141,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        out: torch.Tensor = self.down_proj(swiglu(gate, up, self.limit))
         return out
 
 

@@ -3,7 +3,9 @@ experts run stacked through the grouped-expert kernel (`kernels.moe_experts`), a
 shared experts run on every token.
 
 A router is any module mapping x [T, hidden] to (weights [T, k] fp32, expert ids [T, k] long);
-each family brings its own (checkpoint name `gate`).
+each family brings its own (checkpoint name `gate`). A router with `routes_by_token` set also
+takes the rows' token ids (DeepSeek-V4's hash layers); `swiglu_limit` clamps the experts'
+gate and up projections (DeepSeek-V4).
 """
 
 from __future__ import annotations
@@ -45,18 +47,28 @@ class Experts(nn.Module):
 
 class MoE(nn.Module):
     def __init__(
-        self, gate: nn.Module, experts: Experts, shared_experts: SwiGLU | None, kernels: Kernels
+        self,
+        gate: nn.Module,
+        experts: Experts,
+        shared_experts: SwiGLU | None,
+        kernels: Kernels,
+        swiglu_limit: float | None = None,
     ):
         super().__init__()
         if kernels.moe_experts is None:
             raise ValueError("no moe_experts kernel was selected")
         self.kernels = kernels
         self.gate, self.experts, self.shared_experts = gate, experts, shared_experts
+        self.swiglu_limit = swiglu_limit
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if getattr(self.gate, "routes_by_token", False):
+            weights, ids = self.gate(x, token_ids)
+        else:
+            weights, ids = self.gate(x)
         run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # set: see __init__
-        out = run(x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights)
+        limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
+        out = run(x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **limit)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

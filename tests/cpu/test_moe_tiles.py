@@ -43,8 +43,11 @@ def test_route_places_each_pair_once_in_its_experts_tiles(counts, block_m):
     assert (r.row_weight[~used] == 0).all()
 
 
-@pytest.mark.parametrize("tokens,hidden,inter,experts,k", [(37, 64, 48, 5, 2), (20, 40, 24, 3, 3)])
-def test_interpreted_kernels_match_reference(triton_interpreter, tokens, hidden, inter, experts, k):
+@pytest.mark.parametrize("tokens,hidden,inter,experts,k,limit",
+                         [(37, 64, 48, 5, 2, None), (20, 40, 24, 3, 3, None),
+                          (37, 64, 48, 5, 2, 0.05)])
+def test_interpreted_kernels_match_reference(triton_interpreter, tokens, hidden, inter, experts, k,
+                                             limit):
     from stages.kernels import triton_moe
     from stages.kernels.moe_tuning import MoeConfig, TileConfig
 
@@ -55,8 +58,11 @@ def test_interpreted_kernels_match_reference(triton_interpreter, tokens, hidden,
     weights, ids = torch.randn(tokens, experts, generator=g).softmax(-1).topk(k, dim=-1)
     # fp16: the interpreter's bf16 dot is wrong (raw bits); the GPU tests cover bf16
     tile = TileConfig(block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1)
-    out = triton_moe.run_moe(x, gate_up, down, ids, weights, 3, MoeConfig(16, tile, tile))
-    ref = torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), ids, weights)
+    out = triton_moe.run_moe(x, gate_up, down, ids, weights, 3, MoeConfig(16, tile, tile), limit)
+    ref = torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), ids, weights, limit)
+    if limit is not None:  # the clamp bites: the test would pass without it otherwise
+        unclamped = torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), ids, weights)
+        assert ((unclamped - ref).norm() / ref.norm()).item() > 0.1
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 

@@ -1,0 +1,131 @@
+"""DeepSeek-V4's small pieces, op for op as transformers: fp32-weight RMSNorms, interleaved
+partial RoPE on the trailing channels, the two rotaries, and manifold-constrained
+hyper-connections (Sinkhorn-mixed residual streams) with the head's final collapse."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.models.deepseek_v4.config import RopeArgs, V4Args
+from stages.models.layers import RMSNorm
+from stages.models.mla import yarn_inv_freq
+
+
+class V4RMSNorm(RMSNorm):
+    """The shared RMSNorm with V4's precision: the weight kept in fp32, the product taken in
+    fp32 and cast once."""
+
+    def __init__(self, dim: int, eps: float, device: str | torch.device):
+        super().__init__(dim, eps, torch.float32, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * h).to(x.dtype)
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """cos / sin [T, rope_dim / 2] of positions, in the model's dtype (as transformers casts)."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, a: V4Args, rope: RopeArgs, device: str | torch.device):
+        super().__init__()
+        dim = a.rope_dim
+        if rope.yarn is None:
+            inv = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+            self.scaling = 1.0
+        else:
+            inv, self.scaling = yarn_inv_freq(dim, rope.theta, rope.yarn)
+        self.register_buffer("inv_freq", inv.to(device), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the trailing 2 * cos.shape[-1] channels of x [T, ..., D] in interleaved pairs
+    (x0, x1), (x2, x3)... in fp32, layout kept (V4's K is also its V). cos/sin: [T, r/2]."""
+    half = cos.shape[-1]
+    while cos.dim() < x.dim():
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    nope, rope = x[..., : -2 * half], x[..., -2 * half :].float()
+    x1, x2 = rope[..., 0::2], rope[..., 1::2]
+    c, s = cos.float(), sin.float()
+    rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    return torch.cat((nope, rotated.to(x.dtype)), dim=-1)
+
+
+class HyperConnection(nn.Module):
+    """One block's mHC: from the hc_mult streams [T, N, D], the block's input (the streams
+    collapsed by `pre`), and how the block's output and the streams recombine: `post` [T, N]
+    and the Sinkhorn-normalised `comb` [T, N, N] (read transposed)."""
+
+    def __init__(self, a: V4Args, device: str | torch.device):
+        super().__init__()
+        n = a.hc_mult
+        self.n, self.iters, self.eps, self.norm_eps = (
+            n,
+            a.hc_sinkhorn_iters,
+            a.hc_eps,
+            a.rms_norm_eps,
+        )
+        self.fn = nn.Parameter(
+            torch.empty((2 + n) * n, n * a.hidden_size, dtype=torch.float32, device=device)
+        )
+        self.base = nn.Parameter(torch.empty((2 + n) * n, dtype=torch.float32, device=device))
+        self.scale = nn.Parameter(torch.empty(3, dtype=torch.float32, device=device))
+
+    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = self.n
+        flat = unweighted_rms_norm(streams.reshape(streams.shape[0], -1).float(), self.norm_eps)
+        pre_w, post_w, comb_w = torch.split(F.linear(flat, self.fn), [n, n, n * n], dim=-1)
+        pre_b, post_b, comb_b = torch.split(self.base, [n, n, n * n])
+        pre_s, post_s, comb_s = self.scale.unbind(0)
+        pre = torch.sigmoid(pre_w * pre_s + pre_b) + self.eps
+        post = 2 * torch.sigmoid(post_w * post_s + post_b)
+        comb = torch.softmax(comb_w.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1) + self.eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        for _ in range(self.iters - 1):
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+        return post, comb, collapsed
+
+    @staticmethod
+    def merge(
+        streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    ) -> torch.Tensor:
+        """The block's output spread by `post` plus the streams mixed by comb^T."""
+        dtype = streams.dtype
+        return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(
+            comb.to(dtype).transpose(-1, -2), streams
+        )
+
+
+class HyperHead(nn.Module):
+    """The last collapse of the streams, before the final norm (checkpoint name hc_head)."""
+
+    def __init__(self, a: V4Args, device: str | torch.device):
+        super().__init__()
+        n = a.hc_mult
+        self.eps, self.norm_eps = a.hc_eps, a.rms_norm_eps
+        self.hc_fn = nn.Parameter(
+            torch.empty(n, n * a.hidden_size, dtype=torch.float32, device=device)
+        )
+        self.hc_base = nn.Parameter(torch.empty(n, dtype=torch.float32, device=device))
+        self.hc_scale = nn.Parameter(torch.empty(1, dtype=torch.float32, device=device))
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        flat = unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps)
+        pre = torch.sigmoid(F.linear(flat, self.hc_fn) * self.hc_scale + self.hc_base) + self.eps
+        return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)

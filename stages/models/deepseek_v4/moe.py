@@ -1,0 +1,69 @@
+"""DeepSeek-V4's router: sqrtsoftplus (or sigmoid) scores; the top-k by the bias-corrected score
+or, in hash layers, the frozen `tid2eid[token id]` table; weights renormalised and scaled by
+routed_scaling_factor. The MoE block around it is the shared one (stages/models/moe.py), with
+gate and up clamped at swiglu_limit in the routed experts and the shared one."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.kernels.registry import Kernels
+from stages.models.deepseek_v4.config import V4Args
+from stages.models.layers import Device, SwiGLU
+from stages.models.moe import Experts, MoE
+
+
+class V4Router(nn.Module):
+    """Checkpoint name `gate`: its weight, and the bias correction or the hash table."""
+
+    def __init__(self, a: V4Args, is_hash: bool, dtype: torch.dtype, device: Device):
+        super().__init__()
+        self.a, self.routes_by_token = a, is_hash
+        self.weight = nn.Parameter(
+            torch.empty(a.n_routed_experts, a.hidden_size, dtype=dtype, device=device)
+        )
+        if is_hash:
+            self.tid2eid = nn.Parameter(
+                torch.zeros(a.vocab_size, a.num_experts_per_tok, dtype=torch.long, device=device),
+                requires_grad=False,
+            )
+        else:
+            self.e_score_correction_bias = nn.Parameter(
+                torch.zeros(a.n_routed_experts, dtype=torch.float32, device=device)
+            )
+
+    def forward(
+        self, x: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k], expert ids [T, k])."""
+        logits = F.linear(x, self.weight)
+        scores = (
+            F.softplus(logits).sqrt() if self.a.scoring_func == "sqrtsoftplus" else logits.sigmoid()
+        )
+        if self.routes_by_token:
+            if token_ids is None:
+                raise ValueError("a hash-routed layer needs the token ids of its rows")
+            ids = self.tid2eid[token_ids]
+        else:
+            ids = torch.topk(
+                scores + self.e_score_correction_bias,
+                self.a.num_experts_per_tok,
+                dim=-1,
+                sorted=False,
+            ).indices
+        weights = scores.gather(1, ids)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.a.routed_scaling_factor, ids
+
+
+def v4_moe(a: V4Args, layer: int, kernels: Kernels, dtype: torch.dtype, device: Device) -> MoE:
+    h, i = a.hidden_size, a.moe_intermediate_size
+    return MoE(
+        V4Router(a, a.is_hash(layer), dtype, device),
+        Experts(a.n_routed_experts, h, i, dtype, device),
+        SwiGLU(h, i, a.mlp_bias, kernels, dtype, device, limit=a.swiglu_limit),
+        kernels,
+        swiglu_limit=a.swiglu_limit,
+    )

@@ -1,0 +1,133 @@
+"""One pipeline stage of a DeepSeek-V4 model on the shared stage shell. Between stages the hidden
+state is the residual streams [tokens, hc_mult, hidden]: stage 0 expands the embedding into them,
+the last collapses them (hc_head) before the final norm. Hash-routed layers read their rows'
+token ids (stage 0's inputs, forwarded to later stages by the runner)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import Kernels
+from stages.model_config import ModelArgs
+from stages.models.deepseek_v4.attention import V4Attention, V4Row
+from stages.models.deepseek_v4.cache import V4Cache
+from stages.models.deepseek_v4.config import SLIDING, V4Args
+from stages.models.deepseek_v4.layers import HyperConnection, HyperHead, Rotary, V4RMSNorm
+from stages.models.deepseek_v4.moe import v4_moe
+from stages.models.deepseek_v4.names import checkpoint_pieces
+from stages.models.layers import Device, Sources
+from stages.models.stage import Stage
+
+
+class V4DecoderLayer(nn.Module):
+    """Attention then MoE, each between two hyper-connection mixes of the streams."""
+
+    def __init__(self, a: V4Args, layer: int, kernels: Kernels, dtype: torch.dtype, device: Device):
+        super().__init__()
+        self.is_sliding = a.layer_types[layer] == SLIDING
+        self.self_attn = V4Attention(a, layer, kernels, dtype, device)
+        self.mlp = v4_moe(a, layer, kernels, dtype, device)
+        self.input_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
+        self.post_attention_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
+        self.attn_hc = HyperConnection(a, device)
+        self.ffn_hc = HyperConnection(a, device)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        rotary: Rotary,
+        rows: list[V4Row],
+        batch: ForwardBatch,
+        cache: V4Cache,
+        local: int,
+        token_ids: torch.Tensor | None,
+    ) -> torch.Tensor:
+        post, comb, x = self.attn_hc(h)
+        out = self.self_attn(
+            self.input_layernorm(x), batch.positions, rotary, rows, batch.slot_mapping, cache, local
+        )
+        h = HyperConnection.merge(h, out, post, comb)
+        post, comb, x = self.ffn_hc(h)
+        out = self.mlp(self.post_attention_layernorm(x), token_ids)
+        return HyperConnection.merge(h, out, post, comb)
+
+
+class DeepseekV4Stage(Stage):
+    def __init__(
+        self,
+        args: ModelArgs,
+        layer_start: int,
+        layer_end: int,
+        is_first: bool,
+        is_last: bool,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: Device,
+    ):
+        super().__init__(args, layer_start, layer_end, is_first, is_last, kernels, dtype, device)
+        a: V4Args = args.family_args
+        self.a = a
+        if is_last:  # V4 keeps its norms' weights in fp32
+            self.norm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
+            self.hc_head = HyperHead(a, device)
+        self.main_rotary = Rotary(a, a.main_rope, device)
+        self.compress_rotary = Rotary(a, a.compress_rope, device)
+
+    def build_layer(
+        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: Device
+    ) -> nn.Module:
+        return V4DecoderLayer(self.args.family_args, layer, kernels, dtype, device)
+
+    @property
+    def needs_token_ids(self) -> bool:
+        """Whether a layer of this stage routes by token id (hash MoE)."""
+        return any(self.a.is_hash(i) for i in range(self.layer_start, self.layer_end))
+
+    def checkpoint_sources(self) -> Sources:
+        """Every parameter's tensors in the checkpoint (names as transformers writes them)."""
+        a = self.a
+        return {
+            n: checkpoint_pieces(n, a.n_routed_experts, a.moe_intermediate_size)
+            for n, _ in self.named_parameters()
+        }
+
+    def forward(
+        self,
+        inputs: torch.Tensor,
+        batch: ForwardBatch,
+        kv: V4Cache,
+        token_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Token ids [T] (first stage) or streams [T, hc_mult, hidden] -> streams."""
+        if self.is_first:
+            token_ids = inputs
+            h = self.embed_tokens(inputs).unsqueeze(1).expand(-1, self.a.hc_mult, -1)
+            h = h.contiguous()
+        else:
+            h = inputs.to(self.dtype)
+        tables = [torch.tensor(t, dtype=torch.long) for t in batch.block_tables]
+        flat = torch.cat(tables).to(h.device) if tables else torch.empty(0, dtype=torch.long)
+        rows = [
+            V4Row(s, n, o, t)
+            for s, n, o, t in zip(
+                batch.row_starts,
+                batch.row_lens,
+                batch.row_offsets,
+                torch.split(flat, [len(t) for t in tables]),
+            )
+        ]
+        for local, layer in enumerate(self.layers.values()):
+            rotary = self.main_rotary if layer.is_sliding else self.compress_rotary
+            h = layer(h, rotary, rows, batch, kv, local, token_ids)
+        out: torch.Tensor = h
+        return out
+
+    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """hc_head, final norm and LM head on the rows that sample: [R, hc, hidden] -> fp32
+        logits [R, V]."""
+        if not self.is_last:
+            raise RuntimeError("compute_logits runs on the last stage only")
+        logits: torch.Tensor = super().compute_logits(self.hc_head(hidden_rows))
+        return logits

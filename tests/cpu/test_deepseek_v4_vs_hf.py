@@ -1,0 +1,186 @@
+"""DeepSeek-V4 stages against transformers' DeepseekV4ForCausalLM on checkpoints it wrote:
+chained shards (PP 1/2/3), chunked prefill with chunk boundaries inside compression groups,
+batched rows, decode, prefix reuse at a block boundary, the config's refusals and the cache's
+bytes per block."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import bytes_per_block, make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import ModelArgs, load_model_args
+from stages.partition import layer_ranges
+from tests.deepseek_v4_ref import SECOND_V4, TINY_V4, write_checkpoint
+
+TOL = 1e-4
+CONFIGS = {"tiny": TINY_V4, "second": SECOND_V4}
+PROMPT = torch.randint(2, 96, (45,), generator=torch.Generator().manual_seed(5)).tolist()
+BLOCK = 16  # a multiple of both checkpoints' largest rate (8, 16)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v4")
+    return {name: write_checkpoint(str(root / name), cfg) for name, cfg in CONFIGS.items()}
+
+
+@pytest.fixture(scope="module")
+def hf_models(checkpoints):
+    from transformers import DeepseekV4ForCausalLM
+
+    return {
+        name: DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for name, path in checkpoints.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def hf_logits(hf_models):
+    with torch.no_grad():
+        return {name: m(torch.tensor([PROMPT])).logits[0] for name, m in hf_models.items()}
+
+
+class Pipeline:
+    """Stages of one checkpoint chained in process, each with its own paged cache."""
+
+    def __init__(self, path: str, num_stages: int, num_blocks: int = 12):
+        self.args = load_model_args(path)
+        kernels = select_kernels("cpu")
+        self.stages, self.caches = [], []
+        for s, (a, b) in enumerate(layer_ranges(self.args.num_hidden_layers, num_stages)):
+            self.stages.append(
+                build_stage_model(
+                    self.args,
+                    path,
+                    a,
+                    b,
+                    s == 0,
+                    s == num_stages - 1,
+                    kernels,
+                    torch.float32,
+                    "cpu",
+                )
+            )
+            self.caches.append(
+                make_kv_cache(self.args, range(a, b), num_blocks, BLOCK, torch.float32, "cpu")
+            )
+
+    @torch.no_grad()
+    def logits(self, token_ids: list[int], rows, all_positions: bool = False) -> torch.Tensor:
+        batch = ForwardBatch.build(rows, BLOCK)
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        x = ids
+        for stage, cache in zip(self.stages, self.caches):
+            # later stages with hash layers get the ids as the runner forwards them
+            x = stage(x, batch, cache, None if stage.is_first else ids)
+        last = self.stages[-1]
+        return last.compute_logits(x if all_positions else x[batch.sample_indices])
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_chained_stages_match_hf(checkpoints, hf_logits, name, num_stages):
+    pipe = Pipeline(checkpoints[name], num_stages)
+    n = len(PROMPT)
+    got = pipe.logits(PROMPT, [(0, n, list(range(4)), True)], all_positions=True)
+    assert (got - hf_logits[name]).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_chunked_prefill_then_decode_matches_hf_generate(checkpoints, hf_models, hf_logits, name):
+    """Odd chunks (boundaries inside CSA and HCA groups), scattered blocks, PP=2; then greedy
+    decode against transformers' own cached generate."""
+    pipe = Pipeline(checkpoints[name], num_stages=2)
+    table = [9, 2, 7, 0, 11]
+    start, outs = 0, []
+    for n in (7, 1, 13, 3, 5, 16):
+        outs.append(
+            pipe.logits(PROMPT[start : start + n], [(start, n, table, False)], all_positions=True)
+        )
+        start += n
+    assert (torch.cat(outs) - hf_logits[name]).abs().max().item() <= TOL
+    tokens = [int(outs[-1][-1].argmax())]
+    while len(tokens) < 8:
+        logits = pipe.logits([tokens[-1]], [(len(PROMPT) + len(tokens) - 1, 1, table, True)])
+        tokens.append(int(logits[0].argmax()))
+    ids = torch.tensor([PROMPT])
+    ref = hf_models[name].generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert tokens == ref[0, len(PROMPT) :].tolist()
+
+
+def test_batched_rows_and_prefix_reuse(checkpoints, hf_logits):
+    """Two requests in one forward, one mid-prompt; then a third that reuses the first's two
+    full blocks (a prefix-cache hit resumes at a block, hence group, boundary)."""
+    pipe = Pipeline(checkpoints["tiny"], num_stages=3)
+    a, b = [0, 1, 2], [8, 6, 4]
+    pipe.logits(PROMPT[:10], [(0, 10, b, False)])
+    got = pipe.logits(
+        PROMPT + PROMPT[10:], [(0, len(PROMPT), a, True), (10, len(PROMPT) - 10, b, True)]
+    )
+    for row in got:
+        assert (row - hf_logits["tiny"][-1]).abs().max().item() <= TOL
+    hit = 2 * BLOCK
+    got = pipe.logits(
+        PROMPT[hit:], [(hit, len(PROMPT) - hit, a[:2] + [10], True)], all_positions=False
+    )
+    assert (got[0] - hf_logits["tiny"][-1]).abs().max().item() <= TOL
+
+
+def test_config_reads_fields_and_refuses_unsupported(checkpoints):
+    with open(f"{checkpoints['tiny']}/config.json") as f:
+        d = json.load(f)
+    a = ModelArgs.from_hf_dict(d).family_args
+    assert a.layer_types == tuple(TINY_V4["layer_types"]) and a.hash_layers == (0, 1)
+    assert (a.rope_dim, a.max_rate, a.compress_rope.yarn["factor"]) == (8, 8, 4.0)
+    for key, value in (
+        ("n_shared_experts", 2),
+        ("scoring_func", "softmax"),
+        ("num_key_value_heads", 2),
+        ("norm_topk_prob", False),
+        ("layer_types", ["sliding_attention"]),
+        ("o_groups", 3),
+    ):
+        with pytest.raises(ValueError, match=key if key != "o_groups" else "o_groups"):
+            ModelArgs.from_hf_dict({**d, key: value})
+    with pytest.raises(ValueError, match="multiple of 8"):
+        make_kv_cache(ModelArgs.from_hf_dict(d), range(0, 4), 4, 12, torch.float32, "cpu")
+
+
+def test_bytes_per_block_counts_every_component(checkpoints):
+    args = load_model_args(checkpoints["tiny"])
+    a = args.family_args
+    d, di, b = a.head_dim, a.index_head_dim, 16
+    sliding = b * d
+    csa = b * d + b * 4 * d + b // 4 * d + b * 4 * di + b // 4 * di
+    hca = b * d + b * 2 * d + b // 8 * d
+    assert bytes_per_block(args, range(0, 4), b, torch.bfloat16) == 2 * (sliding + csa + hca + csa)
+    assert bytes_per_block(args, range(2, 3), b, torch.float32) == 4 * hca
+
+
+def test_token_ids_reach_only_the_stages_up_to_the_last_hash_layer(checkpoints):
+    """The second checkpoint hashes at layers 0 and 3: on PP=3 ([0, 2), [2, 4), [4, 5)) stage 0
+    sends its ids to stage 1, which reads them and sends nothing on; stage 2 never sees them."""
+    from stages.protocol import StageSpec
+    from stages.runner import StageRunner
+
+    ranges = layer_ranges(SECOND_V4["num_hidden_layers"], 3)
+    assert ranges == [(0, 2), (2, 4), (4, 5)]
+    flags = []
+    for s, (a, b) in enumerate(ranges):
+        spec = StageSpec(s, 3, a, b, checkpoints["second"], load_format="dummy", block_size=BLOCK)
+        runner = StageRunner(spec)
+        flags.append((runner.receives_token_ids, runner.sends_token_ids))
+    assert flags == [(False, True), (True, False), (False, False)]

@@ -1,0 +1,147 @@
+"""Tiny random DeepSeek-V4 checkpoints written by transformers (the oracle), for the CPU and Ray
+tests: every layer type, hash and routed MoE, yarn on the compressed rotary, and every
+parameter transformers initialises to a constant (sinks, biases, hash table) drawn at random."""
+
+from __future__ import annotations
+
+import torch
+
+# Every layer type (sliding, CSA at rate 4 with top-3, HCA at rate 8), two hash layers then
+# routed ones, a window of 8: a 40-token prompt spans five windows and ten CSA groups. Eight
+# indexer heads in both: with few, a query often scores several entries exactly 0 (every head's
+# ReLU off), and which of the tied entries top-k keeps is up to the implementation.
+TINY_V4 = dict(
+    vocab_size=128,
+    hidden_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    head_dim=32,
+    q_lora_rank=16,
+    partial_rotary_factor=0.25,
+    num_experts_per_tok=2,
+    n_routed_experts=4,
+    routed_scaling_factor=1.5,
+    layer_types=[
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+    ],
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+    hc_mult=2,
+    sliding_window=8,
+    o_groups=2,
+    o_lora_rank=8,
+    index_n_heads=8,
+    index_head_dim=16,
+    index_topk=3,
+    swiglu_limit=0.5,
+    max_position_embeddings=512,
+    compress_rope_theta=1000.0,
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
+# A second shape: four streams, rates 2 and 16, sigmoid scores, tied embeddings, plain rope,
+# biases on the shared expert, a window of 5, hash layers first and fourth (so a later stage
+# routes by token id too).
+SECOND_V4 = dict(
+    vocab_size=96,
+    hidden_size=48,
+    moe_intermediate_size=24,
+    num_hidden_layers=5,
+    num_attention_heads=6,
+    head_dim=16,
+    q_lora_rank=12,
+    partial_rotary_factor=0.5,
+    num_experts_per_tok=3,
+    n_routed_experts=6,
+    routed_scaling_factor=2.0,
+    scoring_func="sigmoid",
+    layer_types=[
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+    ],
+    compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 16},
+    mlp_layer_types=["hash_moe", "moe", "moe", "hash_moe", "moe"],
+    hc_mult=4,
+    hc_sinkhorn_iters=7,
+    sliding_window=5,
+    o_groups=3,
+    o_lora_rank=6,
+    index_n_heads=8,
+    index_head_dim=8,
+    index_topk=4,
+    swiglu_limit=1.0,
+    mlp_bias=True,
+    tie_word_embeddings=True,
+    max_position_embeddings=256,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if name.endswith("tid2eid"):
+                experts = model.config.n_routed_experts
+                rows = [
+                    torch.randperm(experts, generator=g)[: t.shape[1]] for _ in range(t.shape[0])
+                ]
+                t.copy_(torch.stack(rows))
+            elif name.endswith("norm.weight"):
+                t.copy_(1 + 0.1 * torch.randn(t.shape, generator=g))
+            elif not t.is_floating_point():
+                continue
+            elif name.endswith(("sinks", "position_bias", "scale", "base")):
+                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+            else:
+                t.copy_(0.1 * torch.randn(t.shape, generator=g))
+
+
+def write_checkpoint(path: str, overrides: dict, seed: int = 0) -> str:
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    model = DeepseekV4ForCausalLM(DeepseekV4Config(**overrides))
+    randomize(model, seed)
+    model.save_pretrained(path)
+    return path
+
+
+# V4-Flash's own rates, window and rotaries (CSA 4 with the indexer, HCA 128, window 128,
+# compress_rope_theta 160000 with YaRN factor 16, transformers' default layer and hash
+# patterns: two HCA then CSA/HCA alternating, three hash layers) at tiny widths; blocks of 128.
+FLASH_LIKE_V4 = dict(
+    vocab_size=160,
+    hidden_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    head_dim=64,
+    q_lora_rank=32,
+    num_experts_per_tok=3,
+    n_routed_experts=8,
+    o_groups=4,
+    o_lora_rank=16,
+    index_n_heads=8,
+    index_head_dim=32,
+    index_topk=16,
+    max_position_embeddings=4096,
+    rope_parameters={
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 256,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    bos_token_id=0,
+    eos_token_id=1,
+)
