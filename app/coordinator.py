@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from dataclasses import replace
 from typing import AsyncIterator
 
 from app.config import EngineConfig
@@ -20,6 +21,7 @@ from app.pipeline import PUBLIC_ERRORS, Pipeline
 from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
 from app.scheduler import ChunkCost, PrefixCacheStats, SchedRequest, Scheduler
+from app.structured import Grammars
 from app.tokenizer import load_tokenizer
 from stages.actor import StageActor
 from stages.model_config import load_model_args
@@ -43,6 +45,7 @@ class Coordinator:
         self.eos_token_ids = tuple(dict.fromkeys(
             (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
         self.pipeline = Pipeline(config, self.args, placement_group, stage_actor)
+        self.grammars = Grammars(self.tokenizer, self.args.vocab_size, self.eos_token_ids)
         # dynamic chunking's cost model: the model's FLOPs per layer
         self.chunk_cost = ChunkCost.for_model(self.args)
         self.scheduler: Scheduler | None = None
@@ -63,7 +66,9 @@ class Coordinator:
     async def start(self) -> None:
         """Start the pipeline; on failure its stage actors are killed before the error rises."""
         try:
+            grammars = asyncio.ensure_future(asyncio.to_thread(self.grammars.prepare))
             num_blocks = await self.pipeline.start()
+            await grammars  # built while the stages load
             self.scheduler = Scheduler(self.config.scheduler_config(
                 num_blocks, self.max_model_len, self.chunk_cost), self._output_event,
                 self._prefix_lookup)
@@ -152,19 +157,30 @@ class Coordinator:
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
-        spec = params.to_spec(self.eos_token_ids)
+        spec = params.to_spec(self.eos_token_ids, self._bad_words_ids(params.bad_words))
+        grammar = self.grammars.matcher(params.structured) if params.structured else None
         try:
             self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
-                                            params.logprobs is not None))
+                                            params.logprobs is not None, grammar is not None))
         except ValueError as e:
             raise InvalidRequest(str(e), param="prompt") from e
         stream = RequestStream(req_id, ids, params, max_tokens, self.tokenizer,
-                               self.eos_token_ids, arrival_time or time.time())
+                               self.eos_token_ids, arrival_time or time.time(), grammar)
         self._streams[req_id] = stream
         if self.metrics:
             self.metrics.add_tokens(prompt=len(ids))
         self._wakeup.set()
         return stream
+
+    def _bad_words_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each bad word as tokens, alone and after a space (as vLLM tokenizes them)."""
+        seqs: dict[tuple[int, ...], None] = {}
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+                if ids:
+                    seqs[ids] = None
+        return tuple(seqs)
 
     async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
                        arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
@@ -244,8 +260,20 @@ class Coordinator:
                     stream.scheduled_time = now
                     if self.metrics:
                         self.metrics.observe_queue_time(now - stream.arrival_time)
+            plan = self._with_masks(plan)
             refs = self.pipeline.dispatch(plan)
             self._inflight.append((plan, asyncio.ensure_future(asyncio.gather(*refs))))
+
+    def _with_masks(self, plan):
+        """The plan with the token masks of its constrained sampling rows: their previous
+        tokens have all retired (the scheduler does not run them ahead), so each matcher is
+        where the row samples."""
+        masks = []
+        for row in plan.rows:
+            stream = self._streams.get(row.req_id)
+            if row.sample and stream is not None and stream.grammar is not None:
+                masks.append((row.req_id, stream.grammar.mask()))
+        return replace(plan, token_masks=tuple(masks)) if masks else plan
 
     def _retire(self, plan, results) -> None:
         last = results[-1]
@@ -256,6 +284,10 @@ class Coordinator:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
         self._channel_sends = max(self._channel_sends, last.output_sends)
         by_req = {s.req_id: s for s in last.sampled}
+        for scored in last.prompt_logprobs:  # before the first token, which carries them
+            stream = self._streams.get(scored.req_id)
+            if stream is not None:
+                stream.add_prompt_logprobs(scored)
         events = self.scheduler.retire(plan.mb_id, [(s.req_id, s.token_id) for s in last.sampled])
         for req_id, token_id, _index in events:
             stream = self._streams.get(req_id)
@@ -263,7 +295,7 @@ class Coordinator:
                 continue
             reason = stream.append(token_id, by_req[req_id], self.metrics)
             if reason is not None:
-                self._finish(stream, reason)
+                self._finish(stream, reason, stream.error)
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None) -> None:
         self.scheduler.finish(stream.req_id, reason)

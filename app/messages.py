@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.prefix_routing import PrefixKey
 from app.request import InvalidRequest, RequestOutput, SamplingParams
@@ -23,6 +24,7 @@ class GenerateRequest:
     messages: list[dict[str, str]] | None = None  # chat: rendered by the server's chat template
     add_generation_prompt: bool = True
     echo: bool = False
+    tools: list[dict[str, Any]] | None = None  # chat: OpenAI's tool definitions, for the template
     prefix_key: PrefixKey | None = None  # for the router (app/prefix_router.py), when it routes
     n: int = 1  # choices sampled from this prompt, their KV shared (PipelineServer.generate)
 
@@ -30,6 +32,9 @@ class GenerateRequest:
 @dataclass(frozen=True)
 class Accepted:
     echo_text: str | None = None  # the prompt as text, when echo was asked
+    tool_format: str | None = None  # chat: how this model writes tool calls (app/tool_parsers)
+    # chat: None when the template marks no reasoning; else whether the prompt opened <think>
+    thinking: bool | None = None
     prompt_tokens: int = 0
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
@@ -23,6 +24,25 @@ class Overloaded(InvalidRequest):
 
     def __init__(self, message: str):
         super().__init__(message, status=429)
+
+
+GUIDED_KINDS = ("json", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text: a JSON schema (as JSON text; '{"type": "object"}'
+    for any object), a regular expression, a choice among strings (as a JSON list) or a Lark /
+    GBNF grammar. app/structured.py compiles it."""
+
+    kind: str
+    spec: str
+    source: str = "response_format"  # the request field it came from, named in errors
+
+    def __post_init__(self) -> None:
+        if self.kind not in GUIDED_KINDS:
+            raise InvalidRequest(f"unknown structured output kind {self.kind!r}; one of "
+                                 f"{', '.join(GUIDED_KINDS)}.", param="structured_outputs")
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's and torch's range
@@ -48,6 +68,14 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None  # top logprobs per token; None: none
     skip_special_tokens: bool = True
+    # token id -> bias added to its logit; OpenAI's JSON keys are strings, parsed here
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: sample only among these
+    # vLLM's: words never generated (the token that would complete one is banned)
+    bad_words: tuple[str, ...] = ()
+    structured: StructuredOutput | None = None  # the output follows this grammar
+    # vLLM's: logprobs of the prompt's tokens (each given the ones before), with top k
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from JSON / callers but keep the object hashable and immutable.
@@ -56,6 +84,10 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        object.__setattr__(self, "bad_words", tuple(self.bad_words or ()))
         self.validate()
 
     def validate(self) -> None:
@@ -91,26 +123,65 @@ class SamplingParams:
                 "repetition_penalty")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             bad(f"logprobs must be between 0 and 20, got {self.logprobs}.", "logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            bad(f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}.",
+                "prompt_logprobs")
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty.", "stop")
+        for token_id, bias in self.logit_bias:
+            if not -100.0 <= bias <= 100.0:
+                bad(f"logit_bias: the bias of token {token_id} must be in [-100, 100], got "
+                    f"{bias}.", "logit_bias")
+        if any(not w.strip() for w in self.bad_words):
+            bad("bad_words must be non-empty words.", "bad_words")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            bad("allowed_token_ids must not be empty.", "allowed_token_ids")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the sampler indexes with must exist in the model's vocabulary."""
-        bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequest(f"stop_token_ids: token id {bad[0]} is out of range for a "
-                                 f"vocabulary of {vocab_size}.", param="stop_token_ids")
+        fields = {"stop_token_ids": self.stop_token_ids,
+                  "logit_bias": tuple(t for t, _ in self.logit_bias),
+                  "allowed_token_ids": self.allowed_token_ids or ()}
+        for name, ids in fields.items():
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise InvalidRequest(f"{name}: token id {bad[0]} is out of range for a "
+                                     f"vocabulary of {vocab_size}.", param=name)
 
-    def to_spec(self, eos_token_ids: Iterable[int]) -> SamplingSpec:
+    def to_spec(self, eos_token_ids: Iterable[int],
+                bad_words_ids: tuple[tuple[int, ...], ...] = ()) -> SamplingSpec:
         """What the last stage needs to sample: the model's EOS ids are banned, with
-        stop_token_ids, until min_tokens are out (unless ignore_eos)."""
+        stop_token_ids, until min_tokens are out (unless ignore_eos); `bad_words_ids` are
+        bad_words as the coordinator tokenized them."""
         banned = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
         return SamplingSpec(
             temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
             min_p=self.min_p, seed=self.seed, logprobs=self.logprobs,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-            min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else ())
+            min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else (),
+            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids or (),
+            prompt_logprobs=self.prompt_logprobs, bad_words=bad_words_ids)
+
+
+def _bias_pairs(bias: Mapping[object, object] | Iterable[tuple[object, object]] | None
+                ) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs, from a mapping (JSON: string keys) or
+    pairs; a key that is no token id is refused by name."""
+    items = bias.items() if isinstance(bias, Mapping) else (bias or ())
+    pairs: dict[int, float] = {}
+    for key, value in items:
+        if isinstance(key, bool) or not (isinstance(key, int) or (
+                isinstance(key, str) and key.strip().lstrip("-").isdecimal())):
+            raise InvalidRequest(f"logit_bias: key {key!r} is not a token id (an integer).",
+                                 param="logit_bias")
+        token_id = int(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value):
+            raise InvalidRequest(f"logit_bias: the bias of token {key!r} must be a number, "
+                                 f"got {value!r}.", param="logit_bias")
+        pairs[token_id] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 Prompt = str | list[int]  # a prompt as text, or as token ids
@@ -121,6 +192,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None  # 1 + how many tokens were likelier (prompt logprobs only)
 
 
 @dataclass
@@ -137,6 +209,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None
     prompt_token_ids: list[int] | None = None  # on the first delta only
+    # On the first delta, when asked: one entry per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 def params_of_choice(params: SamplingParams, index: int) -> SamplingParams:

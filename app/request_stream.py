@@ -12,7 +12,7 @@ from app.tokenizer import IncrementalDetokenizer, StopStringMatcher
 class RequestStream:
     def __init__(self, req_id: str, prompt_ids: list[int], params: SamplingParams,
                  max_tokens: int, tokenizer, eos_token_ids: tuple[int, ...],
-                 arrival_time: float):
+                 arrival_time: float, grammar=None):
         self.req_id = req_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -29,6 +29,9 @@ class RequestStream:
         self._last_token_time: float | None = None
         self._held: tuple[list[int], str, list[TokenLogprob]] = ([], "", [])
         self._sent_prompt = False
+        self.grammar = grammar  # structured output: app.structured.GrammarMatcher
+        self.error: str | None = None  # why it finished with "error"
+        self._prompt_lps: dict[int, TokenLogprob] = {}  # prompt position -> its logprob
 
     def _stop_reason(self, token_id: int) -> str | None:
         if token_id in self.params.stop_token_ids:
@@ -52,10 +55,13 @@ class RequestStream:
         if self.params.logprobs is not None and sampled.logprob is not None:
             lp = TokenLogprob(token_id, sampled.logprob, list(sampled.top_logprobs))
         reason = self._stop_reason(token_id)
+        if reason is None and self.grammar is not None:
+            self.error = self.grammar.accept(token_id)
+            reason = "error" if self.error else None
         text = ""
         if reason is None:
             text, stopped = self._stops.feed(self._detok.add([token_id]))
-            if stopped:
+            if stopped or (self.grammar is not None and self.grammar.done):
                 reason = "stop"
         if reason is None and len(self.output_ids) >= self.max_tokens:
             reason = "length"
@@ -69,6 +75,14 @@ class RequestStream:
         self._push(ids, held_text, lps)
         return None
 
+    def add_prompt_logprobs(self, scored) -> None:
+        """A prefill chunk's stages.protocol.PromptLogprobs; a recomputed chunk (after a
+        preemption) changes nothing."""
+        for j, (lp, rank) in enumerate(zip(scored.logprobs, scored.ranks)):
+            pos = scored.start + j
+            top = list(scored.top[j]) if scored.top else []
+            self._prompt_lps.setdefault(pos, TokenLogprob(self.prompt_ids[pos], lp, top, rank))
+
     def _push(self, ids, text, lps, finished=False, reason=None, error=None) -> None:
         out = RequestOutput(
             request_id=self.req_id, token_ids=ids, text=text, finished=finished,
@@ -77,6 +91,9 @@ class RequestStream:
             logprobs=lps if self.params.logprobs is not None else None, error=error)
         if not self._sent_prompt:
             out.prompt_token_ids = list(self.prompt_ids)
+            if self.params.prompt_logprobs is not None:
+                out.prompt_logprobs = [None] + [self._prompt_lps.get(p)
+                                                for p in range(1, len(self.prompt_ids))]
             self._sent_prompt = True
         self.queue.put_nowait(out)
 

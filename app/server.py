@@ -28,6 +28,7 @@ from app.pipeline import placement_bundles
 from app.prefix_router import ROUTER_CLASS
 from app.request import InvalidRequest, RequestOutput, params_of_choice
 from app.request_stream import RequestStream
+from app.tool_parsers import chat_format
 from stages.model_config import load_model_args
 
 log = logging.getLogger("ppserve.server")
@@ -62,7 +63,8 @@ class PipelineServer:
         if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=req.add_generation_prompt)
+                    req.messages, add_generation_prompt=req.add_generation_prompt,
+                    tools=req.tools)
             except Exception as e:  # a template that raises on these messages
                 raise InvalidRequest(f"cannot apply the chat template: {e}",
                                      param="messages") from e
@@ -71,9 +73,10 @@ class PipelineServer:
     def _delta(self, out: RequestOutput, index: int) -> Delta | Failure:
         if out.error:
             return Failure(out.error, 500)
-        if not out.logprobs:
+        scored = [t for t in (out.logprobs or []) + (out.prompt_logprobs or []) if t]
+        if not scored:
             return Delta(out, index=index)
-        ids = {t.token_id for t in out.logprobs} | {i for t in out.logprobs for i, _ in t.top}
+        ids = {t.token_id for t in scored} | {i for t in scored for i, _ in t.top}
         return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids}, index)
 
     def _add_choice(self, prompt, req: GenerateRequest, index: int) -> RequestStream:
@@ -113,7 +116,8 @@ class PipelineServer:
             if req.echo:
                 echo = req.prompt if isinstance(req.prompt, str) else \
                     self.tokenizer.decode(req.prompt)
-            yield Accepted(echo, len(prompt_ids))
+            chat = chat_format(self.tokenizer, prompt_ids) if req.messages is not None else {}
+            yield Accepted(echo, prompt_tokens=len(prompt_ids), **chat)
             async for index, out in merged:
                 yield self._delta(out, index)
                 if later:  # choice 0's first delta: its prompt's blocks are cached now

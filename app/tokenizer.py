@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 320
@@ -38,6 +38,29 @@ def simple_chat_text(messages: list[dict[str, Any]], add_generation_prompt: bool
     text = "".join(f"<|{m.get('role', 'user')}|>\n{_message_text(m.get('content'))}\n"
                    for m in messages)
     return text + ("<|assistant|>\n" if add_generation_prompt else "")
+
+
+def with_tool_prompt(messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a template without tool support: the tools described in the system message, and
+    earlier calls written into the assistant's content, in the Hermes format that
+    app/tool_parsers.py reads back."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    prompt = (f"You may call these functions:\n<tools>\n{listing}\n</tools>\nTo call one, "
+              'answer with\n<tool_call>\n{"name": <function-name>, "arguments": '
+              "<args-json-object>}\n</tool_call>")
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") or ()
+        text = _message_text(m.get("content")) + "".join(
+            "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                          "arguments": c["function"]["arguments"]},
+                                         ensure_ascii=False) + "\n</tool_call>"
+            for c in calls)
+        out.append({k: v for k, v in {**m, "content": text}.items() if k != "tool_calls"})
+    if out and out[0].get("role") == "system":
+        return [{**out[0], "content": f"{out[0]['content']}\n\n{prompt}".lstrip()}, *out[1:]]
+    return [{"role": "system", "content": prompt}, *out]
 
 
 class ByteTokenizer:
@@ -86,8 +109,13 @@ class ByteTokenizer:
     def _special_name(token_id: int) -> str:
         return {BYTE_BOS: "<bos>", BYTE_EOS: "<eos>"}.get(token_id, f"<unused{token_id}>")
 
+    chat_template = ""
+
     def apply_chat_template(self, messages: list[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> list[int]:
+                            add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+        if tools:
+            messages = with_tool_prompt(messages, tools)
         return self.encode(simple_chat_text(messages, add_generation_prompt))
 
 
@@ -104,7 +132,11 @@ class HFTokenizer:
         self.bos_token_id = self.hf.bos_token_id
         self.eos_token_ids = _eos_ids(path, self.hf.eos_token_id)
         self.vocab_size = len(self.hf)
-        self.has_chat_template = bool(getattr(self.hf, "chat_template", None))
+        template = getattr(self.hf, "chat_template", None) or ""
+        # Several named templates: the default one renders chats.
+        self.chat_template = template.get("default", "") if isinstance(template, dict) \
+            else template
+        self.has_chat_template = bool(self.chat_template)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
@@ -119,13 +151,17 @@ class HFTokenizer:
         return text
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> list[int]:
+                            add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> list[int]:
         msgs = [{**m, "content": _message_text(m.get("content"))} for m in messages]
+        if tools and "tools" not in self.chat_template:  # a template that cannot show them
+            msgs, tools = with_tool_prompt(msgs, tools), None
         if not self.has_chat_template:
             # Like a base model served without a template: a plain, documented fallback.
             return self.encode(simple_chat_text(msgs, add_generation_prompt))
+        hf_tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
         text = cast(str, self.hf.apply_chat_template(
-            msgs, add_generation_prompt=add_generation_prompt, tokenize=False))
+            msgs, add_generation_prompt=add_generation_prompt, tokenize=False, tools=hf_tools))
         # The rendered template already holds BOS where the model wants it.
         return self.encode(text, add_special_tokens=False)
 

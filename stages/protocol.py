@@ -36,6 +36,14 @@ class SamplingSpec:
     # Token ids that may not be sampled before min_tokens are out (EOS unless ignore_eos, and
     # stop_token_ids); the coordinator resolves them.
     min_tokens_banned: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    allowed_token_ids: tuple[int, ...] = ()  # non-empty: only these may be sampled
+    # Logprobs of the prompt's tokens, with top k: the last stage applies the LM head to
+    # every prompt position of this request (only this request's rows).
+    prompt_logprobs: int | None = None
+    # Token sequences never completed: the last token of one is banned when the output ends
+    # with the others (all of it when it is one token).
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -47,7 +55,13 @@ class SamplingSpec:
             self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
+            or bool(self.bad_words)
         )
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the logits change before the choice (a plain argmax is not enough)."""
+        return bool(self.logit_bias or self.allowed_token_ids)
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,9 @@ class MicrobatchPlan:
     finished: tuple[str, ...] = ()
     # Whether the last stage sends the sampled ids to stage 0 over the output channel.
     send_output: bool = True
+    # Last stage only: structured outputs' allowed tokens for this plan's sampling rows, as
+    # (req_id, packed bitmask: bit t % 8 of byte t // 8 allows token t).
+    token_masks: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -103,10 +120,11 @@ class MicrobatchPlan:
         rows = self.rows
         if stage != 0:
             rows = tuple(replace(r, token_ids=None) for r in rows)
-        news = self.new_requests
+        news, masks = self.new_requests, self.token_masks
         if stage != num_stages - 1:
             news = tuple(replace(n, prompt_token_ids=(), output_token_ids=()) for n in news)
-        return replace(self, rows=rows, new_requests=news)
+            masks = ()
+        return replace(self, rows=rows, new_requests=news, token_masks=masks)
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,18 @@ class SampledToken:
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Logprobs of prompt tokens start, start + 1, ... of one request, each given the tokens
+    before it (one prefill chunk's worth)."""
+
+    req_id: str
+    start: int  # prompt position of the first token scored
+    logprobs: tuple[float, ...]
+    ranks: tuple[int, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()  # per token, when top k > 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +161,7 @@ class StepResult:
     # (mb_id, seconds) of this stage's forwards whose CUDA events completed since the last step.
     timings: tuple[tuple[int, float], ...] = ()
     graphed: bool = False  # this stage ran the microbatch as a CUDA graph replay
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # last stage, for the rows that ask
 
 
 @dataclass(frozen=True, kw_only=True)

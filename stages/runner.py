@@ -20,8 +20,8 @@ from stages.kernels.registry import moe_backend_for, select_kernels
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
 from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import load_model_args
-from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
-from stages.sampler import Picked, RowToSample, Sampler
+from stages.protocol import MicrobatchPlan, PromptLogprobs, SampledToken, StageSpec, StepResult
+from stages.sampler import Picked, RowToSample, Sampler, score_tokens
 from stages.sync_guard import install_sync_guard
 from stages.timing import Measurement, StageTimer
 
@@ -255,8 +255,14 @@ class StageRunner:
             history = self.output_ids.get(r.req_id)
             if history is not None:
                 history.append(p.token_id)
+        prompt = () if launched.picked is None else tuple(
+            PromptLogprobs(req_id, start, tuple(lp.tolist()), tuple(ranks.tolist()),
+                           () if top_v is None else tuple(
+                               tuple(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())))
+            for req_id, start, lp, ranks, top_v, top_i in launched.picked.prompt)
         launched.result = StepResult(
             plan.mb_id, self.spec.stage_index,
+            prompt_logprobs=prompt,
             sampled=tuple(SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
                           for r, p in zip(rows, sampled)),
             forward_s=self.timer.elapsed(launched.timing),
@@ -390,19 +396,48 @@ class StageRunner:
     def _pick(self, plan, hidden, batch: ForwardBatch | None) -> Picked | None:
         sample_rows = [r for r in plan.rows if r.sample]
         sends = plan.send_output and self.channels is not None and self.sends_outputs
+        prompt = self._prompt_logprobs(plan, hidden, batch)
         if not sample_rows:
             if sends:
                 self._send_output(plan, None)
-            return None
+            if not prompt:
+                return None
+            return Picked(torch.empty(0, dtype=torch.long, device=self.device), [], None,
+                          prompt=prompt)
         rows = hidden if batch is None else hidden[batch.sample_indices]
         logits = self.model.compute_logits(rows)
+        masks = dict(plan.token_masks)
         to_sample = [RowToSample(self.sampling[r.req_id], r.output_index,
-                                 self.prompt_ids[r.req_id], self.output_ids[r.req_id])
+                                 self.prompt_ids[r.req_id], self.output_ids[r.req_id],
+                                 masks.get(r.req_id))
                      for r in sample_rows]
         picked = self.sampler.pick(logits, to_sample)
+        picked.prompt = prompt
         if sends:
             self._send_output(plan, picked.token_ids)
         return picked
+
+    def _prompt_logprobs(self, plan, hidden, batch: ForwardBatch | None) -> list[tuple]:
+        """The LM head on the prompt positions of the rows whose requests ask for prompt
+        logprobs: position p scores prompt token p + 1 (the first generated token is the
+        sampler's)."""
+        out: list[tuple] = []
+        if batch is None:  # a decode-only microbatch: no prompt rows
+            return out
+        for i, r in enumerate(plan.rows):
+            spec = self.sampling.get(r.req_id)
+            prompt = self.prompt_ids.get(r.req_id, ())
+            if spec is None or spec.prompt_logprobs is None or not r.is_prefill:
+                continue
+            m = min(r.num_tokens, len(prompt) - 1 - r.start)  # positions with a next token
+            if m <= 0:
+                continue
+            offset = batch.row_offsets[i]
+            logits = self.model.compute_logits(hidden[offset:offset + m])
+            targets = torch.tensor(prompt[r.start + 1:r.start + 1 + m], device=self.device)
+            out.append((r.req_id, r.start + 1,
+                        *score_tokens(logits, targets, spec.prompt_logprobs)))
+        return out
 
     def _send_output(self, plan: MicrobatchPlan, token_ids: torch.Tensor | None) -> None:
         """The sampled ids, straight from the device: one entry per row, -1 where the row

@@ -6,7 +6,7 @@ seed yields the same tokens whatever the PP size, chunk size or batch it lands i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,9 @@ class RowToSample:
     output_index: int
     prompt_ids: tuple[int, ...]  # for repetition penalty
     output_ids: list[int]  # tokens this request sampled so far
+    # Structured output: the allowed tokens as a packed bitmask (bit t % 8 of byte t // 8),
+    # computed by the coordinator's grammar matcher for this very step.
+    token_mask: bytes | None = None
 
 
 @dataclass
@@ -55,6 +58,39 @@ def _apply_penalties(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
     return logits
 
 
+def _shape(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
+    """logit_bias, then allowed_token_ids and the grammar's mask (disallowed: -inf)."""
+    spec = row.spec
+    if spec.logit_bias:
+        idx = torch.tensor([t for t, _ in spec.logit_bias], device=logits.device)
+        bias = torch.tensor([b for _, b in spec.logit_bias], dtype=logits.dtype,
+                            device=logits.device)
+        logits = logits.index_add(0, idx, bias)
+    if spec.allowed_token_ids:
+        idx = torch.tensor(spec.allowed_token_ids, device=logits.device)
+        logits = torch.full_like(logits, float("-inf")).index_copy(0, idx, logits[idx])
+    banned = [seq[-1] for seq in spec.bad_words
+              if len(seq) == 1 or tuple(row.output_ids[-(len(seq) - 1):]) == seq[:-1]]
+    if banned:
+        logits = logits.index_fill(0, torch.tensor(banned, device=logits.device), float("-inf"))
+    if row.token_mask is not None:
+        logits = logits.masked_fill(~unpack_mask(row.token_mask, logits.shape[0],
+                                                 logits.device), float("-inf"))
+    return logits
+
+
+def unpack_mask(mask: bytes, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """A packed token bitmask as a bool vector of `vocab_size` (tokens past the mask: False)."""
+    packed = torch.frombuffer(bytearray(mask), dtype=torch.uint8)
+    if device.type == "cuda":  # pinned: the copy must not wait for the stream
+        packed = packed.pin_memory().to(device, non_blocking=True)
+    shifts = torch.arange(8, dtype=torch.uint8, device=device)
+    bits = ((packed.unsqueeze(1) >> shifts) & 1).reshape(-1).bool()
+    if bits.shape[0] >= vocab_size:
+        return bits[:vocab_size]
+    return torch.cat([bits, bits.new_zeros(vocab_size - bits.shape[0])])
+
+
 def _filter(probs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     """top-k, then top-p, then min-p, on a probability vector (renormalised by the caller)."""
     if spec.top_k and spec.top_k > 0 and spec.top_k < probs.shape[0]:
@@ -82,6 +118,9 @@ class Picked:
     # marks the copy done. Reading them waits for this step only, not for work queued after it.
     host_ids: torch.Tensor | None = None
     copied: torch.cuda.Event | None = None
+    # Prompt logprobs on the device: (req_id, first position, logprobs [m], ranks [m],
+    # top values [m, k] or None, top ids [m, k] or None)
+    prompt: list[tuple] = field(default_factory=list)
 
     def copy_to_host(self) -> None:
         if self.token_ids.device.type != "cuda":
@@ -98,9 +137,20 @@ class Picked:
         return self.host_ids.tolist()
 
 
+def score_tokens(logits: torch.Tensor, targets: torch.Tensor, k: int) -> tuple:
+    """Logprobs of `targets` [m] under `logits` [m, V] (the raw model's), their ranks, and the
+    top k (values, ids) when k > 0; all on the device."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1)
+    ranks = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
+    top = torch.topk(lp, k, dim=-1) if k > 0 else None
+    return chosen, ranks, top.values if top else None, top.indices if top else None
+
+
 def _plain_greedy(row: RowToSample) -> bool:
     spec = row.spec
-    return spec.greedy and not spec.needs_history and not (
+    return spec.greedy and not spec.needs_history and not spec.shapes_logits and (
+        row.token_mask is None) and not (
         spec.min_tokens_banned and row.output_index < spec.min_tokens)
 
 
@@ -124,7 +174,7 @@ class Sampler:
             if _plain_greedy(row):
                 chosen.append(argmax[i])
                 continue
-            lg = _apply_penalties(logits[i], row)
+            lg = _shape(_apply_penalties(logits[i], row), row)
             if spec.min_tokens_banned and row.output_index < spec.min_tokens:
                 banned = torch.tensor(spec.min_tokens_banned, device=lg.device)
                 lg = lg.index_fill(0, banned, float("-inf"))

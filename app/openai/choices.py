@@ -15,15 +15,18 @@ from fastapi.responses import JSONResponse
 
 from app.messages import Accepted, Delta, Failure
 from app.openai.calls import PipelineCalls
+from app.openai.chat_output import ChatOutput
 from app.openai.responses import (
     SSE_DONE,
     ResponseBuilder,
     chat_logprobs,
     completion_logprobs,
+    echoed_prompt_logprobs,
     error_body,
     error_response,
     sse,
     usage,
+    vllm_prompt_logprobs,
 )
 from app.request import RequestOutput
 
@@ -37,6 +40,8 @@ class _Choice:
         self.logprobs: dict | None = None
         self.finish_reason: str | None = None
         self.completion_tokens = 0
+        self.chat_output: ChatOutput | None = None  # tool calls / reasoning to split off
+        self.prompt_logprobs: list | None = None  # vLLM's prompt_logprobs, when asked
 
 
 class Choices:
@@ -61,6 +66,8 @@ class Choices:
         self.prompt_tokens[c.prompt] = out.prompt_tokens or self.prompt_tokens[c.prompt]
         if out.finished:
             c.finish_reason = out.finish_reason
+        if out.prompt_logprobs is not None:
+            c.prompt_logprobs = vllm_prompt_logprobs(out.prompt_logprobs, delta.pieces)
         return c, self._logprobs(c, out, delta.pieces)
 
     def _logprobs(self, c: _Choice, out: RequestOutput, pieces: dict) -> dict | None:
@@ -70,7 +77,17 @@ class Choices:
             return chat_logprobs(out.logprobs, pieces)
         lp = completion_logprobs(out.logprobs, pieces, c.offset)
         c.offset += sum(len(t) for t in lp["tokens"])
+        if c.echo_text and out.prompt_logprobs is not None:  # echo: the prompt's first
+            prompt = echoed_prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, pieces)
+            lp = {k: prompt[k] + lp[k] for k in lp}
         return lp
+
+    def add_prompt_logprobs(self, body: dict, index: int, c: _Choice) -> dict:
+        """vLLM's `prompt_logprobs`: on the choice (completions) or the body (chat)."""
+        if c.prompt_logprobs is not None:
+            choice = next(x for x in body["choices"] if x["index"] == index)
+            (body if self.b.chat else choice)["prompt_logprobs"] = c.prompt_logprobs
+        return body
 
     def usage(self) -> dict:
         return usage(sum(self.prompt_tokens), sum(c.completion_tokens for c in self.choices))
@@ -100,7 +117,28 @@ async def collect(calls: PipelineCalls, choices: Choices) -> JSONResponse:
         ],
         choices.usage(),
     )
+    for i, c in enumerate(choices.choices):
+        choices.add_prompt_logprobs(body, i, c)
+        if c.chat_output is not None:
+            choice = body["choices"][i]
+            choice["message"].update(c.chat_output.message("".join(c.text)))
+            choice["finish_reason"] = c.chat_output.finish_reason(c.finish_reason)
     return JSONResponse(body)
+
+
+def _chat_chunks(choices: Choices, index: int, c: _Choice, out: RequestOutput,
+                 lp: dict | None) -> list[str]:
+    """A chat delta split into content, reasoning_content and tool_calls."""
+    co = c.chat_output
+    if co is None:
+        return []
+    fields = co.delta(out.text, out.finished)
+    reason = co.finish_reason(out.finish_reason) if out.finished else None
+    if not (fields or reason or lp is not None):
+        return []
+    chunk = choices.b.chunk("", lp, reason, index=index, usage_=choices.choice_usage(c))
+    chunk["choices"][0]["delta"] = fields
+    return [sse(chunk)]
 
 
 async def stream(calls: PipelineCalls, choices: Choices) -> AsyncIterator[str]:
@@ -119,7 +157,13 @@ async def stream(calls: PipelineCalls, choices: Choices) -> AsyncIterator[str]:
                 break
             c, lp = choices.take(index, reply)
             out = reply.out
-            if out.text or out.finished or lp is not None:
+            if out.prompt_logprobs is not None:  # the first delta: a chunk of its own
+                chunk = b.chunk("", None, None, index=index)
+                yield sse(choices.add_prompt_logprobs(chunk, index, c))
+            if c.chat_output is not None:
+                for frame in _chat_chunks(choices, index, c, out, lp):
+                    yield frame
+            elif out.text or out.finished or lp is not None:
                 yield sse(
                     b.chunk(
                         out.text,

@@ -20,6 +20,7 @@ from app.messages import PIPELINE_UNAVAILABLE, Failure, GenerateRequest
 from app.openai.availability import ReplicaWatch
 from app.openai.body import read_json_object
 from app.openai.calls import CallsStream, PipelineCalls
+from app.openai.chat_output import ChatOutput
 from app.openai.choices import Choices, collect
 from app.openai.choices import stream as stream_choices
 from app.openai.openapi import document_request_bodies
@@ -132,6 +133,9 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                     return error_response(accepted.message, accepted.status, accepted.param)
                 choices = Choices(ResponseBuilder(kind, request_id, self.model), accepted, req.n,
                                   req.include_usage, req.continuous_usage)
+                if kind == "chat":  # tool calls / reasoning to split off, choice by choice
+                    for c in choices.choices:
+                        c.chat_output = ChatOutput.for_request(req, accepted[c.prompt])
                 if req.stream:
                     streaming = True  # from here the response cancels the calls
                     return CallsStream(stream_choices(calls, choices), calls)

@@ -10,11 +10,22 @@ live in SamplingParams.validate, the one place the engine's own callers go throu
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
-from app.request import InvalidRequest, SamplingParams
+from app.openai.structured_fields import StructuredFields
+from app.openai.tools import ToolFields
+from app.request import InvalidRequest, SamplingParams, StructuredOutput
 
 
 def _utf8(text: str) -> str:
@@ -56,7 +67,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(StructuredFields):
     model_config = _STRICT
 
     model: Text | None = None
@@ -70,7 +81,7 @@ class _Sampling(BaseModel):
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, object] | None = None  # checked by SamplingParams, key by key
     user: Text | None = None
     # vLLM's extras
     top_k: int | None = None
@@ -81,13 +92,14 @@ class _Sampling(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
+    bad_words: list[Text] | None = None
 
     def _check_common(self) -> None:
         if not 1 <= self.n <= MAX_CHOICES:
             raise InvalidRequest(f"n must be between 1 and {MAX_CHOICES}, got {self.n}.",
                                  param="n")
-        if self.logit_bias:
-            raise InvalidRequest("logit_bias is not supported.", param="logit_bias")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed when stream is true.",
                                  param="stream_options")
@@ -96,6 +108,7 @@ class _Sampling(BaseModel):
         """The fields SamplingParams shares with this schema, None meaning its default."""
         given = {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)
                  if getattr(self, f.name, None) is not None}
+        given["structured"] = self.structured_output()
         return SamplingParams(**{**given, "max_tokens": max_tokens, "logprobs": logprobs})
 
     @property
@@ -148,10 +161,11 @@ class CompletionRequest(_Sampling):
         if self.best_of not in (None, self.n):
             raise InvalidRequest("best_of must equal n (best_of > n is not supported).",
                                  param="best_of")
-        if self.echo and self.logprobs is not None:
-            raise InvalidRequest("echo with logprobs (prompt logprobs) is not supported.",
-                                 param="echo")
-        return self._params(self.max_tokens, self.logprobs)
+        params = self._params(self.max_tokens, self.logprobs)
+        if self.echo and self.logprobs is not None:  # the echoed prompt comes with logprobs
+            k = max(self.logprobs, params.prompt_logprobs or 0)
+            params = dataclasses.replace(params, prompt_logprobs=k)
+        return params
 
 
 class ContentPart(BaseModel):
@@ -160,12 +174,44 @@ class ContentPart(BaseModel):
     text: Text = ""
 
 
-class ChatMessage(BaseModel):
+class MessageFunction(BaseModel):
     model_config = _STRICT
+    name: Text
+    arguments: Text  # JSON text, as OpenAI sends it back
+
+
+class MessageToolCall(BaseModel):
+    model_config = _STRICT
+    id: Text
+    type: Literal["function"] = "function"
+    function: MessageFunction
+
+
+# The rule of ChatMessage._has_content, stated in its JSON schema (GET /openapi.json).
+_CONTENT_OR_TOOL_CALLS = {"anyOf": [
+    {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+    {"required": ["role", "tool_calls"], "properties": {"role": {"const": "assistant"},
+                                                        "tool_calls": {"minItems": 1}}},
+]}
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(**_STRICT, json_schema_extra=_CONTENT_OR_TOOL_CALLS)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    # Required: without tool calls (unsupported) a message without content means nothing.
-    content: Union[Text, list[ContentPart]]
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: Text | None = None
     name: Text | None = None
+    # Only an assistant message that calls tools may come without content (checked after
+    # the fields above, which it reads).
+    content: Union[Text, list[ContentPart], None] = Field(default=None, validate_default=True)
+
+    @field_validator("content")
+    @classmethod
+    def _has_content(cls, content, info: ValidationInfo):
+        if content is None and not (info.data.get("role") == "assistant"
+                                    and info.data.get("tool_calls")):
+            raise ValueError("content is required (except in an assistant's tool calls)")
+        return content
 
     def as_dict(self) -> dict:
         content = self.content
@@ -174,21 +220,41 @@ class ChatMessage(BaseModel):
                 raise InvalidRequest("only text content parts are supported.",
                                      param="messages")
             content = "".join(p.text for p in content)
-        return {"role": self.role, "content": content}
+        out: dict = {"role": self.role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [_template_call(c) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
-class ChatCompletionRequest(_Sampling):
+def _template_call(call: MessageToolCall) -> dict:
+    """A tool call as chat templates take it: arguments as a mapping where they are JSON."""
+    try:
+        args = json.loads(call.function.arguments)
+    except ValueError:
+        args = call.function.arguments
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.function.name, "arguments": args}}
+
+
+class ChatCompletionRequest(_Sampling, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    tools: list[dict] | None = None
+
+    def structured_output(self) -> StructuredOutput | None:
+        """response_format / guided_*, or the grammar of a tool_choice that forces a call."""
+        stated, forced = super().structured_output(), self.tool_grammar()
+        if stated is not None and forced is not None:
+            raise InvalidRequest("a tool_choice that forces a call cannot be combined with "
+                                 "another output constraint.", param="tool_choice")
+        return forced or stated
 
     def sampling_params(self) -> SamplingParams:
         self._check_common()
-        if self.tools:
-            raise InvalidRequest("tools are not supported.", param="tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=true.", param="top_logprobs")
         max_tokens = (self.max_completion_tokens if self.max_completion_tokens is not None
@@ -197,5 +263,8 @@ class ChatCompletionRequest(_Sampling):
 
     def prompt_fields(self) -> dict:
         """The GenerateRequest fields of this request's prompt."""
-        return {"messages": [m.as_dict() for m in self.messages],
-                "add_generation_prompt": self.add_generation_prompt}
+        fields = {"messages": [m.as_dict() for m in self.messages],
+                  "add_generation_prompt": self.add_generation_prompt}
+        if self.tools:
+            fields["tools"] = self.template_tools()
+        return fields

@@ -77,10 +77,41 @@ def completion_logprobs(lps, pieces: dict, text_offset: int) -> dict | None:
         tokens.append(piece)
         offsets.append(offset)
         offset += len(piece)
+    # logprobs 0: the sampled token's own entry (vLLM's behaviour)
     return {"tokens": tokens, "token_logprobs": [max(t.logprob, -9999.0) for t in lps],
-            "top_logprobs": [{pieces.get(i, ""): max(v, -9999.0) for i, v in t.top}
-                             for t in lps],
+            "top_logprobs": [{pieces.get(i, ""): max(v, -9999.0)
+                              for i, v in (t.top or [(t.token_id, t.logprob)])} for t in lps],
             "text_offset": offsets}
+
+
+def echoed_prompt_logprobs(prompt_ids: list[int], lps: list, pieces: dict) -> dict:
+    """The legacy completions shape for an echoed prompt: the first token has no logprob."""
+    tokens = [pieces.get(t, "") for t in prompt_ids]
+    offsets = [sum(len(p) for p in tokens[:i]) for i in range(len(tokens))]
+    return {"tokens": tokens,
+            "token_logprobs": [None if t is None else max(t.logprob, -9999.0) for t in lps],
+            "top_logprobs": [None if t is None else {
+                pieces.get(i, ""): max(v, -9999.0) for i, v in (t.top or [(t.token_id,
+                                                                            t.logprob)])}
+                for t in lps],
+            "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(lps: list, pieces: dict) -> list:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {logprob,
+    rank, decoded_token}} holding the prompt's token and the top k."""
+    out: list = []
+    for t in lps:
+        if t is None:
+            out.append(None)
+            continue
+        entry = {str(t.token_id): {"logprob": max(t.logprob, -9999.0), "rank": t.rank,
+                                   "decoded_token": pieces.get(t.token_id, "")}}
+        for rank, (i, v) in enumerate(t.top, start=1):
+            entry.setdefault(str(i), {"logprob": max(v, -9999.0), "rank": rank,
+                                      "decoded_token": pieces.get(i, "")})
+        out.append(entry)
+    return out
 
 
 class ResponseBuilder:

@@ -226,6 +226,8 @@ class Scheduler:
         outputs = self._resume.get(req.req_id, ())
         prefix = req.prompt_token_ids + outputs
         hashes, hits = self._cached_prefix(prefix)
+        if req.sampling.prompt_logprobs is not None:
+            hits = []  # every prompt position is computed: its logprobs are asked for
         if not self.admission.admit(req, len(prefix), hits):
             return None
         del self._waiting[req.req_id]
@@ -258,7 +260,8 @@ class Scheduler:
         # The last stage needs the prompt only for the repetition penalty, and the tokens
         # generated before a preemption only for the penalties' history (protocol.NewRequest).
         sampling = req.sampling
-        prompt = req.prompt_token_ids if sampling.repetition_penalty != 1.0 else ()
+        wants_prompt = sampling.repetition_penalty != 1.0 or sampling.prompt_logprobs is not None
+        prompt = req.prompt_token_ids if wants_prompt else ()
         history = outputs if sampling.needs_history else ()
         return st, NewRequest(req.req_id, st.slot, sampling, prompt, history)
 
@@ -309,9 +312,11 @@ class Scheduler:
             return False
         if st.generated == st.planned:  # the previous sampling row has retired
             return True
-        # With the host as the channel the plan carries the token: it must be back first.
+        # With the host as the channel the plan carries the token: it must be back first; a
+        # constrained request's mask needs it too.
         return (
             not self.config.tokens_from_host
+            and not st.req.constrained
             and st.sample_mb is not None
             and self._next_mb - st.sample_mb >= self.config.num_stages
         )

@@ -30,6 +30,9 @@ class SchedRequest:
     max_tokens: int
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     wants_logprobs: bool = False
+    # Structured output: each step's token mask depends on the previous token, so the next
+    # step waits for it (no run-ahead).
+    constrained: bool = False
 
     @property
     def prompt_len(self) -> int:

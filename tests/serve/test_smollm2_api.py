@@ -62,6 +62,80 @@ def test_chat_template(client, smollm2_hf):
     assert r.usage.completion_tokens == len(want)
 
 
+WEATHER_ARGS = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                "properties": {"city": {"type": "string", "maxLength": 20},
+                               "unit": {"enum": ["celsius", "fahrenheit"]}}}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": WEATHER_ARGS}}
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_json_schema_on_a_real_tokenizer(client):
+    # llguidance's masks over SmolLM2's 49k BPE tokens: multi-character tokens, greedy
+    import json
+
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER_ARGS}}
+    r = client.chat.completions.create(model=SERVED_NAME, messages=WEATHER_QUESTION,
+                                       max_tokens=40, temperature=0, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), WEATHER_ARGS)
+    assert r.usage.completion_tokens < len(r.choices[0].message.content)  # multi-char tokens
+
+
+def test_named_tool_call_through_the_tool_prompt(client, smollm2_hf):
+    # SmolLM2's template shows no tools: they go into the system prompt (Hermes format).
+    import json
+
+    import jsonschema
+
+    from app.tokenizer import with_tool_prompt
+
+    _model, tok = smollm2_hf
+    r = client.chat.completions.create(
+        model=SERVED_NAME, messages=WEATHER_QUESTION, max_tokens=40, temperature=0,
+        tools=[WEATHER_TOOL], tool_choice={"type": "function",
+                                           "function": {"name": "get_weather"}})
+    assert r.usage.prompt_tokens == len(chat_ids(tok, with_tool_prompt(WEATHER_QUESTION,
+                                                                       [WEATHER_TOOL])))
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_ARGS)
+    # The call and its result, sent back, render as the next turn's prompt.
+    follow = client.chat.completions.create(
+        model=SERVED_NAME, max_tokens=8, temperature=0, tools=[WEATHER_TOOL],
+        messages=[*WEATHER_QUESTION, {"role": "assistant", "tool_calls": [call.model_dump()]},
+                  {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}])
+    assert follow.choices[0].message.content
+
+
+def test_echo_prompt_logprobs_match_transformers(client, smollm2_hf):
+    # Prefill chunks of 8: every prompt position, across chunk boundaries
+    model, tok = smollm2_hf
+    prompt = ("Pipeline parallelism splits the layers of a large language model across several "
+              "GPUs, and each stage passes its hidden states to the next one.")
+    ids = tok.encode(prompt)
+    assert len(ids) > 16
+    ref = hf_logprobs(model, ids[:1], ids[1:])  # the distribution of each prompt token
+    r = complete(client, prompt, max_tokens=2, echo=True, logprobs=2,
+                 extra_body={"prompt_logprobs": 2})
+    choice = r.choices[0]
+    assert choice.text.startswith(prompt)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) + 2 and lp.token_logprobs[0] is None
+    for i, t in enumerate(ids[1:]):
+        assert lp.token_logprobs[1 + i] == pytest.approx(ref[i, t].item(), abs=1e-4)
+        assert sorted(lp.top_logprobs[1 + i].values(), reverse=True) == pytest.approx(
+            ref[i].topk(2).values.tolist(), abs=1e-4)
+    vllm = choice.model_extra["prompt_logprobs"]
+    assert vllm[0] is None and len(vllm) == len(ids)
+    last = vllm[-1][str(ids[-1])]
+    assert last["logprob"] == pytest.approx(ref[-1, ids[-1]].item(), abs=1e-4)
+    assert last["rank"] == 1 + int((ref[-1] > ref[-1, ids[-1]]).sum())
+
+
 def test_special_tokens_in_a_text_prompt(client, smollm2_hf):
     """The rendered template as a plain completion prompt: its <|im_start|>/<|im_end|> are read
     as the special tokens (not spelled out in BPE pieces), so the answer equals the chat one."""
