@@ -101,6 +101,21 @@ def test_triton_moe_matches_reference(fn, tokens, hidden, inter, experts, k, ske
 
 
 @needs_cuda
+@pytest.mark.skipif(not triton_moe.is_available("cuda"), reason="needs triton")
+def test_triton_moe_applies_the_swiglu_limit():
+    """DeepSeek-V4's swiglu_limit, clamped in the gate/up GEMM's epilogue (V4-Flash widths)."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x, gate_up, down, ids, weights = _moe_inputs(2048, 4096, 2048, 32, 6, g)
+    x = x * 8  # gate/up values well past the limit
+    limit = 0.5
+    out = triton_moe.moe_experts(x, gate_up, down, ids, weights, limit)
+    ref = torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), ids, weights, limit)
+    unclamped = torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), ids, weights)
+    assert rel_err(unclamped, ref) > 0.1  # the clamp matters at these values
+    assert rel_err(out, ref) < TOL
+
+
+@needs_cuda
 def test_deepseek_stage_backends_agree():
     """A 2-layer V2-Lite-shaped stage in bf16: prefill then decode logits with the fastest
     backends available equal the torch reference backends' within the bf16 band."""
