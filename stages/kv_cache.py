@@ -5,24 +5,47 @@ from __future__ import annotations
 import torch
 
 from stages.model_config import ModelArgs
+from stages.protocol import KV_CACHE_DTYPES
 
 
-def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype) -> int:
-    """Cache bytes one token costs in one layer: the family's cache components together."""
+def fp8_components(args: ModelArgs, kv_cache_dtype: str) -> dict[str, int]:
+    """Components the cache stores packed in FP8 -> their bytes per token per layer; {} for
+    an unquantized cache ("auto" / "bfloat16": the model's dtype). Refuses, with the reason, a
+    model whose family has no FP8 cache."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got "
+                         f"{kv_cache_dtype!r}")
+    if kv_cache_dtype != "fp8":
+        return {}
+    if args.family.fp8_kv is None:
+        raise ValueError(f"--kv-cache-dtype fp8 is not supported for the {args.family.name} "
+                         "family (only DeepSeek-V3.2's FP8 latent)")
+    return args.family.fp8_kv(args)
+
+
+def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype,
+                          kv_cache_dtype: str = "auto") -> int:
+    """Cache bytes one token costs in one layer: the family's cache components together (FP8
+    ones at their packed size)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return sum(args.family.kv_components(args).values()) * elem
+    packed = fp8_components(args, kv_cache_dtype)
+    return sum(packed.get(name, width * elem)
+               for name, width in args.family.kv_components(args).items())
 
 
 def bytes_per_block(args: ModelArgs, num_local_layers: int, block_size: int,
-                    dtype: torch.dtype) -> int:
+                    dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
     """Bytes one block costs on a stage holding `num_local_layers` layers."""
-    return num_local_layers * block_size * bytes_per_token_layer(args, dtype)
+    return num_local_layers * block_size * bytes_per_token_layer(args, dtype, kv_cache_dtype)
 
 
 def make_kv_cache(args: ModelArgs, num_local_layers: int, num_blocks: int, block_size: int,
-                  dtype: torch.dtype, device: str | torch.device):
-    """The cache class the model family declares (K/V pages, MLA latent pages, ...)."""
-    return args.family.cache()(args, num_local_layers, num_blocks, block_size, dtype, device)
+                  dtype: torch.dtype, device: str | torch.device, kv_cache_dtype: str = "auto"):
+    """The cache class the model family declares (K/V pages, MLA latent pages, ...); a class
+    with an FP8 form (the family's `fp8_kv`) takes kv_cache_dtype="fp8"."""
+    extra = {"kv_cache_dtype": "fp8"} if fp8_components(args, kv_cache_dtype) else {}
+    return args.family.cache()(args, num_local_layers, num_blocks, block_size, dtype, device,
+                               **extra)
 
 
 class PagedKVCache:

@@ -13,6 +13,8 @@ DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: the checkpoint's shapes with seeded random weights
 OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late: before its use
+QUANTIZATIONS = ("auto", "none", "fp8")  # weights (stages/loader.py: keep_fp8_weights)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # stages/kv_cache.py: fp8_components
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ class StageSpec:
     seed: int = 0  # the built-in random model's seed
     max_model_len: int = 0  # width of the decode graphs' block tables; 0: no decode graphs
     enforce_eager: bool = False  # decode-only microbatches run the paged path without graphs
+    quantization: str = "auto"  # FP8 weights: auto (the checkpoint's), none, fp8 (loader.py)
+    kv_cache_dtype: str = "auto"  # auto / bfloat16: the model's dtype; fp8 (kv_cache.py)
 
     @property
     def is_first(self) -> bool:

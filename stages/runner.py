@@ -15,9 +15,9 @@ import torch
 from stages.channels import ChannelError, PendingRecv, PipelineChannels
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
-from stages.kernels.registry import moe_backend_for, select_kernels
+from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer, make_kv_cache
-from stages.loader import build_stage_model, resolve_dtype
+from stages.loader import build_stage_model, keep_fp8_weights, log_stage_memory, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, SampledToken, StageSpec, StepResult
 from stages.sampler import Picked, RowToSample, Sampler
@@ -53,8 +53,8 @@ class StageRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = resolve_dtype(spec.dtype)
         self.args = load_model_args(spec.model_path)
-        self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend,
-                                      moe_experts=moe_backend_for(spec.linear_backend))
+        self.fp8_weights = keep_fp8_weights(self.args, spec.quantization, self.device)
+        self.kernels = self._kernels(spec.linear_backend, spec.attention_backend, "auto")
         self.model = build_stage_model(
             self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
             spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
@@ -63,8 +63,11 @@ class StageRunner:
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
         self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
         self.family = self.args.family
-        log.info("KV cache: %d bytes per token per layer (%s)",
-                 bytes_per_token_layer(self.args, self.dtype), self.family.kv_description)
+        log.info("KV cache: %d bytes per token per layer (%s, %s)",
+                 bytes_per_token_layer(self.args, self.dtype, spec.kv_cache_dtype),
+                 self.family.kv_description, spec.kv_cache_dtype)
+        log_stage_memory(self.model, self.num_local_layers,
+                         bytes_per_token_layer(self.args, self.dtype, spec.kv_cache_dtype))
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
@@ -84,6 +87,12 @@ class StageRunner:
             install_sync_guard(self._recv_posted)
 
     # -- setup -----------------------------------------------------------------------------------
+    def _kernels(self, linear: str, attention: str, mla_decode: str) -> Kernels:
+        """The stage's ops; the FP8 ones (W8A8, experts) follow the linear backend."""
+        return select_kernels(self.spec.device, linear, attention, mla_decode,
+                              moe_backend_for(linear),
+                              fp8_linear=fp8_backend_for(linear) if self.fp8_weights else None)
+
     @property
     def num_local_layers(self) -> int:
         return self.spec.layer_end - self.spec.layer_start
@@ -101,7 +110,7 @@ class StageRunner:
 
     def kv_capacity(self) -> int:
         per_block = bytes_per_block(self.args, self.num_local_layers, self.spec.block_size,
-                                    self.dtype)
+                                    self.dtype, self.spec.kv_cache_dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
@@ -116,7 +125,8 @@ class StageRunner:
         graphs = self.uses_decode_graphs
         # With decode graphs one block more: the scratch block padding rows write to.
         self.kv = make_kv_cache(self.args, self.num_local_layers, num_blocks + graphs,
-                                self.spec.block_size, self.dtype, self.device)
+                                self.spec.block_size, self.dtype, self.device,
+                                self.spec.kv_cache_dtype)
         self.decode_graphs = None
         if graphs:
             self._build_decode_graphs()
@@ -374,8 +384,7 @@ class StageRunner:
             self.output_post = output_post
         if linear_backend is not None:
             names = self.kernels.names
-            self.kernels = select_kernels(self.spec.device, linear_backend, names["attention"],
-                                          names["mla_decode"], moe_backend_for(linear_backend))
+            self.kernels = self._kernels(linear_backend, names["attention"], names["mla_decode"])
             for module in self.model.modules():
                 if hasattr(module, "kernels"):
                     module.kernels = self.kernels

@@ -7,7 +7,8 @@ A family declares:
 - `stage_class`: the module of one pipeline stage ("module:Class", imported when first built);
 - its KV layout: `kv_components` (named cache components -> values per token per layer; bytes
   are their sum times the element size), `cache_class` that holds them and `kv_description`
-  for the logs;
+  for the logs; `fp8_kv`, where the cache can be FP8 (`--kv-cache-dtype fp8`): the bytes per
+  token of the components it packs (raising, with the reason, for a model it cannot serve);
 - `hidden_shape`: the per-token shape of the hidden state one stage sends the next;
 - capabilities the runner asks about: paged-decode CUDA graphs and cuDNN warm-up, both built
   for K/V pages of [slots, kv_heads, head_dim].
@@ -19,7 +20,12 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from stages.models.deepseek_config import DEEPSEEK_MODEL_TYPES, deepseek_fields, latent_components
+from stages.models.deepseek_config import (
+    DEEPSEEK_MODEL_TYPES,
+    deepseek_fields,
+    fp8_latent_components,
+    latent_components,
+)
 
 if TYPE_CHECKING:
     from stages.model_config import ModelArgs
@@ -46,6 +52,7 @@ class Family:
     cache_class: str = "stages.kv_cache:PagedKVCache"
     kv_components: Callable[[ModelArgs], dict[str, int]] = _key_value
     kv_description: str = "K and V"
+    fp8_kv: Callable[[ModelArgs], dict[str, int]] | None = None
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     paged_decode_graphs: bool = False
     cudnn_warm_up: bool = False
@@ -93,6 +100,7 @@ DEEPSEEK = Family(
     cache_class="stages.models.mla_cache:LatentKVCache",
     kv_components=latent_components,
     kv_description="MLA latent",
+    fp8_kv=fp8_latent_components,
 )
 FAMILIES = (LLAMA, DEEPSEEK)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
