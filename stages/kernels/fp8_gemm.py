@@ -58,9 +58,17 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -
     sb[:, :groups] = scale_inv
     scale_b = sb[:, :groups].T  # [K / 128, N / 128], leading dimension `width`
     out = F.scaled_mm(
-        q, weight.T, scale_a, F.ScalingType.BlockWise1x128, scale_b,
-        F.ScalingType.BlockWise128x128, swizzle_a=F.SwizzleType.NO_SWIZZLE,
-        swizzle_b=F.SwizzleType.NO_SWIZZLE, bias=None, output_dtype=x.dtype)
+        q,
+        weight.T,
+        scale_a,
+        F.ScalingType.BlockWise1x128,
+        scale_b,
+        F.ScalingType.BlockWise128x128,
+        swizzle_a=F.SwizzleType.NO_SWIZZLE,
+        swizzle_b=F.SwizzleType.NO_SWIZZLE,
+        bias=None,
+        output_dtype=x.dtype,
+    )
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], n)
@@ -82,9 +90,29 @@ def _triton_linear(x, weight, scale_inv, bias, sm_margin: int) -> torch.Tensor:
     tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK)
     progs = max(1, min(num_sms(x.device) - sm_margin, tiles))
     _w8a8[(progs,)](
-        q, s, weight, ws, out, bias if bias is not None else out,
-        m, n, k, progs, q.stride(0), s.stride(0), weight.stride(0), ws.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8, num_warps=4, num_stages=3)
+        q,
+        s,
+        weight,
+        ws,
+        out,
+        bias if bias is not None else out,
+        m,
+        n,
+        k,
+        progs,
+        q.stride(0),
+        s.stride(0),
+        weight.stride(0),
+        ws.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK,
+        BLOCK_K=BLOCK,
+        GROUP_M=8,
+        num_warps=4,
+        num_stages=3,
+    )
     return out.view(*x.shape[:-1], n)
 
 
@@ -98,10 +126,28 @@ if triton is not None:
     from stages.kernels.triton_gemm import _tile_coords
 
     @triton.jit
-    def _w8a8(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, bias_ptr, M, N, K, num_progs,
-              stride_am, stride_as, stride_wn, stride_ws, stride_cm,
-              HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    def _w8a8(
+        a_ptr,
+        as_ptr,
+        w_ptr,
+        ws_ptr,
+        c_ptr,
+        bias_ptr,
+        M,
+        N,
+        K,
+        num_progs,
+        stride_am,
+        stride_as,
+        stride_wn,
+        stride_ws,
+        stride_cm,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+    ):
         start = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -117,10 +163,12 @@ if triton is not None:
             for ki in range(k_tiles):
                 ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
                 kmask = ks[None, :] < K
-                a = tl.load(a_ptr + rows_safe[:, None] * stride_am + ks[None, :], mask=kmask,
-                            other=0.0)
-                w = tl.load(w_ptr + cols_safe[:, None] * stride_wn + ks[None, :], mask=kmask,
-                            other=0.0)
+                a = tl.load(
+                    a_ptr + rows_safe[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0
+                )
+                w = tl.load(
+                    w_ptr + cols_safe[:, None] * stride_wn + ks[None, :], mask=kmask, other=0.0
+                )
                 a_s = tl.load(as_ptr + rows_safe * stride_as + ki)
                 w_s = tl.load(ws_ptr + pid_n * stride_ws + ki)
                 acc += tl.dot(a, w.T) * (a_s[:, None] * w_s)

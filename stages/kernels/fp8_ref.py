@@ -8,6 +8,8 @@ every GPU backend (stages/kernels/fp8_gemm.py) is tested against and what CPU ru
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -89,7 +91,7 @@ def moe_experts(
     down_scale: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    fp8_linear=linear,
+    fp8_linear: Callable[..., torch.Tensor] = linear,
 ) -> torch.Tensor:
     """Routed experts with FP8 weights (gate_up [E, 2I, H], down [E, H, I], their 128 x 128
     scales [E, ...]): torch_ref.moe_experts with each expert's GEMMs on `fp8_linear` (W8A8)."""

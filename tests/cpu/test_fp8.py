@@ -14,13 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from stages.forward_batch import ForwardBatch
+from app.bench.fp8 import StageChain
 from stages.kernels import fp8_ref
 from stages.kernels.registry import select_kernels
-from stages.kv_cache import bytes_per_token_layer, make_kv_cache
+from stages.kv_cache import bytes_per_token_layer
 from stages.loader import build_stage_model, keep_fp8_weights, stage_memory_plan
 from stages.model_config import load_model_args
-from stages.partition import layer_ranges
 
 W8A8_TOL = 0.06  # relative Frobenius error of e4m3 on both operands (3 mantissa bits)
 # a 3-layer random model's logits while attention is dense (prompts up to index_topk): its
@@ -36,10 +35,11 @@ def tile_loop_quantize(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch
     q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
     for i in range(scale.shape[0]):
         for j in range(scale.shape[1]):
-            tile = w[i * block:(i + 1) * block, j * block:(j + 1) * block].float()
+            tile = w[i * block : (i + 1) * block, j * block : (j + 1) * block].float()
             scale[i, j] = tile.abs().max().clamp(min=1e-12) / 448.0
-            q[i * block:(i + 1) * block, j * block:(j + 1) * block] = (tile / scale[i, j]).to(
-                q.dtype)
+            q[i * block : (i + 1) * block, j * block : (j + 1) * block] = (tile / scale[i, j]).to(
+                q.dtype
+            )
     return q, scale
 
 
@@ -81,13 +81,34 @@ def tiny_v32_config():
     import transformers as tf
 
     return tf.DeepseekV32Config(
-        vocab_size=200, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512,
-        qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32, q_lora_rank=128,
-        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-        n_group=2, topk_group=1, routed_scaling_factor=2.5, index_topk=8, index_n_heads=2,
-        index_head_dim=64, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1,
-        eos_token_id=2, initializer_range=0.02)
+        vocab_size=200,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=512,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=64,
+        v_head_dim=32,
+        q_lora_rank=128,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        index_topk=8,
+        index_n_heads=2,
+        index_head_dim=64,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.02,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,64 +122,47 @@ def checkpoints(tmp_path_factory):
     tf.DeepseekV32ForCausalLM(tiny_v32_config()).float().save_pretrained(plain)
     tensors = load_file(os.path.join(plain, "model.safetensors"))
     for name in list(tensors):
-        if name.endswith(("proj.weight", "mqa.weight", "experts.gate_up_proj", "experts.down_proj",
-                          "wq_b.weight", "wk.weight")) and "weights_proj" not in name:
+        if (
+            name.endswith(
+                (
+                    "proj.weight",
+                    "mqa.weight",
+                    "experts.gate_up_proj",
+                    "experts.down_proj",
+                    "wq_b.weight",
+                    "wk.weight",
+                )
+            )
+            and "weights_proj" not in name
+        ):
             tensors[name], tensors[name + "_scale_inv"] = fp8_ref.quantize_weight(tensors[name])
     fp8 = root / "fp8"
     fp8.mkdir()
     save_file(tensors, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(plain, "config.json")) as f:
         cfg = json.load(f)
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                  "weight_block_size": [128, 128]}
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "weight_block_size": [128, 128],
+    }
     (fp8 / "config.json").write_text(json.dumps(cfg))
     return {"plain": plain, "fp8": str(fp8)}
 
 
-class Pipeline:
-    """The stages of one checkpoint chained in process, each with its own cache."""
-
-    def __init__(self, path: str, fp8_weights: bool = False, kv_cache_dtype: str = "auto",
-                 num_stages: int = 2, num_blocks: int = 32):
-        self.args = load_model_args(path)
-        kernels = select_kernels("cpu", fp8_linear="torch" if fp8_weights else None)
-        self.stages, self.caches = [], []
-        for s, (a, b) in enumerate(layer_ranges(self.args.num_hidden_layers, num_stages)):
-            self.stages.append(build_stage_model(self.args, path, a, b, s == 0,
-                                                 s == num_stages - 1, kernels, torch.float32,
-                                                 "cpu"))
-            self.caches.append(make_kv_cache(self.args, b - a, num_blocks, BLOCK, torch.float32,
-                                             "cpu", kv_cache_dtype))
-
-    @torch.no_grad()
-    def logits(self, token_ids: list[int], rows) -> torch.Tensor:
-        batch = ForwardBatch.build(rows, BLOCK, "cpu")
-        x = torch.tensor(token_ids, dtype=torch.long)
-        for stage, cache in zip(self.stages, self.caches):
-            x = stage(x, batch, cache)
-        return self.stages[-1].compute_logits(x[batch.sample_indices])
-
-    def greedy(self, prompt: list[int], chunk: int, steps: int) -> tuple[list[int], torch.Tensor]:
-        """Chunked prefill, then greedy decode: (the tokens, every sampled position's logits)."""
-        table = list(range(len(self.caches[0].components["latent"][0])))
-        out = []
-        for start in range(0, len(prompt), chunk):
-            piece = prompt[start:start + chunk]
-            logits = self.logits(piece, [(start, len(piece), table, True)])
-        out.append(logits[0])
-        ids = list(prompt)
-        for _ in range(steps):
-            ids.append(int(out[-1].argmax()))
-            out.append(self.logits([ids[-1]], [(len(ids) - 1, 1, table, True)])[0])
-        return ids[len(prompt):], torch.stack(out)
+def Pipeline(path: str, fp8_weights: bool = False, kv_cache_dtype: str = "auto") -> StageChain:
+    return StageChain(
+        load_model_args(path), path, fp8_weights, kv_cache_dtype, num_blocks=32, block_size=BLOCK
+    )
 
 
 PROMPT = [(7 * i + 3) % 197 + 3 for i in range(30)]  # past index_topk: the indexer selects
 
 
 def weight_only(x, weight, scale_inv, bias=None):
-    return torch.nn.functional.linear(x, fp8_ref.dequantize_weight(weight, scale_inv).to(x.dtype),
-                                      bias)
+    return torch.nn.functional.linear(
+        x, fp8_ref.dequantize_weight(weight, scale_inv).to(x.dtype), bias
+    )
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -176,8 +180,10 @@ def test_fp8_weights_kept_match_dequantized(checkpoints, caplog):
     assert layer.mlp.experts.fp8 and layer.mlp.experts.gate_up_proj.dtype == fp8_ref.FP8
     assert layer.self_attn.kv_b_proj.weight.dtype == torch.float32  # absorbed: kept in dtype
     stored = load_file(os.path.join(checkpoints["fp8"], "model.safetensors"))
-    assert torch.equal(layer.self_attn.q_a_proj.weight.view(torch.uint8),
-                       stored["model.layers.1.self_attn.q_a_proj.weight"].view(torch.uint8))
+    assert torch.equal(
+        layer.self_attn.q_a_proj.weight.view(torch.uint8),
+        stored["model.layers.1.self_attn.q_a_proj.weight"].view(torch.uint8),
+    )
     dequantized = Pipeline(checkpoints["fp8"])
     table = list(range(32))
     want = dequantized.logits(PROMPT, [(0, len(PROMPT), table, True)])
@@ -196,8 +202,10 @@ def test_fp8_weights_kept_match_dequantized(checkpoints, caplog):
     assert 0 < rel(got, want) < LOGITS_TOL and got.argmax() == want.argmax()
     # a bf16 checkpoint with --quantization fp8: quantized at load, the same bytes
     online = Pipeline(checkpoints["plain"], fp8_weights=True)
-    assert torch.equal(online.stages[0].layers["1"].self_attn.q_a_proj.weight.view(torch.uint8),
-                       layer.self_attn.q_a_proj.weight.view(torch.uint8))
+    assert torch.equal(
+        online.stages[0].layers["1"].self_attn.q_a_proj.weight.view(torch.uint8),
+        layer.self_attn.q_a_proj.weight.view(torch.uint8),
+    )
 
 
 def test_fp8_kv_cache_matches_bf16_cache(checkpoints):
@@ -207,9 +215,7 @@ def test_fp8_kv_cache_matches_bf16_cache(checkpoints):
     fp8 = Pipeline(checkpoints["plain"], kv_cache_dtype="fp8")
     plain = Pipeline(checkpoints["plain"])
     assert fp8.caches[0].pages(0).dtype == torch.uint8 and fp8.caches[0].pages(0).shape[-1] == 656
-    tokens, _ = fp8.greedy(PROMPT, chunk=7, steps=6)
-    want_tokens, _ = plain.greedy(PROMPT, chunk=7, steps=6)
-    assert tokens == want_tokens
+    assert fp8.greedy(PROMPT, chunk=7, steps=6) == plain.greedy(PROMPT, chunk=7, steps=6)
     dense = PROMPT[:8]  # a fresh row in each: blocks 0-1 are rewritten
     got = fp8.logits(dense, [(0, 8, list(range(32)), True)])
     want = plain.logits(dense, [(0, 8, list(range(32)), True)])
@@ -222,8 +228,9 @@ def test_kv_bytes_and_refusals(checkpoints):
     args = load_model_args(checkpoints["plain"])
     assert bytes_per_token_layer(args, torch.bfloat16) == (576 + 64) * 2
     assert bytes_per_token_layer(args, torch.bfloat16, "fp8") == 656 + 64 * 2
-    v3 = replace(args, model_type="deepseek_v3",
-                 family_args=replace(args.family_args, indexer=None))
+    v3 = replace(
+        args, model_type="deepseek_v3", family_args=replace(args.family_args, indexer=None)
+    )
     with pytest.raises(ValueError, match="bfloat16.*FlashMLA's dense FP8 decode"):
         bytes_per_token_layer(v3, torch.bfloat16, "fp8")
     fp8_args = load_model_args(checkpoints["fp8"])
@@ -241,8 +248,9 @@ def test_memory_plan_counts_what_the_stage_holds(checkpoints):
     bf16 = stage_memory_plan(args, 2, fp8_weights=False)
     fp8 = stage_memory_plan(args, 2, fp8_weights=True, kv_cache_dtype="fp8")
     assert [s.layers for s in bf16] == [(0, 2), (2, 3)]
-    model = build_stage_model(args, checkpoints["plain"], 2, 3, False, True,
-                              select_kernels("cpu"), torch.bfloat16, "cpu")
+    model = build_stage_model(
+        args, checkpoints["plain"], 2, 3, False, True, select_kernels("cpu"), torch.bfloat16, "cpu"
+    )
     held = [*model.parameters(), *model.buffers()]
     assert bf16[1].weight_bytes == sum(t.numel() * t.element_size() for t in held)
     assert fp8[1].weight_bytes < 0.7 * bf16[1].weight_bytes
