@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from app.config import EngineConfig
 from app.pipeline import COORDINATOR_CPUS, placement_bundles
 from app.request import RequestOutput, SamplingParams
+from stages.kv_cache import fp8_components
 from stages.model_config import load_model_args
 
 
@@ -102,9 +103,9 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None, *, num_cpus: int | None = None,
                  with_metrics: bool = False):
         self.config = config or EngineConfig()
-        # A missing directory, no config.json or an unsupported model_type raises here, before
-        # Ray or any actor starts.
-        load_model_args(self.config.model)
+        # A missing directory, no config.json, an unsupported model_type or a KV cache dtype
+        # the model cannot use raises here, before Ray or any actor starts.
+        fp8_components(load_model_args(self.config.model), self.config.kv_cache_dtype)
         self._owns_ray = not ray.is_initialized()
         self._pg = self._actor = None
         if self._owns_ray:  # a laptop: a local cluster with enough logical CPUs for the stages
