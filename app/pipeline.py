@@ -133,7 +133,8 @@ class Pipeline:
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
         log.info("pipeline up: %d stages, %d KV blocks of %d tokens, %d bytes per token per "
                  "layer", c.pp_size, self.num_blocks, c.block_size,
-                 bytes_per_token_layer(self.args, resolve_dtype(c.resolved_dtype)))
+                 bytes_per_token_layer(self.args, resolve_dtype(c.resolved_dtype),
+                                       c.kv_cache_dtype))
         return self.num_blocks
 
     async def _started(self) -> None:

@@ -1,10 +1,10 @@
 """W8A8 block-scaled FP8 linears on CUDA (DESIGN §7): the contract of fp8_ref.linear.
 
-- ``linear_scaled_mm``: ``torch.nn.functional.scaled_mm`` with BlockWise1x128 activations and
-  BlockWise128x128 weights (cuBLASLt on SM90). cuBLASLt reads the weight scales with a leading
-  dimension that is a multiple of 4, so for (K / 128) % 4 != 0 they are padded to it
-  (``pad_scales``; tests/gpu/test_fp8_gemm.py checks both); shapes it does not take (K or N not a
-  multiple of 128) go to the Triton kernel.
+- ``linear_scaled_mm``: ``torch.nn.functional.scaled_mm`` (``torch._scaled_mm`` where torch
+  predates it) with BlockWise1x128 activations and BlockWise128x128 weights (cuBLASLt on SM90).
+  cuBLASLt reads the weight scales with a leading dimension that is a multiple of 4, so for
+  (K / 128) % 4 != 0 they are padded to it (``pad_scales``; app.bench.fp8 records the unpadded
+  error); shapes it does not take (K or N not a multiple of 128) go to the Triton kernel.
 - ``linear`` / ``linear_sm1``: a persistent Triton GEMM (grid = SMs, or SMs - 1 leaving an SM to
   a waiting NCCL recv, as stages/kernels/triton_gemm.py) over 128 x 128 tiles of K: each K tile
   is one activation group and one weight block, so its partial product takes one scale per row
@@ -45,7 +45,7 @@ def linear_sm1(x, weight, scale_inv, bias=None) -> torch.Tensor:
 
 def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -> torch.Tensor:
     n, k = weight.shape
-    if not x.is_cuda or k % BLOCK or n % BLOCK or not hasattr(F, "scaled_mm"):
+    if not x.is_cuda or k % BLOCK or n % BLOCK:
         return linear(x, weight, scale_inv, bias)
     q, s = fp8_ref.quantize_act(_flat(x))
     m, groups = s.shape
@@ -57,18 +57,20 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -
     sb = torch.zeros(n // BLOCK, width, dtype=torch.float32, device=x.device)
     sb[:, :groups] = scale_inv
     scale_b = sb[:, :groups].T  # [K / 128, N / 128], leading dimension `width`
-    out = F.scaled_mm(
-        q,
-        weight.T,
-        scale_a,
-        F.ScalingType.BlockWise1x128,
-        scale_b,
-        F.ScalingType.BlockWise128x128,
-        swizzle_a=F.SwizzleType.NO_SWIZZLE,
-        swizzle_b=F.SwizzleType.NO_SWIZZLE,
-        bias=None,
-        output_dtype=x.dtype,
-    )
+    if hasattr(F, "scaled_mm"):
+        out = F.scaled_mm(
+            q,
+            weight.T,
+            scale_a,
+            F.ScalingType.BlockWise1x128,
+            scale_b,
+            F.ScalingType.BlockWise128x128,
+            swizzle_a=F.SwizzleType.NO_SWIZZLE,
+            swizzle_b=F.SwizzleType.NO_SWIZZLE,
+            output_dtype=x.dtype,
+        )
+    else:  # older torch: the recipe follows from the scales' shapes
+        out = torch._scaled_mm(q, weight.T, scale_a, scale_b, out_dtype=x.dtype)
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], n)
