@@ -47,7 +47,7 @@ def test_registry_auto_and_explicit():
     assert kern.names == {"linear": "torch", "attention": "torch", "decode_attention": "torch",
                           "paged_decode": "torch", "mla_decode": "torch",
                           "moe_experts": "torch", "mla_sparse": "torch",
-                          "indexer_logits": "torch"}
+                          "indexer_logits": "torch", "mla_sparse_fp8": "torch"}
     with pytest.raises(ValueError, match="not available"):
         select_kernels("cpu", linear="triton-persistent")
     with pytest.raises(ValueError, match="unknown"):
