@@ -26,7 +26,9 @@ def quantize(latent: torch.Tensor) -> torch.Tensor:
     out = torch.empty(t, BYTES, dtype=torch.uint8, device=latent.device)
     nope = latent[:, :NOPE].float().view(t, TILES, TILE)
     amax = nope.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
-    scale = torch.exp2(torch.ceil(torch.log2(amax)))  # [T, TILES]
+    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2^exponent, mantissa in [0.5, 1)
+    # the least power of two >= amax, exactly (log2 rounds near powers of two)
+    scale = torch.ldexp(torch.ones_like(amax), exponent - (mantissa == 0.5).int())  # [T, TILES]
     out[:, :NOPE] = (nope / scale[..., None]).view(t, NOPE).to(torch.float8_e4m3fn).view(
         torch.uint8)
     out[:, NOPE:NOPE + 4 * TILES] = scale.contiguous().view(torch.uint8)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_latent
+from stages.kernels import fp8_latent, triton_fp8_latent
 from stages.kv_cache import fp8_components
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import LATENT, latent_components
@@ -53,8 +53,9 @@ class LatentKVCache:
               name: str = LATENT) -> None:
         """Store values [T, width] at slots [T]."""
         flat = self._flat(local_layer, name)
-        if name in self.packed:
-            values = fp8_latent.quantize(values)
+        if name in self.packed:  # quantized as it is written (one fused kernel on CUDA)
+            triton_fp8_latent.write(flat, values, slot_mapping)
+            return
         flat.index_copy_(0, slot_mapping, values.to(flat.dtype))
 
     def gather(self, local_layer: int, idx: torch.Tensor | slice,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.kernels import flash_mla, fp8_gemm, fp8_latent, fp8_ref
+from stages.kernels import flash_mla, fp8_gemm, fp8_latent, fp8_ref, triton_fp8_latent
 
 pytestmark = [
     pytest.mark.gpu,
@@ -78,6 +78,24 @@ def test_fp8_experts_match_reference():
     out = fp8_ref.moe_experts(x, gate_up, gu_s, down, d_s, ids, weights, fp8_gemm.linear)
     ref = fp8_ref.moe_experts(x.float(), gate_up, gu_s, down, d_s, ids, weights)
     assert rel_err(out, ref) < 2 * TOL  # the gate/up product is requantized in bf16 first
+
+
+@pytest.mark.skipif(triton_fp8_latent.triton is None, reason="needs triton")
+def test_fused_quantize_on_write_matches_reference():
+    """The fused kernel writes the same bytes at the same slots as quantize + index_copy_, and
+    leaves every other slot alone."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    values = (
+        torch.randn(300, 576, generator=g, device="cuda")
+        * torch.logspace(-3, 2, 300, device="cuda")[:, None]
+    )
+    values = values.bfloat16()
+    slots = torch.randperm(1024, generator=g, device="cuda")[:300]
+    fused = torch.randint(0, 255, (1024, 656), generator=g, device="cuda", dtype=torch.uint8)
+    ref = fused.clone()
+    triton_fp8_latent.write(fused, values, slots)
+    ref.index_copy_(0, slots, fp8_latent.quantize(values))
+    assert torch.equal(fused, ref)
 
 
 @pytest.mark.skipif(not flash_mla.is_available("cuda"), reason="needs sgl-flash-mla on SM90")
