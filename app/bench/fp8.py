@@ -211,6 +211,46 @@ def gemm_rows() -> list[dict]:
     return rows
 
 
+def moe_rows(tokens: int = 4096, experts: int = 32, k: int = 8) -> list[dict]:
+    """V3.2's routed experts (hidden 7168, width 2048) over `experts` of them: the bf16 grouped
+    Triton MoE against the FP8 grouped one and the per-expert FP8 loop."""
+    import triton.testing
+
+    from stages.kernels import triton_moe, triton_moe_fp8
+
+    h, inter = 7168, 2048
+    gate_up = torch.randn(experts, 2 * inter, h, device="cuda") / 60
+    down = torch.randn(experts, h, inter, device="cuda") / 40
+    gq, gs = fp8_ref.quantize_weight(gate_up)
+    dq, ds = fp8_ref.quantize_weight(down)
+    gate_up, down = gate_up.bfloat16(), down.bfloat16()
+    x = torch.randn(tokens, h, device="cuda").bfloat16()
+    ids = torch.rand(tokens, experts, device="cuda").topk(k, dim=-1).indices
+    w = torch.rand(tokens, k, device="cuda")
+    flops = 2 * tokens * k * 3 * h * inter
+    runs = {
+        "triton-persistent bf16": lambda: triton_moe.moe_experts(x, gate_up, down, ids, w),
+        "triton-persistent fp8": lambda: triton_moe_fp8.moe_experts(x, gq, gs, dq, ds, ids, w),
+        "triton-persistent-sm1 fp8": lambda: triton_moe_fp8.moe_experts_sm1(
+            x, gq, gs, dq, ds, ids, w
+        ),
+    }
+    rows = []
+    for name, fn in runs.items():
+        ms = triton.testing.do_bench(fn)
+        row = {
+            "moe": name,
+            "tokens": tokens,
+            "experts": experts,
+            "top_k": k,
+            "ms": round(ms, 3),
+            "tflops": round(flops / ms / 1e9, 1),
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
@@ -219,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if not a.skip_gemm:
         result["gemm"] = gemm_rows()
+        result["moe"] = moe_rows()
     result["accuracy"] = []
     for wf, kf, base in (
         (False, False, torch.float32),

@@ -61,9 +61,12 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent": "stages.kernels.fp8_gemm:linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:linear_sm1",
     },
-    # Routed experts with FP8 weights: each expert's GEMMs on the chosen fp8_linear.
+    # Routed experts with FP8 weights: a grouped persistent W8A8 Triton GEMM, or (torch) each
+    # expert's GEMMs on the chosen fp8_linear.
     "moe_experts_fp8": {
         "torch": "stages.kernels.fp8_ref:moe_experts",
+        "triton-persistent": "stages.kernels.triton_moe_fp8:moe_experts",
+        "triton-persistent-sm1": "stages.kernels.triton_moe_fp8:moe_experts_sm1",
     },
     # DeepSeek-V3.2 sparse MLA over the 656-byte FP8 latent pages (fp8_latent's layout).
     "mla_sparse_fp8": {
@@ -84,7 +87,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "indexer_logits": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
-    "moe_experts_fp8": ("torch",),
+    "moe_experts_fp8": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
 }
 
@@ -155,7 +158,7 @@ def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
     fp8_linear is chosen only where FP8 weights stay FP8 (None leaves it unset, and Linear
     layers then hold their weights in the model's dtype); it brings moe_experts_fp8."""
     optional = {"fp8_linear": fp8_linear, "mla_sparse_fp8": mla_sparse_fp8,
-                "moe_experts_fp8": None if fp8_linear is None else "auto"}
+                "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear)}
     chosen = {op: _select(op, choice, str(device)) for op, choice in (
         ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
         ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts),

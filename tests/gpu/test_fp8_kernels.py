@@ -10,7 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.kernels import flash_mla, fp8_gemm, fp8_latent, fp8_ref, triton_fp8_latent
+from stages.kernels import (
+    flash_mla,
+    fp8_gemm,
+    fp8_latent,
+    fp8_ref,
+    triton_fp8_latent,
+    triton_moe_fp8,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -75,9 +82,11 @@ def test_fp8_experts_match_reference():
     x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
     ids = torch.rand(t, e, generator=g, device="cuda").topk(k, dim=-1).indices
     weights = torch.rand(t, k, generator=g, device="cuda")
-    out = fp8_ref.moe_experts(x, gate_up, gu_s, down, d_s, ids, weights, fp8_gemm.linear)
     ref = fp8_ref.moe_experts(x.float(), gate_up, gu_s, down, d_s, ids, weights)
-    assert rel_err(out, ref) < 2 * TOL  # the gate/up product is requantized in bf16 first
+    looped = fp8_ref.moe_experts(x, gate_up, gu_s, down, d_s, ids, weights, fp8_gemm.linear)
+    assert rel_err(looped, ref) < 2 * TOL  # the gate/up product is requantized in bf16 first
+    for grouped in (triton_moe_fp8.moe_experts, triton_moe_fp8.moe_experts_sm1):
+        assert rel_err(grouped(x, gate_up, gu_s, down, d_s, ids, weights), ref) < 2 * TOL
 
 
 @pytest.mark.skipif(triton_fp8_latent.triton is None, reason="needs triton")
