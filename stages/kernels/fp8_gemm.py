@@ -49,10 +49,13 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -
         return linear(x, weight, scale_inv, bias)
     q, s = fp8_ref.quantize_act(_flat(x))
     m, groups = s.shape
-    # scale_a outer-dim-major ([groups, M] storage); M padded to 4 for cuBLASLt's alignment
-    sa = torch.zeros(groups, m + (-m % 4), dtype=torch.float32, device=x.device)
+    # rows padded to 16 (cuBLASLt's FP8 alignment), the scales outer-dim-major ([groups, M])
+    rows = m + (-m % 16)
+    if rows != m:
+        q = torch.cat((q, q.new_zeros(rows - m, k)))
+    sa = torch.ones(groups, rows, dtype=torch.float32, device=x.device)
     sa[:, :m] = s.T
-    scale_a = sa[:, :m].T
+    scale_a = sa.T
     width = groups + (-groups % 4) if pad_scales else groups
     sb = torch.zeros(n // BLOCK, width, dtype=torch.float32, device=x.device)
     sb[:, :groups] = scale_inv
@@ -71,9 +74,10 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -
         )
     else:  # older torch: the recipe follows from the scales' shapes
         out = torch._scaled_mm(q, weight.T, scale_a, scale_b, out_dtype=x.dtype)
+    out = out[:m]
     if bias is not None:
         out = out + bias
-    return out.view(*x.shape[:-1], n)
+    return out.reshape(*x.shape[:-1], n)
 
 
 def linear_scaled_mm_unpadded(x, weight, scale_inv, bias=None) -> torch.Tensor:
