@@ -1,7 +1,8 @@
-"""FP8 on one GPU: W8A8 GEMM TFLOP/s per backend at DeepSeek-V3.2's projection shapes (with
-cuBLAS bf16 beside them, and each backend's error against the torch reference, including
-scaled_mm with unpadded weight scales where (K / 128) % 4 != 0), and FP8 against bf16 on a
-V3.2-shaped random model (logits relative error, greedy agreement).
+"""FP8 on one GPU: W8A8 GEMM TFLOP/s per backend at DeepSeek-V3.2's projection shapes (cuBLAS
+bf16 beside them, each backend's error against the torch reference; a shape with
+(K / 128) % 4 != 0, which scaled_mm hands to the Triton kernel), the grouped FP8 MoE against the
+bf16 one, and FP8 against bf16 on a V3.2-shaped random model (logits relative error, greedy
+agreement).
 
     python -m app.bench.fp8 --out docs/bench/fp8.json
 """
@@ -177,7 +178,6 @@ def gemm_rows() -> list[dict]:
 
     backends = {
         "scaled-mm": fp8_gemm.linear_scaled_mm,
-        "scaled-mm-unpadded": fp8_gemm.linear_scaled_mm_unpadded,
         "triton-persistent": fp8_gemm.linear,
         "triton-persistent-sm1": fp8_gemm.linear_sm1,
     }

@@ -1,10 +1,10 @@
 """W8A8 block-scaled FP8 linears on CUDA (DESIGN §7): the contract of fp8_ref.linear.
 
 - ``linear_scaled_mm``: ``torch.nn.functional.scaled_mm`` (``torch._scaled_mm`` where torch
-  predates it) with BlockWise1x128 activations and BlockWise128x128 weights (cuBLASLt on SM90).
-  cuBLASLt reads the weight scales with a leading dimension that is a multiple of 4, so for
-  (K / 128) % 4 != 0 they are padded to it (``pad_scales``; app.bench.fp8 records the unpadded
-  error); shapes it does not take (K or N not a multiple of 128) go to the Triton kernel.
+  predates it) with BlockWise1x128 activations and BlockWise128x128 weights (cuBLASLt on SM90),
+  the weight scales as the checkpoint stores them. Where (K / 128) % 4 != 0 torch 2.11 refuses
+  them (it wants the K-block count rounded up to 4), and K or N off the 128 grid it does not
+  take: those shapes go to the Triton kernel.
 - ``linear`` / ``linear_sm1``: a persistent Triton GEMM (grid = SMs, or SMs - 1 leaving an SM to
   a waiting NCCL recv, as stages/kernels/triton_gemm.py) over 128 x 128 tiles of K: each K tile
   is one activation group and one weight block, so its partial product takes one scale per row
@@ -43,9 +43,9 @@ def linear_sm1(x, weight, scale_inv, bias=None) -> torch.Tensor:
     return _triton_linear(x, weight, scale_inv, bias, sm_margin=1)
 
 
-def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -> torch.Tensor:
+def linear_scaled_mm(x, weight, scale_inv, bias=None) -> torch.Tensor:
     n, k = weight.shape
-    if not x.is_cuda or k % BLOCK or n % BLOCK:
+    if not x.is_cuda or k % BLOCK or n % BLOCK or (k // BLOCK) % 4:
         return linear(x, weight, scale_inv, bias)
     q, s = fp8_ref.quantize_act(_flat(x))
     m, groups = s.shape
@@ -55,11 +55,7 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -
         q = torch.cat((q, q.new_zeros(rows - m, k)))
     sa = torch.ones(groups, rows, dtype=torch.float32, device=x.device)
     sa[:, :m] = s.T
-    scale_a = sa.T
-    width = groups + (-groups % 4) if pad_scales else groups
-    sb = torch.zeros(n // BLOCK, width, dtype=torch.float32, device=x.device)
-    sb[:, :groups] = scale_inv
-    scale_b = sb[:, :groups].T  # [K / 128, N / 128], leading dimension `width`
+    scale_a, scale_b = sa.T, scale_inv.float().T  # [M, K / 128], [K / 128, N / 128]
     if hasattr(F, "scaled_mm"):
         out = F.scaled_mm(
             q,
@@ -78,11 +74,6 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None, pad_scales: bool = True) -
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], n)
-
-
-def linear_scaled_mm_unpadded(x, weight, scale_inv, bias=None) -> torch.Tensor:
-    """The weight scales as the checkpoint stores them (the check of (K / 128) % 4 != 0)."""
-    return linear_scaled_mm(x, weight, scale_inv, bias, pad_scales=False)
 
 
 def _triton_linear(x, weight, scale_inv, bias, sm_margin: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The FP8 kernels on CUDA against their torch references (fp32 math on the same quantized
 inputs, so only accumulation order and the bf16 output differ): the W8A8 linears (scaled_mm with
-block-wise scales, including (K / 128) % 4 != 0; the persistent Triton GEMM and its SMs - 1
-grid), the FP8 experts, FlashMLA's sparse FP8 kernel for prefill rows as well as decode rows,
+block-wise scales, which hands (K / 128) % 4 != 0 to Triton: torch 2.11 refuses those scales;
+the persistent Triton GEMM and its SMs - 1 grid), the FP8 experts, FlashMLA's sparse FP8 kernel for prefill rows as well as decode rows,
 and a V3.2-shaped stage with FP8 weights and an FP8 latent cache against its bf16 twin.
 """
 
