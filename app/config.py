@@ -21,9 +21,11 @@ from stages.kernels.registry import BACKENDS
 from stages.protocol import (
     DEVICES,
     DTYPES,
+    KV_CACHE_DTYPES,
     LOAD_FORMATS,
     OUTPUT_CHANNELS,
     OUTPUT_POSTS,
+    QUANTIZATIONS,
     StageSpec,
 )
 
@@ -152,6 +154,16 @@ class EngineConfig:
         "auto", "Attention: auto (cuDNN on CUDA for chunks of >= 512 tokens, SDPA otherwise; "
         "SDPA on CPU), torch (SDPA with a bottom-right causal mask over the paged prefix) or "
         "cudnn.", choices=("auto", *BACKENDS["attention"]))
+    quantization: str = option(
+        "auto", "Block-scaled FP8 weights: auto = as the checkpoint's quantization_config says; "
+        "fp8 = keep FP8 (quantizing a bf16 checkpoint at load) and run the linears and MoE "
+        "experts W8A8 (activations quantized in 1x128 groups); none = dequantize to --dtype. "
+        "On CPU FP8 weights are always dequantized at load.", choices=QUANTIZATIONS)
+    kv_cache_dtype: str = option(
+        "auto", "KV cache: auto / bfloat16 = the model's dtype; fp8 = DeepSeek-V3.2's 656-byte "
+        "FP8 latent (FlashMLA's sparse FP8 kernel on CUDA). DeepSeek-V2/V3 (dense MLA) keep "
+        "bfloat16: FlashMLA's dense FP8 decode is not among its SM90 kernels.",
+        choices=KV_CACHE_DTYPES)
     placement_strategy: str = option(
         "PACK", "Ray placement group strategy for a pipeline's stages.",
         choices=PLACEMENT_STRATEGIES)
@@ -246,7 +258,8 @@ class EngineConfig:
             channel_check=self.channel_check, output_post=self.output_post,
             output_channel=output_channel, linear_backend=self.linear_backend,
             attention_backend=self.attention_backend,
-            seed=self.seed, max_model_len=max_model_len, enforce_eager=self.enforce_eager)
+            seed=self.seed, max_model_len=max_model_len, enforce_eager=self.enforce_eager,
+            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineConfig:

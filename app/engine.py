@@ -23,6 +23,7 @@ from app.config import EngineConfig
 from app.pipeline import COORDINATOR_CPUS, placement_bundles
 from app.request import Prompt, RequestOutput, SamplingParams
 from stages.model_config import load_model_args
+from stages.models.families import fp8_components
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -138,9 +139,11 @@ class Engine:
         with_metrics: bool = False,
     ):
         self.config = config or EngineConfig()
-        # A missing directory, no config.json or an unsupported model_type raises here, before
-        # Ray or any actor starts.
-        self.config = self.config.for_model(load_model_args(self.config.model))
+        # A missing directory, no config.json, an unsupported model_type or a KV cache dtype
+        # the model cannot use raises here, before Ray or any actor starts.
+        args = load_model_args(self.config.model)
+        fp8_components(args, self.config.kv_cache_dtype)
+        self.config = self.config.for_model(args)
         self._owns_ray = not ray.is_initialized()
         self._pg: PlacementGroup | None = None
         self._actor: Any = None  # the coordinator actor's handle

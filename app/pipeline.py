@@ -170,7 +170,7 @@ class Pipeline:
         if self.num_blocks < 1:
             raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
         await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
-        # each stage logs its own KV bytes per token per layer
+        # each stage logs its own KV bytes per token per layer (and the cache's dtype)
         log.info(
             "pipeline up: %d stages, %d KV blocks of %d tokens",
             c.pp_size,

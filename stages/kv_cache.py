@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from stages.model_config import ModelArgs
+from stages.models.families import fp8_components
 
 
 def _layers(layers: int | range) -> range:
@@ -12,28 +13,32 @@ def _layers(layers: int | range) -> range:
     return range(layers) if isinstance(layers, int) else layers
 
 
-def layer_bytes_per_block(args: ModelArgs, layer: int, block_size: int,
-                          dtype: torch.dtype) -> int:
+def layer_bytes_per_block(args: ModelArgs, layer: int, block_size: int, dtype: torch.dtype,
+                          kv_cache_dtype: str = "auto") -> int:
     """Bytes one block costs in one layer: each component's entries of the block (one per token,
-    or one per group of tokens) times its width."""
+    or one per group of tokens) times its width (FP8-packed components at their packed size)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return sum(width * (block_size // per) * elem
-               for width, per in args.family.components_of_layer(args, layer).values())
+    packed = fp8_components(args, kv_cache_dtype)
+    return sum(packed.get(name, width * elem) * (block_size // per)
+               for name, (width, per) in args.family.components_of_layer(args, layer).items())
 
 
-def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype) -> int:
+def bytes_per_token_layer(args: ModelArgs, dtype: torch.dtype,
+                          kv_cache_dtype: str = "auto") -> int:
     """Cache bytes one token costs in one layer: the family's cache components together (for a
     family whose layers differ, the mean over the model's layers, rounded)."""
     block = args.family.block_multiple(args)
     layers = range(args.num_hidden_layers)
-    return round(bytes_per_block(args, layers, block, dtype) / (block * len(layers)))
+    return round(bytes_per_block(args, layers, block, dtype, kv_cache_dtype)
+                 / (block * len(layers)))
 
 
 def bytes_per_block(args: ModelArgs, layers: int | range, block_size: int,
-                    dtype: torch.dtype) -> int:
+                    dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
     """Bytes one block costs on a stage holding `layers` (a count, or the range for a family
     whose layers differ)."""
-    return sum(layer_bytes_per_block(args, i, block_size, dtype) for i in _layers(layers))
+    return sum(layer_bytes_per_block(args, i, block_size, dtype, kv_cache_dtype)
+               for i in _layers(layers))
 
 
 def check_block_size(args: ModelArgs, block_size: int) -> None:
@@ -45,12 +50,14 @@ def check_block_size(args: ModelArgs, block_size: int) -> None:
 
 
 def make_kv_cache(args: ModelArgs, layers: int | range, num_blocks: int, block_size: int,
-                  dtype: torch.dtype, device: str | torch.device):
+                  dtype: torch.dtype, device: str | torch.device, kv_cache_dtype: str = "auto"):
     """The cache class the model family declares (K/V pages, MLA latent pages, ...); a family
-    whose layers differ gets the stage's layer range, the others its layer count."""
+    whose layers differ gets the stage's layer range, the others its layer count; a class with
+    an FP8 form (the family's `fp8_kv`) takes kv_cache_dtype="fp8"."""
     check_block_size(args, block_size)
     span = _layers(layers) if args.family.layer_kv_components is not None else len(_layers(layers))
-    return args.family.cache()(args, span, num_blocks, block_size, dtype, device)
+    extra = {"kv_cache_dtype": "fp8"} if fp8_components(args, kv_cache_dtype) else {}
+    return args.family.cache()(args, span, num_blocks, block_size, dtype, device, **extra)
 
 
 class PagedKVCache:

@@ -7,13 +7,16 @@ import json
 import logging
 import os
 import zlib
+from dataclasses import dataclass
 
 import torch
 from safetensors import safe_open
 
 from stages import protocol
+from stages.kernels import fp8_ref
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
+from stages.protocol import QUANTIZATIONS
 
 log = logging.getLogger(__name__)
 StageModel = torch.nn.Module  # a family's stage class (stages/models/families.py)
@@ -57,9 +60,16 @@ def tensor_sources(model: StageModel) -> dict[str, list[tuple[str, tuple]]]:
 def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor,
                    block: tuple[int, int]) -> torch.Tensor:
     """Block-scaled FP8 [N, K] (one fp32 scale per block[0] x block[1] tile) -> fp32."""
-    n, k = weight.shape
-    scale = scale_inv.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)
-    return weight.float() * scale[:, :k]
+    return fp8_ref.dequantize_weight(weight, scale_inv, block)
+
+
+SCALE_SUFFIX = "_scale_inv"  # a kept-FP8 parameter's scales: `<parameter>_scale_inv`
+
+
+def _scale_index(index: tuple) -> tuple:
+    """A weight piece's index -> its scales' (rows in slices are counted in 128-row blocks)."""
+    return tuple(slice(i.start // fp8_ref.BLOCK, i.stop // fp8_ref.BLOCK)
+                 if isinstance(i, slice) else i for i in index)
 
 
 def load_stage_weights(model: StageModel, path: str, args: ModelArgs, layer_start: int,
@@ -76,58 +86,165 @@ def load_stage_weights(model: StageModel, path: str, args: ModelArgs, layer_star
     params = dict(model.named_parameters())
     files = _weight_files(path)
     # a tensor stored under the parameter's own name wins (e.g. experts saved already stacked)
-    pieces = [(name, index, params[p]) for p, srcs in tensor_sources(model).items()
+    pieces = [(name, index, p) for p, srcs in tensor_sources(model).items()
               for name, index in ([(checkpoint_name(p), ())] if checkpoint_name(p) in files
                                   else srcs)]
+    # Kept-FP8 scales the checkpoint lacks come from quantizing its weights at load.
+    derived = {n for n, _, p in pieces if p.endswith(SCALE_SUFFIX) and n not in files}
+    pieces = [piece for piece in pieces if piece[0] not in derived]
     missing = sorted({n for n, _, _ in pieces if n not in files})
     if missing:
         raise KeyError(f"checkpoint {path!r} lacks {len(missing)} tensors this stage needs, "
                        f"e.g. {missing[:5]}")
-    by_file: dict[str, list[tuple[str, tuple, torch.Tensor]]] = {}
+    by_file: dict[str, list[tuple[str, tuple, str]]] = {}
     for piece in pieces:
         by_file.setdefault(files[piece[0]], []).append(piece)
-    dequantized = 0
+    counts = {"dequantized": 0, "kept": 0, "quantized": 0}
     with torch.no_grad():
         for file, group in sorted(by_file.items()):
             with safe_open(file, framework="pt", device="cpu") as f:
                 for n, index, p in group:
                     t = f.get_tensor(n)
-                    target = p[index]
-                    if t.dtype == torch.float8_e4m3fn and n + "_scale_inv" in files:
-                        with safe_open(files[n + "_scale_inv"], framework="pt",
+                    target = params[p][index]
+                    scaled = t.dtype == fp8_ref.FP8 and n + SCALE_SUFFIX in files
+                    if target.dtype == fp8_ref.FP8 and not scaled:
+                        if n + SCALE_SUFFIX not in derived:
+                            raise ValueError(f"{n}: FP8 weights without {n + SCALE_SUFFIX}")
+                        t, scale = fp8_ref.quantize_weight(t)
+                        params[p + SCALE_SUFFIX][_scale_index(index)].copy_(scale)
+                        counts["quantized"] += 1
+                    elif target.dtype == fp8_ref.FP8:
+                        counts["kept"] += 1
+                    elif scaled:
+                        with safe_open(files[n + SCALE_SUFFIX], framework="pt",
                                        device="cpu") as fs:
-                            t = dequantize_fp8(t, fs.get_tensor(n + "_scale_inv"),
+                            t = dequantize_fp8(t, fs.get_tensor(n + SCALE_SUFFIX),
                                                args.fp8_block or (128, 128))
-                        dequantized += 1
+                        counts["dequantized"] += 1
                     if tuple(t.shape) != tuple(target.shape):
                         raise ValueError(f"{n}: checkpoint shape {tuple(t.shape)}, model "
                                          f"expects {tuple(target.shape)}")
                     target.copy_(t)
-    if dequantized:
-        log.info("FP8 block-scaled checkpoint: %d weights dequantized to %s at load (no FP8 "
-                 "GEMM path)", dequantized, next(iter(params.values())).dtype)
+    if counts["dequantized"]:
+        log.info("FP8 block-scaled checkpoint: %d weights dequantized to %s at load",
+                 counts["dequantized"], dtype_of(model))
+    if counts["kept"] or counts["quantized"]:
+        log.info("FP8 weights kept for W8A8: %d from the checkpoint, %d quantized at load",
+                 counts["kept"], counts["quantized"])
     return sorted({n for n, _, _ in pieces})
 
 
+def dtype_of(model: StageModel) -> torch.dtype:
+    """The stage's compute dtype: that of its norms (FP8 weights are stored, not computed in)."""
+    return next(p.dtype for p in model.parameters() if p.dtype != fp8_ref.FP8)
+
+
 def random_init(model: torch.nn.Module, seed: int) -> None:
-    """Deterministic per global tensor name, so any PP split builds identical weights."""
+    """Deterministic per global tensor name, so any PP split builds identical weights. Kept-FP8
+    weights are the same draws quantized blockwise (their scales set with them)."""
     sources = tensor_sources(model)
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in params.items():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif name.endswith(".bias"):
                 p.zero_()
+            elif name.endswith(SCALE_SUFFIX):
+                continue  # set with its weight
+            elif p.dtype == fp8_ref.FP8:
+                _random_fp8(p, params[name + SCALE_SUFFIX], sources[name], seed)
             else:
-                # Drawn in fp32 on the parameter's device type (same numbers for any split),
-                # per checkpoint tensor (a fused or stacked one draws each piece as its own);
-                # drawing 8B parameters on the CPU would dominate a GPU bench's start-up.
                 for part, index in sources[name]:
-                    piece = p[index]
-                    g = torch.Generator(device=p.device)
-                    g.manual_seed((seed + zlib.crc32(part.encode())) % 2**63)
-                    piece.copy_(torch.randn(piece.shape, generator=g, dtype=torch.float32,
-                                            device=p.device) * 0.02)
+                    p[index].copy_(_draw(part, p[index].shape, seed, p.device))
+
+
+def _draw(part: str, shape: torch.Size, seed: int, device: torch.device) -> torch.Tensor:
+    """Drawn in fp32 on the parameter's device type (same numbers for any split), per checkpoint
+    tensor (a fused or stacked one draws each piece as its own); drawing 8B parameters on the
+    CPU would dominate a GPU bench's start-up."""
+    g = torch.Generator(device=device)
+    g.manual_seed((seed + zlib.crc32(part.encode())) % 2**63)
+    return torch.randn(shape, generator=g, dtype=torch.float32, device=device) * 0.02
+
+
+def _random_fp8(p: torch.Tensor, scale: torch.Tensor, pieces: list, seed: int) -> None:
+    """One 2-D matrix at a time (an expert of a stack), so the fp32 draws stay small."""
+    by_matrix: dict = {}
+    for part, index in pieces:
+        lead = index[:1] if index and isinstance(index[0], int) else ()
+        by_matrix.setdefault(lead, []).append((part, index[len(lead):]))
+    for lead, parts in by_matrix.items():
+        full = torch.empty(p[lead].shape, dtype=torch.float32, device=p.device)
+        for part, index in parts:
+            full[index] = _draw(part, full[index].shape, seed, p.device)
+        q, s = fp8_ref.quantize_weight(full)
+        p[lead].copy_(q)
+        scale[lead].copy_(s)
+
+
+def keep_fp8_weights(args: ModelArgs, quantization: str, device: str | torch.device) -> bool:
+    """Whether the stage holds its linears' and experts' weights in FP8 (W8A8): auto = as the
+    checkpoint's quantization_config says, fp8 = also quantize a bf16 checkpoint (or random
+    weights) blockwise at load. On CPU they are dequantized at load instead; so are blocks other
+    than the kernels' 128 x 128."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    wanted = quantization == "fp8" or (quantization == "auto" and args.fp8_block is not None)
+    if not wanted:
+        return False
+    if torch.device(device).type != "cuda":
+        log.info("FP8 weights are dequantized at load on %s (W8A8 linears run on CUDA)", device)
+        return False
+    if args.fp8_block not in (None, (fp8_ref.BLOCK, fp8_ref.BLOCK)):
+        log.warning("FP8 blocks of %s: dequantized at load (the W8A8 kernels take 128 x 128)",
+                    args.fp8_block)
+        return False
+    return True
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the stage's parameters and buffers as held (FP8 weights one byte, their
+    scales four per 128 x 128 tile)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def log_stage_memory(model: StageModel, num_layers: int, kv_bytes_per_token_layer: int) -> None:
+    kv = num_layers * kv_bytes_per_token_layer
+    log.info("stage memory: weights %.3f GiB, KV %d bytes per token (%d layers x %d)",
+             weight_bytes(model) / 2**30, kv, num_layers, kv_bytes_per_token_layer)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    layers: tuple[int, int]
+    weight_bytes: int
+    kv_bytes_per_token: int  # all the stage's layers
+
+    def max_tokens(self, memory_bytes: int) -> int:
+        """Tokens of KV that fit beside the weights in `memory_bytes` (0 if they do not fit)."""
+        return max(0, memory_bytes - self.weight_bytes) // self.kv_bytes_per_token
+
+
+def stage_memory_plan(args: ModelArgs, pp_size: int, fp8_weights: bool,
+                      kv_cache_dtype: str = "auto",
+                      dtype: torch.dtype = torch.bfloat16) -> list[StageMemory]:
+    """Per stage of an even PP split: the weight bytes of the stage module the engine would
+    build (on the meta device: nothing allocated) and its KV bytes per token."""
+    from stages.kernels.registry import select_kernels
+    from stages.kv_cache import bytes_per_token_layer
+    from stages.partition import layer_ranges
+
+    kernels = select_kernels("cpu", fp8_linear="torch" if fp8_weights else None)
+    per_layer = bytes_per_token_layer(args, dtype, kv_cache_dtype)
+    plan = []
+    ranges = layer_ranges(args.num_hidden_layers, pp_size)
+    for i, (a, b) in enumerate(ranges):
+        model = args.family.stage()(args, a, b, i == 0, i == len(ranges) - 1, kernels, dtype,
+                                    "meta")
+        plan.append(StageMemory((a, b), weight_bytes(model), (b - a) * per_layer))
+    return plan
 
 
 def build_stage_model(args: ModelArgs, model_path: str | None, layer_start: int, layer_end: int,

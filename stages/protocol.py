@@ -17,6 +17,8 @@ OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late:
 # auto (resolved by the pipeline), nccl (gloo on CPU), copy (CUDA IPC peer copy + interprocess
 # event, one node), host (stage 0 reads them from the plans: no output message at all).
 OUTPUT_CHANNELS = ("auto", "nccl", "copy", "host")
+QUANTIZATIONS = ("auto", "none", "fp8")  # weights (stages/loader.py: keep_fp8_weights)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # stages/models/families.py: fp8_components
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,8 @@ class StageSpec:
     seed: int  # the built-in random model's seed
     max_model_len: int  # width of the decode graphs' block tables; 0: no decode graphs
     enforce_eager: bool  # decode-only microbatches run the paged path without graphs
+    quantization: str  # FP8 weights: auto (the checkpoint's), none, fp8 (loader.py)
+    kv_cache_dtype: str  # auto / bfloat16: the model's dtype; fp8 (kv_cache.py)
 
     @property
     def is_first(self) -> bool:

@@ -16,9 +16,9 @@ from stages.channels import ChannelError, PendingRecv, PipelineChannels
 from stages.copy_channel import PendingCopy
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
-from stages.kernels.registry import moe_backend_for, select_kernels
+from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
-from stages.loader import build_stage_model, resolve_dtype
+from stages.loader import build_stage_model, keep_fp8_weights, log_stage_memory, resolve_dtype
 from stages.model_config import load_model_args
 from stages.protocol import MicrobatchPlan, PromptLogprobs, SampledToken, StageSpec, StepResult
 from stages.sampler import Picked, RowToSample, Sampler, score_tokens
@@ -54,8 +54,8 @@ class StageRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = resolve_dtype(spec.dtype)
         self.args = load_model_args(spec.model_path)
-        self.kernels = select_kernels(spec.device, spec.linear_backend, spec.attention_backend,
-                                      moe_experts=moe_backend_for(spec.linear_backend))
+        self.fp8_weights = keep_fp8_weights(self.args, spec.quantization, self.device)
+        self.kernels = self.kernels_for(spec.linear_backend, spec.attention_backend, "auto")
         self.model = build_stage_model(
             self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
             spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
@@ -72,11 +72,14 @@ class StageRunner:
         self.receives_token_ids = not spec.is_first and any(
             i >= spec.layer_start for i in id_layers)
         self.sends_token_ids = not spec.is_last and any(i >= spec.layer_end for i in id_layers)
-        log.info("KV cache: %d bytes per token per layer (%s); %d bytes per block of %d tokens "
-                 "over layers [%d, %d)", bytes_per_token_layer(self.args, self.dtype),
-                 self.family.kv_description, bytes_per_block(
-                     self.args, self.layer_range, spec.block_size, self.dtype),
+        per_token = bytes_per_token_layer(self.args, self.dtype, spec.kv_cache_dtype)
+        log.info("KV cache: %d bytes per token per layer (%s, %s); %d bytes per block of %d "
+                 "tokens over layers [%d, %d)", per_token, self.family.kv_description,
+                 spec.kv_cache_dtype, bytes_per_block(self.args, self.layer_range,
+                                                      spec.block_size, self.dtype,
+                                                      spec.kv_cache_dtype),
                  spec.block_size, spec.layer_start, spec.layer_end)
+        log_stage_memory(self.model, self.num_local_layers, per_token)
         self.channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
@@ -101,6 +104,12 @@ class StageRunner:
             install_sync_guard(self._recv_posted)
 
     # -- setup -----------------------------------------------------------------------------------
+    def kernels_for(self, linear: str, attention: str, mla_decode: str) -> Kernels:
+        """The stage's ops; the FP8 ones (W8A8, experts) follow the linear backend."""
+        return select_kernels(self.spec.device, linear, attention, mla_decode,
+                              moe_backend_for(linear),
+                              fp8_linear=fp8_backend_for(linear) if self.fp8_weights else None)
+
     @property
     def sends_outputs(self) -> bool:
         """Whether sampled ids travel to stage 0 by a message (not with the host channel)."""
@@ -127,7 +136,7 @@ class StageRunner:
 
     def kv_capacity(self) -> int:
         per_block = bytes_per_block(self.args, self.layer_range, self.spec.block_size,
-                                    self.dtype)
+                                    self.dtype, self.spec.kv_cache_dtype)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
@@ -142,7 +151,8 @@ class StageRunner:
         graphs = self.uses_decode_graphs
         # With decode graphs one block more: the scratch block padding rows write to.
         self.kv = make_kv_cache(self.args, self.layer_range, num_blocks + graphs,
-                                self.spec.block_size, self.dtype, self.device)
+                                self.spec.block_size, self.dtype, self.device,
+                                self.spec.kv_cache_dtype)
         self.decode_graphs = None
         if graphs:
             self._build_decode_graphs()

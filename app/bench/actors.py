@@ -17,7 +17,6 @@ from app.config import EngineConfig
 from app.coordinator import Coordinator
 from app.engine import CoordinatorHost, Engine
 from stages.actor import StageShell
-from stages.kernels.registry import moe_backend_for, select_kernels
 from stages.protocol import MicrobatchPlan, StepResult
 
 
@@ -32,12 +31,8 @@ class BenchStage(StageShell):
             runner.output_post = output_post
         if linear_backend is not None:
             names = runner.kernels.names
-            runner.kernels = select_kernels(
-                self.spec.device,
-                linear_backend,
-                names["attention"],
-                names["mla_decode"],
-                moe_backend_for(linear_backend),
+            runner.kernels = runner.kernels_for(
+                linear_backend, names["attention"], names["mla_decode"]
             )
             for module in runner.model.modules():
                 if hasattr(module, "kernels"):

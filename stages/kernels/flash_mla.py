@@ -16,7 +16,7 @@ import importlib
 
 import torch
 
-from stages.kernels import torch_ref
+from stages.kernels import fp8_latent, torch_ref
 
 PAGE = 64  # FlashMLA's page size
 MODULES = ("flash_mla", "sgl_flash_mla")
@@ -115,3 +115,15 @@ def mla_sparse_fp8_decode(q: torch.Tensor, pages: torch.Tensor, indices: torch.T
         causal=False, is_fp8_kvcache=True, indices=_pad_topk(indices).unsqueeze(1),
         use_legacy=True)
     return out[:, 0, :q.shape[1]]
+
+
+def mla_sparse_fp8(q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, dv: int,
+                   scale: float, state: dict) -> torch.Tensor:
+    """fp8_latent.mla_sparse on FlashMLA's sparse FP8 decode kernel, every query (decode rows
+    and prefill chunks alike) one batch row of it, as SGLang's flashmla_kv prefill does."""
+    if (q.dtype != torch.bfloat16 or q.shape[-1] != LATENT_DIM or dv != 512
+            or pages.shape[1] != PAGE):
+        return fp8_latent.mla_sparse(q, pages, indices, dv, scale, state)
+    key = ("flash_mla_sparse", q.shape[0])  # the plan depends on the number of rows
+    plan: dict = state.setdefault(key, {})
+    return mla_sparse_fp8_decode(q, pages, indices, dv, scale, plan)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from stages.kernels import torch_ref
+
 NOPE, ROPE, TILE = 512, 64, 128
 TILES = NOPE // TILE
 BYTES = NOPE + 4 * TILES + 2 * ROPE  # 656
@@ -24,7 +26,9 @@ def quantize(latent: torch.Tensor) -> torch.Tensor:
     out = torch.empty(t, BYTES, dtype=torch.uint8, device=latent.device)
     nope = latent[:, :NOPE].float().view(t, TILES, TILE)
     amax = nope.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
-    scale = torch.exp2(torch.ceil(torch.log2(amax)))  # [T, TILES]
+    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2^exponent, mantissa in [0.5, 1)
+    # the least power of two >= amax, exactly (log2 rounds near powers of two)
+    scale = torch.ldexp(torch.ones_like(amax), exponent - (mantissa == 0.5).int())  # [T, TILES]
     out[:, :NOPE] = (nope / scale[..., None]).view(t, NOPE).to(torch.float8_e4m3fn).view(
         torch.uint8)
     out[:, NOPE:NOPE + 4 * TILES] = scale.contiguous().view(torch.uint8)
@@ -40,3 +44,20 @@ def dequantize(packed: torch.Tensor) -> torch.Tensor:
     scale = packed[:, NOPE:NOPE + 4 * TILES].contiguous().view(torch.float32)
     rope = packed[:, NOPE + 4 * TILES:].contiguous().view(torch.bfloat16)
     return torch.cat(((nope * scale[..., None]).view(t, NOPE).bfloat16(), rope), dim=-1)
+
+
+def is_available(device: str) -> bool:
+    return True
+
+
+def mla_sparse(q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, dv: int,
+               scale: float, state: dict) -> torch.Tensor:
+    """torch_ref.mla_sparse over FP8 latent pages [blocks, B, 1, 656]: only the slots some
+    query names are dequantized. -> [T, H, dv] in q's dtype."""
+    flat = pages.view(-1, BYTES)
+    used = indices >= 0
+    slots, local = torch.unique(indices[used].long(), return_inverse=True)
+    remapped = torch.full_like(indices, -1)
+    remapped[used] = local.to(indices.dtype)
+    kv = dequantize(flat.index_select(0, slots)).to(q.dtype)
+    return torch_ref.mla_sparse(q, kv.view(-1, 1, NOPE + ROPE), remapped, dv, scale)

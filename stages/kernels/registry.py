@@ -65,6 +65,25 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent": "stages.kernels.triton_moe:moe_experts",
         "triton-persistent-sm1": "stages.kernels.triton_moe:moe_experts_sm1",
     },
+    # W8A8 linears over block-scaled FP8 weights (128 x 128 scales, activations in 1 x 128).
+    "fp8_linear": {
+        "torch": "stages.kernels.fp8_ref:linear",
+        "scaled-mm": "stages.kernels.fp8_gemm:linear_scaled_mm",
+        "triton-persistent": "stages.kernels.fp8_gemm:linear",
+        "triton-persistent-sm1": "stages.kernels.fp8_gemm:linear_sm1",
+    },
+    # Routed experts with FP8 weights: a grouped persistent W8A8 Triton GEMM, or (torch) each
+    # expert's GEMMs on the chosen fp8_linear.
+    "moe_experts_fp8": {
+        "torch": "stages.kernels.fp8_ref:moe_experts",
+        "triton-persistent": "stages.kernels.triton_moe_fp8:moe_experts",
+        "triton-persistent-sm1": "stages.kernels.triton_moe_fp8:moe_experts_sm1",
+    },
+    # DeepSeek-V3.2 sparse MLA over the 656-byte FP8 latent pages (fp8_latent's layout).
+    "mla_sparse_fp8": {
+        "torch": "stages.kernels.fp8_latent:mla_sparse",
+        "flash-mla": "stages.kernels.flash_mla:mla_sparse_fp8",
+    },
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it;
@@ -80,6 +99,9 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "indexer_logits_rows": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
     "sparse_sink_attention": ("torch",),
+    "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
+    "moe_experts_fp8": ("triton-persistent", "torch"),
+    "mla_sparse_fp8": ("flash-mla", "torch"),
 }
 
 
@@ -106,6 +128,14 @@ class Kernels:
     indexer_logits_rows: Callable | None = None
     # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
     sparse_sink_attention: Callable | None = None
+    # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
+    # only when FP8 weights stay FP8 (Linear then holds them so)
+    fp8_linear: Callable | None = None
+    # moe_experts with FP8 weights and their scales (fp8_ref.moe_experts's arguments)
+    moe_experts_fp8: Callable | None = None
+    # (q [T,H,576], pages [blocks,B,1,656] uint8, indices [T,topk] int32, dv, scale, state)
+    # -> [T,H,dv]: set only for an FP8 latent cache
+    mla_sparse_fp8: Callable | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -141,16 +171,27 @@ def _select(op: str, choice: str, device: str) -> tuple[str, Callable]:
 
 def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
                    mla_decode: str = "auto", moe_experts: str = "auto",
-                   mla_sparse: str = "auto", indexer_logits: str = "auto") -> Kernels:
-    """Pick one backend per op for `device`; an explicit name that cannot run is an error."""
+                   mla_sparse: str = "auto", indexer_logits: str = "auto",
+                   fp8_linear: str | None = None, mla_sparse_fp8: str = "auto") -> Kernels:
+    """Pick one backend per op for `device`; an explicit name that cannot run is an error.
+    fp8_linear is chosen only where FP8 weights stay FP8 (None leaves it unset, and Linear
+    layers then hold their weights in the model's dtype); it brings moe_experts_fp8."""
+    optional = {"fp8_linear": fp8_linear, "mla_sparse_fp8": mla_sparse_fp8,
+                "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear)}
     chosen = {op: _select(op, choice, str(device)) for op, choice in (
         ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
         ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts),
         ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits),
-        ("indexer_logits_rows", indexer_logits), ("sparse_sink_attention", "auto"))}
+        ("indexer_logits_rows", indexer_logits), ("sparse_sink_attention", "auto"),
+        *((op, choice) for op, choice in optional.items() if choice is not None))}
     names = {op: name for op, (name, _fn) in chosen.items()}
     log.info("kernels on %s: %s", device, names)
     return Kernels(**{op: fn for op, (_name, fn) in chosen.items()}, names=names)
+
+
+def fp8_backend_for(linear: str) -> str:
+    """W8A8 linears follow the linear backend's persistent Triton grids too, else "auto"."""
+    return linear if linear in BACKENDS["fp8_linear"] else "auto"
 
 
 def moe_backend_for(linear: str) -> str:

@@ -33,11 +33,14 @@ def is_available(device: str = "cuda") -> bool:
     return triton is not None and torch.cuda.get_device_capability()[0] >= 9
 
 
-def moe_experts(x, gate_up, down, topk_ids, topk_weights, limit=None) -> torch.Tensor:
+def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor, limit: float | None = None) -> torch.Tensor:
     return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=0)
 
 
-def moe_experts_sm1(x, gate_up, down, topk_ids, topk_weights, limit=None) -> torch.Tensor:
+def moe_experts_sm1(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                    topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    limit: float | None = None) -> torch.Tensor:
     return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=1)
 
 

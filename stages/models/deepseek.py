@@ -87,7 +87,7 @@ class DeepseekStage(Stage):
             shared = d.moe_intermediate_size * d.n_shared_experts
             mlp = MoE(DeepseekRouter(a, device),
                       Experts(d.n_routed_experts, a.hidden_size, d.moe_intermediate_size, dtype,
-                              device),
+                              device, fp8=kernels.fp8_linear is not None),
                       SwiGLU(a.hidden_size, shared, a.mlp_bias, kernels, dtype, device)
                       if shared else None, kernels)
         else:

@@ -177,6 +177,28 @@ def latent_components(args: ModelArgs) -> dict[str, int]:
     return out
 
 
+# FlashMLA's FP8 latent (stages/kernels/fp8_latent.py): the 512 no-rope values in e4m3, an fp32
+# scale per 128 of them, the 64 rope values in bf16.
+FP8_LATENT_SHAPE = (512, 64)
+
+
+def fp8_latent_components(args: ModelArgs) -> dict[str, int]:
+    """Bytes per token per layer of the components an FP8 cache stores packed (V3.2's latent:
+    656); the others (the indexer key) stay in the model's dtype. Raises where it does not
+    apply, saying why."""
+    d: DeepseekArgs = args.family_args
+    if d.indexer is None:
+        raise ValueError(
+            f"--kv-cache-dtype fp8 is for DeepSeek-V3.2's sparse attention; {args.model_type} "
+            "(dense MLA) keeps a bfloat16 latent cache: FlashMLA's dense FP8 decode is not "
+            "among its SM90 (legacy) kernels, only the sparse one")
+    if (d.kv_lora_rank, d.qk_rope_head_dim) != FP8_LATENT_SHAPE:
+        raise ValueError(f"the FP8 latent layout holds kv_lora_rank 512 + rope 64, not "
+                         f"{d.kv_lora_rank} + {d.qk_rope_head_dim}")
+    nope, rope = FP8_LATENT_SHAPE
+    return {LATENT: nope + 4 * (nope // 128) + 2 * rope}
+
+
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 

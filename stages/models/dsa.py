@@ -11,7 +11,7 @@ is a second component of the latent cache, under the same block ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ class SparseRows:
     for the whole forward) and the selecting rows' plan (None: no row selects)."""
     dense: torch.Tensor  # [T, topk] int32 slot ids, -1 padded; selecting rows' are overwritten
     plan: SelectPlan | None
+    state: dict = field(default_factory=dict)  # a kernel's per-batch plan, shared by layers
 
     @classmethod
     def build(cls, batch: ForwardBatch, block_size: int, topk: int,
@@ -121,9 +122,13 @@ class DSAttention(MLAttention):
         kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
         indices = self._select(x, q_resid, cos, sin, rows, kv, local_layer)
         pages = kv.pages(local_layer)
-        out = self.kernels.mla_sparse(self.absorbed_query(q_nope, q_pe),
-                                      pages.view(-1, 1, pages.shape[-1]), indices,
-                                      d.kv_lora_rank, self.scale)
+        q = self.absorbed_query(q_nope, q_pe)
+        if kv.fp8:  # decode rows and prefill chunks alike on the FP8 sparse kernel
+            out = self.kernels.mla_sparse_fp8(q, pages, indices, d.kv_lora_rank, self.scale,
+                                              rows.state)
+        else:
+            out = self.kernels.mla_sparse(q, pages.view(-1, 1, pages.shape[-1]), indices,
+                                          d.kv_lora_rank, self.scale)
         o = self.unabsorb(out, x.dtype)
         return self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
 

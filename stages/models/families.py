@@ -7,7 +7,8 @@ A family declares:
 - `stage_class`: the module of one pipeline stage ("module:Class", imported when first built);
 - its KV layout: `kv_components` (named cache components -> values per token per layer; bytes
   are their sum times the element size), `cache_class` that holds them and `kv_description`
-  for the logs;
+  for the logs; `fp8_kv`, where the cache can be FP8 (`--kv-cache-dtype fp8`): the bytes per
+  token of the components it packs (raising, with the reason, for a model it cannot serve);
   A family whose layers differ (DeepSeek-V4) declares `layer_kv_components` instead: per
   layer, component -> (values per entry, tokens per entry); its cache class then takes the
   stage's layer range, and its block size must be a multiple of `block_multiple`;
@@ -24,8 +25,14 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from stages.models.deepseek_config import DEEPSEEK_MODEL_TYPES, deepseek_fields, latent_components
+from stages.models.deepseek_config import (
+    DEEPSEEK_MODEL_TYPES,
+    deepseek_fields,
+    fp8_latent_components,
+    latent_components,
+)
 from stages.models.deepseek_v4.config import v4_fields, v4_hidden_shape, v4_layer_components
+from stages.protocol import KV_CACHE_DTYPES
 
 if TYPE_CHECKING:
     from stages.model_config import ModelArgs
@@ -52,6 +59,7 @@ class Family:
     cache_class: str = "stages.kv_cache:PagedKVCache"
     kv_components: Callable[[ModelArgs], dict[str, int]] = _key_value
     kv_description: str = "K and V"
+    fp8_kv: Callable[[ModelArgs], dict[str, int]] | None = None
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     paged_decode_graphs: bool = False
     cudnn_warm_up: bool = False
@@ -157,6 +165,7 @@ DEEPSEEK = Family(
     cache_class="stages.models.mla_cache:LatentKVCache",
     kv_components=latent_components,
     kv_description="MLA latent",
+    fp8_kv=fp8_latent_components,
 )
 DEEPSEEK_V4 = Family(
     "deepseek_v4",
@@ -183,3 +192,18 @@ def family_of(model_type: str | None) -> Family:
             f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     return BY_MODEL_TYPE[model_type]
+
+
+def fp8_components(args: ModelArgs, kv_cache_dtype: str) -> dict[str, int]:
+    """Components the cache stores packed in FP8 -> their bytes per token per layer; {} for
+    an unquantized cache ("auto" / "bfloat16": the model's dtype). Refuses, with the reason, a
+    model whose family has no FP8 cache."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got "
+                         f"{kv_cache_dtype!r}")
+    if kv_cache_dtype != "fp8":
+        return {}
+    if args.family.fp8_kv is None:
+        raise ValueError(f"--kv-cache-dtype fp8 is not supported for the {args.family.name} "
+                         "family (only DeepSeek-V3.2's FP8 latent)")
+    return args.family.fp8_kv(args)

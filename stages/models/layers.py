@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stages.kernels.fp8_ref import BLOCK as FP8_BLOCK
+from stages.kernels.fp8_ref import FP8
 from stages.kernels.registry import Kernels
 from stages.kernels.torch_ref import swiglu
 from stages.model_config import ModelArgs
@@ -74,7 +76,12 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-    """Holds a checkpoint's weight (and bias); the matmul runs on the chosen kernel backend."""
+    """Holds a checkpoint's weight (and bias); the matmul runs on the chosen kernel backend.
+
+    When FP8 weights stay FP8 (`kernels.fp8_linear` set) and `fp8` is not turned off, the weight
+    is float8_e4m3fn [N, K] with its `weight_scale_inv` [N/128, K/128] (the checkpoint's names)
+    and the matmul is W8A8; a fused weight whose parts are not 128-row aligned stays in `dtype`.
+    """
 
     def __init__(
         self,
@@ -85,15 +92,26 @@ class Linear(nn.Module):
         dtype: torch.dtype,
         device: Device,
         parts: tuple[tuple[str, int], ...] = (),
+        fp8: bool = True,
     ):
         super().__init__()
         # A fused weight: (checkpoint module name, rows) of each tensor it concatenates.
         self.parts = parts
-        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype, device=device))
+        self.fp8 = (fp8 and kernels.fp8_linear is not None
+                    and all(rows % FP8_BLOCK == 0 for _, rows in parts))
+        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=FP8 if self.fp8 else dtype,
+                                               device=device))
+        self.weight_scale_inv = nn.Parameter(torch.empty(
+            -(-n_out // FP8_BLOCK), -(-n_in // FP8_BLOCK), dtype=torch.float32, device=device)
+        ) if self.fp8 else None
         self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype, device=device)) if bias else None
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_scale_inv is not None:
+            fp8: torch.Tensor = self.kernels.fp8_linear(x, self.weight, self.weight_scale_inv,
+                                                        self.bias)
+            return fp8
         out: torch.Tensor = self.kernels.linear(x, self.weight, self.bias)
         return out
 
@@ -101,12 +119,14 @@ class Linear(nn.Module):
         """A fused weight's pieces: the rows each sibling tensor of `name` fills."""
         owner = name.rpartition(".")[0]
         out: Sources = {}
-        for leaf in ("weight", "bias") if self.parts else ():
+        for leaf in ("weight", "bias", "weight_scale_inv") if self.parts else ():
             if getattr(self, leaf) is None:
                 continue
+            per_row = FP8_BLOCK if leaf == "weight_scale_inv" else 1  # a scale per 128 rows
             pieces, row = [], 0
             for part, rows in self.parts:
-                pieces.append((f"{owner}.{part}.{leaf}", (slice(row, row + rows),)))
+                pieces.append((f"{owner}.{part}.{leaf}",
+                               (slice(row // per_row, (row + rows) // per_row),)))
                 row += rows
             out[leaf] = pieces
         return out

@@ -106,8 +106,9 @@ class MLAttention(nn.Module):
             self.q_b_proj = Linear(d.q_lora_rank, qk, False, kernels, dtype, device)
         self.kv_a_proj_with_mqa = Linear(h, d.latent_dim, bias, kernels, dtype, device)
         self.kv_a_layernorm = RMSNorm(d.kv_lora_rank, 1e-6, dtype, device)
+        # kept in `dtype`: the absorbed form folds its two halves into queries and outputs
         self.kv_b_proj = Linear(d.kv_lora_rank, self.heads * (d.qk_nope_head_dim + d.v_head_dim),
-                                False, kernels, dtype, device)
+                                False, kernels, dtype, device, fp8=False)
         self.o_proj = Linear(self.heads * d.v_head_dim, h, bias, kernels, dtype, device)
 
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:

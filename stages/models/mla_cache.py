@@ -11,21 +11,35 @@ from __future__ import annotations
 
 import torch
 
+from stages.kernels import fp8_latent, triton_fp8_latent
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import LATENT, latent_components
+from stages.models.families import fp8_components
 
 
 class LatentKVCache:
+    """kv_cache_dtype "fp8" (DeepSeek-V3.2): the latent is stored in FlashMLA's 656-byte FP8
+    layout (uint8 pages, quantized as it is written; stages/kernels/fp8_latent.py), the
+    indexer key in `dtype`."""
+
     def __init__(self, args: ModelArgs, num_local_layers: int, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: str | torch.device):
+                 dtype: torch.dtype, device: str | torch.device, kv_cache_dtype: str = "auto"):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got "
                              f"{num_blocks}, {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.packed = fp8_components(args, kv_cache_dtype)  # FP8 component -> bytes per token
         self.components = {
-            name: [torch.zeros(num_blocks, block_size, 1, width, dtype=dtype, device=device)
+            name: [torch.zeros(num_blocks, block_size, 1, self.packed.get(name, width),
+                               dtype=torch.uint8 if name in self.packed else dtype,
+                               device=device)
                    for _ in range(num_local_layers)]
             for name, width in latent_components(args).items()}
+
+    @property
+    def fp8(self) -> bool:
+        """The latent is FP8: attention reads it through the FP8 kernels (mla_sparse_fp8)."""
+        return LATENT in self.packed
 
     def pages(self, local_layer: int, name: str = LATENT) -> torch.Tensor:
         """[num_blocks, block_size, 1, width]: what a paged kernel (FlashMLA) reads."""
@@ -39,10 +53,14 @@ class LatentKVCache:
               name: str = LATENT) -> None:
         """Store values [T, width] at slots [T]."""
         flat = self._flat(local_layer, name)
+        if name in self.packed:  # quantized as it is written (one fused kernel on CUDA)
+            triton_fp8_latent.write(flat, values, slot_mapping)
+            return
         flat.index_copy_(0, slot_mapping, values.to(flat.dtype))
 
     def gather(self, local_layer: int, idx: torch.Tensor | slice,
                name: str = LATENT) -> torch.Tensor:
         """[L, width] of a row's prefix: idx its slots, or a slice (consecutive blocks: a view)."""
         flat = self._flat(local_layer, name)
-        return flat[idx] if isinstance(idx, slice) else flat.index_select(0, idx)
+        out = flat[idx] if isinstance(idx, slice) else flat.index_select(0, idx)
+        return fp8_latent.dequantize(out) if name in self.packed else out

@@ -15,6 +15,8 @@ from typing import Callable, cast
 import torch
 from torch import nn
 
+from stages.kernels.fp8_ref import BLOCK as FP8_BLOCK
+from stages.kernels.fp8_ref import FP8
 from stages.kernels.registry import Kernels
 from stages.models.layers import Device, Sources, SwiGLU
 
@@ -25,15 +27,32 @@ class Experts(nn.Module):
     (`experts.{e}.gate_proj.weight`, ...); `checkpoint_sources` names the per-expert pieces."""
 
     def __init__(
-        self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype, device: Device
+        self,
+        num_experts: int,
+        hidden: int,
+        inter: int,
+        dtype: torch.dtype,
+        device: Device,
+        fp8: bool = False,
     ):
         super().__init__()
+        # FP8 weights kept (W8A8 experts): each with its 128 x 128 scales, `<name>_scale_inv`
+        self.fp8 = fp8 and hidden % FP8_BLOCK == 0 and inter % FP8_BLOCK == 0
+        wdtype = FP8 if self.fp8 else dtype
         self.gate_up_proj = nn.Parameter(
-            torch.empty(num_experts, 2 * inter, hidden, dtype=dtype, device=device)
+            torch.empty(num_experts, 2 * inter, hidden, dtype=wdtype, device=device)
         )
         self.down_proj = nn.Parameter(
-            torch.empty(num_experts, hidden, inter, dtype=dtype, device=device)
+            torch.empty(num_experts, hidden, inter, dtype=wdtype, device=device)
         )
+        if self.fp8:
+            b = FP8_BLOCK
+            self.gate_up_proj_scale_inv = nn.Parameter(
+                torch.empty(num_experts, 2 * inter // b, hidden // b, device=device)
+            )
+            self.down_proj_scale_inv = nn.Parameter(
+                torch.empty(num_experts, hidden // b, inter // b, device=device)
+            )
 
     def checkpoint_sources(self, name: str) -> Sources:
         i = self.down_proj.shape[2]
@@ -42,7 +61,19 @@ class Experts(nn.Module):
             gate_up.append((f"{name}.{e}.gate_proj.weight", (e, slice(0, i))))
             gate_up.append((f"{name}.{e}.up_proj.weight", (e, slice(i, 2 * i))))
             down.append((f"{name}.{e}.down_proj.weight", (e,)))
-        return {"gate_up_proj": gate_up, "down_proj": down}
+        out = {"gate_up_proj": gate_up, "down_proj": down}
+        if self.fp8:
+            b = i // FP8_BLOCK
+            out["gate_up_proj_scale_inv"] = [
+                (f"{name}.{e}.{part}.weight_scale_inv", (e, slice(j * b, (j + 1) * b)))
+                for e in range(self.gate_up_proj.shape[0])
+                for j, part in enumerate(("gate_proj", "up_proj"))
+            ]
+            out["down_proj_scale_inv"] = [
+                (f"{name}.{e}.down_proj.weight_scale_inv", (e,))
+                for e in range(self.down_proj.shape[0])
+            ]
+        return out
 
 
 class MoE(nn.Module):
@@ -57,6 +88,8 @@ class MoE(nn.Module):
         super().__init__()
         if kernels.moe_experts is None:
             raise ValueError("no moe_experts kernel was selected")
+        if experts.fp8 and kernels.moe_experts_fp8 is None:
+            raise ValueError("FP8 experts need the moe_experts_fp8 kernel")
         self.kernels = kernels
         self.gate, self.experts, self.shared_experts = gate, experts, shared_experts
         self.swiglu_limit = swiglu_limit
@@ -66,9 +99,17 @@ class MoE(nn.Module):
             weights, ids = self.gate(x, token_ids)
         else:
             weights, ids = self.gate(x)
-        run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # set: see __init__
-        limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
-        out = run(x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **limit)
+        ex = self.experts
+        if ex.fp8:
+            if self.swiglu_limit is not None:
+                raise ValueError("FP8 experts with a swiglu_limit (DeepSeek-V4) are not supported")
+            fp8 = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_fp8)
+            out = fp8(x, ex.gate_up_proj, ex.gate_up_proj_scale_inv, ex.down_proj,
+                      ex.down_proj_scale_inv, ids, weights, self.kernels.fp8_linear)
+        else:
+            run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # see __init__
+            limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
+            out = run(x, ex.gate_up_proj, ex.down_proj, ids, weights, **limit)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

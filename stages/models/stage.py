@@ -53,7 +53,7 @@ class Stage(nn.Module):
             self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
             if not args.tie_word_embeddings:
                 self.lm_head = Linear(
-                    args.hidden_size, args.vocab_size, False, kernels, dtype, device
+                    args.hidden_size, args.vocab_size, False, kernels, dtype, device, fp8=False
                 )
 
     def build_layer(

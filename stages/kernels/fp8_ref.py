@@ -1,0 +1,114 @@
+"""Block-scaled FP8 (DeepSeek's checkpoint format) and W8A8 linears: the torch reference.
+
+Weights are float8_e4m3fn [N, K] with one fp32 `weight_scale_inv` per 128 x 128 tile (the value
+is fp8 * scale); activations are quantized on the fly in 1 x 128 groups along K, one fp32 scale
+per row and group. A W8A8 linear is the matmul of the two dequantized operands, which is what
+every GPU backend (stages/kernels/fp8_gemm.py) is tested against and what CPU runs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+BLOCK = 128  # the weight tile and activation group the W8A8 kernels support
+MIN_SCALE = 1e-12  # an all-zero tile or group keeps a finite scale
+
+
+def is_available(device: str) -> bool:
+    return True
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def quantize_weight(
+    w: torch.Tensor, block: tuple[int, int] = (BLOCK, BLOCK)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., N, K] (any float) -> (fp8 [..., N, K], scale_inv [..., cdiv(N, b0), cdiv(K, b1)]
+    fp32): each tile's largest magnitude maps to e4m3's 448."""
+    *lead, n, k = w.shape
+    b0, b1 = block
+    rows, cols = _cdiv(n, b0), _cdiv(k, b1)
+    padded = F.pad(w.float(), (0, cols * b1 - k, 0, rows * b0 - n))
+    tiles = padded.view(*lead, rows, b0, cols, b1)
+    scale = tiles.abs().amax(dim=(-3, -1)).clamp_min(MIN_SCALE) / FP8_MAX  # [..., rows, cols]
+    q = (tiles / scale[..., :, None, :, None]).view(*lead, rows * b0, cols * b1)
+    return q[..., :n, :k].to(FP8).contiguous(), scale.contiguous()
+
+
+def dequantize_weight(
+    w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (BLOCK, BLOCK)
+) -> torch.Tensor:
+    """Block-scaled FP8 [..., N, K] -> fp32."""
+    n, k = w.shape[-2:]
+    scale = scale_inv.float().repeat_interleave(block[0], -2)[..., :n, :]
+    scale = scale.repeat_interleave(block[1], -1)[..., :k]
+    return w.float() * scale
+
+
+def quantize_act(x: torch.Tensor, group: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (fp8 [M, K], scale [M, cdiv(K, group)] fp32), one scale per 1 x group."""
+    m, k = x.shape
+    groups = _cdiv(k, group)
+    g = F.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
+    scale = g.abs().amax(dim=-1).clamp_min(MIN_SCALE) / FP8_MAX
+    q = (g / scale[..., None]).view(m, groups * group)[:, :k]
+    return q.to(FP8).contiguous(), scale
+
+
+def dequantize_act(q: torch.Tensor, scale: torch.Tensor, group: int = BLOCK) -> torch.Tensor:
+    k = q.shape[-1]
+    return q.float() * scale.repeat_interleave(group, -1)[..., :k]
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """W8A8 `x @ dequant(weight).T + bias`: x [..., K] quantized in 1 x 128 groups, weight
+    [N, K] fp8 with 128 x 128 scales; fp32 accumulation, result in x's dtype."""
+    k = x.shape[-1]
+    q, s = quantize_act(x.reshape(-1, k))
+    out = dequantize_act(q, s) @ dequantize_weight(weight, scale_inv).T
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+
+
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down: torch.Tensor,
+    down_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    fp8_linear: Callable[..., torch.Tensor] = linear,
+) -> torch.Tensor:
+    """Routed experts with FP8 weights (gate_up [E, 2I, H], down [E, H, I], their 128 x 128
+    scales [E, ...]): torch_ref.moe_experts with each expert's GEMMs on `fp8_linear` (W8A8)."""
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    weights = topk_weights.reshape(-1)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        sel = order[start : start + n]
+        start += n
+        tokens = sel // k
+        gate, up = fp8_linear(x[tokens], gate_up[e], gate_up_scale[e]).chunk(2, dim=-1)
+        y = fp8_linear(F.silu(gate) * up, down[e], down_scale[e])
+        out.index_add_(0, tokens, y.float() * weights[sel, None])
+    return out.to(x.dtype)

@@ -1,0 +1,46 @@
+"""MXFP4 (OCP microscaling FP4), the format of DeepSeek-V4's routed experts: e2m1 values packed
+two per byte (element 2i in the low nibble), one e8m0 scale (a power of two, 2^(byte - 127)) per
+32 consecutive values along K. ppserve dequantizes them at load (no FP4 GEMM path): this is the
+dequantizer, and the reference quantizer its tests use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GROUP = 32
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes of codes 0-7; bit 3 is sign
+E8M0_BIAS = 127
+
+
+def _values(device: torch.device) -> torch.Tensor:
+    mags = torch.tensor(E2M1, dtype=torch.float32, device=device)
+    return torch.cat((mags, -mags))  # code -> value
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """packed [..., K/2] uint8 (or int8), scale [..., K/32] e8m0 (float8_e8m0fnu or its uint8
+    bytes) -> fp32 [..., K]."""
+    codes = packed.contiguous().view(torch.uint8).long()
+    both = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)  # [..., K]
+    values = _values(packed.device)[both]
+    exponent = scale.contiguous().view(torch.uint8).float() - E8M0_BIAS
+    return values * torch.exp2(exponent).repeat_interleave(GROUP, dim=-1)
+
+
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., K] (K a multiple of 32) -> (packed uint8 [..., K/2], scale uint8 [..., K/32]):
+    each group's scale is the power of two putting its largest magnitude in e2m1's top binade
+    (4..6), each value the nearest code."""
+    k = w.shape[-1]
+    if k % GROUP:
+        raise ValueError(f"MXFP4 groups {GROUP} values along K; K = {k}")
+    g = w.float().reshape(*w.shape[:-1], k // GROUP, GROUP)
+    amax = g.abs().amax(dim=-1).clamp_min(2.0**-126)
+    exponent = (torch.floor(torch.log2(amax)) - 2).clamp(-E8M0_BIAS, E8M0_BIAS)
+    scaled = (g / torch.exp2(exponent)[..., None]).flatten(-2)
+    values = _values(w.device)
+    codes = (scaled[..., None] - values).abs().argmin(dim=-1)  # nearest (ties: the lower code)
+    pairs = codes.reshape(*codes.shape[:-1], k // 2, 2)
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+    return packed, (exponent + E8M0_BIAS).to(torch.uint8)
