@@ -1,4 +1,4 @@
-"""W8A8 block-scaled FP8 linears on CUDA (DESIGN §7): the contract of fp8_ref.linear.
+"""W8A8 block-scaled FP8 linears on CUDA: the contract of fp8_ref.linear.
 
 - ``linear_scaled_mm``: ``torch.nn.functional.scaled_mm`` (``torch._scaled_mm`` where torch
   predates it) with BlockWise1x128 activations and BlockWise128x128 weights (cuBLASLt on SM90),
