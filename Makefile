@@ -40,7 +40,12 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	tests/unit/test_merged_streams.py tests/unit/test_output_ring.py \
 	app/openai/__init__.py app/openai/chat_output.py app/openai/structured_fields.py \
 	app/openai/tools.py app/structured.py app/tool_parsers.py stages/models/__init__.py \
-	stages/models/deepseek_v4 stages/models/qwen3_moe.py
+	stages/models/deepseek_v4 stages/models/qwen3_moe.py \
+	app/request.py app/tokenizer.py app/openai/body.py app/openai/choices.py app/openai/openapi.py \
+	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
+	stages/models/llama.py stages/sampler.py \
+	app/coordinator.py app/server.py app/openai/ingress.py app/openai/protocol.py \
+	app/request_stream.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
 	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
@@ -51,7 +56,10 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	stages/sync_guard.py stages/timing.py \
 	app/openai/__init__.py app/openai/calls.py app/openai/chat_output.py \
 	app/openai/structured_fields.py app/openai/tools.py app/structured.py app/tool_parsers.py \
-	stages/models/__init__.py stages/models/deepseek_v4 stages/models/qwen3_moe.py
+	stages/models/__init__.py stages/models/deepseek_v4 stages/models/qwen3_moe.py \
+	app/openai/availability.py app/openai/body.py app/openai/choices.py app/openai/openapi.py \
+	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
+	stages/models/llama.py stages/sampler.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

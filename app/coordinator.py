@@ -34,16 +34,20 @@ LOAD_REPORT_S = 1.0
 
 
 class Coordinator:
-    def __init__(self, config: EngineConfig, metrics=None, placement_group=None,
-                 stage_actor=StageActor):
+    def __init__(
+        self, config: EngineConfig, metrics=None, placement_group=None, stage_actor=StageActor
+    ):
         self.args = load_model_args(config.model)
         self.config = config = config.for_model(self.args)
         self.metrics = metrics
         self.tokenizer = load_tokenizer(config.model)
         self.max_model_len = config.resolved_max_model_len(self.args.max_position_embeddings)
         # A checkpoint without tokenizer.json still stops on its own config's EOS ids.
-        self.eos_token_ids = tuple(dict.fromkeys(
-            (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
+        self.eos_token_ids = tuple(
+            dict.fromkeys(
+                (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))
+            )
+        )
         self.pipeline = Pipeline(config, self.args, placement_group, stage_actor)
         self.grammars = Grammars(self.tokenizer, self.args.vocab_size, self.eos_token_ids)
         # dynamic chunking's cost model: the model's FLOPs per layer
@@ -69,9 +73,11 @@ class Coordinator:
             grammars = asyncio.ensure_future(asyncio.to_thread(self.grammars.prepare))
             num_blocks = await self.pipeline.start()
             await grammars  # built while the stages load
-            self.scheduler = Scheduler(self.config.scheduler_config(
-                num_blocks, self.max_model_len, self.chunk_cost), self._output_event,
-                self._prefix_lookup)
+            self.scheduler = Scheduler(
+                self.config.scheduler_config(num_blocks, self.max_model_len, self.chunk_cost),
+                self._output_event,
+                self._prefix_lookup,
+            )
             await self.warm_up()
             self._loop_task = asyncio.create_task(self._run())
             await self._first_request()
@@ -102,8 +108,9 @@ class Coordinator:
         prompt = [i % self.args.vocab_size for i in range(n)]
         metrics, self.metrics = self.metrics, None
         try:
-            async for _ in self.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0,
-                                                                ignore_eos=True)):
+            async for _ in self.generate(
+                prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            ):
                 pass
         finally:
             self.metrics = metrics
@@ -122,14 +129,22 @@ class Coordinator:
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.args.vocab_size]
             if bad:
-                raise InvalidRequest(f"token id {bad[0]} is out of range for a vocabulary of "
-                                     f"{self.args.vocab_size}.", param="prompt")
+                raise InvalidRequest(
+                    f"token id {bad[0]} is out of range for a vocabulary of "
+                    f"{self.args.vocab_size}.",
+                    param="prompt",
+                )
         if not ids:
             raise InvalidRequest("the prompt is empty.", param="prompt")
         return ids
 
-    def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
-                    arrival_time: float | None = None) -> RequestStream:
+    def add_request(
+        self,
+        prompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> RequestStream:
         """Validate and queue; raises InvalidRequest before anything is queued."""
         if self.scheduler is None:
             raise RuntimeError("the coordinator is not started")
@@ -141,31 +156,51 @@ class Coordinator:
             raise InvalidRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"your prompt has {len(ids)} tokens; no room is left for a completion.",
-                param="prompt")
+                param="prompt",
+            )
         max_tokens = params.max_tokens if params.max_tokens is not None else room
         if max_tokens > room:
             raise InvalidRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
                 f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
-                param="max_tokens")
+                param="max_tokens",
+            )
         params.check_vocab(self.args.vocab_size)
         limit = self.config.max_waiting_requests
         if limit is not None and self.scheduler.num_waiting >= limit:
-            raise Overloaded(f"The server is overloaded: {self.scheduler.num_waiting} requests "
-                             "are waiting already. Please retry later.")
+            raise Overloaded(
+                f"The server is overloaded: {self.scheduler.num_waiting} requests "
+                "are waiting already. Please retry later."
+            )
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
         spec = params.to_spec(self.eos_token_ids, self._bad_words_ids(params.bad_words))
         grammar = self.grammars.matcher(params.structured) if params.structured else None
         try:
-            self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
-                                            params.logprobs is not None, grammar is not None))
+            self.scheduler.add(
+                SchedRequest(
+                    req_id,
+                    tuple(ids),
+                    max_tokens,
+                    spec,
+                    params.logprobs is not None,
+                    grammar is not None,
+                )
+            )
         except ValueError as e:
             raise InvalidRequest(str(e), param="prompt") from e
-        stream = RequestStream(req_id, ids, params, max_tokens, self.tokenizer,
-                               self.eos_token_ids, arrival_time or time.time(), grammar)
+        stream = RequestStream(
+            req_id,
+            ids,
+            params,
+            max_tokens,
+            self.tokenizer,
+            self.eos_token_ids,
+            arrival_time or time.time(),
+            grammar,
+        )
         self._streams[req_id] = stream
         if self.metrics:
             self.metrics.add_tokens(prompt=len(ids))
@@ -182,8 +217,13 @@ class Coordinator:
                     seqs[ids] = None
         return tuple(seqs)
 
-    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
-                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         stream = self.add_request(prompt, params, request_id, arrival_time)
         async for out in self.outputs(stream):
             yield out
@@ -236,8 +276,14 @@ class Coordinator:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 if wake is not None:
                     wake.cancel()
-            failed = next(((p, f) for p, f in self._inflight
-                           if f.done() and not f.cancelled() and f.exception() is not None), None)
+            failed = next(
+                (
+                    (p, f)
+                    for p, f in self._inflight
+                    if f.done() and not f.cancelled() and f.exception() is not None
+                ),
+                None,
+            )
             if failed is not None:  # a stage failed: channels are out of step
                 await self._recover(failed[0], failed[1].exception())
                 continue
@@ -313,13 +359,19 @@ class Coordinator:
             self.metrics.pipeline_rebuilt()
         stage = self.pipeline.failed_stage(error)
         which = "a stage" if stage is None else f"stage {stage} of {self.config.pp_size}"
-        log.error("%s failed in microbatch %d; rebuilding the pipeline: %s", which,
-                  failed_plan.mb_id, error)
+        log.error(
+            "%s failed in microbatch %d; rebuilding the pipeline: %s",
+            which,
+            failed_plan.mb_id,
+            error,
+        )
         for _plan, fut in self._inflight:
             fut.cancel()
         self._inflight.clear()
-        msg = (f"The pipeline failed while running this request ({which} stopped) and was "
-               "restarted; please retry.")
+        msg = (
+            f"The pipeline failed while running this request ({which} stopped) and was "
+            "restarted; please retry."
+        )
         for req_id in self.scheduler.abort_inflight("error"):
             stream = self._streams.pop(req_id, None)
             if stream is not None:
@@ -338,7 +390,7 @@ class Coordinator:
             except Exception as e:  # e.g. the new actors cannot be placed yet
                 log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
                 cause = f": {e}" if isinstance(e, PUBLIC_ERRORS) else ""
-                await asyncio.sleep(2 ** attempt)
+                await asyncio.sleep(2**attempt)
         # Out of service: new requests get a 503, and stats()/health checks raise so that Serve
         # replaces this replica (a fresh pipeline) instead of leaving requests hanging.
         self._broken = f"The pipeline is down and could not be rebuilt{cause}; please retry later."
@@ -364,15 +416,21 @@ class Coordinator:
         (requests then wait in the queue); raises when it cannot serve at all (as stats())."""
         self.stats()
         if self._rebuilding:
-            return {"status": "degraded",
-                    "message": "A pipeline stage failed; the pipeline is being rebuilt."}
+            return {
+                "status": "degraded",
+                "message": "A pipeline stage failed; the pipeline is being rebuilt.",
+            }
         return {"status": "ok"}
 
     def stats(self) -> dict:
         if self._broken:
             raise RuntimeError(self._broken)
-        if self._loop_task is not None and self._loop_task.done() and \
-                not self._loop_task.cancelled() and self._loop_task.exception() is not None:
+        if (
+            self._loop_task is not None
+            and self._loop_task.done()
+            and not self._loop_task.cancelled()
+            and self._loop_task.exception() is not None
+        ):
             raise RuntimeError(f"the coordinator loop died: {self._loop_task.exception()!r}")
         s = self.scheduler
         return {

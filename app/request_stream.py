@@ -10,9 +10,17 @@ from app.tokenizer import IncrementalDetokenizer, StopStringMatcher
 
 
 class RequestStream:
-    def __init__(self, req_id: str, prompt_ids: list[int], params: SamplingParams,
-                 max_tokens: int, tokenizer, eos_token_ids: tuple[int, ...],
-                 arrival_time: float, grammar=None):
+    def __init__(
+        self,
+        req_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        tokenizer,
+        eos_token_ids: tuple[int, ...],
+        arrival_time: float,
+        grammar=None,
+    ):
         self.req_id = req_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -85,15 +93,22 @@ class RequestStream:
 
     def _push(self, ids, text, lps, finished=False, reason=None, error=None) -> None:
         out = RequestOutput(
-            request_id=self.req_id, token_ids=ids, text=text, finished=finished,
-            finish_reason=reason, prompt_tokens=len(self.prompt_ids),
+            request_id=self.req_id,
+            token_ids=ids,
+            text=text,
+            finished=finished,
+            finish_reason=reason,
+            prompt_tokens=len(self.prompt_ids),
             completion_tokens=len(self.output_ids),
-            logprobs=lps if self.params.logprobs is not None else None, error=error)
+            logprobs=lps if self.params.logprobs is not None else None,
+            error=error,
+        )
         if not self._sent_prompt:
             out.prompt_token_ids = list(self.prompt_ids)
             if self.params.prompt_logprobs is not None:
-                out.prompt_logprobs = [None] + [self._prompt_lps.get(p)
-                                                for p in range(1, len(self.prompt_ids))]
+                out.prompt_logprobs = [None] + [
+                    self._prompt_lps.get(p) for p in range(1, len(self.prompt_ids))
+                ]
             self._sent_prompt = True
         self.queue.put_nowait(out)
 

@@ -33,9 +33,16 @@ from stages.model_config import load_model_args
 
 log = logging.getLogger("ppserve.server")
 
-SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
-               "ingress_num_cpus", "max_request_bytes", "prefix_routing_max_queue",
-               "allowed_origins")
+SERVER_KEYS = (
+    "api_key",
+    "num_replicas",
+    "autoscaling_config",
+    "max_ongoing_requests",
+    "ingress_num_cpus",
+    "max_request_bytes",
+    "prefix_routing_max_queue",
+    "allowed_origins",
+)
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
@@ -63,11 +70,12 @@ class PipelineServer:
         if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=req.add_generation_prompt,
-                    tools=req.tools)
+                    req.messages, add_generation_prompt=req.add_generation_prompt, tools=req.tools
+                )
             except Exception as e:  # a template that raises on these messages
-                raise InvalidRequest(f"cannot apply the chat template: {e}",
-                                     param="messages") from e
+                raise InvalidRequest(
+                    f"cannot apply the chat template: {e}", param="messages"
+                ) from e
         return req.prompt
 
     def _delta(self, out: RequestOutput, index: int) -> Delta | Failure:
@@ -81,8 +89,9 @@ class PipelineServer:
 
     def _add_choice(self, prompt, req: GenerateRequest, index: int) -> RequestStream:
         request_id = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
-        return self.coordinator.add_request(prompt, params_of_choice(req.params, index),
-                                            request_id, req.arrival_time)
+        return self.coordinator.add_request(
+            prompt, params_of_choice(req.params, index), request_id, req.arrival_time
+        )
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Reply]:
         """Accepted, then the deltas of the request's n choices (tagged by index) as they come.
@@ -104,8 +113,10 @@ class PipelineServer:
                 add(self._prompt(req), 0)
                 prompt_ids = streams[0].prompt_ids
                 later = range(1, req.n)
-                if not (self.config.enable_prefix_caching and
-                        len(prompt_ids) > self.config.kv_block_size):
+                if not (
+                    self.config.enable_prefix_caching
+                    and len(prompt_ids) > self.config.kv_block_size
+                ):
                     for i in later:
                         add(prompt_ids, i)
                     later = range(0)
@@ -114,8 +125,9 @@ class PipelineServer:
                 return
             echo = None
             if req.echo:
-                echo = req.prompt if isinstance(req.prompt, str) else \
-                    self.tokenizer.decode(req.prompt)
+                echo = (
+                    req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(req.prompt)
+                )
             chat = chat_format(self.tokenizer, prompt_ids) if req.messages is not None else {}
             yield Accepted(echo, prompt_tokens=len(prompt_ids), **chat)
             async for index, out in merged:
@@ -134,8 +146,11 @@ class PipelineServer:
                 self.coordinator.abort(stream.req_id)
 
     async def info(self) -> dict:
-        return {"model": self.config.model_name, "root": self.config.model,
-                "max_model_len": self.coordinator.max_model_len}
+        return {
+            "model": self.config.model_name,
+            "root": self.config.model,
+            "max_model_len": self.coordinator.max_model_len,
+        }
 
     async def stats(self) -> dict:
         return self.coordinator.stats()
@@ -143,8 +158,11 @@ class PipelineServer:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom metrics hook, read by app/autoscaling.py's PipelineLoadPolicy."""
         s = self.coordinator.stats()
-        return {LOAD_METRIC: pipeline_load(s["waiting_prompt_tokens"], s["kv_cache_usage"],
-                                           s["kv_capacity_tokens"])}
+        return {
+            LOAD_METRIC: pipeline_load(
+                s["waiting_prompt_tokens"], s["kv_cache_usage"], s["kv_capacity_tokens"]
+            )
+        }
 
     async def health(self) -> dict:
         return self.coordinator.health()  # raises when the coordinator is broken
@@ -172,8 +190,9 @@ def _prefix_router(config: EngineConfig, server: dict) -> RequestRouterConfig | 
     several = "autoscaling_config" in server or int(server.get("num_replicas", 1)) > 1
     if not several or max_queue == 0:
         return None
-    return RequestRouterConfig(request_router_class=ROUTER_CLASS,
-                               request_router_kwargs={"max_queue": max_queue})
+    return RequestRouterConfig(
+        request_router_class=ROUTER_CLASS, request_router_kwargs={"max_queue": max_queue}
+    )
 
 
 def allowed_origins(value: str | list[str] | None) -> tuple[str, ...]:
@@ -193,29 +212,46 @@ def build_app(args: dict | None = None) -> Application:
     # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
     # With a waiting bound, every request must reach the coordinator to be counted against it,
     # not queue unseen in front of the replica.
-    ongoing = int(server.get("max_ongoing_requests") or max(
-        4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)))
-    options = {"autoscaling_config": server["autoscaling_config"]} \
-        if "autoscaling_config" in server else {"num_replicas": server.get("num_replicas", 1)}
+    ongoing = int(
+        server.get("max_ongoing_requests")
+        or max(
+            4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)
+        )
+    )
+    options = (
+        {"autoscaling_config": server["autoscaling_config"]}
+        if "autoscaling_config" in server
+        else {"num_replicas": server.get("num_replicas", 1)}
+    )
     router = _prefix_router(config, server)
     if router is not None:
         options["request_router_config"] = router
     pipeline = serve.deployment(
-        PipelineServer, name="PipelineServer", max_ongoing_requests=ongoing,
-        ray_actor_options={"num_cpus": bundles[0].get("CPU", 0),
-                           "num_gpus": bundles[0].get("GPU", 0)},
-        placement_group_bundles=bundles, placement_group_strategy=config.placement_strategy,
+        PipelineServer,
+        name="PipelineServer",
+        max_ongoing_requests=ongoing,
+        ray_actor_options={
+            "num_cpus": bundles[0].get("CPU", 0),
+            "num_gpus": bundles[0].get("GPU", 0),
+        },
+        placement_group_bundles=bundles,
+        placement_group_strategy=config.placement_strategy,
         **options,
     ).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
-    ingress_cls = make_ingress(config.model_name, api_key, max_bytes,
-                               config.kv_block_size if router is not None
-                               else None,
-                               allowed_origins(server.get("allowed_origins")))
+    ingress_cls = make_ingress(
+        config.model_name,
+        api_key,
+        max_bytes,
+        config.kv_block_size if router is not None else None,
+        allowed_origins(server.get("allowed_origins")),
+    )
     ingress = serve.deployment(
-        ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
+        ingress_cls,
+        name="OpenAIIngress",
+        max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},
     )
     return ingress.bind(pipeline)

@@ -30,19 +30,28 @@ from app.prefix_routing import prompt_key
 from app.request import InvalidRequest
 
 
-def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
-                 routing_block_size: int | None = None,
-                 allowed_origins: tuple[str, ...] = ()):
+def make_ingress(
+    model_name: str,
+    api_key: str | None,
+    max_request_bytes: int,
+    routing_block_size: int | None = None,
+    allowed_origins: tuple[str, ...] = (),
+):
     """The ingress deployment class; FastAPI routes need an app object, built here per call.
     routing_block_size: with prefix-aware routing, the block size of its keys. Browsers get
     CORS headers only for `allowed_origins` (none by default)."""
     fastapi_app = FastAPI(title="ppserve", docs_url=None, redoc_url=None)
     if allowed_origins:
         fastapi_app.add_middleware(
-            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"])
-    document_request_bodies(fastapi_app, {"/v1/completions": CompletionRequest,
-                                          "/v1/chat/completions": ChatCompletionRequest})
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    document_request_bodies(
+        fastapi_app,
+        {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest},
+    )
 
     @serve.ingress(fastapi_app)
     class OpenAIIngress:
@@ -83,9 +92,14 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 return denied
             if self._info is None:
                 self._info = await self.server.info.remote()
-            card = {"id": self.model, "object": "model", "created": int(time.time()),
-                    "owned_by": "ppserve", "root": self._info.get("root") or self.model,
-                    "max_model_len": self._info["max_model_len"]}
+            card = {
+                "id": self.model,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "ppserve",
+                "root": self._info.get("root") or self.model,
+                "max_model_len": self._info["max_model_len"],
+            }
             return JSONResponse({"object": "list", "data": [card]})
 
         @fastapi_app.post("/v1/completions")
@@ -109,8 +123,9 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 message, param = describe_error(e)
                 return error_response(message, 400, param)
             if req.model is not None and req.model != self.model:
-                return error_response(f"The model `{req.model}` does not exist.", 404,
-                                      "model", code="model_not_found")
+                return error_response(
+                    f"The model `{req.model}` does not exist.", 404, "model", code="model_not_found"
+                )
             prefix = "chatcmpl" if kind == "chat" else "cmpl"
             request_id = f"{prefix}-{uuid.uuid4().hex}"
             try:
@@ -119,10 +134,19 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 for p, fields in enumerate(fields_list := req.prompts_fields()):
                     if routing_block_size:
                         fields["prefix_key"] = prompt_key(
-                            fields.get("prompt"), fields.get("messages"), routing_block_size)
-                    gen_reqs.append(GenerateRequest(
-                        request_id=request_id if len(fields_list) == 1 else f"{request_id}-p{p}",
-                        params=params, arrival_time=arrival, n=req.n, **fields))
+                            fields.get("prompt"), fields.get("messages"), routing_block_size
+                        )
+                    gen_reqs.append(
+                        GenerateRequest(
+                            request_id=request_id
+                            if len(fields_list) == 1
+                            else f"{request_id}-p{p}",
+                            params=params,
+                            arrival_time=arrival,
+                            n=req.n,
+                            **fields,
+                        )
+                    )
             except InvalidRequest as e:
                 return error_response(str(e), e.status, e.param)
             calls = PipelineCalls(self.server, self.replicas, gen_reqs)
@@ -131,8 +155,13 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 accepted = await calls.accept()
                 if isinstance(accepted, Failure):
                     return error_response(accepted.message, accepted.status, accepted.param)
-                choices = Choices(ResponseBuilder(kind, request_id, self.model), accepted, req.n,
-                                  req.include_usage, req.continuous_usage)
+                choices = Choices(
+                    ResponseBuilder(kind, request_id, self.model),
+                    accepted,
+                    req.n,
+                    req.include_usage,
+                    req.continuous_usage,
+                )
                 if kind == "chat":  # tool calls / reasoning to split off, choice by choice
                     for c in choices.choices:
                         c.chat_output = ChatOutput.for_request(req, accepted[c.prompt])
