@@ -59,7 +59,8 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	stages/models/__init__.py stages/models/deepseek_v4 stages/models/qwen3_moe.py \
 	app/openai/availability.py app/openai/body.py app/openai/choices.py app/openai/openapi.py \
 	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
-	stages/models/llama.py stages/sampler.py
+	stages/models/llama.py stages/sampler.py \
+	app/openai/ingress.py app/openai/protocol.py app/request_stream.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -8,10 +8,11 @@ import asyncio
 import hmac
 import time
 import uuid
+from typing import Any, Union
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import TaskCancelledError
@@ -36,7 +37,7 @@ def make_ingress(
     max_request_bytes: int,
     routing_block_size: int | None = None,
     allowed_origins: tuple[str, ...] = (),
-):
+) -> type[Any]:
     """The ingress deployment class; FastAPI routes need an app object, built here per call.
     routing_block_size: with prefix-aware routing, the block size of its keys. Browsers get
     CORS headers only for `allowed_origins` (none by default)."""
@@ -55,11 +56,11 @@ def make_ingress(
 
     @serve.ingress(fastapi_app)
     class OpenAIIngress:
-        def __init__(self, server):
+        def __init__(self, server: Any) -> None:
             self.server = server  # DeploymentHandle of the PipelineServer
             self.replicas = ReplicaWatch(server.deployment_name)
             self.model = model_name
-            self._info: dict | None = None
+            self._info: dict[str, Any] | None = None
 
         def _auth(self, request: Request) -> JSONResponse | None:
             if not api_key:
@@ -71,7 +72,7 @@ def make_ingress(
             return error_response("Incorrect or missing API key.", 401, code="invalid_api_key")
 
         @fastapi_app.get("/health")
-        async def health(self):
+        async def health(self) -> Response:
             """200 {"status": "ok"} when serving; 503 otherwise, so that a readiness probe
             takes the endpoint out of rotation: {"status": "degraded"} while the pipeline is
             rebuilt after a stage failure, {"status": "unavailable"} while the replica is
@@ -87,7 +88,7 @@ def make_ingress(
             return JSONResponse({"status": "ok"})
 
         @fastapi_app.get("/v1/models")
-        async def models(self, request: Request):
+        async def models(self, request: Request) -> Response:
             if (denied := self._auth(request)) is not None:
                 return denied
             if self._info is None:
@@ -103,14 +104,19 @@ def make_ingress(
             return JSONResponse({"object": "list", "data": [card]})
 
         @fastapi_app.post("/v1/completions")
-        async def completions(self, request: Request):
+        async def completions(self, request: Request) -> Response:
             return await self._serve(request, CompletionRequest, "completion")
 
         @fastapi_app.post("/v1/chat/completions")
-        async def chat_completions(self, request: Request):
+        async def chat_completions(self, request: Request) -> Response:
             return await self._serve(request, ChatCompletionRequest, "chat")
 
-        async def _serve(self, request: Request, schema, kind: str):
+        async def _serve(
+            self,
+            request: Request,
+            schema: Union[type[CompletionRequest], type[ChatCompletionRequest]],
+            kind: str,
+        ) -> Response:
             arrival = time.time()  # TTFT counts from here (wall clock: crosses processes)
             if (denied := self._auth(request)) is not None:
                 return denied

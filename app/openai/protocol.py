@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +22,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic.config import JsonDict
 
 from app.openai.structured_fields import StructuredFields
 from app.openai.tools import ToolFields
@@ -125,10 +126,10 @@ class _Sampling(StructuredFields):
             self.stream_options and self.stream_options.continuous_usage_stats
         )
 
-    def prompt_fields(self) -> dict:
+    def prompt_fields(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def prompts_fields(self) -> list[dict]:
+    def prompts_fields(self) -> list[dict[str, Any]]:
         """The GenerateRequest fields of each prompt: one PipelineServer call each."""
         return [self.prompt_fields()]
 
@@ -146,12 +147,13 @@ class CompletionRequest(_Sampling):
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             return list(p)
-        return [p]  # an empty one is refused with the others (Coordinator.add_request)
+        # One prompt (an empty one is refused with the others: Coordinator.add_request)
+        return [cast(Union[Text, TokenIds], p)]
 
-    def prompt_fields(self) -> dict:
+    def prompt_fields(self) -> dict[str, Any]:
         return self.prompts_fields()[0]
 
-    def prompts_fields(self) -> list[dict]:
+    def prompts_fields(self) -> list[dict[str, Any]]:
         prompts = self.prompts()
         if len(prompts) * self.n > MAX_CHOICES:
             raise InvalidRequest(
@@ -196,7 +198,7 @@ class MessageToolCall(BaseModel):
 
 
 # The rule of ChatMessage._has_content, stated in its JSON schema (GET /openapi.json).
-_CONTENT_OR_TOOL_CALLS = {
+_CONTENT_OR_TOOL_CALLS: JsonDict = {
     "anyOf": [
         {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
         {
@@ -219,20 +221,22 @@ class ChatMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _has_content(cls, content, info: ValidationInfo):
+    def _has_content(
+        cls, content: Union[Text, list[ContentPart], None], info: ValidationInfo
+    ) -> Union[Text, list[ContentPart], None]:
         if content is None and not (
             info.data.get("role") == "assistant" and info.data.get("tool_calls")
         ):
             raise ValueError("content is required (except in an assistant's tool calls)")
         return content
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             if any(p.type != "text" for p in content):
                 raise InvalidRequest("only text content parts are supported.", param="messages")
             content = "".join(p.text for p in content)
-        out: dict = {"role": self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.tool_calls:
             out["tool_calls"] = [_template_call(c) for c in self.tool_calls]
         if self.tool_call_id is not None:
@@ -240,7 +244,7 @@ class ChatMessage(BaseModel):
         return out
 
 
-def _template_call(call: MessageToolCall) -> dict:
+def _template_call(call: MessageToolCall) -> dict[str, Any]:
     """A tool call as chat templates take it: arguments as a mapping where they are JSON."""
     try:
         args = json.loads(call.function.arguments)
@@ -282,7 +286,7 @@ class ChatCompletionRequest(_Sampling, ToolFields):
         )
         return self._params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
 
-    def prompt_fields(self) -> dict:
+    def prompt_fields(self) -> dict[str, Any]:
         """The GenerateRequest fields of this request's prompt."""
         fields = {
             "messages": [m.as_dict() for m in self.messages],
