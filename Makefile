@@ -60,7 +60,8 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	app/openai/availability.py app/openai/body.py app/openai/choices.py app/openai/openapi.py \
 	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
 	stages/models/llama.py stages/sampler.py \
-	app/openai/ingress.py app/openai/protocol.py app/request_stream.py
+	app/openai/ingress.py app/openai/protocol.py app/request_stream.py \
+	app/coordinator.py app/server.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -13,8 +13,9 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from app.config import EngineConfig
 from app.pipeline import PUBLIC_ERRORS, Pipeline
@@ -25,6 +26,12 @@ from app.structured import Grammars
 from app.tokenizer import load_tokenizer
 from stages.actor import StageActor
 from stages.model_config import load_model_args
+from stages.protocol import MicrobatchPlan, StepResult
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
+    from app.metrics import EngineMetrics
 
 log = logging.getLogger("ppserve.coordinator")
 
@@ -35,7 +42,11 @@ LOAD_REPORT_S = 1.0
 
 class Coordinator:
     def __init__(
-        self, config: EngineConfig, metrics=None, placement_group=None, stage_actor=StageActor
+        self,
+        config: EngineConfig,
+        metrics: EngineMetrics | None = None,
+        placement_group: PlacementGroup | None = None,
+        stage_actor: Any = StageActor,
     ):
         self.args = load_model_args(config.model)
         self.config = config = config.for_model(self.args)
@@ -54,9 +65,10 @@ class Coordinator:
         self.chunk_cost = ChunkCost.for_model(self.args)
         self.scheduler: Scheduler | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._inflight: deque = deque()  # (plan, asyncio.Future of all stages' results)
+        # (plan, asyncio.Future of all stages' results)
+        self._inflight: deque[tuple[MicrobatchPlan, asyncio.Future[list[StepResult]]]] = deque()
         self._wakeup = asyncio.Event()
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._channel_sends = 0
         self._stage_forward = [0.0] * config.pp_size
@@ -64,7 +76,9 @@ class Coordinator:
         self._failures = 0
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
         self._rebuilding = False  # between a stage failure and the rebuilt pipeline
-        self._warmup: list[dict] = []  # per stage: attention shapes built at startup, seconds
+        self._warmup: list[
+            dict[str, Any]
+        ] = []  # per stage: attention shapes built at startup, seconds
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -87,7 +101,7 @@ class Coordinator:
 
     async def warm_up(self) -> None:
         """Stages build their attention kernels for a long lone prompt's chunk shapes."""
-        c, s = self.config, self.scheduler.config
+        c, s = self.config, self._started.config
         length = c.warmup_len
         if length is None:
             length = min(self.max_model_len, self.pipeline.num_blocks * c.kv_block_size)
@@ -114,7 +128,13 @@ class Coordinator:
                 pass
         finally:
             self.metrics = metrics
-            self.scheduler.prefix_stats = PrefixCacheStats()  # not counted, as in the metrics
+            self._started.prefix_stats = PrefixCacheStats()  # not counted, as in the metrics
+
+    @property
+    def _started(self) -> Scheduler:
+        if self.scheduler is None:
+            raise RuntimeError("the coordinator is not started")
+        return self.scheduler
 
     def shutdown(self) -> None:
         if self._loop_task is not None:
@@ -122,7 +142,7 @@ class Coordinator:
         self.pipeline.kill()
 
     # -- requests --------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt) -> list[int]:
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
@@ -140,7 +160,7 @@ class Coordinator:
 
     def add_request(
         self,
-        prompt,
+        prompt: str | list[int],
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
@@ -219,7 +239,7 @@ class Coordinator:
 
     async def generate(
         self,
-        prompt,
+        prompt: str | list[int],
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
@@ -256,7 +276,7 @@ class Coordinator:
                 self._wakeup.clear()
                 # Nothing runnable: sleep until a request arrives (or poll briefly if work
                 # waits); idle, wake now and then to report the load gauges again.
-                timeout = 0.05 if self.scheduler.has_work() else LOAD_REPORT_S
+                timeout = 0.05 if self._started.has_work() else LOAD_REPORT_S
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
                 except asyncio.TimeoutError:
@@ -267,7 +287,7 @@ class Coordinator:
                 # Watch every microbatch in flight, not only the oldest: a dead stage may fail
                 # only younger ones while the oldest waits on a peer blocked in a recv from it
                 # (NCCL never reports a dead peer).
-                waits = {f for _p, f in self._inflight if not f.done()}
+                waits: set[asyncio.Future[Any]] = {f for _p, f in self._inflight if not f.done()}
                 wake = None
                 if len(self._inflight) < self.config.inflight:
                     self._wakeup.clear()
@@ -278,14 +298,14 @@ class Coordinator:
                     wake.cancel()
             failed = next(
                 (
-                    (p, f)
+                    (p, e)
                     for p, f in self._inflight
-                    if f.done() and not f.cancelled() and f.exception() is not None
+                    if f.done() and not f.cancelled() and (e := f.exception()) is not None
                 ),
                 None,
             )
             if failed is not None:  # a stage failed: channels are out of step
-                await self._recover(failed[0], failed[1].exception())
+                await self._recover(*failed)
                 continue
             if not fut.done():
                 continue  # woken by a new request: dispatch it before retiring
@@ -294,7 +314,7 @@ class Coordinator:
 
     def _dispatch_ready(self) -> None:
         while True:
-            plan = self.scheduler.schedule()
+            plan = self._started.schedule()
             if plan is None:
                 if len(self._inflight) < self.config.inflight:  # room, but nothing to launch
                     self.pipeline.flush()
@@ -310,7 +330,7 @@ class Coordinator:
             refs = self.pipeline.dispatch(plan)
             self._inflight.append((plan, asyncio.ensure_future(asyncio.gather(*refs))))
 
-    def _with_masks(self, plan):
+    def _with_masks(self, plan: MicrobatchPlan) -> MicrobatchPlan:
         """The plan with the token masks of its constrained sampling rows: their previous
         tokens have all retired (the scheduler does not run them ahead), so each matcher is
         where the row samples."""
@@ -321,7 +341,7 @@ class Coordinator:
                 masks.append((row.req_id, stream.grammar.mask()))
         return replace(plan, token_masks=tuple(masks)) if masks else plan
 
-    def _retire(self, plan, results) -> None:
+    def _retire(self, plan: MicrobatchPlan, results: list[StepResult]) -> None:
         last = results[-1]
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
@@ -334,7 +354,7 @@ class Coordinator:
             stream = self._streams.get(scored.req_id)
             if stream is not None:
                 stream.add_prompt_logprobs(scored)
-        events = self.scheduler.retire(plan.mb_id, [(s.req_id, s.token_id) for s in last.sampled])
+        events = self._started.retire(plan.mb_id, [(s.req_id, s.token_id) for s in last.sampled])
         for req_id, token_id, _index in events:
             stream = self._streams.get(req_id)
             if stream is None or stream.finished:
@@ -344,12 +364,12 @@ class Coordinator:
                 self._finish(stream, reason, stream.error)
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None) -> None:
-        self.scheduler.finish(stream.req_id, reason)
+        self._started.finish(stream.req_id, reason)
         stream.close(reason, error, self.metrics)
         self._streams.pop(stream.req_id, None)
         self._wakeup.set()
 
-    async def _recover(self, failed_plan, error: Exception) -> None:
+    async def _recover(self, failed_plan: MicrobatchPlan, error: BaseException) -> None:
         """Fail what was in flight with a clear error, rebuild the pipeline, carry on. The
         requests' error names the failed stage; Ray's detail (actor ids, pids, node, traceback)
         goes to the log only."""
@@ -372,7 +392,7 @@ class Coordinator:
             f"The pipeline failed while running this request ({which} stopped) and was "
             "restarted; please retry."
         )
-        for req_id in self.scheduler.abort_inflight("error"):
+        for req_id in self._started.abort_inflight("error"):
             stream = self._streams.pop(req_id, None)
             if stream is not None:
                 stream.close("error", msg, self.metrics)
@@ -397,7 +417,7 @@ class Coordinator:
         for stream in list(self._streams.values()):
             self._finish(stream, "error", self._broken)
 
-    def _output_event(self, event: str, counts) -> None:
+    def _output_event(self, event: str, counts: Mapping[str, int]) -> None:
         if self.metrics:
             self.metrics.output_event(event, counts)
 
@@ -407,11 +427,11 @@ class Coordinator:
 
     def _report_load(self) -> None:
         if self.metrics:
-            s = self.scheduler
+            s = self._started
             self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
 
     # -- introspection ---------------------------------------------------------------------------
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """{"status": "ok"}, or "degraded" while the pipeline is rebuilt after a stage failure
         (requests then wait in the queue); raises when it cannot serve at all (as stats())."""
         self.stats()
@@ -422,7 +442,7 @@ class Coordinator:
             }
         return {"status": "ok"}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         if self._broken:
             raise RuntimeError(self._broken)
         if (
@@ -432,7 +452,7 @@ class Coordinator:
             and self._loop_task.exception() is not None
         ):
             raise RuntimeError(f"the coordinator loop died: {self._loop_task.exception()!r}")
-        s = self.scheduler
+        s = self._started
         return {
             "pp_output_comm": dict(s.comm_stats()),
             "channel_output_sends": self._channel_sends,

@@ -12,6 +12,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ray import serve
 from ray.serve import Application
@@ -58,7 +59,8 @@ class PipelineServer:
     tokenizer and chat template. Answers a GenerateRequest with the messages of
     app/messages.py."""
 
-    async def __init__(self, engine_args: dict):
+    # Serve awaits an async constructor; Python's typing has no such thing.
+    async def __init__(self, engine_args: dict[str, Any]):  # type: ignore[misc]
         config = EngineConfig.from_dict(engine_args)
         self.metrics = EngineMetrics(config.model_name, _pipeline_id())
         self.coordinator = Coordinator(config, self.metrics)
@@ -66,7 +68,7 @@ class PipelineServer:
         await self.coordinator.start()
         self.tokenizer = self.coordinator.tokenizer
 
-    def _prompt(self, req: GenerateRequest):
+    def _prompt(self, req: GenerateRequest) -> str | list[int]:
         if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
@@ -76,6 +78,8 @@ class PipelineServer:
                 raise InvalidRequest(
                     f"cannot apply the chat template: {e}", param="messages"
                 ) from e
+        if req.prompt is None:
+            raise InvalidRequest("a request needs a prompt or messages.", param="prompt")
         return req.prompt
 
     def _delta(self, out: RequestOutput, index: int) -> Delta | Failure:
@@ -87,7 +91,9 @@ class PipelineServer:
         ids = {t.token_id for t in scored} | {i for t in scored for i, _ in t.top}
         return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids}, index)
 
-    def _add_choice(self, prompt, req: GenerateRequest, index: int) -> RequestStream:
+    def _add_choice(
+        self, prompt: str | list[int], req: GenerateRequest, index: int
+    ) -> RequestStream:
         request_id = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
         return self.coordinator.add_request(
             prompt, params_of_choice(req.params, index), request_id, req.arrival_time
@@ -103,7 +109,7 @@ class PipelineServer:
         streams: list[RequestStream] = []
         merged: MergedStreams[int, RequestOutput] = MergedStreams()
 
-        def add(prompt, index: int) -> None:
+        def add(prompt: str | list[int], index: int) -> None:
             stream = self._add_choice(prompt, req, index)
             streams.append(stream)
             merged.add(index, self.coordinator.outputs(stream))
@@ -124,7 +130,7 @@ class PipelineServer:
                 yield Failure.of(e)
                 return
             echo = None
-            if req.echo:
+            if req.echo and req.prompt is not None:  # echo is a completions option
                 echo = (
                     req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(req.prompt)
                 )
@@ -145,14 +151,14 @@ class PipelineServer:
             for stream in streams:
                 self.coordinator.abort(stream.req_id)
 
-    async def info(self) -> dict:
+    async def info(self) -> dict[str, Any]:
         return {
             "model": self.config.model_name,
             "root": self.config.model,
             "max_model_len": self.coordinator.max_model_len,
         }
 
-    async def stats(self) -> dict:
+    async def stats(self) -> dict[str, Any]:
         return self.coordinator.stats()
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
@@ -164,13 +170,13 @@ class PipelineServer:
             )
         }
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         return self.coordinator.health()  # raises when the coordinator is broken
 
     async def check_health(self) -> None:  # Serve's periodic replica health check
         self.coordinator.stats()
 
-    def __del__(self):
+    def __del__(self) -> None:
         coordinator = getattr(self, "coordinator", None)
         if coordinator is not None:
             try:
@@ -179,7 +185,7 @@ class PipelineServer:
                 pass
 
 
-def _prefix_router(config: EngineConfig, server: dict) -> RequestRouterConfig | None:
+def _prefix_router(config: EngineConfig, server: dict[str, Any]) -> RequestRouterConfig | None:
     """Prefix-aware routing (app/prefix_router.py) wherever more than one pipeline may run; a
     pipeline is saturated for it at `prefix_routing_max_queue` requests (default: all its
     running slots, --max-num-seqs), 0 = off (Serve's default power-of-two router)."""
@@ -191,7 +197,9 @@ def _prefix_router(config: EngineConfig, server: dict) -> RequestRouterConfig | 
     if not several or max_queue == 0:
         return None
     return RequestRouterConfig(
-        request_router_class=ROUTER_CLASS, request_router_kwargs={"max_queue": max_queue}
+        # Serve documents an import path here; its stubs type the field otherwise.
+        request_router_class=ROUTER_CLASS,  # type: ignore[arg-type]
+        request_router_kwargs={"max_queue": max_queue},
     )
 
 
@@ -201,7 +209,7 @@ def allowed_origins(value: str | list[str] | None) -> tuple[str, ...]:
     return tuple(o.strip() for o in items if o.strip())
 
 
-def build_app(args: dict | None = None) -> Application:
+def build_app(args: dict[str, Any] | None = None) -> Application:
     """The Serve application for `args` (engine options + SERVER_KEYS)."""
     args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
     server = {k: args.pop(k) for k in SERVER_KEYS if k in args}
@@ -227,7 +235,6 @@ def build_app(args: dict | None = None) -> Application:
     if router is not None:
         options["request_router_config"] = router
     pipeline = serve.deployment(
-        PipelineServer,
         name="PipelineServer",
         max_ongoing_requests=ongoing,
         ray_actor_options={
@@ -237,7 +244,7 @@ def build_app(args: dict | None = None) -> Application:
         placement_group_bundles=bundles,
         placement_group_strategy=config.placement_strategy,
         **options,
-    ).bind(config.to_dict())
+    )(PipelineServer).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
@@ -249,9 +256,8 @@ def build_app(args: dict | None = None) -> Application:
         allowed_origins(server.get("allowed_origins")),
     )
     ingress = serve.deployment(
-        ingress_cls,
         name="OpenAIIngress",
         max_ongoing_requests=ongoing,
         ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},
-    )
+    )(ingress_cls)
     return ingress.bind(pipeline)
