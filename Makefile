@@ -37,7 +37,15 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	tests/unit/test_control_plane_imports.py tests/unit/test_options.py \
 	tests/unit/test_dashboard.py tests/unit/test_bench_layout.py \
 	tests/unit/test_request_data_never_executed.py tests/unit/test_docs_links.py \
-	tests/unit/test_merged_streams.py tests/unit/test_output_ring.py
+	tests/unit/test_merged_streams.py tests/unit/test_output_ring.py \
+	app/openai/__init__.py app/openai/chat_output.py app/openai/structured_fields.py \
+	app/openai/tools.py app/structured.py app/tool_parsers.py stages/models/__init__.py \
+	stages/models/deepseek_v4 stages/models/qwen3_moe.py \
+	app/request.py app/tokenizer.py app/openai/body.py app/openai/choices.py app/openai/openapi.py \
+	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
+	stages/models/llama.py stages/sampler.py \
+	app/coordinator.py app/server.py app/openai/ingress.py app/openai/protocol.py \
+	app/request_stream.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
 	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
@@ -45,7 +53,15 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	stages/channels.py stages/copy_channel.py stages/decode_graphs.py stages/forward_batch.py \
 	stages/kernels/__init__.py stages/kernels/cudnn_attention.py stages/kernels/indexer_select.py \
 	stages/kernels/moe_tuning.py stages/output_ring.py stages/partition.py stages/protocol.py \
-	stages/sync_guard.py stages/timing.py
+	stages/sync_guard.py stages/timing.py \
+	app/openai/__init__.py app/openai/calls.py app/openai/chat_output.py \
+	app/openai/structured_fields.py app/openai/tools.py app/structured.py app/tool_parsers.py \
+	stages/models/__init__.py stages/models/deepseek_v4 stages/models/qwen3_moe.py \
+	app/openai/availability.py app/openai/body.py app/openai/choices.py app/openai/openapi.py \
+	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
+	stages/models/llama.py stages/sampler.py \
+	app/openai/ingress.py app/openai/protocol.py app/request_stream.py \
+	app/coordinator.py app/server.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

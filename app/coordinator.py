@@ -13,8 +13,9 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from app.config import EngineConfig
 from app.pipeline import PUBLIC_ERRORS, Pipeline
@@ -25,6 +26,12 @@ from app.structured import Grammars
 from app.tokenizer import load_tokenizer
 from stages.actor import StageActor
 from stages.model_config import load_model_args
+from stages.protocol import MicrobatchPlan, StepResult
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
+    from app.metrics import EngineMetrics
 
 log = logging.getLogger("ppserve.coordinator")
 
@@ -34,25 +41,34 @@ LOAD_REPORT_S = 1.0
 
 
 class Coordinator:
-    def __init__(self, config: EngineConfig, metrics=None, placement_group=None,
-                 stage_actor=StageActor):
+    def __init__(
+        self,
+        config: EngineConfig,
+        metrics: EngineMetrics | None = None,
+        placement_group: PlacementGroup | None = None,
+        stage_actor: Any = StageActor,
+    ):
         self.args = load_model_args(config.model)
         self.config = config = config.for_model(self.args)
         self.metrics = metrics
         self.tokenizer = load_tokenizer(config.model)
         self.max_model_len = config.resolved_max_model_len(self.args.max_position_embeddings)
         # A checkpoint without tokenizer.json still stops on its own config's EOS ids.
-        self.eos_token_ids = tuple(dict.fromkeys(
-            (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))))
+        self.eos_token_ids = tuple(
+            dict.fromkeys(
+                (*self.tokenizer.eos_token_ids, *(self.args.eos_token_ids if config.model else ()))
+            )
+        )
         self.pipeline = Pipeline(config, self.args, placement_group, stage_actor)
         self.grammars = Grammars(self.tokenizer, self.args.vocab_size, self.eos_token_ids)
         # dynamic chunking's cost model: the model's FLOPs per layer
         self.chunk_cost = ChunkCost.for_model(self.args)
         self.scheduler: Scheduler | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._inflight: deque = deque()  # (plan, asyncio.Future of all stages' results)
+        # (plan, asyncio.Future of all stages' results)
+        self._inflight: deque[tuple[MicrobatchPlan, asyncio.Future[list[StepResult]]]] = deque()
         self._wakeup = asyncio.Event()
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._channel_sends = 0
         self._stage_forward = [0.0] * config.pp_size
@@ -60,7 +76,9 @@ class Coordinator:
         self._failures = 0
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
         self._rebuilding = False  # between a stage failure and the rebuilt pipeline
-        self._warmup: list[dict] = []  # per stage: attention shapes built at startup, seconds
+        self._warmup: list[
+            dict[str, Any]
+        ] = []  # per stage: attention shapes built at startup, seconds
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -69,9 +87,11 @@ class Coordinator:
             grammars = asyncio.ensure_future(asyncio.to_thread(self.grammars.prepare))
             num_blocks = await self.pipeline.start()
             await grammars  # built while the stages load
-            self.scheduler = Scheduler(self.config.scheduler_config(
-                num_blocks, self.max_model_len, self.chunk_cost), self._output_event,
-                self._prefix_lookup)
+            self.scheduler = Scheduler(
+                self.config.scheduler_config(num_blocks, self.max_model_len, self.chunk_cost),
+                self._output_event,
+                self._prefix_lookup,
+            )
             await self.warm_up()
             self._loop_task = asyncio.create_task(self._run())
             await self._first_request()
@@ -81,7 +101,7 @@ class Coordinator:
 
     async def warm_up(self) -> None:
         """Stages build their attention kernels for a long lone prompt's chunk shapes."""
-        c, s = self.config, self.scheduler.config
+        c, s = self.config, self._started.config
         length = c.warmup_len
         if length is None:
             length = min(self.max_model_len, self.pipeline.num_blocks * c.kv_block_size)
@@ -102,12 +122,19 @@ class Coordinator:
         prompt = [i % self.args.vocab_size for i in range(n)]
         metrics, self.metrics = self.metrics, None
         try:
-            async for _ in self.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0,
-                                                                ignore_eos=True)):
+            async for _ in self.generate(
+                prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            ):
                 pass
         finally:
             self.metrics = metrics
-            self.scheduler.prefix_stats = PrefixCacheStats()  # not counted, as in the metrics
+            self._started.prefix_stats = PrefixCacheStats()  # not counted, as in the metrics
+
+    @property
+    def _started(self) -> Scheduler:
+        if self.scheduler is None:
+            raise RuntimeError("the coordinator is not started")
+        return self.scheduler
 
     def shutdown(self) -> None:
         if self._loop_task is not None:
@@ -115,21 +142,29 @@ class Coordinator:
         self.pipeline.kill()
 
     # -- requests --------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt) -> list[int]:
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.args.vocab_size]
             if bad:
-                raise InvalidRequest(f"token id {bad[0]} is out of range for a vocabulary of "
-                                     f"{self.args.vocab_size}.", param="prompt")
+                raise InvalidRequest(
+                    f"token id {bad[0]} is out of range for a vocabulary of "
+                    f"{self.args.vocab_size}.",
+                    param="prompt",
+                )
         if not ids:
             raise InvalidRequest("the prompt is empty.", param="prompt")
         return ids
 
-    def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
-                    arrival_time: float | None = None) -> RequestStream:
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> RequestStream:
         """Validate and queue; raises InvalidRequest before anything is queued."""
         if self.scheduler is None:
             raise RuntimeError("the coordinator is not started")
@@ -141,31 +176,51 @@ class Coordinator:
             raise InvalidRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"your prompt has {len(ids)} tokens; no room is left for a completion.",
-                param="prompt")
+                param="prompt",
+            )
         max_tokens = params.max_tokens if params.max_tokens is not None else room
         if max_tokens > room:
             raise InvalidRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
                 f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
-                param="max_tokens")
+                param="max_tokens",
+            )
         params.check_vocab(self.args.vocab_size)
         limit = self.config.max_waiting_requests
         if limit is not None and self.scheduler.num_waiting >= limit:
-            raise Overloaded(f"The server is overloaded: {self.scheduler.num_waiting} requests "
-                             "are waiting already. Please retry later.")
+            raise Overloaded(
+                f"The server is overloaded: {self.scheduler.num_waiting} requests "
+                "are waiting already. Please retry later."
+            )
         req_id = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if req_id in self._streams:
             raise InvalidRequest(f"request id {req_id!r} is already in use.")
         spec = params.to_spec(self.eos_token_ids, self._bad_words_ids(params.bad_words))
         grammar = self.grammars.matcher(params.structured) if params.structured else None
         try:
-            self.scheduler.add(SchedRequest(req_id, tuple(ids), max_tokens, spec,
-                                            params.logprobs is not None, grammar is not None))
+            self.scheduler.add(
+                SchedRequest(
+                    req_id,
+                    tuple(ids),
+                    max_tokens,
+                    spec,
+                    params.logprobs is not None,
+                    grammar is not None,
+                )
+            )
         except ValueError as e:
             raise InvalidRequest(str(e), param="prompt") from e
-        stream = RequestStream(req_id, ids, params, max_tokens, self.tokenizer,
-                               self.eos_token_ids, arrival_time or time.time(), grammar)
+        stream = RequestStream(
+            req_id,
+            ids,
+            params,
+            max_tokens,
+            self.tokenizer,
+            self.eos_token_ids,
+            arrival_time or time.time(),
+            grammar,
+        )
         self._streams[req_id] = stream
         if self.metrics:
             self.metrics.add_tokens(prompt=len(ids))
@@ -182,8 +237,13 @@ class Coordinator:
                     seqs[ids] = None
         return tuple(seqs)
 
-    async def generate(self, prompt, params: SamplingParams, request_id: str | None = None,
-                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         stream = self.add_request(prompt, params, request_id, arrival_time)
         async for out in self.outputs(stream):
             yield out
@@ -216,7 +276,7 @@ class Coordinator:
                 self._wakeup.clear()
                 # Nothing runnable: sleep until a request arrives (or poll briefly if work
                 # waits); idle, wake now and then to report the load gauges again.
-                timeout = 0.05 if self.scheduler.has_work() else LOAD_REPORT_S
+                timeout = 0.05 if self._started.has_work() else LOAD_REPORT_S
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), timeout)
                 except asyncio.TimeoutError:
@@ -227,7 +287,7 @@ class Coordinator:
                 # Watch every microbatch in flight, not only the oldest: a dead stage may fail
                 # only younger ones while the oldest waits on a peer blocked in a recv from it
                 # (NCCL never reports a dead peer).
-                waits = {f for _p, f in self._inflight if not f.done()}
+                waits: set[asyncio.Future[Any]] = {f for _p, f in self._inflight if not f.done()}
                 wake = None
                 if len(self._inflight) < self.config.inflight:
                     self._wakeup.clear()
@@ -236,10 +296,16 @@ class Coordinator:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 if wake is not None:
                     wake.cancel()
-            failed = next(((p, f) for p, f in self._inflight
-                           if f.done() and not f.cancelled() and f.exception() is not None), None)
+            failed = next(
+                (
+                    (p, e)
+                    for p, f in self._inflight
+                    if f.done() and not f.cancelled() and (e := f.exception()) is not None
+                ),
+                None,
+            )
             if failed is not None:  # a stage failed: channels are out of step
-                await self._recover(failed[0], failed[1].exception())
+                await self._recover(*failed)
                 continue
             if not fut.done():
                 continue  # woken by a new request: dispatch it before retiring
@@ -248,7 +314,7 @@ class Coordinator:
 
     def _dispatch_ready(self) -> None:
         while True:
-            plan = self.scheduler.schedule()
+            plan = self._started.schedule()
             if plan is None:
                 if len(self._inflight) < self.config.inflight:  # room, but nothing to launch
                     self.pipeline.flush()
@@ -264,7 +330,7 @@ class Coordinator:
             refs = self.pipeline.dispatch(plan)
             self._inflight.append((plan, asyncio.ensure_future(asyncio.gather(*refs))))
 
-    def _with_masks(self, plan):
+    def _with_masks(self, plan: MicrobatchPlan) -> MicrobatchPlan:
         """The plan with the token masks of its constrained sampling rows: their previous
         tokens have all retired (the scheduler does not run them ahead), so each matcher is
         where the row samples."""
@@ -275,7 +341,7 @@ class Coordinator:
                 masks.append((row.req_id, stream.grammar.mask()))
         return replace(plan, token_masks=tuple(masks)) if masks else plan
 
-    def _retire(self, plan, results) -> None:
+    def _retire(self, plan: MicrobatchPlan, results: list[StepResult]) -> None:
         last = results[-1]
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
@@ -288,7 +354,7 @@ class Coordinator:
             stream = self._streams.get(scored.req_id)
             if stream is not None:
                 stream.add_prompt_logprobs(scored)
-        events = self.scheduler.retire(plan.mb_id, [(s.req_id, s.token_id) for s in last.sampled])
+        events = self._started.retire(plan.mb_id, [(s.req_id, s.token_id) for s in last.sampled])
         for req_id, token_id, _index in events:
             stream = self._streams.get(req_id)
             if stream is None or stream.finished:
@@ -298,12 +364,12 @@ class Coordinator:
                 self._finish(stream, reason, stream.error)
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None) -> None:
-        self.scheduler.finish(stream.req_id, reason)
+        self._started.finish(stream.req_id, reason)
         stream.close(reason, error, self.metrics)
         self._streams.pop(stream.req_id, None)
         self._wakeup.set()
 
-    async def _recover(self, failed_plan, error: Exception) -> None:
+    async def _recover(self, failed_plan: MicrobatchPlan, error: BaseException) -> None:
         """Fail what was in flight with a clear error, rebuild the pipeline, carry on. The
         requests' error names the failed stage; Ray's detail (actor ids, pids, node, traceback)
         goes to the log only."""
@@ -313,14 +379,20 @@ class Coordinator:
             self.metrics.pipeline_rebuilt()
         stage = self.pipeline.failed_stage(error)
         which = "a stage" if stage is None else f"stage {stage} of {self.config.pp_size}"
-        log.error("%s failed in microbatch %d; rebuilding the pipeline: %s", which,
-                  failed_plan.mb_id, error)
+        log.error(
+            "%s failed in microbatch %d; rebuilding the pipeline: %s",
+            which,
+            failed_plan.mb_id,
+            error,
+        )
         for _plan, fut in self._inflight:
             fut.cancel()
         self._inflight.clear()
-        msg = (f"The pipeline failed while running this request ({which} stopped) and was "
-               "restarted; please retry.")
-        for req_id in self.scheduler.abort_inflight("error"):
+        msg = (
+            f"The pipeline failed while running this request ({which} stopped) and was "
+            "restarted; please retry."
+        )
+        for req_id in self._started.abort_inflight("error"):
             stream = self._streams.pop(req_id, None)
             if stream is not None:
                 stream.close("error", msg, self.metrics)
@@ -338,14 +410,14 @@ class Coordinator:
             except Exception as e:  # e.g. the new actors cannot be placed yet
                 log.error("pipeline rebuild failed (attempt %d): %s", attempt + 1, e)
                 cause = f": {e}" if isinstance(e, PUBLIC_ERRORS) else ""
-                await asyncio.sleep(2 ** attempt)
+                await asyncio.sleep(2**attempt)
         # Out of service: new requests get a 503, and stats()/health checks raise so that Serve
         # replaces this replica (a fresh pipeline) instead of leaving requests hanging.
         self._broken = f"The pipeline is down and could not be rebuilt{cause}; please retry later."
         for stream in list(self._streams.values()):
             self._finish(stream, "error", self._broken)
 
-    def _output_event(self, event: str, counts) -> None:
+    def _output_event(self, event: str, counts: Mapping[str, int]) -> None:
         if self.metrics:
             self.metrics.output_event(event, counts)
 
@@ -355,26 +427,32 @@ class Coordinator:
 
     def _report_load(self) -> None:
         if self.metrics:
-            s = self.scheduler
+            s = self._started
             self.metrics.set_load(s.num_running, s.num_waiting, s.kv_usage)
 
     # -- introspection ---------------------------------------------------------------------------
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         """{"status": "ok"}, or "degraded" while the pipeline is rebuilt after a stage failure
         (requests then wait in the queue); raises when it cannot serve at all (as stats())."""
         self.stats()
         if self._rebuilding:
-            return {"status": "degraded",
-                    "message": "A pipeline stage failed; the pipeline is being rebuilt."}
+            return {
+                "status": "degraded",
+                "message": "A pipeline stage failed; the pipeline is being rebuilt.",
+            }
         return {"status": "ok"}
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         if self._broken:
             raise RuntimeError(self._broken)
-        if self._loop_task is not None and self._loop_task.done() and \
-                not self._loop_task.cancelled() and self._loop_task.exception() is not None:
+        if (
+            self._loop_task is not None
+            and self._loop_task.done()
+            and not self._loop_task.cancelled()
+            and self._loop_task.exception() is not None
+        ):
             raise RuntimeError(f"the coordinator loop died: {self._loop_task.exception()!r}")
-        s = self.scheduler
+        s = self._started
         return {
             "pp_output_comm": dict(s.comm_stats()),
             "channel_output_sends": self._channel_sends,

@@ -41,8 +41,10 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if self.kind not in GUIDED_KINDS:
-            raise InvalidRequest(f"unknown structured output kind {self.kind!r}; one of "
-                                 f"{', '.join(GUIDED_KINDS)}.", param="structured_outputs")
+            raise InvalidRequest(
+                f"unknown structured output kind {self.kind!r}; one of {', '.join(GUIDED_KINDS)}.",
+                param="structured_outputs",
+            )
 
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # vLLM's and torch's range
@@ -103,35 +105,50 @@ class SamplingParams:
         if self.top_k < -1:
             bad(f"top_k must be -1 (disable), 0 (disable) or positive, got {self.top_k}.", "top_k")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
-            bad(f"seed must be in the signed 64-bit range [{SEED_MIN}, {SEED_MAX}], got "
-                f"{self.seed}.", "seed")
+            bad(
+                f"seed must be in the signed 64-bit range [{SEED_MIN}, {SEED_MAX}], got "
+                f"{self.seed}.",
+                "seed",
+            )
         if not 0.0 <= self.min_p <= 1.0:
             bad(f"min_p must be in [0, 1], got {self.min_p}.", "min_p")
         if self.min_tokens < 0:
             bad(f"min_tokens must be non-negative, got {self.min_tokens}.", "min_tokens")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
-                f"({self.max_tokens}).", "min_tokens")
+            bad(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens}).",
+                "min_tokens",
+            )
         if not -2.0 <= self.presence_penalty <= 2.0:
-            bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.",
-                "presence_penalty")
+            bad(
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.",
+                "presence_penalty",
+            )
         if not -2.0 <= self.frequency_penalty <= 2.0:
-            bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.",
-                "frequency_penalty")
+            bad(
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.",
+                "frequency_penalty",
+            )
         if self.repetition_penalty <= 0.0:
-            bad(f"repetition_penalty must be positive, got {self.repetition_penalty}.",
-                "repetition_penalty")
+            bad(
+                f"repetition_penalty must be positive, got {self.repetition_penalty}.",
+                "repetition_penalty",
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             bad(f"logprobs must be between 0 and 20, got {self.logprobs}.", "logprobs")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            bad(f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}.",
-                "prompt_logprobs")
+            bad(
+                f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}.",
+                "prompt_logprobs",
+            )
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty.", "stop")
         for token_id, bias in self.logit_bias:
             if not -100.0 <= bias <= 100.0:
-                bad(f"logit_bias: the bias of token {token_id} must be in [-100, 100], got "
-                    f"{bias}.", "logit_bias")
+                bad(
+                    f"logit_bias: the bias of token {token_id} must be in [-100, 100], got {bias}.",
+                    "logit_bias",
+                )
         if any(not w.strip() for w in self.bad_words):
             bad("bad_words must be non-empty words.", "bad_words")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
@@ -139,47 +156,69 @@ class SamplingParams:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the sampler indexes with must exist in the model's vocabulary."""
-        fields = {"stop_token_ids": self.stop_token_ids,
-                  "logit_bias": tuple(t for t, _ in self.logit_bias),
-                  "allowed_token_ids": self.allowed_token_ids or ()}
+        fields = {
+            "stop_token_ids": self.stop_token_ids,
+            "logit_bias": tuple(t for t, _ in self.logit_bias),
+            "allowed_token_ids": self.allowed_token_ids or (),
+        }
         for name, ids in fields.items():
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:
-                raise InvalidRequest(f"{name}: token id {bad[0]} is out of range for a "
-                                     f"vocabulary of {vocab_size}.", param=name)
+                raise InvalidRequest(
+                    f"{name}: token id {bad[0]} is out of range for a vocabulary of {vocab_size}.",
+                    param=name,
+                )
 
-    def to_spec(self, eos_token_ids: Iterable[int],
-                bad_words_ids: tuple[tuple[int, ...], ...] = ()) -> SamplingSpec:
+    def to_spec(
+        self, eos_token_ids: Iterable[int], bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    ) -> SamplingSpec:
         """What the last stage needs to sample: the model's EOS ids are banned, with
         stop_token_ids, until min_tokens are out (unless ignore_eos); `bad_words_ids` are
         bad_words as the coordinator tokenized them."""
         banned = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids))
         return SamplingSpec(
-            temperature=self.temperature, top_k=max(self.top_k, 0), top_p=self.top_p,
-            min_p=self.min_p, seed=self.seed, logprobs=self.logprobs,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+            temperature=self.temperature,
+            top_k=max(self.top_k, 0),
+            top_p=self.top_p,
+            min_p=self.min_p,
+            seed=self.seed,
+            logprobs=self.logprobs,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
             min_tokens_banned=tuple(sorted(banned)) if self.min_tokens else (),
-            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids or (),
-            prompt_logprobs=self.prompt_logprobs, bad_words=bad_words_ids)
+            logit_bias=self.logit_bias,
+            allowed_token_ids=self.allowed_token_ids or (),
+            prompt_logprobs=self.prompt_logprobs,
+            bad_words=bad_words_ids,
+        )
 
 
-def _bias_pairs(bias: Mapping[object, object] | Iterable[tuple[object, object]] | None
-                ) -> tuple[tuple[int, float], ...]:
+def _bias_pairs(
+    bias: Mapping[object, object] | Iterable[tuple[object, object]] | None,
+) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, from a mapping (JSON: string keys) or
     pairs; a key that is no token id is refused by name."""
     items = bias.items() if isinstance(bias, Mapping) else (bias or ())
     pairs: dict[int, float] = {}
     for key, value in items:
-        if isinstance(key, bool) or not (isinstance(key, int) or (
-                isinstance(key, str) and key.strip().lstrip("-").isdecimal())):
-            raise InvalidRequest(f"logit_bias: key {key!r} is not a token id (an integer).",
-                                 param="logit_bias")
+        if isinstance(key, bool) or not (
+            isinstance(key, int) or (isinstance(key, str) and key.strip().lstrip("-").isdecimal())
+        ):
+            raise InvalidRequest(
+                f"logit_bias: key {key!r} is not a token id (an integer).", param="logit_bias"
+            )
         token_id = int(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value):
-            raise InvalidRequest(f"logit_bias: the bias of token {key!r} must be a number, "
-                                 f"got {value!r}.", param="logit_bias")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise InvalidRequest(
+                f"logit_bias: the bias of token {key!r} must be a number, got {value!r}.",
+                param="logit_bias",
+            )
         pairs[token_id] = float(value)
     return tuple(sorted(pairs.items()))
 

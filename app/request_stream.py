@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 from app.request import RequestOutput, SamplingParams, TokenLogprob
-from app.tokenizer import IncrementalDetokenizer, StopStringMatcher
+from app.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+
+if TYPE_CHECKING:
+    from app.metrics import EngineMetrics
+    from app.structured import GrammarMatcher
+    from stages.protocol import PromptLogprobs, SampledToken
 
 
 class RequestStream:
-    def __init__(self, req_id: str, prompt_ids: list[int], params: SamplingParams,
-                 max_tokens: int, tokenizer, eos_token_ids: tuple[int, ...],
-                 arrival_time: float, grammar=None):
+    def __init__(
+        self,
+        req_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        tokenizer: Tokenizer,
+        eos_token_ids: tuple[int, ...],
+        arrival_time: float,
+        grammar: GrammarMatcher | None = None,
+    ):
         self.req_id = req_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -40,7 +54,9 @@ class RequestStream:
             return "stop"
         return None
 
-    def append(self, token_id: int, sampled, metrics=None) -> str | None:
+    def append(
+        self, token_id: int, sampled: SampledToken, metrics: EngineMetrics | None = None
+    ) -> str | None:
         """Take one sampled token. Returns a finish reason, or None to carry on."""
         now = time.time()
         if metrics:
@@ -75,7 +91,7 @@ class RequestStream:
         self._push(ids, held_text, lps)
         return None
 
-    def add_prompt_logprobs(self, scored) -> None:
+    def add_prompt_logprobs(self, scored: PromptLogprobs) -> None:
         """A prefill chunk's stages.protocol.PromptLogprobs; a recomputed chunk (after a
         preemption) changes nothing."""
         for j, (lp, rank) in enumerate(zip(scored.logprobs, scored.ranks)):
@@ -83,21 +99,39 @@ class RequestStream:
             top = list(scored.top[j]) if scored.top else []
             self._prompt_lps.setdefault(pos, TokenLogprob(self.prompt_ids[pos], lp, top, rank))
 
-    def _push(self, ids, text, lps, finished=False, reason=None, error=None) -> None:
+    def _push(
+        self,
+        ids: list[int],
+        text: str,
+        lps: list[TokenLogprob],
+        finished: bool = False,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> None:
         out = RequestOutput(
-            request_id=self.req_id, token_ids=ids, text=text, finished=finished,
-            finish_reason=reason, prompt_tokens=len(self.prompt_ids),
+            request_id=self.req_id,
+            token_ids=ids,
+            text=text,
+            finished=finished,
+            finish_reason=reason,
+            prompt_tokens=len(self.prompt_ids),
             completion_tokens=len(self.output_ids),
-            logprobs=lps if self.params.logprobs is not None else None, error=error)
+            logprobs=lps if self.params.logprobs is not None else None,
+            error=error,
+        )
         if not self._sent_prompt:
             out.prompt_token_ids = list(self.prompt_ids)
             if self.params.prompt_logprobs is not None:
-                out.prompt_logprobs = [None] + [self._prompt_lps.get(p)
-                                                for p in range(1, len(self.prompt_ids))]
+                first: list[TokenLogprob | None] = [None]
+                out.prompt_logprobs = first + [
+                    self._prompt_lps.get(p) for p in range(1, len(self.prompt_ids))
+                ]
             self._sent_prompt = True
         self.queue.put_nowait(out)
 
-    def close(self, reason: str, error: str | None = None, metrics=None) -> None:
+    def close(
+        self, reason: str, error: str | None = None, metrics: EngineMetrics | None = None
+    ) -> None:
         if self.finished:
             return
         self.finished = True

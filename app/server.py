@@ -12,6 +12,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ray import serve
 from ray.serve import Application
@@ -33,9 +34,16 @@ from stages.model_config import load_model_args
 
 log = logging.getLogger("ppserve.server")
 
-SERVER_KEYS = ("api_key", "num_replicas", "autoscaling_config", "max_ongoing_requests",
-               "ingress_num_cpus", "max_request_bytes", "prefix_routing_max_queue",
-               "allowed_origins")
+SERVER_KEYS = (
+    "api_key",
+    "num_replicas",
+    "autoscaling_config",
+    "max_ongoing_requests",
+    "ingress_num_cpus",
+    "max_request_bytes",
+    "prefix_routing_max_queue",
+    "allowed_origins",
+)
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
@@ -51,7 +59,8 @@ class PipelineServer:
     tokenizer and chat template. Answers a GenerateRequest with the messages of
     app/messages.py."""
 
-    async def __init__(self, engine_args: dict):
+    # Serve awaits an async constructor; Python's typing has no such thing.
+    async def __init__(self, engine_args: dict[str, Any]):  # type: ignore[misc]
         config = EngineConfig.from_dict(engine_args)
         self.metrics = EngineMetrics(config.model_name, _pipeline_id())
         self.coordinator = Coordinator(config, self.metrics)
@@ -59,15 +68,18 @@ class PipelineServer:
         await self.coordinator.start()
         self.tokenizer = self.coordinator.tokenizer
 
-    def _prompt(self, req: GenerateRequest):
+    def _prompt(self, req: GenerateRequest) -> str | list[int]:
         if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=req.add_generation_prompt,
-                    tools=req.tools)
+                    req.messages, add_generation_prompt=req.add_generation_prompt, tools=req.tools
+                )
             except Exception as e:  # a template that raises on these messages
-                raise InvalidRequest(f"cannot apply the chat template: {e}",
-                                     param="messages") from e
+                raise InvalidRequest(
+                    f"cannot apply the chat template: {e}", param="messages"
+                ) from e
+        if req.prompt is None:
+            raise InvalidRequest("a request needs a prompt or messages.", param="prompt")
         return req.prompt
 
     def _delta(self, out: RequestOutput, index: int) -> Delta | Failure:
@@ -79,10 +91,13 @@ class PipelineServer:
         ids = {t.token_id for t in scored} | {i for t in scored for i, _ in t.top}
         return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids}, index)
 
-    def _add_choice(self, prompt, req: GenerateRequest, index: int) -> RequestStream:
+    def _add_choice(
+        self, prompt: str | list[int], req: GenerateRequest, index: int
+    ) -> RequestStream:
         request_id = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
-        return self.coordinator.add_request(prompt, params_of_choice(req.params, index),
-                                            request_id, req.arrival_time)
+        return self.coordinator.add_request(
+            prompt, params_of_choice(req.params, index), request_id, req.arrival_time
+        )
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[Reply]:
         """Accepted, then the deltas of the request's n choices (tagged by index) as they come.
@@ -94,7 +109,7 @@ class PipelineServer:
         streams: list[RequestStream] = []
         merged: MergedStreams[int, RequestOutput] = MergedStreams()
 
-        def add(prompt, index: int) -> None:
+        def add(prompt: str | list[int], index: int) -> None:
             stream = self._add_choice(prompt, req, index)
             streams.append(stream)
             merged.add(index, self.coordinator.outputs(stream))
@@ -104,8 +119,10 @@ class PipelineServer:
                 add(self._prompt(req), 0)
                 prompt_ids = streams[0].prompt_ids
                 later = range(1, req.n)
-                if not (self.config.enable_prefix_caching and
-                        len(prompt_ids) > self.config.kv_block_size):
+                if not (
+                    self.config.enable_prefix_caching
+                    and len(prompt_ids) > self.config.kv_block_size
+                ):
                     for i in later:
                         add(prompt_ids, i)
                     later = range(0)
@@ -113,9 +130,10 @@ class PipelineServer:
                 yield Failure.of(e)
                 return
             echo = None
-            if req.echo:
-                echo = req.prompt if isinstance(req.prompt, str) else \
-                    self.tokenizer.decode(req.prompt)
+            if req.echo and req.prompt is not None:  # echo is a completions option
+                echo = (
+                    req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(req.prompt)
+                )
             chat = chat_format(self.tokenizer, prompt_ids) if req.messages is not None else {}
             yield Accepted(echo, prompt_tokens=len(prompt_ids), **chat)
             async for index, out in merged:
@@ -133,26 +151,32 @@ class PipelineServer:
             for stream in streams:
                 self.coordinator.abort(stream.req_id)
 
-    async def info(self) -> dict:
-        return {"model": self.config.model_name, "root": self.config.model,
-                "max_model_len": self.coordinator.max_model_len}
+    async def info(self) -> dict[str, Any]:
+        return {
+            "model": self.config.model_name,
+            "root": self.config.model,
+            "max_model_len": self.coordinator.max_model_len,
+        }
 
-    async def stats(self) -> dict:
+    async def stats(self) -> dict[str, Any]:
         return self.coordinator.stats()
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom metrics hook, read by app/autoscaling.py's PipelineLoadPolicy."""
         s = self.coordinator.stats()
-        return {LOAD_METRIC: pipeline_load(s["waiting_prompt_tokens"], s["kv_cache_usage"],
-                                           s["kv_capacity_tokens"])}
+        return {
+            LOAD_METRIC: pipeline_load(
+                s["waiting_prompt_tokens"], s["kv_cache_usage"], s["kv_capacity_tokens"]
+            )
+        }
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         return self.coordinator.health()  # raises when the coordinator is broken
 
     async def check_health(self) -> None:  # Serve's periodic replica health check
         self.coordinator.stats()
 
-    def __del__(self):
+    def __del__(self) -> None:
         coordinator = getattr(self, "coordinator", None)
         if coordinator is not None:
             try:
@@ -161,7 +185,7 @@ class PipelineServer:
                 pass
 
 
-def _prefix_router(config: EngineConfig, server: dict) -> RequestRouterConfig | None:
+def _prefix_router(config: EngineConfig, server: dict[str, Any]) -> RequestRouterConfig | None:
     """Prefix-aware routing (app/prefix_router.py) wherever more than one pipeline may run; a
     pipeline is saturated for it at `prefix_routing_max_queue` requests (default: all its
     running slots, --max-num-seqs), 0 = off (Serve's default power-of-two router)."""
@@ -172,8 +196,11 @@ def _prefix_router(config: EngineConfig, server: dict) -> RequestRouterConfig | 
     several = "autoscaling_config" in server or int(server.get("num_replicas", 1)) > 1
     if not several or max_queue == 0:
         return None
-    return RequestRouterConfig(request_router_class=ROUTER_CLASS,
-                               request_router_kwargs={"max_queue": max_queue})
+    return RequestRouterConfig(
+        # Serve documents an import path here; its stubs type the field otherwise.
+        request_router_class=ROUTER_CLASS,  # type: ignore[arg-type]
+        request_router_kwargs={"max_queue": max_queue},
+    )
 
 
 def allowed_origins(value: str | list[str] | None) -> tuple[str, ...]:
@@ -182,7 +209,7 @@ def allowed_origins(value: str | list[str] | None) -> tuple[str, ...]:
     return tuple(o.strip() for o in items if o.strip())
 
 
-def build_app(args: dict | None = None) -> Application:
+def build_app(args: dict[str, Any] | None = None) -> Application:
     """The Serve application for `args` (engine options + SERVER_KEYS)."""
     args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
     server = {k: args.pop(k) for k in SERVER_KEYS if k in args}
@@ -193,29 +220,44 @@ def build_app(args: dict | None = None) -> Application:
     # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
     # With a waiting bound, every request must reach the coordinator to be counted against it,
     # not queue unseen in front of the replica.
-    ongoing = int(server.get("max_ongoing_requests") or max(
-        4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)))
-    options = {"autoscaling_config": server["autoscaling_config"]} \
-        if "autoscaling_config" in server else {"num_replicas": server.get("num_replicas", 1)}
+    ongoing = int(
+        server.get("max_ongoing_requests")
+        or max(
+            4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)
+        )
+    )
+    options = (
+        {"autoscaling_config": server["autoscaling_config"]}
+        if "autoscaling_config" in server
+        else {"num_replicas": server.get("num_replicas", 1)}
+    )
     router = _prefix_router(config, server)
     if router is not None:
         options["request_router_config"] = router
     pipeline = serve.deployment(
-        PipelineServer, name="PipelineServer", max_ongoing_requests=ongoing,
-        ray_actor_options={"num_cpus": bundles[0].get("CPU", 0),
-                           "num_gpus": bundles[0].get("GPU", 0)},
-        placement_group_bundles=bundles, placement_group_strategy=config.placement_strategy,
+        name="PipelineServer",
+        max_ongoing_requests=ongoing,
+        ray_actor_options={
+            "num_cpus": bundles[0].get("CPU", 0),
+            "num_gpus": bundles[0].get("GPU", 0),
+        },
+        placement_group_bundles=bundles,
+        placement_group_strategy=config.placement_strategy,
         **options,
-    ).bind(config.to_dict())
+    )(PipelineServer).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
     api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
     max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
-    ingress_cls = make_ingress(config.model_name, api_key, max_bytes,
-                               config.kv_block_size if router is not None
-                               else None,
-                               allowed_origins(server.get("allowed_origins")))
-    ingress = serve.deployment(
-        ingress_cls, name="OpenAIIngress", max_ongoing_requests=ongoing,
-        ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},
+    ingress_cls = make_ingress(
+        config.model_name,
+        api_key,
+        max_bytes,
+        config.kv_block_size if router is not None else None,
+        allowed_origins(server.get("allowed_origins")),
     )
+    ingress = serve.deployment(
+        name="OpenAIIngress",
+        max_ongoing_requests=ongoing,
+        ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},
+    )(ingress_cls)
     return ingress.bind(pipeline)

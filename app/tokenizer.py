@@ -35,28 +35,36 @@ def _message_text(content: Any) -> str:
 
 def simple_chat_text(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
     """The built-in template: one `<|role|>` header line per message, then the content."""
-    text = "".join(f"<|{m.get('role', 'user')}|>\n{_message_text(m.get('content'))}\n"
-                   for m in messages)
+    text = "".join(
+        f"<|{m.get('role', 'user')}|>\n{_message_text(m.get('content'))}\n" for m in messages
+    )
     return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
 
-def with_tool_prompt(messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_tool_prompt(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """For a template without tool support: the tools described in the system message, and
     earlier calls written into the assistant's content, in the Hermes format that
     app/tool_parsers.py reads back."""
     listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    prompt = (f"You may call these functions:\n<tools>\n{listing}\n</tools>\nTo call one, "
-              'answer with\n<tool_call>\n{"name": <function-name>, "arguments": '
-              "<args-json-object>}\n</tool_call>")
+    prompt = (
+        f"You may call these functions:\n<tools>\n{listing}\n</tools>\nTo call one, "
+        'answer with\n<tool_call>\n{"name": <function-name>, "arguments": '
+        "<args-json-object>}\n</tool_call>"
+    )
     out = []
     for m in messages:
         calls = m.get("tool_calls") or ()
         text = _message_text(m.get("content")) + "".join(
-            "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
-                                          "arguments": c["function"]["arguments"]},
-                                         ensure_ascii=False) + "\n</tool_call>"
-            for c in calls)
+            "<tool_call>\n"
+            + json.dumps(
+                {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                ensure_ascii=False,
+            )
+            + "\n</tool_call>"
+            for c in calls
+        )
         out.append({k: v for k, v in {**m, "content": text}.items() if k != "tool_calls"})
     if out and out[0].get("role") == "system":
         return [{**out[0], "content": f"{out[0]['content']}\n\n{prompt}".lstrip()}, *out[1:]]
@@ -111,9 +119,12 @@ class ByteTokenizer:
 
     chat_template = ""
 
-    def apply_chat_template(self, messages: list[dict[str, Any]],
-                            add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         if tools:
             messages = with_tool_prompt(messages, tools)
         return self.encode(simple_chat_text(messages, add_generation_prompt))
@@ -134,8 +145,7 @@ class HFTokenizer:
         self.vocab_size = len(self.hf)
         template = getattr(self.hf, "chat_template", None) or ""
         # Several named templates: the default one renders chats.
-        self.chat_template = template.get("default", "") if isinstance(template, dict) \
-            else template
+        self.chat_template = template.get("default", "") if isinstance(template, dict) else template
         self.has_chat_template = bool(self.chat_template)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -150,9 +160,12 @@ class HFTokenizer:
             return str(self.hf.convert_ids_to_tokens(token_id))
         return text
 
-    def apply_chat_template(self, messages: list[dict[str, Any]],
-                            add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         msgs = [{**m, "content": _message_text(m.get("content"))} for m in messages]
         if tools and "tools" not in self.chat_template:  # a template that cannot show them
             msgs, tools = with_tool_prompt(msgs, tools), None
@@ -160,8 +173,12 @@ class HFTokenizer:
             # Like a base model served without a template: a plain, documented fallback.
             return self.encode(simple_chat_text(msgs, add_generation_prompt))
         hf_tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
-        text = cast(str, self.hf.apply_chat_template(
-            msgs, add_generation_prompt=add_generation_prompt, tokenize=False, tools=hf_tools))
+        text = cast(
+            str,
+            self.hf.apply_chat_template(
+                msgs, add_generation_prompt=add_generation_prompt, tokenize=False, tools=hf_tools
+            ),
+        )
         # The rendered template already holds BOS where the model wants it.
         return self.encode(text, add_special_tokens=False)
 
@@ -221,8 +238,8 @@ class IncrementalDetokenizer:
         ids = self.token_ids
         if self._read_offset >= len(ids):
             return ""
-        prefix = self._decode(ids[self._prefix_offset:self._read_offset])
-        end, full = len(ids), self._decode(ids[self._prefix_offset:])
+        prefix = self._decode(ids[self._prefix_offset : self._read_offset])
+        end, full = len(ids), self._decode(ids[self._prefix_offset :])
         if full.endswith(_REPLACEMENT) and not force:
             complete, full = self._last_complete(end)
             if complete is None:
@@ -230,7 +247,7 @@ class IncrementalDetokenizer:
             end = complete
         if len(full) <= len(prefix) and not force:
             return ""  # e.g. only special tokens so far: nothing visible yet
-        delta = full[len(prefix):]
+        delta = full[len(prefix) :]
         self._prefix_offset, self._read_offset = self._read_offset, end
         self.text += delta
         return delta
@@ -240,11 +257,11 @@ class IncrementalDetokenizer:
         for k in range(1, _MAX_HOLD_TOKENS):
             if end - k <= self._read_offset:
                 break
-            text = self._decode(self.token_ids[self._prefix_offset:end - k])
+            text = self._decode(self.token_ids[self._prefix_offset : end - k])
             if not text.endswith(_REPLACEMENT):
                 return end - k, text
         if end - self._read_offset >= _MAX_HOLD_TOKENS:  # too long to be one character: invalid
-            return end, self._decode(self.token_ids[self._prefix_offset:end])
+            return end, self._decode(self.token_ids[self._prefix_offset : end])
         return None, ""
 
 
@@ -272,7 +289,7 @@ class StopStringMatcher:
             if i >= 0 and (hit < 0 or i < hit):
                 hit, stop = i, s
         if hit >= 0:
-            emit = self._buf[:hit + (len(stop) if self.include else 0)]
+            emit = self._buf[: hit + (len(stop) if self.include else 0)]
             self._buf, self.stopped, self.matched = "", True, stop
             return emit, True
         cut = max(len(self._buf) - self._hold, 0)

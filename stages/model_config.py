@@ -16,7 +16,7 @@ from stages.models.families import Family, family_of
 log = logging.getLogger(__name__)
 
 # The built-in random model; byte-level vocabulary: 0..255 bytes, 256 <bos>, 257 <eos>, rest unused.
-BUILTIN_CONFIG: dict = {
+BUILTIN_CONFIG: dict[str, Any] = {
     "model_type": "llama",
     "vocab_size": 320,
     "hidden_size": 128,
@@ -46,7 +46,8 @@ class ModelArgs:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None  # None for plain RoPE; else {"rope_type": "llama3", "factor": ...}
+    # None for plain RoPE; else {"rope_type": "llama3", "factor": ...}
+    rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool  # bias on q/k/v projections
@@ -64,7 +65,7 @@ class ModelArgs:
         return family_of(self.model_type)
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "ModelArgs":
+    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelArgs":
         model_type = d.get("model_type")
         family = family_of(model_type)
         if d.get("hidden_act", "silu") != "silu":
@@ -72,8 +73,9 @@ class ModelArgs:
         if d.get("sliding_window") and d.get("use_sliding_window", model_type == "mistral"):
             # Mistral v0.1 declares a 4K window; ppserve attends to the full prefix (as later
             # Mistral releases do), so outputs differ from windowed attention past the window.
-            log.warning("ignoring sliding_window=%s: ppserve uses full attention",
-                        d["sliding_window"])
+            log.warning(
+                "ignoring sliding_window=%s: ppserve uses full attention", d["sliding_window"]
+            )
         heads = int(d["num_attention_heads"])
         theta, scaling = _rope(d, family.rope_types)
         eos = d.get("eos_token_id")
@@ -100,32 +102,36 @@ class ModelArgs:
         return cls(**{**fields, **family.fields(d)})
 
 
-def _fp8_block(d: dict) -> tuple[int, int] | None:
+def _fp8_block(d: dict[str, Any]) -> tuple[int, int] | None:
     quant = d.get("quantization_config") or {}
     if not quant:
         return None
     if quant.get("quant_method") != "fp8":
-        raise ValueError(f"unsupported quantization {quant.get('quant_method')!r} (only "
-                         f"block-scaled fp8)")
+        raise ValueError(
+            f"unsupported quantization {quant.get('quant_method')!r} (only block-scaled fp8)"
+        )
     block = quant.get("weight_block_size") or (128, 128)
     return int(block[0]), int(block[1])
 
 
-def _rope(d: dict, supported: tuple[str, ...]) -> tuple[float, dict | None]:
+def _rope(d: dict[str, Any], supported: tuple[str, ...]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, scaling dict or None) from either config layout."""
     params = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
     theta = float(params.pop("rope_theta", d.get("rope_theta", 10000.0)))
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     if rope_type not in supported:
-        raise ValueError(f"unsupported rope type {rope_type!r} for {d.get('model_type')}; "
-                         f"supported: {', '.join(supported)}")
+        raise ValueError(
+            f"unsupported rope type {rope_type!r} for {d.get('model_type')}; "
+            f"supported: {', '.join(supported)}"
+        )
     if rope_type == "default":
         return theta, None
     if rope_type == "yarn":
         params.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
         if params.get("factor") is None:  # transformers: the ratio of the two lengths
-            params["factor"] = (d["max_position_embeddings"]
-                                / params["original_max_position_embeddings"])
+            params["factor"] = (
+                d["max_position_embeddings"] / params["original_max_position_embeddings"]
+            )
         return theta, {"rope_type": rope_type, **params}
     for key in ("factor", "low_freq_factor", "high_freq_factor"):
         if key not in params:
@@ -139,8 +145,7 @@ def load_model_args(path: str | None) -> ModelArgs:
     if path is None:
         return ModelArgs.from_hf_dict(BUILTIN_CONFIG)
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"model directory {path!r} does not exist (or is not a "
-                                "directory)")
+        raise FileNotFoundError(f"model directory {path!r} does not exist (or is not a directory)")
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
         raise FileNotFoundError(f"no config.json in model directory {path!r}")

@@ -47,12 +47,14 @@ def _apply_penalties(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
         if seen:
             idx = torch.tensor(sorted(set(seen)), device=logits.device)
             vals = logits[idx]
-            vals = torch.where(vals > 0, vals / spec.repetition_penalty,
-                               vals * spec.repetition_penalty)
+            vals = torch.where(
+                vals > 0, vals / spec.repetition_penalty, vals * spec.repetition_penalty
+            )
             logits = logits.index_copy(0, idx, vals)
     if (spec.presence_penalty or spec.frequency_penalty) and row.output_ids:
-        counts = torch.bincount(torch.tensor(row.output_ids, device=logits.device),
-                                minlength=logits.shape[0]).to(logits.dtype)
+        counts = torch.bincount(
+            torch.tensor(row.output_ids, device=logits.device), minlength=logits.shape[0]
+        ).to(logits.dtype)
         logits = logits - spec.frequency_penalty * counts
         logits = logits - spec.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
@@ -63,19 +65,24 @@ def _shape(logits: torch.Tensor, row: RowToSample) -> torch.Tensor:
     spec = row.spec
     if spec.logit_bias:
         idx = torch.tensor([t for t, _ in spec.logit_bias], device=logits.device)
-        bias = torch.tensor([b for _, b in spec.logit_bias], dtype=logits.dtype,
-                            device=logits.device)
+        bias = torch.tensor(
+            [b for _, b in spec.logit_bias], dtype=logits.dtype, device=logits.device
+        )
         logits = logits.index_add(0, idx, bias)
     if spec.allowed_token_ids:
         idx = torch.tensor(spec.allowed_token_ids, device=logits.device)
         logits = torch.full_like(logits, float("-inf")).index_copy(0, idx, logits[idx])
-    banned = [seq[-1] for seq in spec.bad_words
-              if len(seq) == 1 or tuple(row.output_ids[-(len(seq) - 1):]) == seq[:-1]]
+    banned = [
+        seq[-1]
+        for seq in spec.bad_words
+        if len(seq) == 1 or tuple(row.output_ids[-(len(seq) - 1) :]) == seq[:-1]
+    ]
     if banned:
         logits = logits.index_fill(0, torch.tensor(banned, device=logits.device), float("-inf"))
     if row.token_mask is not None:
-        logits = logits.masked_fill(~unpack_mask(row.token_mask, logits.shape[0],
-                                                 logits.device), float("-inf"))
+        logits = logits.masked_fill(
+            ~unpack_mask(row.token_mask, logits.shape[0], logits.device), float("-inf")
+        )
     return logits
 
 
@@ -108,9 +115,17 @@ def _filter(probs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
     return probs
 
 
+# A scored prompt stretch, on the device: logprobs [m], ranks [m], top values [m, k] and top
+# ids [m, k] (None when k == 0).
+TokenScores = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+# (req_id, first position, *TokenScores)
+PromptScores = tuple[str, int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
 @dataclass
 class Picked:
     """Tokens chosen on the device, not yet read by the host (reading waits for the GPU)."""
+
     token_ids: torch.Tensor  # [R] long
     rows: list[RowToSample]
     logprobs: torch.Tensor | None  # [R, V] log-softmax of the raw logits, when a row asks
@@ -120,7 +135,7 @@ class Picked:
     copied: torch.cuda.Event | None = None
     # Prompt logprobs on the device: (req_id, first position, logprobs [m], ranks [m],
     # top values [m, k] or None, top ids [m, k] or None)
-    prompt: list[tuple] = field(default_factory=list)
+    prompt: list[PromptScores] = field(default_factory=list)
 
     def copy_to_host(self) -> None:
         if self.token_ids.device.type != "cuda":
@@ -131,13 +146,13 @@ class Picked:
         self.copied.record()
 
     def ids(self) -> list[int]:
-        if self.copied is None:
+        if self.copied is None or self.host_ids is None:
             return self.token_ids.tolist()
         self.copied.synchronize()
         return self.host_ids.tolist()
 
 
-def score_tokens(logits: torch.Tensor, targets: torch.Tensor, k: int) -> tuple:
+def score_tokens(logits: torch.Tensor, targets: torch.Tensor, k: int) -> TokenScores:
     """Logprobs of `targets` [m] under `logits` [m, V] (the raw model's), their ranks, and the
     top k (values, ids) when k > 0; all on the device."""
     lp = torch.log_softmax(logits.float(), dim=-1)
@@ -149,9 +164,13 @@ def score_tokens(logits: torch.Tensor, targets: torch.Tensor, k: int) -> tuple:
 
 def _plain_greedy(row: RowToSample) -> bool:
     spec = row.spec
-    return spec.greedy and not spec.needs_history and not spec.shapes_logits and (
-        row.token_mask is None) and not (
-        spec.min_tokens_banned and row.output_index < spec.min_tokens)
+    return (
+        spec.greedy
+        and not spec.needs_history
+        and not spec.shapes_logits
+        and (row.token_mask is None)
+        and not (spec.min_tokens_banned and row.output_index < spec.min_tokens)
+    )
 
 
 class Sampler:
@@ -202,8 +221,10 @@ class Sampler:
             if k is None:
                 out.append(Sampled(tok, None, ()))
                 continue
+            if picked.logprobs is None:
+                raise ValueError("a row asks for logprobs but the pick computed none")
             lp = picked.logprobs[i]
-            top = ()
+            top: tuple[tuple[int, float], ...] = ()
             if k > 0:
                 vals, idx = torch.topk(lp, k)
                 top = tuple(zip(idx.tolist(), vals.tolist()))

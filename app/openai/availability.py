@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ray import serve
@@ -39,7 +39,12 @@ class ReplicaWatch:
         app = serve.status().applications.get(self._app)
         dep = app.deployments.get(self.deployment) if app else None
         # Scaled to zero: the call itself is what brings a replica up, so it waits.
-        return dep is None or dep.replica_states.get("RUNNING", 0) > 0 or dep.status == "UPSCALING"
+        # replica_states is keyed by ReplicaState, a str enum: its name looks it up.
+        return (
+            dep is None
+            or dep.replica_states.get("RUNNING", 0) > 0  # type: ignore[call-overload]
+            or dep.status == "UPSCALING"
+        )
 
     async def running(self) -> bool:
         now = time.monotonic()
@@ -48,7 +53,7 @@ class ReplicaWatch:
             self._running = await asyncio.to_thread(self._count_running)
         return self._running
 
-    async def first(self, call: Awaitable[Any], cancel) -> Any:
+    async def first(self, call: Awaitable[Any], cancel: Callable[[], object]) -> Any:
         """`call`'s result; raises Unavailable (after `cancel()`) when no replica runs."""
         fut = asyncio.ensure_future(call)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -13,8 +14,11 @@ from app.openai.responses import error_response
 
 
 def _too_large(limit: int) -> JSONResponse:
-    return error_response(f"The request body is larger than the server's limit of {limit} "
-                          "bytes.", 413, code="request_too_large")
+    return error_response(
+        f"The request body is larger than the server's limit of {limit} bytes.",
+        413,
+        code="request_too_large",
+    )
 
 
 # What a client that went away while sending its body is answered (nginx's convention; nobody
@@ -24,18 +28,22 @@ CLIENT_CLOSED = 499
 
 def _is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/")
-                                           and media.endswith("+json"))
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
-async def read_json_object(request: Request, limit: int) -> dict | Response:
+async def read_json_object(request: Request, limit: int) -> dict[str, Any] | Response:
     """The body as a dict, or the response to send instead. Stops reading at `limit` bytes
     whether or not the client declared a Content-Length. A body declared as anything but
     JSON is a 415 (no Content-Type at all is read as JSON, as FastAPI does)."""
     content_type = request.headers.get("content-type")
     if content_type is not None and not _is_json(content_type):
-        return error_response(f"Unsupported Content-Type {content_type!r}: the body must be "
-                              "JSON (application/json).", 415, code="unsupported_media_type")
+        return error_response(
+            f"Unsupported Content-Type {content_type!r}: the body must be JSON (application/json).",
+            415,
+            code="unsupported_media_type",
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return _too_large(limit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -37,11 +38,12 @@ class _Choice:
         self.echo_text = echo_text or ""
         self.offset = len(self.echo_text)  # text_offset of the next completion logprob
         self.text = [self.echo_text]
-        self.logprobs: dict | None = None
+        self.logprobs: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.completion_tokens = 0
         self.chat_output: ChatOutput | None = None  # tool calls / reasoning to split off
-        self.prompt_logprobs: list | None = None  # vLLM's prompt_logprobs, when asked
+        # vLLM's prompt_logprobs, when asked
+        self.prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class Choices:
@@ -59,7 +61,7 @@ class Choices:
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
 
-    def take(self, index: int, delta: Delta) -> tuple[_Choice, dict | None]:
+    def take(self, index: int, delta: Delta) -> tuple[_Choice, dict[str, Any] | None]:
         """Account one delta of choice `index`; its logprobs in the endpoint's shape."""
         c, out = self.choices[index], delta.out
         c.completion_tokens = out.completion_tokens
@@ -70,29 +72,32 @@ class Choices:
             c.prompt_logprobs = vllm_prompt_logprobs(out.prompt_logprobs, delta.pieces)
         return c, self._logprobs(c, out, delta.pieces)
 
-    def _logprobs(self, c: _Choice, out: RequestOutput, pieces: dict) -> dict | None:
+    def _logprobs(
+        self, c: _Choice, out: RequestOutput, pieces: dict[int, str]
+    ) -> dict[str, Any] | None:
         if out.logprobs is None:
             return None
         if self.b.chat:
             return chat_logprobs(out.logprobs, pieces)
         lp = completion_logprobs(out.logprobs, pieces, c.offset)
         c.offset += sum(len(t) for t in lp["tokens"])
-        if c.echo_text and out.prompt_logprobs is not None:  # echo: the prompt's first
+        # echo: the prompt's logprobs come first
+        if c.echo_text and out.prompt_logprobs is not None and out.prompt_token_ids is not None:
             prompt = echoed_prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, pieces)
             lp = {k: prompt[k] + lp[k] for k in lp}
         return lp
 
-    def add_prompt_logprobs(self, body: dict, index: int, c: _Choice) -> dict:
+    def add_prompt_logprobs(self, body: dict[str, Any], index: int, c: _Choice) -> dict[str, Any]:
         """vLLM's `prompt_logprobs`: on the choice (completions) or the body (chat)."""
         if c.prompt_logprobs is not None:
             choice = next(x for x in body["choices"] if x["index"] == index)
             (body if self.b.chat else choice)["prompt_logprobs"] = c.prompt_logprobs
         return body
 
-    def usage(self) -> dict:
+    def usage(self) -> dict[str, Any]:
         return usage(sum(self.prompt_tokens), sum(c.completion_tokens for c in self.choices))
 
-    def choice_usage(self, c: _Choice) -> dict | None:
+    def choice_usage(self, c: _Choice) -> dict[str, Any] | None:
         """The chunk usage of choice `c` so far, with continuous usage stats (else None)."""
         if not self.continuous_usage:
             return None
@@ -126,8 +131,9 @@ async def collect(calls: PipelineCalls, choices: Choices) -> JSONResponse:
     return JSONResponse(body)
 
 
-def _chat_chunks(choices: Choices, index: int, c: _Choice, out: RequestOutput,
-                 lp: dict | None) -> list[str]:
+def _chat_chunks(
+    choices: Choices, index: int, c: _Choice, out: RequestOutput, lp: dict[str, Any] | None
+) -> list[str]:
     """A chat delta split into content, reasoning_content and tool_calls."""
     co = c.chat_output
     if co is None:

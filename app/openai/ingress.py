@@ -8,10 +8,11 @@ import asyncio
 import hmac
 import time
 import uuid
+from typing import Any, Union
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from ray import serve
 from ray.exceptions import TaskCancelledError
@@ -30,27 +31,36 @@ from app.prefix_routing import prompt_key
 from app.request import InvalidRequest
 
 
-def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
-                 routing_block_size: int | None = None,
-                 allowed_origins: tuple[str, ...] = ()):
+def make_ingress(
+    model_name: str,
+    api_key: str | None,
+    max_request_bytes: int,
+    routing_block_size: int | None = None,
+    allowed_origins: tuple[str, ...] = (),
+) -> type[Any]:
     """The ingress deployment class; FastAPI routes need an app object, built here per call.
     routing_block_size: with prefix-aware routing, the block size of its keys. Browsers get
     CORS headers only for `allowed_origins` (none by default)."""
     fastapi_app = FastAPI(title="ppserve", docs_url=None, redoc_url=None)
     if allowed_origins:
         fastapi_app.add_middleware(
-            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"])
-    document_request_bodies(fastapi_app, {"/v1/completions": CompletionRequest,
-                                          "/v1/chat/completions": ChatCompletionRequest})
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    document_request_bodies(
+        fastapi_app,
+        {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest},
+    )
 
     @serve.ingress(fastapi_app)
     class OpenAIIngress:
-        def __init__(self, server):
+        def __init__(self, server: Any) -> None:
             self.server = server  # DeploymentHandle of the PipelineServer
             self.replicas = ReplicaWatch(server.deployment_name)
             self.model = model_name
-            self._info: dict | None = None
+            self._info: dict[str, Any] | None = None
 
         def _auth(self, request: Request) -> JSONResponse | None:
             if not api_key:
@@ -62,7 +72,7 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
             return error_response("Incorrect or missing API key.", 401, code="invalid_api_key")
 
         @fastapi_app.get("/health")
-        async def health(self):
+        async def health(self) -> Response:
             """200 {"status": "ok"} when serving; 503 otherwise, so that a readiness probe
             takes the endpoint out of rotation: {"status": "degraded"} while the pipeline is
             rebuilt after a stage failure, {"status": "unavailable"} while the replica is
@@ -78,25 +88,35 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
             return JSONResponse({"status": "ok"})
 
         @fastapi_app.get("/v1/models")
-        async def models(self, request: Request):
+        async def models(self, request: Request) -> Response:
             if (denied := self._auth(request)) is not None:
                 return denied
             if self._info is None:
                 self._info = await self.server.info.remote()
-            card = {"id": self.model, "object": "model", "created": int(time.time()),
-                    "owned_by": "ppserve", "root": self._info.get("root") or self.model,
-                    "max_model_len": self._info["max_model_len"]}
+            card = {
+                "id": self.model,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "ppserve",
+                "root": self._info.get("root") or self.model,
+                "max_model_len": self._info["max_model_len"],
+            }
             return JSONResponse({"object": "list", "data": [card]})
 
         @fastapi_app.post("/v1/completions")
-        async def completions(self, request: Request):
+        async def completions(self, request: Request) -> Response:
             return await self._serve(request, CompletionRequest, "completion")
 
         @fastapi_app.post("/v1/chat/completions")
-        async def chat_completions(self, request: Request):
+        async def chat_completions(self, request: Request) -> Response:
             return await self._serve(request, ChatCompletionRequest, "chat")
 
-        async def _serve(self, request: Request, schema, kind: str):
+        async def _serve(
+            self,
+            request: Request,
+            schema: Union[type[CompletionRequest], type[ChatCompletionRequest]],
+            kind: str,
+        ) -> Response:
             arrival = time.time()  # TTFT counts from here (wall clock: crosses processes)
             if (denied := self._auth(request)) is not None:
                 return denied
@@ -109,8 +129,9 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 message, param = describe_error(e)
                 return error_response(message, 400, param)
             if req.model is not None and req.model != self.model:
-                return error_response(f"The model `{req.model}` does not exist.", 404,
-                                      "model", code="model_not_found")
+                return error_response(
+                    f"The model `{req.model}` does not exist.", 404, "model", code="model_not_found"
+                )
             prefix = "chatcmpl" if kind == "chat" else "cmpl"
             request_id = f"{prefix}-{uuid.uuid4().hex}"
             try:
@@ -119,10 +140,19 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 for p, fields in enumerate(fields_list := req.prompts_fields()):
                     if routing_block_size:
                         fields["prefix_key"] = prompt_key(
-                            fields.get("prompt"), fields.get("messages"), routing_block_size)
-                    gen_reqs.append(GenerateRequest(
-                        request_id=request_id if len(fields_list) == 1 else f"{request_id}-p{p}",
-                        params=params, arrival_time=arrival, n=req.n, **fields))
+                            fields.get("prompt"), fields.get("messages"), routing_block_size
+                        )
+                    gen_reqs.append(
+                        GenerateRequest(
+                            request_id=request_id
+                            if len(fields_list) == 1
+                            else f"{request_id}-p{p}",
+                            params=params,
+                            arrival_time=arrival,
+                            n=req.n,
+                            **fields,
+                        )
+                    )
             except InvalidRequest as e:
                 return error_response(str(e), e.status, e.param)
             calls = PipelineCalls(self.server, self.replicas, gen_reqs)
@@ -131,8 +161,13 @@ def make_ingress(model_name: str, api_key: str | None, max_request_bytes: int,
                 accepted = await calls.accept()
                 if isinstance(accepted, Failure):
                     return error_response(accepted.message, accepted.status, accepted.param)
-                choices = Choices(ResponseBuilder(kind, request_id, self.model), accepted, req.n,
-                                  req.include_usage, req.continuous_usage)
+                choices = Choices(
+                    ResponseBuilder(kind, request_id, self.model),
+                    accepted,
+                    req.n,
+                    req.include_usage,
+                    req.continuous_usage,
+                )
                 if kind == "chat":  # tool calls / reasoning to split off, choice by choice
                     for c in choices.choices:
                         c.chat_output = ChatOutput.for_request(req, accepted[c.prompt])

@@ -7,26 +7,44 @@ clients' generators and the schemathesis fuzz tests read.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 _REF = "#/components/schemas/{model}"
-_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "type", "param", "code"],
-    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                   "param": {"type": ["string", "null"]},
-                   "code": {"type": ["string", "integer", "null"]}}}}}
-_ERROR_STATUSES = {"400": "Invalid request", "401": "Missing or wrong API key",
-                   "404": "Unknown model", "413": "Request body too large",
-                   "415": "Request body not declared as JSON",
-                   "429": "Too many requests waiting", "503": "Pipeline unavailable"}
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "integer", "null"]},
+            },
+        }
+    },
+}
+_ERROR_STATUSES = {
+    "400": "Invalid request",
+    "401": "Missing or wrong API key",
+    "404": "Unknown model",
+    "413": "Request body too large",
+    "415": "Request body not declared as JSON",
+    "429": "Too many requests waiting",
+    "503": "Pipeline unavailable",
+}
 
 
 def document_request_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) -> None:
     """Make `app.openapi()` describe each POST path's JSON body with its model."""
 
-    def openapi() -> dict:
+    def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
@@ -37,13 +55,19 @@ def document_request_bodies(app: FastAPI, bodies: dict[str, type[BaseModel]]) ->
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
             op = schema["paths"][path]["post"]
-            op["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": {"$ref": _REF.format(model=model.__name__)}}}}
-            error = {"content": {"application/json": {
-                "schema": {"$ref": _REF.format(model="Error")}}}}
-            op["responses"].update({code: {"description": text, **error}
-                                    for code, text in _ERROR_STATUSES.items()})
+            op["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}
+                },
+            }
+            error = {
+                "content": {"application/json": {"schema": {"$ref": _REF.format(model="Error")}}}
+            }
+            op["responses"].update(
+                {code: {"description": text, **error} for code, text in _ERROR_STATUSES.items()}
+            )
         app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI documents replacing it

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +22,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic.config import JsonDict
 
 from app.openai.structured_fields import StructuredFields
 from app.openai.tools import ToolFields
@@ -98,16 +99,19 @@ class _Sampling(StructuredFields):
 
     def _check_common(self) -> None:
         if not 1 <= self.n <= MAX_CHOICES:
-            raise InvalidRequest(f"n must be between 1 and {MAX_CHOICES}, got {self.n}.",
-                                 param="n")
+            raise InvalidRequest(f"n must be between 1 and {MAX_CHOICES}, got {self.n}.", param="n")
         if self.stream_options is not None and not self.stream:
-            raise InvalidRequest("stream_options is only allowed when stream is true.",
-                                 param="stream_options")
+            raise InvalidRequest(
+                "stream_options is only allowed when stream is true.", param="stream_options"
+            )
 
     def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """The fields SamplingParams shares with this schema, None meaning its default."""
-        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(SamplingParams)
-                 if getattr(self, f.name, None) is not None}
+        given = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(SamplingParams)
+            if getattr(self, f.name, None) is not None
+        }
         given["structured"] = self.structured_output()
         return SamplingParams(**{**given, "max_tokens": max_tokens, "logprobs": logprobs})
 
@@ -118,13 +122,14 @@ class _Sampling(StructuredFields):
     @property
     def continuous_usage(self) -> bool:
         """Usage on every chunk (vLLM's `continuous_usage_stats`, with include_usage)."""
-        return self.include_usage and bool(self.stream_options and
-                                           self.stream_options.continuous_usage_stats)
+        return self.include_usage and bool(
+            self.stream_options and self.stream_options.continuous_usage_stats
+        )
 
-    def prompt_fields(self) -> dict:
+    def prompt_fields(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def prompts_fields(self) -> list[dict]:
+    def prompts_fields(self) -> list[dict[str, Any]]:
         """The GenerateRequest fields of each prompt: one PipelineServer call each."""
         return [self.prompt_fields()]
 
@@ -142,16 +147,20 @@ class CompletionRequest(_Sampling):
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             return list(p)
-        return [p]  # an empty one is refused with the others (Coordinator.add_request)
+        # One prompt (an empty one is refused with the others: Coordinator.add_request)
+        return [cast(Union[Text, TokenIds], p)]
 
-    def prompt_fields(self) -> dict:
+    def prompt_fields(self) -> dict[str, Any]:
         return self.prompts_fields()[0]
 
-    def prompts_fields(self) -> list[dict]:
+    def prompts_fields(self) -> list[dict[str, Any]]:
         prompts = self.prompts()
         if len(prompts) * self.n > MAX_CHOICES:
-            raise InvalidRequest(f"{len(prompts)} prompts x n={self.n} choices is more than "
-                                 f"{MAX_CHOICES} choices in one request.", param="prompt")
+            raise InvalidRequest(
+                f"{len(prompts)} prompts x n={self.n} choices is more than "
+                f"{MAX_CHOICES} choices in one request.",
+                param="prompt",
+            )
         return [{"prompt": p, "echo": self.echo} for p in prompts]
 
     def sampling_params(self) -> SamplingParams:
@@ -159,8 +168,9 @@ class CompletionRequest(_Sampling):
         if self.suffix:
             raise InvalidRequest("suffix is not supported.", param="suffix")
         if self.best_of not in (None, self.n):
-            raise InvalidRequest("best_of must equal n (best_of > n is not supported).",
-                                 param="best_of")
+            raise InvalidRequest(
+                "best_of must equal n (best_of > n is not supported).", param="best_of"
+            )
         params = self._params(self.max_tokens, self.logprobs)
         if self.echo and self.logprobs is not None:  # the echoed prompt comes with logprobs
             k = max(self.logprobs, params.prompt_logprobs or 0)
@@ -188,11 +198,15 @@ class MessageToolCall(BaseModel):
 
 
 # The rule of ChatMessage._has_content, stated in its JSON schema (GET /openapi.json).
-_CONTENT_OR_TOOL_CALLS = {"anyOf": [
-    {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
-    {"required": ["role", "tool_calls"], "properties": {"role": {"const": "assistant"},
-                                                        "tool_calls": {"minItems": 1}}},
-]}
+_CONTENT_OR_TOOL_CALLS: JsonDict = {
+    "anyOf": [
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        {
+            "required": ["role", "tool_calls"],
+            "properties": {"role": {"const": "assistant"}, "tool_calls": {"minItems": 1}},
+        },
+    ]
+}
 
 
 class ChatMessage(BaseModel):
@@ -207,20 +221,22 @@ class ChatMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _has_content(cls, content, info: ValidationInfo):
-        if content is None and not (info.data.get("role") == "assistant"
-                                    and info.data.get("tool_calls")):
+    def _has_content(
+        cls, content: Union[Text, list[ContentPart], None], info: ValidationInfo
+    ) -> Union[Text, list[ContentPart], None]:
+        if content is None and not (
+            info.data.get("role") == "assistant" and info.data.get("tool_calls")
+        ):
             raise ValueError("content is required (except in an assistant's tool calls)")
         return content
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             if any(p.type != "text" for p in content):
-                raise InvalidRequest("only text content parts are supported.",
-                                     param="messages")
+                raise InvalidRequest("only text content parts are supported.", param="messages")
             content = "".join(p.text for p in content)
-        out: dict = {"role": self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.tool_calls:
             out["tool_calls"] = [_template_call(c) for c in self.tool_calls]
         if self.tool_call_id is not None:
@@ -228,14 +244,17 @@ class ChatMessage(BaseModel):
         return out
 
 
-def _template_call(call: MessageToolCall) -> dict:
+def _template_call(call: MessageToolCall) -> dict[str, Any]:
     """A tool call as chat templates take it: arguments as a mapping where they are JSON."""
     try:
         args = json.loads(call.function.arguments)
     except ValueError:
         args = call.function.arguments
-    return {"id": call.id, "type": "function",
-            "function": {"name": call.function.name, "arguments": args}}
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": args},
+    }
 
 
 class ChatCompletionRequest(_Sampling, ToolFields):
@@ -249,22 +268,30 @@ class ChatCompletionRequest(_Sampling, ToolFields):
         """response_format / guided_*, or the grammar of a tool_choice that forces a call."""
         stated, forced = super().structured_output(), self.tool_grammar()
         if stated is not None and forced is not None:
-            raise InvalidRequest("a tool_choice that forces a call cannot be combined with "
-                                 "another output constraint.", param="tool_choice")
+            raise InvalidRequest(
+                "a tool_choice that forces a call cannot be combined with "
+                "another output constraint.",
+                param="tool_choice",
+            )
         return forced or stated
 
     def sampling_params(self) -> SamplingParams:
         self._check_common()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=true.", param="top_logprobs")
-        max_tokens = (self.max_completion_tokens if self.max_completion_tokens is not None
-                      else self.max_tokens)
+        max_tokens = (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
         return self._params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
 
-    def prompt_fields(self) -> dict:
+    def prompt_fields(self) -> dict[str, Any]:
         """The GenerateRequest fields of this request's prompt."""
-        fields = {"messages": [m.as_dict() for m in self.messages],
-                  "add_generation_prompt": self.add_generation_prompt}
+        fields = {
+            "messages": [m.as_dict() for m in self.messages],
+            "add_generation_prompt": self.add_generation_prompt,
+        }
         if self.tools:
             fields["tools"] = self.template_tools()
         return fields

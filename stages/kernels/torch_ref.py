@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
@@ -32,28 +34,38 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, seq, D]
     mask = causal_lower_right(t, length) if t > 1 else None  # one query sees every key
     # GQA: query head h reads KV head h // (Hq / Hkv), shared in place instead of repeated.
-    out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    out = F.scaled_dot_product_attention(
+        q_, k_, v_, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
     return out[0].transpose(0, 1)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """R rows of one query each: q [R, Hq, D], k/v [R, Lmax, Hkv, D] padded, mask [R, Lmax]
     (True = a real key). The query heads sharing a KV head are laid out as that head's queries
     ([R, Hkv, Hq/Hkv, D]), so GQA needs no KV repeat and no causal mask (all keys are past)."""
     r, hq, d = q.shape
     hkv = k.shape[2]
     q_ = q.view(r, hkv, hq // hkv, d)
-    out = F.scaled_dot_product_attention(q_, k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=mask[:, None, None, :], scale=scale)
+    out = F.scaled_dot_product_attention(
+        q_, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None, :], scale=scale
+    )
     return out.reshape(r, hq, d)
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, table_rows: torch.Tensor,
-                           lengths: torch.Tensor, scale: float, block_size: int,
-                           num_splits: int | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    table_rows: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    block_size: int,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """The oracle of the paged decode kernels (same arguments; num_splits is ignored): each
     row's keys gathered through its block table, then plain attention. Rows of length 0 give 0.
     """
@@ -65,27 +77,43 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         table = block_tables[int(table_rows[r])].long()
         pos = torch.arange(length, device=q.device)
         slots = table[pos // block_size] * block_size + pos % block_size
-        out[r] = attention(q[r:r + 1], k_cache[slots], v_cache[slots], scale)[0]
+        out[r] = attention(q[r : r + 1], k_cache[slots], v_cache[slots], scale)[0]
     return out
 
 
-def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
-               seqlens: torch.Tensor, dv: int, scale: float, state: dict) -> torch.Tensor:
+def mla_decode(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    block_table: torch.Tensor,
+    seqlens: torch.Tensor,
+    dv: int,
+    scale: float,
+    state: dict[str, Any],
+) -> torch.Tensor:
     """Absorbed MLA decode, one query per row: q [R, H, Dk] against the latent pages
     [blocks, B, 1, Dk] (keys: all Dk values; values: the first dv) of each row's first
     seqlens[r] slots through its block table [R, max_blocks]. Returns [R, H, dv] in fp32."""
     b = pages.shape[1]
-    slots = (block_table.long()[:, :, None] * b
-             + torch.arange(b, device=q.device)[None, None, :]).reshape(q.shape[0], -1)
+    slots = (
+        block_table.long()[:, :, None] * b + torch.arange(b, device=q.device)[None, None, :]
+    ).reshape(q.shape[0], -1)
     width = int(seqlens.max())
     slots = slots[:, :width]
     mask = torch.arange(width, device=q.device)[None, :] < seqlens[:, None]
-    latent = pages.view(-1, pages.shape[-1]).index_select(0, slots.reshape(-1)).view(
-        *slots.shape, 1, -1).to(q.dtype)  # [R, L, 1, Dk]
+    latent = (
+        pages.view(-1, pages.shape[-1])
+        .index_select(0, slots.reshape(-1))
+        .view(*slots.shape, 1, -1)
+        .to(q.dtype)
+    )  # [R, L, 1, Dk]
     k = latent.transpose(1, 2)  # [R, 1, L, Dk]: one head shared by every query head
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), k.expand(-1, q.shape[1], -1, -1),
-                                         k[..., :dv].expand(-1, q.shape[1], -1, -1),
-                                         attn_mask=mask[:, None, None, :], scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),
+        k.expand(-1, q.shape[1], -1, -1),
+        k[..., :dv].expand(-1, q.shape[1], -1, -1),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+    )
     return out.squeeze(2).float()
 
 
@@ -94,8 +122,9 @@ def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
 TILE_ELEMENTS = 1 << 26
 
 
-def mla_sparse(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int,
-               scale: float) -> torch.Tensor:
+def mla_sparse(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int, scale: float
+) -> torch.Tensor:
     """Sparse MLA in the absorbed form (FlashMLA's flash_mla_sparse_fwd contract): query t
     attends to the keys kv[indices[t]] only, one latent head shared by every query head; keys
     are all d_qk values, values the first dv. q [T, H, d_qk], kv [slots, 1, d_qk],
@@ -105,17 +134,18 @@ def mla_sparse(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int
     out = q.new_empty(t, q.shape[1], dv)
     step = max(1, TILE_ELEMENTS // max(1, indices.shape[1] * d))
     for i in range(0, t, step):
-        idx = indices[i:i + step].long()
+        idx = indices[i : i + step].long()
         keys = flat.index_select(0, idx.clamp(min=0).reshape(-1)).view(*idx.shape, d).float()
-        scores = torch.einsum("thd,tkd->thk", q[i:i + step].float(), keys) * scale
+        scores = torch.einsum("thd,tkd->thk", q[i : i + step].float(), keys) * scale
         scores = scores.masked_fill((idx < 0)[:, None, :], float("-inf"))
         probs = scores.softmax(dim=-1).nan_to_num(0.0)  # all -inf: softmax gives NaN
-        out[i:i + step] = torch.einsum("thk,tkv->thv", probs, keys[..., :dv]).to(q.dtype)
+        out[i : i + step] = torch.einsum("thk,tkv->thv", probs, keys[..., :dv]).to(q.dtype)
     return out
 
 
-def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
-                   scale: float) -> torch.Tensor:
+def indexer_logits(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float
+) -> torch.Tensor:
     """DeepSeek-V3.2's lightning-indexer scores, in transformers' order of operations:
     logits[t, l] = sum_h weights[t, h] * relu(scale * q[t, h] . k[l]).
     q [T, Hi, D], k [L, D], weights [T, Hi] fp32 -> [T, L] fp32 (no causal mask: the caller's)."""
@@ -124,8 +154,8 @@ def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
     out = torch.empty(t, k.shape[0], dtype=torch.float32, device=q.device)
     step = max(1, TILE_ELEMENTS // max(1, heads * k.shape[0]))
     for i in range(0, t, step):
-        scores = torch.relu(torch.matmul(q[i:i + step].float(), k_t) * scale)  # [n, Hi, L]
-        out[i:i + step] = torch.matmul(weights[i:i + step, None, :].float(), scores)[:, 0]
+        scores = torch.relu(torch.matmul(q[i : i + step].float(), k_t) * scale)  # [n, Hi, L]
+        out[i : i + step] = torch.matmul(weights[i : i + step, None, :].float(), scores)[:, 0]
     return out
 
 
@@ -137,9 +167,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> 
     return F.silu(gate) * up
 
 
-def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                limit: float | None = None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    limit: float | None = None,
+) -> torch.Tensor:
     """Routed experts: x [T, H], gate_up [E, 2I, H], down [E, H, I], ids/weights [T, k] ->
     sum over each token's k experts of weight * down(swiglu(gate, up, limit)), [T, H]. One GEMM
     pair per expert that received tokens."""
@@ -153,7 +188,7 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        sel = order[start:start + n]
+        sel = order[start : start + n]
         start += n
         tokens = sel // k
         gate, up = F.linear(x[tokens], gate_up[e]).chunk(2, dim=-1)
@@ -162,8 +197,9 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     return out.to(x.dtype)
 
 
-def sparse_sink_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
-                          sinks: torch.Tensor, scale: float) -> torch.Tensor:
+def sparse_sink_attention(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
     """DeepSeek-V4's attention (FlashMLA's sparse contract with `attn_sink`): query t attends to
     kv[indices[t]] only, one K=V head shared by every query head, each head's softmax also
     over a learned sink logit that takes weight and gives nothing. q [T, H, D], kv [N, D],
@@ -172,12 +208,12 @@ def sparse_sink_attention(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tens
     out = q.new_empty(t, heads, d)
     step = max(1, TILE_ELEMENTS // max(1, indices.shape[1] * max(d, heads)))
     for i in range(0, t, step):
-        idx = indices[i:i + step].long()
+        idx = indices[i : i + step].long()
         keys = kv.index_select(0, idx.clamp(min=0).reshape(-1)).view(*idx.shape, d).float()
-        scores = torch.einsum("thd,tkd->thk", q[i:i + step].float(), keys) * scale
+        scores = torch.einsum("thd,tkd->thk", q[i : i + step].float(), keys) * scale
         scores = scores.masked_fill((idx < 0)[:, None, :], float("-inf"))
         sink = sinks.float()[None, :, None].expand(scores.shape[0], heads, 1)
         logits = torch.cat((scores, sink), dim=-1)
         probs = (logits - logits.max(dim=-1, keepdim=True).values).softmax(dim=-1)[..., :-1]
-        out[i:i + step] = torch.einsum("thk,tkd->thd", probs, keys).to(q.dtype)
+        out[i : i + step] = torch.einsum("thk,tkd->thd", probs, keys).to(q.dtype)
     return out

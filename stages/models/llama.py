@@ -19,31 +19,46 @@ from stages.models.stage import Stage
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
+    def __init__(
+        self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
+    ):
         super().__init__()
         h, d = args.hidden_size, args.head_dim
         self.hq, self.hkv, self.d = args.num_attention_heads, args.num_key_value_heads, d
-        self.scale = d ** -0.5
+        self.scale = d**-0.5
         self.kernels = kernels
         # q, k and v in one GEMM (the loader concatenates the checkpoint's three tensors)
-        self.qkv_proj = Linear(h, (self.hq + 2 * self.hkv) * d, args.attention_bias, kernels,
-                               dtype, device, (("q_proj", self.hq * d), ("k_proj", self.hkv * d),
-                                               ("v_proj", self.hkv * d)))
+        self.qkv_proj = Linear(
+            h,
+            (self.hq + 2 * self.hkv) * d,
+            args.attention_bias,
+            kernels,
+            dtype,
+            device,
+            (("q_proj", self.hq * d), ("k_proj", self.hkv * d), ("v_proj", self.hkv * d)),
+        )
         self.o_proj = Linear(self.hq * d, h, args.o_proj_bias, kernels, dtype, device)
         if args.qk_norm:
-            self.q_norm = RMSNorm(d, args.rms_norm_eps, dtype, device)
-            self.k_norm = RMSNorm(d, args.rms_norm_eps, dtype, device)
+            self.q_norm: RMSNorm | None = RMSNorm(d, args.rms_norm_eps, dtype, device)
+            self.k_norm: RMSNorm | None = RMSNorm(d, args.rms_norm_eps, dtype, device)
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache,
-                local_layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch | PagedDecodeBatch,
+        kv: PagedKVCache,
+        local_layer: int,
+    ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split(
-            [self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+            [self.hq * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1
+        )
         q, k, v = (y.view(t, -1, self.d) for y in (q, k, v))
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -52,50 +67,83 @@ class Attention(nn.Module):
         kv.write(local_layer, k, v, batch.slot_mapping)
         if isinstance(batch, PagedDecodeBatch):
             k_cache, v_cache = kv.kv[local_layer][0], kv.kv[local_layer][1]
-            o = self.kernels.paged_decode(q, k_cache, v_cache, batch.block_tables,
-                                          batch.table_rows, batch.lengths, self.scale,
-                                          batch.block_size, batch.num_splits)
-            return self.o_proj(o.reshape(t, self.hq * self.d))
+            o = self.kernels.paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                batch.block_tables,
+                batch.table_rows,
+                batch.lengths,
+                self.scale,
+                batch.block_size,
+                batch.num_splits,
+            )
+            return self._project_out(o, t)
         if len(batch.row_starts) == 1:  # a lone row (a long prompt's chunk): no output copy
-            k_r, v_r = kv.gather(local_layer, batch.block_tables[0], batch.row_starts[0] + t,
-                                 batch.prefix_slots[0])
+            k_r, v_r = kv.gather(
+                local_layer, batch.block_tables[0], batch.row_starts[0] + t, batch.prefix_slots[0]
+            )
             o = self.kernels.attention(q, k_r.to(q.dtype), v_r.to(q.dtype), self.scale)
-            return self.o_proj(o.reshape(t, self.hq * self.d))
+            return self._project_out(o, t)
         o = torch.empty_like(q)
         for group in batch.decode_groups:
             k_g, v_g = kv.gather_padded(local_layer, group.slots)  # [R, Lmax, Hkv, D]
             o[group.token_index] = self.kernels.decode_attention(
-                q[group.token_index], k_g.to(q.dtype), v_g.to(q.dtype), group.mask, self.scale)
-        for start, n, off, table, idx in zip(batch.row_starts, batch.row_lens, batch.row_offsets,
-                                             batch.block_tables, batch.prefix_slots):
+                q[group.token_index], k_g.to(q.dtype), v_g.to(q.dtype), group.mask, self.scale
+            )
+        for start, n, off, table, idx in zip(
+            batch.row_starts,
+            batch.row_lens,
+            batch.row_offsets,
+            batch.block_tables,
+            batch.prefix_slots,
+        ):
             if idx is None:  # attended in its decode group above
                 continue
             k_r, v_r = kv.gather(local_layer, table, start + n, idx)
-            o[off:off + n] = self.kernels.attention(q[off:off + n], k_r.to(q.dtype),
-                                                    v_r.to(q.dtype), self.scale)
-        return self.o_proj(o.reshape(t, self.hq * self.d))
+            o[off : off + n] = self.kernels.attention(
+                q[off : off + n], k_r.to(q.dtype), v_r.to(q.dtype), self.scale
+            )
+        return self._project_out(o, t)
+
+    def _project_out(self, o: torch.Tensor, t: int) -> torch.Tensor:
+        out: torch.Tensor = self.o_proj(o.reshape(t, self.hq * self.d))
+        return out
 
 
 class LlamaStage(Stage):
-    def __init__(self, args: ModelArgs, layer_start: int, layer_end: int, is_first: bool,
-                 is_last: bool, kernels: Kernels, dtype: torch.dtype,
-                 device: str | torch.device):
+    inv_freq: torch.Tensor  # a buffer: registered in __init__
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        layer_start: int,
+        layer_end: int,
+        is_first: bool,
+        is_last: bool,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ):
         super().__init__(args, layer_start, layer_end, is_first, is_last, kernels, dtype, device)
         self.register_buffer("inv_freq", rope_inv_freq(args).to(device), persistent=False)
 
-    def build_layer(self, layer: int, kernels: Kernels, dtype: torch.dtype,
-                    device: str | torch.device) -> nn.Module:
+    def build_layer(
+        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
+    ) -> nn.Module:
         a = self.args
         mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
         return DecoderLayer(a, Attention(a, kernels, dtype, device), mlp, dtype, device)
 
-    def layer_context(self, batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache,
-                      h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_context(
+        self, batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(self.inv_freq, batch.positions, h.dtype)
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """rotate_half RoPE tables [T, 1, head_dim] (broadcast over heads)."""
     freqs = positions[:, None].float() * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
