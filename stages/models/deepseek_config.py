@@ -15,7 +15,7 @@ DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
 V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 # DeepSeek-V2-Lite's shapes (random weights in the bench: `--load-format dummy`).
-DEEPSEEK_V2_LITE: dict = {
+DEEPSEEK_V2_LITE: dict[str, Any] = {
     "model_type": "deepseek_v2",
     "vocab_size": 102400,
     "hidden_size": 2048,
@@ -41,8 +41,15 @@ DEEPSEEK_V2_LITE: dict = {
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 163840,
     "rope_theta": 10000.0,
-    "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    },
     "tie_word_embeddings": False,
     "bos_token_id": 100000,
     "eos_token_id": 100001,
@@ -53,15 +60,19 @@ DEEPSEEK_V2_LITE: dict = {
 class IndexerArgs:
     """DeepSeek-V3.2's lightning indexer (DSA): scores every prefix key of each query with
     n_heads small heads and keeps the top `topk` keys for the layer's MLA."""
+
     topk: int  # index_topk
     n_heads: int  # index_n_heads
     head_dim: int  # index_head_dim: also the width of its per-token cached key
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "IndexerArgs":
+    def from_hf_dict(cls, d: dict[str, Any]) -> "IndexerArgs":
         # transformers' DeepseekV32Config defaults
-        out = cls(topk=int(d.get("index_topk", 2048)), n_heads=int(d.get("index_n_heads", 64)),
-                  head_dim=int(d.get("index_head_dim", 128)))
+        out = cls(
+            topk=int(d.get("index_topk", 2048)),
+            n_heads=int(d.get("index_n_heads", 64)),
+            head_dim=int(d.get("index_head_dim", 128)),
+        )
         if min(out.topk, out.n_heads) < 1 or out.head_dim < int(d["qk_rope_head_dim"]):
             raise ValueError(f"bad indexer shape {out} (index_head_dim must hold the rope dims)")
         return out
@@ -101,7 +112,7 @@ class DeepseekArgs:
         return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "DeepseekArgs":
+    def from_hf_dict(cls, d: dict[str, Any]) -> "DeepseekArgs":
         version = "v2" if d["model_type"] == "deepseek_v2" else "v3"  # V3.2 routes as V3
         sparse = d["model_type"] == "deepseek_v32"
         experts = int(d.get("n_routed_experts") or 0)
@@ -110,8 +121,10 @@ class DeepseekArgs:
         if version == "v2":
             method = d.get("topk_method") or "greedy"
             if method not in V2_TOPK_METHODS:
-                raise ValueError(f"unsupported DeepSeek-V2 topk_method {method!r}; supported: "
-                                 f"{', '.join(V2_TOPK_METHODS)}")
+                raise ValueError(
+                    f"unsupported DeepSeek-V2 topk_method {method!r}; supported: "
+                    f"{', '.join(V2_TOPK_METHODS)}"
+                )
         else:
             method = "noaux_tc"  # transformers' V3 router, whatever the config names
         if experts and experts % n_group:
@@ -125,10 +138,14 @@ class DeepseekArgs:
                 raise ValueError("deepseek_v32 needs q_lora_rank: its indexer reads the q LoRA")
             layers = int(d["num_hidden_layers"])
             dense = min(first_dense, layers)
-            if d.get("mlp_layer_types") not in (None, ["dense"] * dense + ["sparse"] * (
-                    layers - dense)):
-                raise ValueError("mlp_layer_types other than first_k_dense_replace dense layers "
-                                 "then MoE are not supported")
+            if d.get("mlp_layer_types") not in (
+                None,
+                ["dense"] * dense + ["sparse"] * (layers - dense),
+            ):
+                raise ValueError(
+                    "mlp_layer_types other than first_k_dense_replace dense layers "
+                    "then MoE are not supported"
+                )
         return cls(
             version=version,
             q_lora_rank=int(q_lora) if q_lora else None,
@@ -137,8 +154,9 @@ class DeepseekArgs:
             qk_rope_head_dim=int(d["qk_rope_head_dim"]),
             v_head_dim=int(d["v_head_dim"]),
             # transformers' V3.2 always interleaves its MLA rope dims
-            rope_interleave=(True if version == "v2" or sparse
-                             else bool(d.get("rope_interleave", True))),
+            rope_interleave=(
+                True if version == "v2" or sparse else bool(d.get("rope_interleave", True))
+            ),
             n_routed_experts=experts,
             num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
             n_shared_experts=int(d.get("n_shared_experts") or 0),
@@ -158,9 +176,14 @@ def deepseek_fields(d: dict[str, Any]) -> dict[str, Any]:
     query head has its own K/V once the latent is expanded."""
     args = DeepseekArgs.from_hf_dict(d)
     bias = bool(d.get("attention_bias", False))
-    return {"family_args": args, "head_dim": args.qk_head_dim,
-            "num_key_value_heads": int(d["num_attention_heads"]), "attention_bias": bias,
-            "o_proj_bias": bias, "qk_norm": False}
+    return {
+        "family_args": args,
+        "head_dim": args.qk_head_dim,
+        "num_key_value_heads": int(d["num_attention_heads"]),
+        "attention_bias": bias,
+        "o_proj_bias": bias,
+        "qk_norm": False,
+    }
 
 
 # The latent cache's components: the latent itself and V3.2's indexer key.
@@ -191,10 +214,13 @@ def fp8_latent_components(args: ModelArgs) -> dict[str, int]:
         raise ValueError(
             f"--kv-cache-dtype fp8 is for DeepSeek-V3.2's sparse attention; {args.model_type} "
             "(dense MLA) keeps a bfloat16 latent cache: FlashMLA's dense FP8 decode is not "
-            "among its SM90 (legacy) kernels, only the sparse one")
+            "among its SM90 (legacy) kernels, only the sparse one"
+        )
     if (d.kv_lora_rank, d.qk_rope_head_dim) != FP8_LATENT_SHAPE:
-        raise ValueError(f"the FP8 latent layout holds kv_lora_rank 512 + rope 64, not "
-                         f"{d.kv_lora_rank} + {d.qk_rope_head_dim}")
+        raise ValueError(
+            f"the FP8 latent layout holds kv_lora_rank 512 + rope 64, not "
+            f"{d.kv_lora_rank} + {d.qk_rope_head_dim}"
+        )
     nope, rope = FP8_LATENT_SHAPE
     return {LATENT: nope + 4 * (nope // 128) + 2 * rope}
 
@@ -203,10 +229,10 @@ def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def softmax_scale(args: DeepseekArgs, rope_scaling: dict | None) -> float:
+def softmax_scale(args: DeepseekArgs, rope_scaling: dict[str, Any] | None) -> float:
     """qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN (transformers'
     yarn_apply_mscale)."""
-    scale = args.qk_head_dim ** -0.5
+    scale: float = args.qk_head_dim**-0.5
     if rope_scaling and rope_scaling.get("mscale_all_dim"):
         m = yarn_get_mscale(rope_scaling["factor"], rope_scaling["mscale_all_dim"])
         scale *= m * m

@@ -199,11 +199,12 @@ def fp8_components(args: ModelArgs, kv_cache_dtype: str) -> dict[str, int]:
     an unquantized cache ("auto" / "bfloat16": the model's dtype). Refuses, with the reason, a
     model whose family has no FP8 cache."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got "
-                         f"{kv_cache_dtype!r}")
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
     if kv_cache_dtype != "fp8":
         return {}
     if args.family.fp8_kv is None:
-        raise ValueError(f"--kv-cache-dtype fp8 is not supported for the {args.family.name} "
-                         "family (only DeepSeek-V3.2's FP8 latent)")
+        raise ValueError(
+            f"--kv-cache-dtype fp8 is not supported for the {args.family.name} "
+            "family (only DeepSeek-V3.2's FP8 latent)"
+        )
     return args.family.fp8_kv(args)

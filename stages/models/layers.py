@@ -97,20 +97,35 @@ class Linear(nn.Module):
         super().__init__()
         # A fused weight: (checkpoint module name, rows) of each tensor it concatenates.
         self.parts = parts
-        self.fp8 = (fp8 and kernels.fp8_linear is not None
-                    and all(rows % FP8_BLOCK == 0 for _, rows in parts))
-        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=FP8 if self.fp8 else dtype,
-                                               device=device))
-        self.weight_scale_inv = nn.Parameter(torch.empty(
-            -(-n_out // FP8_BLOCK), -(-n_in // FP8_BLOCK), dtype=torch.float32, device=device)
-        ) if self.fp8 else None
+        self.fp8 = (
+            fp8
+            and kernels.fp8_linear is not None
+            and all(rows % FP8_BLOCK == 0 for _, rows in parts)
+        )
+        self.weight = nn.Parameter(
+            torch.empty(n_out, n_in, dtype=FP8 if self.fp8 else dtype, device=device)
+        )
+        self.weight_scale_inv = (
+            nn.Parameter(
+                torch.empty(
+                    -(-n_out // FP8_BLOCK),
+                    -(-n_in // FP8_BLOCK),
+                    dtype=torch.float32,
+                    device=device,
+                )
+            )
+            if self.fp8
+            else None
+        )
         self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype, device=device)) if bias else None
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_scale_inv is not None:
-            fp8: torch.Tensor = self.kernels.fp8_linear(x, self.weight, self.weight_scale_inv,
-                                                        self.bias)
+            fp8_linear = self.kernels.fp8_linear
+            if fp8_linear is None:
+                raise RuntimeError("FP8 weights need kernels.fp8_linear, which is unset")
+            fp8: torch.Tensor = fp8_linear(x, self.weight, self.weight_scale_inv, self.bias)
             return fp8
         out: torch.Tensor = self.kernels.linear(x, self.weight, self.bias)
         return out
@@ -125,8 +140,9 @@ class Linear(nn.Module):
             per_row = FP8_BLOCK if leaf == "weight_scale_inv" else 1  # a scale per 128 rows
             pieces, row = [], 0
             for part, rows in self.parts:
-                pieces.append((f"{owner}.{part}.{leaf}",
-                               (slice(row // per_row, (row + rows) // per_row),)))
+                pieces.append(
+                    (f"{owner}.{part}.{leaf}", (slice(row // per_row, (row + rows) // per_row),))
+                )
                 row += rows
             out[leaf] = pieces
         return out

@@ -22,19 +22,36 @@ class LatentKVCache:
     layout (uint8 pages, quantized as it is written; stages/kernels/fp8_latent.py), the
     indexer key in `dtype`."""
 
-    def __init__(self, args: ModelArgs, num_local_layers: int, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: str | torch.device, kv_cache_dtype: str = "auto"):
+    def __init__(
+        self,
+        args: ModelArgs,
+        num_local_layers: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        kv_cache_dtype: str = "auto",
+    ):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got "
-                             f"{num_blocks}, {block_size}")
+            raise ValueError(
+                f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
         self.num_blocks, self.block_size = num_blocks, block_size
         self.packed = fp8_components(args, kv_cache_dtype)  # FP8 component -> bytes per token
         self.components = {
-            name: [torch.zeros(num_blocks, block_size, 1, self.packed.get(name, width),
-                               dtype=torch.uint8 if name in self.packed else dtype,
-                               device=device)
-                   for _ in range(num_local_layers)]
-            for name, width in latent_components(args).items()}
+            name: [
+                torch.zeros(
+                    num_blocks,
+                    block_size,
+                    1,
+                    self.packed.get(name, width),
+                    dtype=torch.uint8 if name in self.packed else dtype,
+                    device=device,
+                )
+                for _ in range(num_local_layers)
+            ]
+            for name, width in latent_components(args).items()
+        }
 
     @property
     def fp8(self) -> bool:
@@ -49,8 +66,9 @@ class LatentKVCache:
         t = self.components[name][local_layer]
         return t.view(-1, t.shape[-1])  # [slots, width]
 
-    def write(self, local_layer: int, values: torch.Tensor, slot_mapping: torch.Tensor,
-              name: str = LATENT) -> None:
+    def write(
+        self, local_layer: int, values: torch.Tensor, slot_mapping: torch.Tensor, name: str = LATENT
+    ) -> None:
         """Store values [T, width] at slots [T]."""
         flat = self._flat(local_layer, name)
         if name in self.packed:  # quantized as it is written (one fused kernel on CUDA)
@@ -58,8 +76,9 @@ class LatentKVCache:
             return
         flat.index_copy_(0, slot_mapping, values.to(flat.dtype))
 
-    def gather(self, local_layer: int, idx: torch.Tensor | slice,
-               name: str = LATENT) -> torch.Tensor:
+    def gather(
+        self, local_layer: int, idx: torch.Tensor | slice, name: str = LATENT
+    ) -> torch.Tensor:
         """[L, width] of a row's prefix: idx its slots, or a slice (consecutive blocks: a view)."""
         flat = self._flat(local_layer, name)
         out = flat[idx] if isinstance(idx, slice) else flat.index_select(0, idx)

@@ -61,7 +61,7 @@ class Experts(nn.Module):
             gate_up.append((f"{name}.{e}.gate_proj.weight", (e, slice(0, i))))
             gate_up.append((f"{name}.{e}.up_proj.weight", (e, slice(i, 2 * i))))
             down.append((f"{name}.{e}.down_proj.weight", (e,)))
-        out = {"gate_up_proj": gate_up, "down_proj": down}
+        out: Sources = {"gate_up_proj": gate_up, "down_proj": down}
         if self.fp8:
             b = i // FP8_BLOCK
             out["gate_up_proj_scale_inv"] = [
@@ -104,8 +104,16 @@ class MoE(nn.Module):
             if self.swiglu_limit is not None:
                 raise ValueError("FP8 experts with a swiglu_limit (DeepSeek-V4) are not supported")
             fp8 = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_fp8)
-            out = fp8(x, ex.gate_up_proj, ex.gate_up_proj_scale_inv, ex.down_proj,
-                      ex.down_proj_scale_inv, ids, weights, self.kernels.fp8_linear)
+            out = fp8(
+                x,
+                ex.gate_up_proj,
+                ex.gate_up_proj_scale_inv,
+                ex.down_proj,
+                ex.down_proj_scale_inv,
+                ids,
+                weights,
+                self.kernels.fp8_linear,
+            )
         else:
             run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # see __init__
             limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
