@@ -47,7 +47,9 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	app/coordinator.py app/server.py app/openai/ingress.py app/openai/protocol.py \
 	app/request_stream.py app/config.py stages/models/stage.py stages/models/layers.py \
 	stages/models/moe.py stages/models/families.py stages/models/deepseek_config.py \
-	stages/models/mla_cache.py stages/kv_cache.py
+	stages/models/mla_cache.py stages/kv_cache.py \
+	stages/kernels/registry.py stages/kernels/fp8_latent.py stages/kernels/fp8_ref.py \
+	stages/kernels/mxfp4.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
 	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
@@ -65,7 +67,9 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	app/openai/ingress.py app/openai/protocol.py app/request_stream.py \
 	app/coordinator.py app/server.py stages/models/stage.py stages/models/layers.py \
 	stages/models/moe.py stages/models/families.py stages/models/deepseek_config.py \
-	stages/models/mla_cache.py stages/kv_cache.py
+	stages/models/mla_cache.py stages/kv_cache.py \
+	stages/kernels/registry.py stages/kernels/fp8_latent.py stages/kernels/fp8_ref.py \
+	stages/kernels/mxfp4.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

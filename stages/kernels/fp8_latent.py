@@ -7,6 +7,8 @@ Values are scaled so each tile's largest magnitude maps to e4m3's 448.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from stages.kernels import torch_ref
@@ -20,8 +22,9 @@ FP8_MAX = 448.0
 def quantize(latent: torch.Tensor) -> torch.Tensor:
     """[T, 576] (any float dtype) -> [T, 656] uint8 in the layout above."""
     if latent.shape[-1] != NOPE + ROPE:
-        raise ValueError(f"the FP8 layout holds {NOPE + ROPE} values per token, got "
-                         f"{latent.shape[-1]}")
+        raise ValueError(
+            f"the FP8 layout holds {NOPE + ROPE} values per token, got {latent.shape[-1]}"
+        )
     t = latent.shape[0]
     out = torch.empty(t, BYTES, dtype=torch.uint8, device=latent.device)
     nope = latent[:, :NOPE].float().view(t, TILES, TILE)
@@ -29,11 +32,11 @@ def quantize(latent: torch.Tensor) -> torch.Tensor:
     mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2^exponent, mantissa in [0.5, 1)
     # the least power of two >= amax, exactly (log2 rounds near powers of two)
     scale = torch.ldexp(torch.ones_like(amax), exponent - (mantissa == 0.5).int())  # [T, TILES]
-    out[:, :NOPE] = (nope / scale[..., None]).view(t, NOPE).to(torch.float8_e4m3fn).view(
-        torch.uint8)
-    out[:, NOPE:NOPE + 4 * TILES] = scale.contiguous().view(torch.uint8)
-    out[:, NOPE + 4 * TILES:] = latent[:, NOPE:].to(torch.bfloat16).contiguous().view(
-        torch.uint8)
+    out[:, :NOPE] = (
+        (nope / scale[..., None]).view(t, NOPE).to(torch.float8_e4m3fn).view(torch.uint8)
+    )
+    out[:, NOPE : NOPE + 4 * TILES] = scale.contiguous().view(torch.uint8)
+    out[:, NOPE + 4 * TILES :] = latent[:, NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
     return out
 
 
@@ -41,8 +44,8 @@ def dequantize(packed: torch.Tensor) -> torch.Tensor:
     """[T, 656] uint8 -> [T, 576] bf16."""
     t = packed.shape[0]
     nope = packed[:, :NOPE].contiguous().view(torch.float8_e4m3fn).float().view(t, TILES, TILE)
-    scale = packed[:, NOPE:NOPE + 4 * TILES].contiguous().view(torch.float32)
-    rope = packed[:, NOPE + 4 * TILES:].contiguous().view(torch.bfloat16)
+    scale = packed[:, NOPE : NOPE + 4 * TILES].contiguous().view(torch.float32)
+    rope = packed[:, NOPE + 4 * TILES :].contiguous().view(torch.bfloat16)
     return torch.cat(((nope * scale[..., None]).view(t, NOPE).bfloat16(), rope), dim=-1)
 
 
@@ -50,8 +53,14 @@ def is_available(device: str) -> bool:
     return True
 
 
-def mla_sparse(q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, dv: int,
-               scale: float, state: dict) -> torch.Tensor:
+def mla_sparse(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    indices: torch.Tensor,
+    dv: int,
+    scale: float,
+    state: dict[str, Any],
+) -> torch.Tensor:
     """torch_ref.mla_sparse over FP8 latent pages [blocks, B, 1, 656]: only the slots some
     query names are dequantized. -> [T, H, dv] in q's dtype."""
     flat = pages.view(-1, BYTES)

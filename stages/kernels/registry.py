@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -107,39 +107,41 @@ PRIORITY: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Kernels:
-    linear: Callable  # (x, weight, bias=None) -> x @ weight.T + bias
-    attention: Callable  # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,Dv], scale) -> [t,Hq,Dv]
-    decode_attention: Callable  # (q [R,Hq,D], k/v [R,Lmax,Hkv,D], mask [R,Lmax], scale)
+    linear: Callable[..., Any]  # (x, weight, bias=None) -> x @ weight.T + bias
+    # (q [t,Hq,D], k [L,Hkv,D], v [L,Hkv,Dv], scale) -> [t,Hq,Dv]
+    attention: Callable[..., Any]
+    # (q [R,Hq,D], k/v [R,Lmax,Hkv,D], mask [R,Lmax], scale)
+    decode_attention: Callable[..., Any]
     # (q [R,Hq,D], k/v cache [slots,Hkv,D], tables, table_rows [R], lengths [R], scale, block)
-    paged_decode: Callable
+    paged_decode: Callable[..., Any]
     # (q [R,H,576], pages [blocks,B,1,576], block_table, seqlens, dv, scale, state) -> [R,H,dv]
-    mla_decode: Callable | None = None
+    mla_decode: Callable[..., Any] | None = None
     # (x [T,H], gate_up [E,2I,H], down [E,H,I], topk_ids [T,k], topk_weights [T,k],
     #  limit=None: DeepSeek-V4's swiglu clamp) -> [T,H]
-    moe_experts: Callable | None = None
+    moe_experts: Callable[..., Any] | None = None
     # (q [T,H,576], kv [slots,1,576], indices [T,topk] int32 slot ids (-1: none), dv, scale)
     # -> [T,H,dv] in q's dtype: FlashMLA's flash_mla_sparse_fwd contract
-    mla_sparse: Callable | None = None
+    mla_sparse: Callable[..., Any] | None = None
     # (q [T,Hi,D], k [L,D], weights [T,Hi] fp32, scale) -> [T,L] fp32:
     # sum_h weights[t,h] * relu(scale * q[t,h].k[l]); the model masks causally, takes top-k
-    indexer_logits: Callable | None = None
+    indexer_logits: Callable[..., Any] | None = None
     # (q [Ts,Hi,D], keys [slots,D], weights [Ts,Hi] fp32, scale, SelectPlan) -> [Ts,Lmax] fp32,
     # -inf where a token does not see the key
-    indexer_logits_rows: Callable | None = None
+    indexer_logits_rows: Callable[..., Any] | None = None
     # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
-    sparse_sink_attention: Callable | None = None
+    sparse_sink_attention: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
-    fp8_linear: Callable | None = None
+    fp8_linear: Callable[..., Any] | None = None
     # moe_experts with FP8 weights and their scales (fp8_ref.moe_experts's arguments)
-    moe_experts_fp8: Callable | None = None
+    moe_experts_fp8: Callable[..., Any] | None = None
     # (q [T,H,576], pages [blocks,B,1,656] uint8, indices [T,topk] int32, dv, scale, state)
     # -> [T,H,dv]: set only for an FP8 latent cache
-    mla_sparse_fp8: Callable | None = None
+    mla_sparse_fp8: Callable[..., Any] | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
-def _load(op: str, name: str, device: str) -> Callable | None:
+def _load(op: str, name: str, device: str) -> Callable[..., Any] | None:
     """The backend's function if it imports and reports available on `device`, else None."""
     module_name, attr = BACKENDS[op][name].split(":")
     try:
@@ -152,38 +154,62 @@ def _load(op: str, name: str, device: str) -> Callable | None:
     return fn if available else None
 
 
-def _select(op: str, choice: str, device: str) -> tuple[str, Callable]:
+def _select(op: str, choice: str, device: str) -> tuple[str, Callable[..., Any]]:
     table = BACKENDS[op]
     if choice == "auto":
         for name in PRIORITY[op]:
             fn = _load(op, name, device)
             if fn is not None:
                 return name, fn
-        return "torch", _load(op, "torch", device)
+        fallback = _load(op, "torch", device)
+        if fallback is None:
+            raise RuntimeError(f"the torch reference backend of {op} failed to load")
+        return "torch", fallback
     if choice not in table:
-        raise ValueError(f"unknown {op} backend {choice!r}; choose auto or "
-                         f"{', '.join(sorted(table))}")
+        raise ValueError(
+            f"unknown {op} backend {choice!r}; choose auto or {', '.join(sorted(table))}"
+        )
     fn = _load(op, choice, device)
     if fn is None:
         raise ValueError(f"{op} backend {choice!r} is not available on device {device!r}")
     return choice, fn
 
 
-def select_kernels(device: str, linear: str = "auto", attention: str = "auto",
-                   mla_decode: str = "auto", moe_experts: str = "auto",
-                   mla_sparse: str = "auto", indexer_logits: str = "auto",
-                   fp8_linear: str | None = None, mla_sparse_fp8: str = "auto") -> Kernels:
+def select_kernels(
+    device: str,
+    linear: str = "auto",
+    attention: str = "auto",
+    mla_decode: str = "auto",
+    moe_experts: str = "auto",
+    mla_sparse: str = "auto",
+    indexer_logits: str = "auto",
+    fp8_linear: str | None = None,
+    mla_sparse_fp8: str = "auto",
+) -> Kernels:
     """Pick one backend per op for `device`; an explicit name that cannot run is an error.
     fp8_linear is chosen only where FP8 weights stay FP8 (None leaves it unset, and Linear
     layers then hold their weights in the model's dtype); it brings moe_experts_fp8."""
-    optional = {"fp8_linear": fp8_linear, "mla_sparse_fp8": mla_sparse_fp8,
-                "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear)}
-    chosen = {op: _select(op, choice, str(device)) for op, choice in (
-        ("linear", linear), ("attention", attention), ("decode_attention", "auto"),
-        ("paged_decode", "auto"), ("mla_decode", mla_decode), ("moe_experts", moe_experts),
-        ("mla_sparse", mla_sparse), ("indexer_logits", indexer_logits),
-        ("indexer_logits_rows", indexer_logits), ("sparse_sink_attention", "auto"),
-        *((op, choice) for op, choice in optional.items() if choice is not None))}
+    optional = {
+        "fp8_linear": fp8_linear,
+        "mla_sparse_fp8": mla_sparse_fp8,
+        "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear),
+    }
+    chosen = {
+        op: _select(op, choice, str(device))
+        for op, choice in (
+            ("linear", linear),
+            ("attention", attention),
+            ("decode_attention", "auto"),
+            ("paged_decode", "auto"),
+            ("mla_decode", mla_decode),
+            ("moe_experts", moe_experts),
+            ("mla_sparse", mla_sparse),
+            ("indexer_logits", indexer_logits),
+            ("indexer_logits_rows", indexer_logits),
+            ("sparse_sink_attention", "auto"),
+            *((op, choice) for op, choice in optional.items() if choice is not None),
+        )
+    }
     names = {op: name for op, (name, _fn) in chosen.items()}
     log.info("kernels on %s: %s", device, names)
     return Kernels(**{op: fn for op, (_name, fn) in chosen.items()}, names=names)
