@@ -13,6 +13,7 @@ of another block size or dtype go to the torch reference. Install on the GPU hos
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ PAGE = 64  # FlashMLA's page size
 MODULES = ("flash_mla", "sgl_flash_mla")
 
 
-def _module():
+def _module() -> Any:  # the optional, untyped FlashMLA wheel's module, or None
     for name in MODULES:
         try:
             return importlib.import_module(name)
@@ -40,20 +41,37 @@ def is_available(device: str = "cuda") -> bool:
     return _module() is not None
 
 
-def mla_decode(q: torch.Tensor, pages: torch.Tensor, block_table: torch.Tensor,
-               seqlens: torch.Tensor, dv: int, scale: float, state: dict) -> torch.Tensor:
+def mla_decode(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    block_table: torch.Tensor,
+    seqlens: torch.Tensor,
+    dv: int,
+    scale: float,
+    state: dict[str, Any],
+) -> torch.Tensor:
     """q [R, H, 576] bf16, pages [blocks, 64, 1, 576] bf16 -> [R, H, dv]."""
     if q.dtype != torch.bfloat16 or pages.dtype != torch.bfloat16 or pages.shape[1] != PAGE:
         return torch_ref.mla_decode(q, pages, block_table, seqlens, dv, scale, state)
     fm = _module()
     meta = state.get("flash_mla")
     if meta is None:
-        meta = state["flash_mla"] = (fm.FlashMLASchedMeta() if hasattr(fm, "FlashMLASchedMeta")
-                                     else fm.get_mla_metadata()[0])
+        meta = state["flash_mla"] = (
+            fm.FlashMLASchedMeta() if hasattr(fm, "FlashMLASchedMeta") else fm.get_mla_metadata()[0]
+        )
     out, _lse = fm.flash_mla_with_kvcache(
-        q.unsqueeze(1).contiguous(), pages, block_table, seqlens, dv, meta,
-        softmax_scale=scale, causal=True, use_legacy=True)
-    return out.squeeze(1)
+        q.unsqueeze(1).contiguous(),
+        pages,
+        block_table,
+        seqlens,
+        dv,
+        meta,
+        softmax_scale=scale,
+        causal=True,
+        use_legacy=True,
+    )
+    decoded: torch.Tensor = out.squeeze(1)
+    return decoded
 
 
 # The SM90 sparse kernels take 64 or 128 query heads; fewer heads are
@@ -83,47 +101,87 @@ def _pad_topk(indices: torch.Tensor) -> torch.Tensor:
     return torch.cat((indices, pad), dim=-1).to(torch.int32).contiguous()
 
 
-def mla_sparse(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int,
-               scale: float) -> torch.Tensor:
+def mla_sparse(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int, scale: float
+) -> torch.Tensor:
     """torch_ref.mla_sparse on flash_mla_sparse_fwd (bf16 latent, 576 wide, dv 512)."""
     qp = _pad_heads(q)
-    if (qp is None or q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16
-            or q.shape[-1] != LATENT_DIM or dv != 512):
+    if (
+        qp is None
+        or q.dtype != torch.bfloat16
+        or kv.dtype != torch.bfloat16
+        or q.shape[-1] != LATENT_DIM
+        or dv != 512
+    ):
         return torch_ref.mla_sparse(q, kv, indices, dv, scale)
     out, _max, _lse = _module().flash_mla_sparse_fwd(
-        qp.contiguous(), kv, _pad_topk(indices).unsqueeze(1), scale, dv, use_legacy=True,
-        return_log2_lse=False)
-    return out[:, :q.shape[1]]
+        qp.contiguous(),
+        kv,
+        _pad_topk(indices).unsqueeze(1),
+        scale,
+        dv,
+        use_legacy=True,
+        return_log2_lse=False,
+    )
+    attended: torch.Tensor = out[:, : q.shape[1]]
+    return attended
 
 
-def mla_sparse_fp8_decode(q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor,
-                          dv: int, scale: float, state: dict) -> torch.Tensor:
+def mla_sparse_fp8_decode(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    indices: torch.Tensor,
+    dv: int,
+    scale: float,
+    state: dict[Any, Any],
+) -> torch.Tensor:
     """One query per row, q [R, H, 576] bf16, over FP8 latent pages [blocks, B, 1, 656]
     (stages.kernels.fp8_latent's layout) at slot ids indices [R, topk] (-1 = none) ->
     [R, H, dv] bf16. The plan built on the first call is kept in `state` for the other layers.
     """
     qp = _pad_heads(q)
     if qp is None:
-        raise ValueError(f"FlashMLA's sparse decode takes at most 128 query heads, "
-                         f"got {q.shape[1]}")
+        raise ValueError(
+            f"FlashMLA's sparse decode takes at most 128 query heads, got {q.shape[1]}"
+        )
     fm = _module()
     meta = state.get("flash_mla_sparse")
     if meta is None:
         meta = state["flash_mla_sparse"] = fm.get_mla_metadata()[0]
     out, _lse = fm.flash_mla_with_kvcache(
-        qp.unsqueeze(1).contiguous(), pages, None, None, dv, meta, softmax_scale=scale,
-        causal=False, is_fp8_kvcache=True, indices=_pad_topk(indices).unsqueeze(1),
-        use_legacy=True)
-    return out[:, 0, :q.shape[1]]
+        qp.unsqueeze(1).contiguous(),
+        pages,
+        None,
+        None,
+        dv,
+        meta,
+        softmax_scale=scale,
+        causal=False,
+        is_fp8_kvcache=True,
+        indices=_pad_topk(indices).unsqueeze(1),
+        use_legacy=True,
+    )
+    decoded: torch.Tensor = out[:, 0, : q.shape[1]]
+    return decoded
 
 
-def mla_sparse_fp8(q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, dv: int,
-                   scale: float, state: dict) -> torch.Tensor:
+def mla_sparse_fp8(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    indices: torch.Tensor,
+    dv: int,
+    scale: float,
+    state: dict[Any, Any],
+) -> torch.Tensor:
     """fp8_latent.mla_sparse on FlashMLA's sparse FP8 decode kernel, every query (decode rows
     and prefill chunks alike) one batch row of it, as SGLang's flashmla_kv prefill does."""
-    if (q.dtype != torch.bfloat16 or q.shape[-1] != LATENT_DIM or dv != 512
-            or pages.shape[1] != PAGE):
+    if (
+        q.dtype != torch.bfloat16
+        or q.shape[-1] != LATENT_DIM
+        or dv != 512
+        or pages.shape[1] != PAGE
+    ):
         return fp8_latent.mla_sparse(q, pages, indices, dv, scale, state)
     key = ("flash_mla_sparse", q.shape[0])  # the plan depends on the number of rows
-    plan: dict = state.setdefault(key, {})
+    plan: dict[str, Any] = state.setdefault(key, {})
     return mla_sparse_fp8_decode(q, pages, indices, dv, scale, plan)

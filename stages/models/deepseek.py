@@ -15,7 +15,7 @@ from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import DeepseekArgs
 from stages.models.dsa import DSAttention, SparseRows
-from stages.models.layers import DecoderLayer, SwiGLU
+from stages.models.layers import DecoderLayer, Device, SwiGLU
 from stages.models.mla import MLADecodeRows, MLAttention, rope_tables
 from stages.models.mla_cache import LatentKVCache
 from stages.models.moe import Experts, MoE
@@ -27,23 +27,26 @@ class DeepseekRouter(nn.Module):
     bias-corrected score choosing groups and experts. Checkpoint name `gate`; fp32 weights and
     scores, as transformers keeps them."""
 
-    def __init__(self, args: ModelArgs, device):
+    def __init__(self, args: ModelArgs, device: Device):
         super().__init__()
         d: DeepseekArgs = args.family_args
         self.d = d
-        self.weight = nn.Parameter(torch.empty(d.n_routed_experts, args.hidden_size,
-                                               dtype=torch.float32, device=device))
+        self.weight = nn.Parameter(
+            torch.empty(d.n_routed_experts, args.hidden_size, dtype=torch.float32, device=device)
+        )
         if d.version == "v3":
             self.e_score_correction_bias = nn.Parameter(
-                torch.zeros(d.n_routed_experts, dtype=torch.float32, device=device))
+                torch.zeros(d.n_routed_experts, dtype=torch.float32, device=device)
+            )
 
     def _group_mask(self, scores: torch.Tensor, group_scores: torch.Tensor) -> torch.Tensor:
         """[T, E] bool: experts in each token's topk_group best groups."""
         d = self.d
         best = group_scores.topk(d.topk_group, dim=-1, sorted=False).indices
         mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-        return mask[:, :, None].expand(-1, -1, d.n_routed_experts // d.n_group).reshape(
-            scores.shape)
+        return (
+            mask[:, :, None].expand(-1, -1, d.n_routed_experts // d.n_group).reshape(scores.shape)
+        )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32, expert ids [T, k] long)."""
@@ -69,38 +72,64 @@ class DeepseekRouter(nn.Module):
 
 
 class DeepseekStage(Stage):
-    def __init__(self, args: ModelArgs, layer_start: int, layer_end: int, is_first: bool,
-                 is_last: bool, kernels: Kernels, dtype: torch.dtype,
-                 device: str | torch.device):
+    inv_freq: torch.Tensor  # a buffer: registered in __init__
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        layer_start: int,
+        layer_end: int,
+        is_first: bool,
+        is_last: bool,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ):
         if not isinstance(args.family_args, DeepseekArgs):
             raise ValueError(f"{args.model_type} is not a DeepSeek model")
         super().__init__(args, layer_start, layer_end, is_first, is_last, kernels, dtype, device)
         inv_freq, self.rope_scale = rope_tables(args)
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
-    def build_layer(self, layer: int, kernels: Kernels, dtype: torch.dtype,
-                    device: str | torch.device) -> nn.Module:
+    def build_layer(
+        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
+    ) -> nn.Module:
         a, d = self.args, self.args.family_args
         attention = MLAttention if d.indexer is None else DSAttention
         mlp: nn.Module
         if d.is_moe_layer(layer):
             shared = d.moe_intermediate_size * d.n_shared_experts
-            mlp = MoE(DeepseekRouter(a, device),
-                      Experts(d.n_routed_experts, a.hidden_size, d.moe_intermediate_size, dtype,
-                              device, fp8=kernels.fp8_linear is not None),
-                      SwiGLU(a.hidden_size, shared, a.mlp_bias, kernels, dtype, device)
-                      if shared else None, kernels)
+            mlp = MoE(
+                DeepseekRouter(a, device),
+                Experts(
+                    d.n_routed_experts,
+                    a.hidden_size,
+                    d.moe_intermediate_size,
+                    dtype,
+                    device,
+                    fp8=kernels.fp8_linear is not None,
+                ),
+                SwiGLU(a.hidden_size, shared, a.mlp_bias, kernels, dtype, device)
+                if shared
+                else None,
+                kernels,
+            )
         else:
             mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
         return DecoderLayer(a, attention(a, kernels, dtype, device), mlp, dtype, device)
 
-    def layer_context(self, batch: ForwardBatch, kv: LatentKVCache, h: torch.Tensor) -> tuple:
+    def layer_context(
+        self, batch: ForwardBatch, kv: LatentKVCache, h: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, MLADecodeRows | SparseRows | None]:
         """(cos, sin [T, rope / 2], the attention's row metadata: MLADecodeRows or
         SparseRows)."""
         freqs = batch.positions[:, None].float() * self.inv_freq[None, :]
         cos = (freqs.cos() * self.rope_scale).to(h.dtype)
         sin = (freqs.sin() * self.rope_scale).to(h.dtype)
         indexer = self.args.family_args.indexer
-        rows = (MLADecodeRows.build(batch, h.device) if indexer is None
-                else SparseRows.build(batch, kv.block_size, indexer.topk, h.device))
+        rows = (
+            MLADecodeRows.build(batch, h.device)
+            if indexer is None
+            else SparseRows.build(batch, kv.block_size, indexer.topk, h.device)
+        )
         return cos, sin, rows

@@ -12,6 +12,7 @@ is a second component of the latent cache, under the same block ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +23,8 @@ from stages.kernels.indexer_select import SelectPlan, topk_slots
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import INDEXER_KEY, IndexerArgs
-from stages.models.layers import Linear, apply_rope
-from stages.models.mla import MLAttention
+from stages.models.layers import Device, Linear, apply_rope
+from stages.models.mla import MLADecodeRows, MLAttention
 from stages.models.mla_cache import LatentKVCache
 
 
@@ -31,13 +32,17 @@ from stages.models.mla_cache import LatentKVCache
 class SparseRows:
     """What every DSA layer of a forward shares: the indices of rows that attend densely (fixed
     for the whole forward) and the selecting rows' plan (None: no row selects)."""
+
     dense: torch.Tensor  # [T, topk] int32 slot ids, -1 padded; selecting rows' are overwritten
     plan: SelectPlan | None
-    state: dict = field(default_factory=dict)  # a kernel's per-batch plan, shared by layers
+    state: dict[Any, Any] = field(
+        default_factory=dict
+    )  # a kernel's per-batch plan, shared by layers
 
     @classmethod
-    def build(cls, batch: ForwardBatch, block_size: int, topk: int,
-              device: torch.device) -> "SparseRows":
+    def build(
+        cls, batch: ForwardBatch, block_size: int, topk: int, device: torch.device
+    ) -> "SparseRows":
         # Rows of a decode group have no prefix index: theirs from their block tables, copied
         # in one transfer (a pageable copy per row would make the host wait for the stream).
         missing = [i for i, p in enumerate(batch.prefix_slots) if p is None]
@@ -54,8 +59,9 @@ class SparseRows:
             built = dict(zip(missing, flat.split([h.numel() for h in host])))
         dense = torch.full((batch.num_tokens, topk), -1, dtype=torch.int32, device=device)
         selecting = []
-        for i, (start, n, off) in enumerate(zip(batch.row_starts, batch.row_lens,
-                                                batch.row_offsets)):
+        for i, (start, n, off) in enumerate(
+            zip(batch.row_starts, batch.row_lens, batch.row_offsets)
+        ):
             length = start + n
             prefix = batch.prefix_slots[i]
             if prefix is None:
@@ -69,7 +75,7 @@ class SparseRows:
                 if n > 1:  # keys of the chunk after the query
                     future = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
                     row[:, start:] = row[:, start:].masked_fill(future, -1)
-                dense[off:off + n, :length] = row.int()
+                dense[off : off + n, :length] = row.int()
             else:
                 selecting.append((off, n, start, slots))
         return cls(dense, SelectPlan.build(selecting, device) if selecting else None)
@@ -80,17 +86,18 @@ class Indexer(nn.Module):
     token (LayerNorm, then half-split rope on its first qk_rope_head_dim values), per-head
     weights from the hidden state (an fp32 projection, as transformers keeps it)."""
 
-    def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
+    def __init__(self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: Device):
         super().__init__()
         d = args.family_args
         ix: IndexerArgs = d.indexer
         self.ix, self.rope_dim = ix, d.qk_rope_head_dim
-        self.scale = ix.head_dim ** -0.5
+        self.scale = ix.head_dim**-0.5
         self.wq_b = Linear(d.q_lora_rank, ix.n_heads * ix.head_dim, False, kernels, dtype, device)
         self.wk = Linear(args.hidden_size, ix.head_dim, False, kernels, dtype, device)
         self.k_norm = nn.LayerNorm(ix.head_dim, eps=1e-6, dtype=dtype, device=device)
-        self.weights_proj = nn.Linear(args.hidden_size, ix.n_heads, bias=False,
-                                      dtype=torch.float32, device=device)
+        self.weights_proj = nn.Linear(
+            args.hidden_size, ix.n_heads, bias=False, dtype=torch.float32, device=device
+        )
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x.split([self.rope_dim, x.shape[-1] - self.rope_dim], dim=-1)
@@ -100,23 +107,34 @@ class Indexer(nn.Module):
         """[T, head_dim]: what the cache keeps per token."""
         return self._rope(self.k_norm(self.wk(x)), cos, sin)
 
-    def queries(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def queries(
+        self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(queries [T, n_heads, head_dim], head weights [T, n_heads] fp32)."""
         q = self.wq_b(q_resid).view(x.shape[0], self.ix.n_heads, self.ix.head_dim)
-        weights = F.linear(x.float(), self.weights_proj.weight) * self.ix.n_heads ** -0.5
+        weights = F.linear(x.float(), self.weights_proj.weight) * self.ix.n_heads**-0.5
         return self._rope(q, cos[:, None], sin[:, None]), weights
 
 
 class DSAttention(MLAttention):
     """MLA whose every row attends, in the absorbed form, to the keys its indexer selects."""
 
-    def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
+    def __init__(self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: Device):
         super().__init__(args, kernels, dtype, device)
         self.indexer = Indexer(args, kernels, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: SparseRows,
-                batch: ForwardBatch, kv: LatentKVCache, local_layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rows: MLADecodeRows | SparseRows | None,
+        batch: ForwardBatch,
+        kv: LatentKVCache,
+        local_layer: int,
+    ) -> torch.Tensor:
+        if not isinstance(rows, SparseRows):
+            raise TypeError(f"DSA layers take the stage's SparseRows, got {type(rows).__name__}")
         d, t = self.d, x.shape[0]
         q_nope, q_pe, q_resid = self.project(x, cos, sin, batch, kv, local_layer)
         kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
@@ -124,24 +142,50 @@ class DSAttention(MLAttention):
         pages = kv.pages(local_layer)
         q = self.absorbed_query(q_nope, q_pe)
         if kv.fp8:  # decode rows and prefill chunks alike on the FP8 sparse kernel
-            out = self.kernels.mla_sparse_fp8(q, pages, indices, d.kv_lora_rank, self.scale,
-                                              rows.state)
+            mla_sparse_fp8 = self.kernels.mla_sparse_fp8
+            if mla_sparse_fp8 is None:
+                raise RuntimeError(
+                    "an FP8 latent cache needs kernels.mla_sparse_fp8, which is unset"
+                )
+            out = mla_sparse_fp8(q, pages, indices, d.kv_lora_rank, self.scale, rows.state)
         else:
-            out = self.kernels.mla_sparse(q, pages.view(-1, 1, pages.shape[-1]), indices,
-                                          d.kv_lora_rank, self.scale)
+            mla_sparse = self.kernels.mla_sparse
+            if mla_sparse is None:
+                raise RuntimeError("DSA layers need kernels.mla_sparse, which is unset")
+            out = mla_sparse(
+                q, pages.view(-1, 1, pages.shape[-1]), indices, d.kv_lora_rank, self.scale
+            )
         o = self.unabsorb(out, x.dtype)
-        return self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
+        projected: torch.Tensor = self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
+        return projected
 
-    def _select(self, x, q_resid, cos, sin, rows: SparseRows, kv: LatentKVCache,
-                local_layer: int) -> torch.Tensor:
+    def _select(
+        self,
+        x: torch.Tensor,
+        q_resid: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rows: SparseRows,
+        kv: LatentKVCache,
+        local_layer: int,
+    ) -> torch.Tensor:
         """[T, topk] int32 slot ids each query attends to (-1: none)."""
         if rows.plan is None:
             return rows.dense
+        if q_resid is None:
+            raise ValueError("DSA's indexer reads the q LoRA's output: q_lora_rank must be set")
+        indexer_logits_rows = self.kernels.indexer_logits_rows
+        if indexer_logits_rows is None:
+            raise RuntimeError("DSA layers need kernels.indexer_logits_rows, which is unset")
         plan, indices = rows.plan, rows.dense.clone()
         q, weights = self.indexer.queries(x, q_resid, cos, sin)
         keys = kv.pages(local_layer, INDEXER_KEY)
-        logits = self.kernels.indexer_logits_rows(
-            q[plan.token_index], keys.view(-1, keys.shape[-1]), weights[plan.token_index],
-            self.indexer.scale, plan)
+        logits = indexer_logits_rows(
+            q[plan.token_index],
+            keys.view(-1, keys.shape[-1]),
+            weights[plan.token_index],
+            self.indexer.scale,
+            plan,
+        )
         indices[plan.token_index] = topk_slots(logits, plan, indices.shape[1])
         return indices

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,11 +21,11 @@ from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import DeepseekArgs, softmax_scale, yarn_get_mscale
-from stages.models.layers import Linear, RMSNorm, apply_rope
+from stages.models.layers import Device, Linear, RMSNorm, apply_rope
 from stages.models.mla_cache import LatentKVCache
 
 
-def yarn_inv_freq(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
+def yarn_inv_freq(dim: int, base: float, s: dict[str, Any]) -> tuple[torch.Tensor, float]:
     """(inv_freq, attention_factor) exactly as transformers' _compute_yarn_parameters."""
     factor = s["factor"]
     orig = s["original_max_position_embeddings"]
@@ -33,7 +34,8 @@ def yarn_inv_freq(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
         mscale, mscale_all_dim = s.get("mscale"), s.get("mscale_all_dim")
         if mscale and mscale_all_dim:
             attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(
-                factor, mscale_all_dim)
+                factor, mscale_all_dim
+            )
         else:
             attention_factor = yarn_get_mscale(factor)
     beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
@@ -50,8 +52,9 @@ def yarn_inv_freq(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     extrapolation = 1 - ramp
-    inv_freq = ((1.0 / (factor * pos_freqs)) * (1 - extrapolation)
-                + (1.0 / pos_freqs) * extrapolation)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (
+        1.0 / pos_freqs
+    ) * extrapolation
     return inv_freq, float(attention_factor)
 
 
@@ -66,10 +69,13 @@ def rope_tables(args: ModelArgs) -> tuple[torch.Tensor, float]:
 @dataclass
 class MLADecodeRows:
     """The batch's one-token rows, attended in the absorbed form in one kernel call per layer."""
+
     token_index: torch.Tensor  # [R] long: each row's token in T
     block_table: torch.Tensor  # [R, max_blocks] int32, padded with block 0
     seqlens: torch.Tensor  # [R] int32: keys each row attends to (its own included)
-    state: dict = field(default_factory=dict)  # a kernel's per-batch plan, shared by layers
+    state: dict[str, Any] = field(
+        default_factory=dict
+    )  # a kernel's per-batch plan, shared by layers
 
     @classmethod
     def build(cls, batch: ForwardBatch, device: torch.device) -> "MLADecodeRows | None":
@@ -79,19 +85,24 @@ class MLADecodeRows:
         width = max(len(batch.block_tables[i]) for i in rows)
         table = torch.zeros(len(rows), width, dtype=torch.int32)
         for j, i in enumerate(rows):
-            table[j, :len(batch.block_tables[i])] = torch.tensor(batch.block_tables[i],
-                                                                  dtype=torch.int32)
-        host = torch.cat([torch.tensor([batch.row_offsets[i] for i in rows], dtype=torch.int32),
-                          torch.tensor([batch.row_starts[i] + 1 for i in rows], dtype=torch.int32),
-                          table.reshape(-1)])
+            table[j, : len(batch.block_tables[i])] = torch.tensor(
+                batch.block_tables[i], dtype=torch.int32
+            )
+        host = torch.cat(
+            [
+                torch.tensor([batch.row_offsets[i] for i in rows], dtype=torch.int32),
+                torch.tensor([batch.row_starts[i] + 1 for i in rows], dtype=torch.int32),
+                table.reshape(-1),
+            ]
+        )
         if device.type == "cuda":  # one pinned copy: a pageable one makes the host wait
             host = host.pin_memory().to(device, non_blocking=True)
         r = len(rows)
-        return cls(host[:r].long(), host[2 * r:].view(r, width), host[r:2 * r])
+        return cls(host[:r].long(), host[2 * r :].view(r, width), host[r : 2 * r])
 
 
 class MLAttention(nn.Module):
-    def __init__(self, args: ModelArgs, kernels: Kernels, dtype, device):
+    def __init__(self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: Device):
         super().__init__()
         d: DeepseekArgs = args.family_args
         h, bias = args.hidden_size, args.attention_bias
@@ -107,20 +118,34 @@ class MLAttention(nn.Module):
         self.kv_a_proj_with_mqa = Linear(h, d.latent_dim, bias, kernels, dtype, device)
         self.kv_a_layernorm = RMSNorm(d.kv_lora_rank, 1e-6, dtype, device)
         # kept in `dtype`: the absorbed form folds its two halves into queries and outputs
-        self.kv_b_proj = Linear(d.kv_lora_rank, self.heads * (d.qk_nope_head_dim + d.v_head_dim),
-                                False, kernels, dtype, device, fp8=False)
+        self.kv_b_proj = Linear(
+            d.kv_lora_rank,
+            self.heads * (d.qk_nope_head_dim + d.v_head_dim),
+            False,
+            kernels,
+            dtype,
+            device,
+            fp8=False,
+        )
         self.o_proj = Linear(self.heads * d.v_head_dim, h, bias, kernels, dtype, device)
 
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj's weight as W_UK [H, nope, rank] and W_UV [H, v, rank]."""
         d = self.d
-        w = self.kv_b_proj.weight.view(self.heads, d.qk_nope_head_dim + d.v_head_dim,
-                                       d.kv_lora_rank)
-        return w[:, :d.qk_nope_head_dim], w[:, d.qk_nope_head_dim:]
+        w = self.kv_b_proj.weight.view(
+            self.heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank
+        )
+        return w[:, : d.qk_nope_head_dim], w[:, d.qk_nope_head_dim :]
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch,
-                kv: LatentKVCache, local_layer: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def project(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        kv: LatentKVCache,
+        local_layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Writes the tokens' latent to the cache; returns their queries' nope dims [T, H, nope],
         rotated rope dims [T, H, rope] and the q LoRA's normalised output (None without one)."""
         d, t = self.d, x.shape[0]
@@ -134,8 +159,7 @@ class MLAttention(nn.Module):
         q_pe = apply_rope(q_pe, cos[:, None], sin[:, None], d.rope_interleave)
         c, k_pe = self.kv_a_proj_with_mqa(x).split([d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
         k_pe = apply_rope(k_pe, cos, sin, d.rope_interleave)
-        kv.write(local_layer, torch.cat((self.kv_a_layernorm(c), k_pe), dim=-1),
-                 batch.slot_mapping)
+        kv.write(local_layer, torch.cat((self.kv_a_layernorm(c), k_pe), dim=-1), batch.slot_mapping)
         return q_nope, q_pe, q_resid
 
     def absorbed_query(self, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
@@ -146,36 +170,56 @@ class MLAttention(nn.Module):
         """Attention output in latent space [R, H, rank] -> per-head values [R, H, v]."""
         return torch.einsum("rhc,hvc->rhv", out.to(dtype), self._kv_b()[1])
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                decode: MLADecodeRows | None, batch: ForwardBatch, kv: LatentKVCache,
-                local_layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        decode: MLADecodeRows | None,
+        batch: ForwardBatch,
+        kv: LatentKVCache,
+        local_layer: int,
+    ) -> torch.Tensor:
         d, t = self.d, x.shape[0]
         q_nope, q_pe, _ = self.project(x, cos, sin, batch, kv, local_layer)
         o = x.new_empty(t, self.heads, d.v_head_dim)
         if decode is not None:
+            mla_decode = self.kernels.mla_decode
+            if mla_decode is None:
+                raise RuntimeError("MLA decode rows need kernels.mla_decode, which is unset")
             idx = decode.token_index
-            out = self.kernels.mla_decode(self.absorbed_query(q_nope[idx], q_pe[idx]),
-                                          kv.pages(local_layer), decode.block_table,
-                                          decode.seqlens, d.kv_lora_rank, self.scale,
-                                          decode.state)
+            out = mla_decode(
+                self.absorbed_query(q_nope[idx], q_pe[idx]),
+                kv.pages(local_layer),
+                decode.block_table,
+                decode.seqlens,
+                d.kv_lora_rank,
+                self.scale,
+                decode.state,
+            )
             o[idx] = self.unabsorb(out, x.dtype)
         q = None  # the chunk rows' queries with their rope dims rotated, built if needed
-        for n, off, idx in zip(batch.row_lens, batch.row_offsets, batch.prefix_slots):
+        for n, off, prefix in zip(batch.row_lens, batch.row_offsets, batch.prefix_slots):
             if n == 1:  # attended above
                 continue
+            if prefix is None:
+                raise ValueError("a prefill chunk row has no prefix slots")
             if q is None:
                 q = torch.cat((q_nope, q_pe), dim=-1)
-            o[off:off + n] = self._expanded(q[off:off + n], kv.gather(local_layer, idx))
-        return self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
+            o[off : off + n] = self._expanded(q[off : off + n], kv.gather(local_layer, prefix))
+        projected: torch.Tensor = self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
+        return projected
 
     def _expanded(self, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """A chunk's queries [n, H, qk] over its prefix's latent [L, rank + rope] expanded to
         per-head K/V (V keeps its own width: the attention kernels take it)."""
         d, length = self.d, latent.shape[0]
         latent = latent.to(q.dtype)
-        kv = self.kv_b_proj(latent[:, :d.kv_lora_rank]).view(
-            length, self.heads, d.qk_nope_head_dim + d.v_head_dim)
+        kv = self.kv_b_proj(latent[:, : d.kv_lora_rank]).view(
+            length, self.heads, d.qk_nope_head_dim + d.v_head_dim
+        )
         k_nope, v = kv.split([d.qk_nope_head_dim, d.v_head_dim], dim=-1)
-        k_pe = latent[:, None, d.kv_lora_rank:].expand(length, self.heads, d.qk_rope_head_dim)
+        k_pe = latent[:, None, d.kv_lora_rank :].expand(length, self.heads, d.qk_rope_head_dim)
         k = torch.cat((k_nope, k_pe), dim=-1)
-        return self.kernels.attention(q, k, v, self.scale)
+        attended: torch.Tensor = self.kernels.attention(q, k, v, self.scale)
+        return attended
