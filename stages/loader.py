@@ -8,6 +8,7 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -20,8 +21,12 @@ from stages.protocol import QUANTIZATIONS
 
 log = logging.getLogger(__name__)
 StageModel = torch.nn.Module  # a family's stage class (stages/models/families.py)
-DTYPES = {**{name: getattr(torch, name) for name in protocol.DTYPES},
-          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {
+    **{name: getattr(torch, name) for name in protocol.DTYPES},
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -50,15 +55,18 @@ def _weight_files(path: str) -> dict[str, str]:
         return {k: single for k in f.keys()}
 
 
-def tensor_sources(model: StageModel) -> dict[str, list[tuple[str, tuple]]]:
+def tensor_sources(model: StageModel) -> dict[str, list[tuple[str, tuple[Any, ...]]]]:
     """Parameter name -> (checkpoint tensor, index into the parameter) per piece: the tensor
     of the same name, or the pieces a model fuses or stacks (q/k/v, routed experts)."""
-    custom = model.checkpoint_sources() if hasattr(model, "checkpoint_sources") else {}
+    # torch types a Module's unknown attributes as Tensor | Module: read the method untyped
+    checkpoint_sources = getattr(model, "checkpoint_sources", None)
+    custom = checkpoint_sources() if checkpoint_sources is not None else {}
     return {n: custom.get(n) or [(checkpoint_name(n), ())] for n, _ in model.named_parameters()}
 
 
-def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor,
-                   block: tuple[int, int]) -> torch.Tensor:
+def dequantize_fp8(
+    weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]
+) -> torch.Tensor:
     """Block-scaled FP8 [N, K] (one fp32 scale per block[0] x block[1] tile) -> fp32."""
     return fp8_ref.dequantize_weight(weight, scale_inv, block)
 
@@ -66,37 +74,50 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor,
 SCALE_SUFFIX = "_scale_inv"  # a kept-FP8 parameter's scales: `<parameter>_scale_inv`
 
 
-def _scale_index(index: tuple) -> tuple:
+def _scale_index(index: tuple[Any, ...]) -> tuple[Any, ...]:
     """A weight piece's index -> its scales' (rows in slices are counted in 128-row blocks)."""
-    return tuple(slice(i.start // fp8_ref.BLOCK, i.stop // fp8_ref.BLOCK)
-                 if isinstance(i, slice) else i for i in index)
+    return tuple(
+        slice(i.start // fp8_ref.BLOCK, i.stop // fp8_ref.BLOCK) if isinstance(i, slice) else i
+        for i in index
+    )
 
 
-def load_stage_weights(model: StageModel, path: str, args: ModelArgs, layer_start: int,
-                       layer_end: int, is_first: bool, is_last: bool) -> list[str]:
+def load_stage_weights(
+    model: StageModel,
+    path: str,
+    args: ModelArgs,
+    layer_start: int,
+    layer_end: int,
+    is_first: bool,
+    is_last: bool,
+) -> list[str]:
     """Fill `model` from the checkpoint at `path`, reading only this stage's tensors.
 
     Returns the checkpoint names read, sorted. With tied embeddings the last stage reads
     `model.embed_tokens.weight` for its head (tied checkpoints usually omit `lm_head.weight`).
     FP8 block-scaled weights (with a `weight_scale_inv`) are dequantized to the model's dtype.
     """
-    if (model.layer_start, model.layer_end, model.is_first, model.is_last) != (
-            layer_start, layer_end, is_first, is_last):
+    built_for = (model.layer_start, model.layer_end, model.is_first, model.is_last)
+    # torch types a Module's unknown attributes as Tensor | Module, hence the ignore
+    if built_for != (layer_start, layer_end, is_first, is_last):  # type: ignore[comparison-overlap]
         raise ValueError("model was built for another stage than the one being loaded")
     params = dict(model.named_parameters())
     files = _weight_files(path)
     # a tensor stored under the parameter's own name wins (e.g. experts saved already stacked)
-    pieces = [(name, index, p) for p, srcs in tensor_sources(model).items()
-              for name, index in ([(checkpoint_name(p), ())] if checkpoint_name(p) in files
-                                  else srcs)]
+    pieces = [
+        (name, index, p)
+        for p, srcs in tensor_sources(model).items()
+        for name, index in ([(checkpoint_name(p), ())] if checkpoint_name(p) in files else srcs)
+    ]
     # Kept-FP8 scales the checkpoint lacks come from quantizing its weights at load.
     derived = {n for n, _, p in pieces if p.endswith(SCALE_SUFFIX) and n not in files}
     pieces = [piece for piece in pieces if piece[0] not in derived]
     missing = sorted({n for n, _, _ in pieces if n not in files})
     if missing:
-        raise KeyError(f"checkpoint {path!r} lacks {len(missing)} tensors this stage needs, "
-                       f"e.g. {missing[:5]}")
-    by_file: dict[str, list[tuple[str, tuple, str]]] = {}
+        raise KeyError(
+            f"checkpoint {path!r} lacks {len(missing)} tensors this stage needs, e.g. {missing[:5]}"
+        )
+    by_file: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {}
     for piece in pieces:
         by_file.setdefault(files[piece[0]], []).append(piece)
     counts = {"dequantized": 0, "kept": 0, "quantized": 0}
@@ -116,21 +137,29 @@ def load_stage_weights(model: StageModel, path: str, args: ModelArgs, layer_star
                     elif target.dtype == fp8_ref.FP8:
                         counts["kept"] += 1
                     elif scaled:
-                        with safe_open(files[n + SCALE_SUFFIX], framework="pt",
-                                       device="cpu") as fs:
-                            t = dequantize_fp8(t, fs.get_tensor(n + SCALE_SUFFIX),
-                                               args.fp8_block or (128, 128))
+                        with safe_open(files[n + SCALE_SUFFIX], framework="pt", device="cpu") as fs:
+                            t = dequantize_fp8(
+                                t, fs.get_tensor(n + SCALE_SUFFIX), args.fp8_block or (128, 128)
+                            )
                         counts["dequantized"] += 1
                     if tuple(t.shape) != tuple(target.shape):
-                        raise ValueError(f"{n}: checkpoint shape {tuple(t.shape)}, model "
-                                         f"expects {tuple(target.shape)}")
+                        raise ValueError(
+                            f"{n}: checkpoint shape {tuple(t.shape)}, model "
+                            f"expects {tuple(target.shape)}"
+                        )
                     target.copy_(t)
     if counts["dequantized"]:
-        log.info("FP8 block-scaled checkpoint: %d weights dequantized to %s at load",
-                 counts["dequantized"], dtype_of(model))
+        log.info(
+            "FP8 block-scaled checkpoint: %d weights dequantized to %s at load",
+            counts["dequantized"],
+            dtype_of(model),
+        )
     if counts["kept"] or counts["quantized"]:
-        log.info("FP8 weights kept for W8A8: %d from the checkpoint, %d quantized at load",
-                 counts["kept"], counts["quantized"])
+        log.info(
+            "FP8 weights kept for W8A8: %d from the checkpoint, %d quantized at load",
+            counts["kept"],
+            counts["quantized"],
+        )
     return sorted({n for n, _, _ in pieces})
 
 
@@ -139,7 +168,7 @@ def dtype_of(model: StageModel) -> torch.dtype:
     return next(p.dtype for p in model.parameters() if p.dtype != fp8_ref.FP8)
 
 
-def random_init(model: torch.nn.Module, seed: int) -> None:
+def random_init(model: StageModel, seed: int) -> None:
     """Deterministic per global tensor name, so any PP split builds identical weights. Kept-FP8
     weights are the same draws quantized blockwise (their scales set with them)."""
     sources = tensor_sources(model)
@@ -168,12 +197,14 @@ def _draw(part: str, shape: torch.Size, seed: int, device: torch.device) -> torc
     return torch.randn(shape, generator=g, dtype=torch.float32, device=device) * 0.02
 
 
-def _random_fp8(p: torch.Tensor, scale: torch.Tensor, pieces: list, seed: int) -> None:
+def _random_fp8(
+    p: torch.Tensor, scale: torch.Tensor, pieces: list[tuple[str, tuple[Any, ...]]], seed: int
+) -> None:
     """One 2-D matrix at a time (an expert of a stack), so the fp32 draws stay small."""
-    by_matrix: dict = {}
+    by_matrix: dict[tuple[Any, ...], list[tuple[str, tuple[Any, ...]]]] = {}
     for part, index in pieces:
         lead = index[:1] if index and isinstance(index[0], int) else ()
-        by_matrix.setdefault(lead, []).append((part, index[len(lead):]))
+        by_matrix.setdefault(lead, []).append((part, index[len(lead) :]))
     for lead, parts in by_matrix.items():
         full = torch.empty(p[lead].shape, dtype=torch.float32, device=p.device)
         for part, index in parts:
@@ -197,8 +228,10 @@ def keep_fp8_weights(args: ModelArgs, quantization: str, device: str | torch.dev
         log.info("FP8 weights are dequantized at load on %s (W8A8 linears run on CUDA)", device)
         return False
     if args.fp8_block not in (None, (fp8_ref.BLOCK, fp8_ref.BLOCK)):
-        log.warning("FP8 blocks of %s: dequantized at load (the W8A8 kernels take 128 x 128)",
-                    args.fp8_block)
+        log.warning(
+            "FP8 blocks of %s: dequantized at load (the W8A8 kernels take 128 x 128)",
+            args.fp8_block,
+        )
         return False
     return True
 
@@ -212,8 +245,13 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def log_stage_memory(model: StageModel, num_layers: int, kv_bytes_per_token_layer: int) -> None:
     kv = num_layers * kv_bytes_per_token_layer
-    log.info("stage memory: weights %.3f GiB, KV %d bytes per token (%d layers x %d)",
-             weight_bytes(model) / 2**30, kv, num_layers, kv_bytes_per_token_layer)
+    log.info(
+        "stage memory: weights %.3f GiB, KV %d bytes per token (%d layers x %d)",
+        weight_bytes(model) / 2**30,
+        kv,
+        num_layers,
+        kv_bytes_per_token_layer,
+    )
 
 
 @dataclass(frozen=True)
@@ -227,9 +265,13 @@ class StageMemory:
         return max(0, memory_bytes - self.weight_bytes) // self.kv_bytes_per_token
 
 
-def stage_memory_plan(args: ModelArgs, pp_size: int, fp8_weights: bool,
-                      kv_cache_dtype: str = "auto",
-                      dtype: torch.dtype = torch.bfloat16) -> list[StageMemory]:
+def stage_memory_plan(
+    args: ModelArgs,
+    pp_size: int,
+    fp8_weights: bool,
+    kv_cache_dtype: str = "auto",
+    dtype: torch.dtype = torch.bfloat16,
+) -> list[StageMemory]:
     """Per stage of an even PP split: the weight bytes of the stage module the engine would
     build (on the meta device: nothing allocated) and its KV bytes per token."""
     from stages.kernels.registry import select_kernels
@@ -241,19 +283,29 @@ def stage_memory_plan(args: ModelArgs, pp_size: int, fp8_weights: bool,
     plan = []
     ranges = layer_ranges(args.num_hidden_layers, pp_size)
     for i, (a, b) in enumerate(ranges):
-        model = args.family.stage()(args, a, b, i == 0, i == len(ranges) - 1, kernels, dtype,
-                                    "meta")
+        model = args.family.stage()(
+            args, a, b, i == 0, i == len(ranges) - 1, kernels, dtype, "meta"
+        )
         plan.append(StageMemory((a, b), weight_bytes(model), (b - a) * per_layer))
     return plan
 
 
-def build_stage_model(args: ModelArgs, model_path: str | None, layer_start: int, layer_end: int,
-                      is_first: bool, is_last: bool, kernels: Kernels,
-                      dtype: torch.dtype | str, device: str | torch.device,
-                      seed: int = 0) -> StageModel:
+def build_stage_model(
+    args: ModelArgs,
+    model_path: str | None,
+    layer_start: int,
+    layer_end: int,
+    is_first: bool,
+    is_last: bool,
+    kernels: Kernels,
+    dtype: torch.dtype | str,
+    device: str | torch.device,
+    seed: int = 0,
+) -> StageModel:
     """The stage's module with its weights loaded (or seeded random when model_path is None)."""
-    model = args.family.stage()(args, layer_start, layer_end, is_first, is_last, kernels,
-                                resolve_dtype(dtype), device)
+    model: StageModel = args.family.stage()(
+        args, layer_start, layer_end, is_first, is_last, kernels, resolve_dtype(dtype), device
+    )
     if model_path is None:
         random_init(model, seed)
     else:
