@@ -87,6 +87,7 @@ class CoordinatorHost:
         await self.coordinator.start()
         return {
             "max_model_len": self.coordinator.max_model_len,
+            "coordinator_node_id": ray.get_runtime_context().get_node_id(),
             "stages": await self.coordinator.pipeline.describe(),
         }
 

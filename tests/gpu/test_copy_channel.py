@@ -129,11 +129,11 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUD
 def test_engine_copy_matches_nccl_and_transformers(tmp_path):
     import ray
 
-    from app import Engine, EngineConfig, SamplingParams
+    from app import EngineConfig, SamplingParams
     from tests.cpu.conftest import hf_model
     from tests.gpu.test_engine_cuda import MAX_NEW, _hf_reference
     from tests.ray import test_output_channel
-    from tests.ray.test_output_channel import _abort_one_mid_decode
+    from tests.ray.test_output_channel import _AbortingEngine
 
     path = str(tmp_path / "llama-bf16")
     model = hf_model("llama")
@@ -150,7 +150,7 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
         include_dashboard=False,
         runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}},
     )
-    ray.cloudpickle.register_pickle_by_value(test_output_channel)  # engine.call's function
+    ray.cloudpickle.register_pickle_by_value(test_output_channel)  # its _AbortingHost
     try:
         for channel in ("copy", "nccl"):
             for skip in ("off", "sglang", "auto"):
@@ -167,10 +167,11 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
                     output_channel=channel,
                     gpu_memory_utilization=0.3,
                 )
-                with Engine(cfg) as engine:
+                with _AbortingEngine(cfg) as engine:
                     outs = [o.token_ids for o in engine.generate(prompts, greedy)]
                     if skip == "auto":  # an abort mid-decode: its sends are orphans
-                        others = engine.call(_abort_one_mid_decode, prompts, greedy)
+                        aborted = engine._actor.abort_one_mid_decode.remote(prompts, greedy)
+                        others = ray.get(aborted)
                         assert others == outs[1:], channel
                     stats = engine.stats()
                 # bf16 near-ties aside (test_engine_cuda), the first tokens agree

@@ -36,10 +36,7 @@ def cluster():
 
 
 def _coordinator_node(engine) -> str:
-    import ray
-
-    return ray.get(engine._actor.call.remote(
-        lambda _c: ray.get_runtime_context().get_node_id()))
+    return engine.info["coordinator_node_id"]
 
 
 def _wait_for(engine, pred, what):
