@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install download serve lint test test-unit test-gpu test-reliability fuzz soak bench clean
+.PHONY: install download serve lint test test-slow test-unit test-gpu test-reliability fuzz soak bench clean
 
 install: $(STAMP)
 
@@ -81,6 +81,11 @@ lint: install
 # CI: lint, then everything but GPU tests and the slow soak; the fuzz run at its small CI size.
 test: install lint
 	$(PY) -m pytest tests -m "not gpu and not slow" -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The exhaustive matrices `make test` leaves out (PP x chunk sizes x skip modes per family, the
+# 200-client cancellation burst sizes, the soak): tens of minutes on 2 cores.
+test-slow: install
+	$(PY) -m pytest tests -m "slow and not gpu" -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # schemathesis against /openapi.json, 500 generated cases per POST endpoint (a few minutes).
 fuzz: install
