@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from stages.channels import ChannelError, PendingRecv, PipelineChannels
-from stages.copy_channel import PendingCopy
+from stages.channels import PipelineChannels, SendWork, TCPStore
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
 from stages.loader import build_stage_model, keep_fp8_weights, log_stage_memory, resolve_dtype
 from stages.model_config import load_model_args
-from stages.protocol import MicrobatchPlan, PromptLogprobs, SampledToken, StageSpec, StepResult
-from stages.sampler import Picked, RowToSample, Sampler, score_tokens
+from stages.output_slots import OutputSlots, output_message
+from stages.protocol import (
+    MicrobatchPlan,
+    PromptLogprobs,
+    SampledToken,
+    SamplingSpec,
+    StageSpec,
+    StepResult,
+)
+from stages.sampler import Picked, PromptScores, RowToSample, Sampler, score_tokens
 from stages.sync_guard import install_sync_guard
 from stages.timing import Measurement, StageTimer
 
@@ -33,6 +40,7 @@ class LaunchedStep:
     """A microbatch whose device work is queued. Stages before the last have their result at
     once; the last stage's needs the sampled ids, read by StageRunner.finish (the output
     channel's send is queued before that read, straight from the device)."""
+
     plan: MicrobatchPlan
     graphed: bool
     picked: Picked | None = None  # last stage: the ids chosen on the device
@@ -56,13 +64,22 @@ class StageRunner:
         self.args = load_model_args(spec.model_path)
         self.fp8_weights = keep_fp8_weights(self.args, spec.quantization, self.device)
         self.kernels = self.kernels_for(spec.linear_backend, spec.attention_backend, "auto")
-        self.model = build_stage_model(
-            self.args, None if spec.load_format == "dummy" else spec.model_path, spec.layer_start,
-            spec.layer_end, spec.is_first, spec.is_last, self.kernels, self.dtype, self.device,
-            spec.seed)
-        self.kv = None  # the family's cache class (PagedKVCache for K/V pages)
+        # A family's Stage (stages/models/stage.py): Any, as nn.Module's typing hides its methods.
+        self.model: Any = build_stage_model(
+            self.args,
+            None if spec.load_format == "dummy" else spec.model_path,
+            spec.layer_start,
+            spec.layer_end,
+            spec.is_first,
+            spec.is_last,
+            self.kernels,
+            self.dtype,
+            self.device,
+            spec.seed,
+        )
+        self._kv: Any = None  # the family's cache class (PagedKVCache for K/V pages)
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
-        self.decode_graph_info: dict = {}  # buckets, capture seconds and bytes
+        self.decode_graph_info: dict[str, Any] = {}  # buckets, capture seconds and bytes
         self.family = self.args.family
         check_block_size(self.args, spec.block_size)
         # Hash-routed layers read their rows' token ids, which only stage 0 has (decode rows'
@@ -70,50 +87,74 @@ class StageRunner:
         # hidden links, from stage 0 to the last stage holding such a layer.
         id_layers = self.family.token_id_layers(self.args)
         self.receives_token_ids = not spec.is_first and any(
-            i >= spec.layer_start for i in id_layers)
+            i >= spec.layer_start for i in id_layers
+        )
         self.sends_token_ids = not spec.is_last and any(i >= spec.layer_end for i in id_layers)
         per_token = bytes_per_token_layer(self.args, self.dtype, spec.kv_cache_dtype)
-        log.info("KV cache: %d bytes per token per layer (%s, %s); %d bytes per block of %d "
-                 "tokens over layers [%d, %d)", per_token, self.family.kv_description,
-                 spec.kv_cache_dtype, bytes_per_block(self.args, self.layer_range,
-                                                      spec.block_size, self.dtype,
-                                                      spec.kv_cache_dtype),
-                 spec.block_size, spec.layer_start, spec.layer_end)
+        log.info(
+            "KV cache: %d bytes per token per layer (%s, %s); %d bytes per block of %d "
+            "tokens over layers [%d, %d)",
+            per_token,
+            self.family.kv_description,
+            spec.kv_cache_dtype,
+            bytes_per_block(
+                self.args, self.layer_range, spec.block_size, self.dtype, spec.kv_cache_dtype
+            ),
+            spec.block_size,
+            spec.layer_start,
+            spec.layer_end,
+        )
         log_stage_memory(self.model, self.num_local_layers, per_token)
-        self.channels: PipelineChannels | None = None
+        self._channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
         self.block_tables: dict[str, list[int]] = {}
         self.req_slots: dict[str, int] = {}
-        self.sampling: dict[str, object] = {}
+        self.sampling: dict[str, SamplingSpec] = {}
         self.prompt_ids: dict[str, tuple[int, ...]] = {}
         self.output_ids: dict[str, list[int]] = {}
-        # Stage 0: where decode rows read their input token
-        # (docs/ARCHITECTURE.md#run-ahead-decoding).
-        self.next_tokens = torch.zeros(spec.max_running, dtype=torch.long, device=self.device)
-        self.slot_writer = [-1] * spec.max_running  # mb whose output last wrote each slot
-        # Output messages stage 0 expects, in plan order; None until posted (nccl: an irecv;
-        # copy: a PendingCopy). The host channel has none: decode rows carry their token.
-        self.pending_outputs: deque[tuple[MicrobatchPlan, PendingRecv | PendingCopy | None]] = (
-            deque())
+        # Stage 0: where decode rows read their input token.
+        self.output_slots = OutputSlots(self.device, spec.max_running, spec.output_post)
         self.output_channel = spec.output_channel
-        self.pending_sends: list = []  # (work, tensor) pairs not yet waited
-        self.sampler = Sampler(self.device, spec.seed) if spec.is_last else None
-        self.output_post = spec.output_post
+        self.pending_sends: list[SendWork] = []  # not yet waited
+        self._sampler = Sampler(self.device, spec.seed) if spec.is_last else None
         if spec.channel_check and self.device.type == "cuda":
-            install_sync_guard(self._recv_posted)
+            install_sync_guard(self.output_slots.recv_posted)
 
     # -- setup -----------------------------------------------------------------------------------
     def kernels_for(self, linear: str, attention: str, mla_decode: str) -> Kernels:
         """The stage's ops; the FP8 ones (W8A8, experts) follow the linear backend."""
-        return select_kernels(self.spec.device, linear, attention, mla_decode,
-                              moe_backend_for(linear),
-                              fp8_linear=fp8_backend_for(linear) if self.fp8_weights else None)
+        return select_kernels(
+            self.spec.device,
+            linear,
+            attention,
+            mla_decode,
+            moe_backend_for(linear),
+            fp8_linear=fp8_backend_for(linear) if self.fp8_weights else None,
+        )
 
     @property
     def sends_outputs(self) -> bool:
         """Whether sampled ids travel to stage 0 by a message (not with the host channel)."""
         return self.output_channel != "host"
+
+    @property
+    def channels(self) -> PipelineChannels:
+        if self._channels is None:
+            raise RuntimeError("the stage's channels are not connected: connect() first")
+        return self._channels
+
+    @property
+    def kv(self) -> Any:
+        if self._kv is None:
+            raise RuntimeError("the stage's KV cache is not allocated: allocate_kv() first")
+        return self._kv
+
+    @property
+    def sampler(self) -> Sampler:
+        if self._sampler is None:
+            raise RuntimeError("only the last stage samples")
+        return self._sampler
 
     @property
     def num_local_layers(self) -> int:
@@ -129,14 +170,19 @@ class StageRunner:
         a paged decode kernel runs: CUDA with Triton, and a block size it supports; for the
         families that declare it (others decode through their own path)."""
         bs = self.spec.block_size
-        return (self.device.type == "cuda" and self.spec.max_model_len > 0
-                and self.family.paged_decode_graphs
-                and self.kernels.names["paged_decode"] != "torch"
-                and bs >= 16 and bs & (bs - 1) == 0)
+        return (
+            self.device.type == "cuda"
+            and self.spec.max_model_len > 0
+            and self.family.paged_decode_graphs
+            and self.kernels.names["paged_decode"] != "torch"
+            and bs >= 16
+            and bs & (bs - 1) == 0
+        )
 
     def kv_capacity(self) -> int:
-        per_block = bytes_per_block(self.args, self.layer_range, self.spec.block_size,
-                                    self.dtype, self.spec.kv_cache_dtype)
+        per_block = bytes_per_block(
+            self.args, self.layer_range, self.spec.block_size, self.dtype, self.spec.kv_cache_dtype
+        )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
@@ -150,34 +196,50 @@ class StageRunner:
     def allocate_kv(self, num_blocks: int) -> None:
         graphs = self.uses_decode_graphs
         # With decode graphs one block more: the scratch block padding rows write to.
-        self.kv = make_kv_cache(self.args, self.layer_range, num_blocks + graphs,
-                                self.spec.block_size, self.dtype, self.device,
-                                self.spec.kv_cache_dtype)
+        self._kv = make_kv_cache(
+            self.args,
+            self.layer_range,
+            num_blocks + graphs,
+            self.spec.block_size,
+            self.dtype,
+            self.device,
+            self.spec.kv_cache_dtype,
+        )
         self.decode_graphs = None
         if graphs:
             self._build_decode_graphs()
 
     def _build_decode_graphs(self) -> None:
         self.decode_graphs = DecodeGraphs(
-            self.model, self.kv, num_slots=self.spec.max_running,
+            self.model,
+            self.kv,
+            num_slots=self.spec.max_running,
             max_model_len=self.spec.max_model_len,
             scratch_slot=(self.kv.num_blocks - 1) * self.spec.block_size,
             hidden_shape=self.family.hidden_shape(self.args),
             kv_heads=self.args.num_key_value_heads,
-            dtype=self.dtype, device=self.device, is_first=self.spec.is_first,
-            max_rows=self.spec.max_running, eager=self.spec.enforce_eager)
+            dtype=self.dtype,
+            device=self.device,
+            is_first=self.spec.is_first,
+            max_rows=self.spec.max_running,
+            eager=self.spec.enforce_eager,
+        )
         for req_id, table in self.block_tables.items():  # a recapture keeps live requests
             self.decode_graphs.update_tables([(self.req_slots[req_id], 0, tuple(table))])
         self.decode_graph_info = self.decode_graphs.capture()
 
     @torch.inference_mode()
-    def warm_up(self, chunks: list[tuple[int, int]]) -> dict:
+    def warm_up(self, chunks: list[tuple[int, int]]) -> dict[str, float]:
         """Run the chunk attention once on each (prefix, tokens) shape of `chunks` (a long lone
         prompt's) and on every diagonal square a chunk can need, reading K/V from this stage's
         cache, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request
         needs them. Only where attention is cuDNN: the torch reference has nothing to build."""
-        if (self.kernels.names["attention"] != "cudnn" or self.kv is None or not chunks
-                or not self.family.cudnn_warm_up):  # e.g. MLA prefill shapes: not built ahead
+        if (
+            self.kernels.names["attention"] != "cudnn"
+            or self._kv is None
+            or not chunks
+            or not self.family.cudnn_warm_up
+        ):  # e.g. MLA prefill shapes: not built ahead
             return {"shapes": 0, "seconds": 0.0}
         from stages.kernels.cudnn_attention import diagonal_sizes
 
@@ -186,22 +248,30 @@ class StageRunner:
         longest = max(n for _, n in chunks)
         shapes = {(n, p + n) for p, n in chunks}
         shapes |= {(s, s) for s in diagonal_sizes(longest)}  # a square: the diagonal alone
-        shapes = sorted((n, length) for n, length in shapes if length <= k_all.shape[0])
-        if not shapes:
+        to_build = sorted((n, length) for n, length in shapes if length <= k_all.shape[0])
+        if not to_build:
             return {"shapes": 0, "seconds": 0.0}
-        a = self.args
-        q = torch.zeros(max(n for n, _ in shapes), a.num_attention_heads, a.head_dim,
-                        dtype=self.dtype, device=self.device)
-        for n, length in shapes:
-            self.kernels.attention(q[:n], k_all[:length], v_all[:length], a.head_dim ** -0.5)
+        a, rows = self.args, max(n for n, _ in to_build)
+        q = torch.zeros(
+            rows, a.num_attention_heads, a.head_dim, dtype=self.dtype, device=self.device
+        )
+        for n, length in to_build:
+            self.kernels.attention(q[:n], k_all[:length], v_all[:length], a.head_dim**-0.5)
         torch.cuda.synchronize(self.device)
-        return {"shapes": len(shapes), "seconds": time.perf_counter() - t0}
+        return {"shapes": len(to_build), "seconds": time.perf_counter() - t0}
 
-    def connect(self, host: str, port: int, store=None) -> None:
-        self.channels = PipelineChannels(self.spec.stage_index, self.spec.num_stages,
-                                         self.device, self.spec.channel_check,
-                                         self.spec.output_channel, self.spec.max_running)
-        self.channels.connect(host, port, store)
+    def connect(self, host: str, port: int, store: TCPStore | None = None) -> None:
+        channels = PipelineChannels(
+            self.spec.stage_index,
+            self.spec.num_stages,
+            self.device,
+            self.spec.channel_check,
+            self.spec.output_channel,
+            self.spec.max_running,
+        )
+        self._channels = channels
+        self.output_slots.attach(channels)
+        channels.connect(host, port, store)
 
     # -- one microbatch --------------------------------------------------------------------------
     def step(self, plan: MicrobatchPlan) -> StepResult:
@@ -213,43 +283,63 @@ class StageRunner:
         self._apply_deltas(plan)
         self._wait_sends()
         if self.spec.is_first and self.output_channel == "copy":
-            self._consume_landed()
+            self.output_slots.consume_landed()
         graphs = self.decode_graphs
         bucket = graphs.bucket_for(plan.rows) if graphs is not None else None
         batch = None
         if bucket is None:
-            rows = [(r.start, r.num_tokens, self.block_tables[r.req_id], r.sample)
-                    for r in plan.rows]
+            rows = [
+                (r.start, r.num_tokens, self.block_tables[r.req_id], r.sample) for r in plan.rows
+            ]
             batch = ForwardBatch.build(rows, self.spec.block_size, self.device)
+        token_ids: torch.Tensor | None
         if self.spec.is_first:
-            inputs = token_ids = self._input_ids(plan)
+            inputs = token_ids = self.output_slots.input_ids(plan)
         else:
             inputs = self.channels.recv_hidden(
-                (plan.num_tokens, *self.family.hidden_shape(self.args)), self.dtype, plan.mb_id)
-            token_ids = (self.channels.recv_hidden((plan.num_tokens,), torch.long, plan.mb_id)
-                         if self.receives_token_ids else None)
+                (plan.num_tokens, *self.family.hidden_shape(self.args)), self.dtype, plan.mb_id
+            )
+            token_ids = (
+                self.channels.recv_hidden((plan.num_tokens,), torch.long, plan.mb_id)
+                if self.receives_token_ids
+                else None
+            )
         self.timer.start(plan.mb_id)
-        graphed = batch is None and not graphs.eager
-        if batch is None:  # every row samples: the hidden rows are the sampling rows
+        graphed = False
+        if graphs is not None and bucket is not None:  # every row samples: all hidden rows do
+            graphed = not graphs.eager
             hidden = graphs.run(bucket, plan.rows, inputs, self.block_tables)
         else:
-            hidden = (self.model(inputs, batch, self.kv, token_ids) if self.receives_token_ids
-                      else self.model(inputs, batch, self.kv))
+            hidden = (
+                self.model(inputs, batch, self.kv, token_ids)
+                if self.receives_token_ids
+                else self.model(inputs, batch, self.kv)
+            )
         if not self.spec.is_last:
             self.timer.stop()
             self.pending_sends += self.channels.send_hidden(hidden, plan.mb_id)
             if self.sends_token_ids:
+                if token_ids is None:  # a stage that sends them has received them
+                    raise RuntimeError(f"stage {self.spec.stage_index} has no token ids to send")
                 self.pending_sends += self.channels.send_hidden(token_ids, plan.mb_id)
-            if self.spec.is_first and self.channels is not None and self.sends_outputs:
-                self._post_outputs(plan)
-            return LaunchedStep(plan, graphed, result=StepResult(
-                plan.mb_id, self.spec.stage_index, forward_s=self.timer.last_elapsed(),
-                timings=self.timer.take_finished(), graphed=graphed))
+            if self.spec.is_first and self._channels is not None and self.sends_outputs:
+                self.output_slots.post_outputs(plan)
+            return LaunchedStep(
+                plan,
+                graphed,
+                result=StepResult(
+                    plan.mb_id,
+                    self.spec.stage_index,
+                    forward_s=self.timer.last_elapsed(),
+                    timings=self.timer.take_finished(),
+                    graphed=graphed,
+                ),
+            )
         picked = self._pick(plan, hidden, batch)
         timing = self.timer.stop()
         if picked is not None:
             if self.spec.is_first and self.sends_outputs:  # PP=1: a local scatter
-                self._scatter_local(plan, picked.token_ids)
+                self.output_slots.scatter_local(plan, picked.token_ids)
             picked.copy_to_host()
         return LaunchedStep(plan, graphed, picked, timing)
 
@@ -265,19 +355,35 @@ class StageRunner:
             history = self.output_ids.get(r.req_id)
             if history is not None:
                 history.append(p.token_id)
-        prompt = () if launched.picked is None else tuple(
-            PromptLogprobs(req_id, start, tuple(lp.tolist()), tuple(ranks.tolist()),
-                           () if top_v is None else tuple(
-                               tuple(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())))
-            for req_id, start, lp, ranks, top_v, top_i in launched.picked.prompt)
+        prompt = (
+            ()
+            if launched.picked is None
+            else tuple(
+                PromptLogprobs(
+                    req_id,
+                    start,
+                    tuple(lp.tolist()),
+                    tuple(ranks.tolist()),
+                    ()
+                    if top_v is None or top_i is None
+                    else tuple(tuple(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())),
+                )
+                for req_id, start, lp, ranks, top_v, top_i in launched.picked.prompt
+            )
+        )
         launched.result = StepResult(
-            plan.mb_id, self.spec.stage_index,
+            plan.mb_id,
+            self.spec.stage_index,
             prompt_logprobs=prompt,
-            sampled=tuple(SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
-                          for r, p in zip(rows, sampled)),
+            sampled=tuple(
+                SampledToken(r.req_id, p.token_id, p.logprob, p.top_logprobs)
+                for r, p in zip(rows, sampled)
+            ),
             forward_s=self.timer.elapsed(launched.timing),
-            output_sends=self.channels.output_sends if self.channels else 0,
-            timings=self.timer.take_finished(), graphed=launched.graphed)
+            output_sends=self._channels.output_sends if self._channels else 0,
+            timings=self.timer.take_finished(),
+            graphed=launched.graphed,
+        )
         return launched.result
 
     def reads_sampled_history(self, plan: MicrobatchPlan) -> bool:
@@ -289,8 +395,13 @@ class StageRunner:
 
     def _apply_deltas(self, plan: MicrobatchPlan) -> None:
         for req_id in plan.finished:  # unknown ids are fine: a rebuilt pipeline never saw them
-            for table in (self.block_tables, self.req_slots, self.sampling, self.prompt_ids,
-                          self.output_ids):
+            for table in (
+                self.block_tables,
+                self.req_slots,
+                self.sampling,
+                self.prompt_ids,
+                self.output_ids,
+            ):
                 table.pop(req_id, None)
         for new in plan.new_requests:
             self.block_tables[new.req_id] = []
@@ -300,9 +411,9 @@ class StageRunner:
             self.output_ids[new.req_id] = list(new.output_token_ids)
         table_updates = []
         for req_id, blocks in plan.block_updates:
-            table = self.block_tables[req_id]
-            table_updates.append((self.req_slots[req_id], len(table), blocks))
-            table.extend(blocks)
+            blocks_so_far = self.block_tables[req_id]
+            table_updates.append((self.req_slots[req_id], len(blocks_so_far), blocks))
+            blocks_so_far.extend(blocks)
         if self.decode_graphs is not None:
             self.decode_graphs.update_tables(table_updates)
 
@@ -313,125 +424,47 @@ class StageRunner:
             work.wait()
         self.pending_sends = []
 
-    # -- stage 0: inputs and the output channel ---------------------------------------------------
-    def _input_ids(self, plan: MicrobatchPlan) -> torch.Tensor:
-        host_ids, decode_pos, decode_slots = [], [], []
-        for r in plan.rows:
-            if r.token_ids is not None:
-                host_ids.extend(r.token_ids)
-                continue
-            self._ensure_output(r.input_from_mb)
-            if self.slot_writer[r.slot] != r.input_from_mb:
-                raise ChannelError(
-                    f"decode row of {r.req_id} reads slot {r.slot} expecting mb "
-                    f"{r.input_from_mb}, but its last write came from mb "
-                    f"{self.slot_writer[r.slot]} (a skipped output must never be read)")
-            decode_pos.append(len(host_ids))
-            decode_slots.append(r.slot)
-            host_ids.append(0)
-        ids = self._to_device(host_ids)
-        if decode_pos:
-            pos = self._to_device(decode_pos)
-            slots = self._to_device(decode_slots)
-            ids[pos] = self.next_tokens[slots]
-        return ids
-
-    def _to_device(self, values: list[int]) -> torch.Tensor:
-        """A small index tensor on this stage's device. Pinned and non-blocking on CUDA: a
-        pageable copy would make stage 0's host wait for its stream, i.e. for a pending recv."""
-        t = torch.tensor(values, dtype=torch.long)
-        if self.device.type != "cuda":
-            return t
-        return t.pin_memory().to(self.device, non_blocking=True)
-
-    def _post_outputs(self, plan: MicrobatchPlan) -> None:
-        """Queue this plan's output recv: posted now ("early") or just before it is needed or
-        after the next plan's compute ("late")."""
-        late = self.output_post == "late"
-        if late:  # post the earlier plans' recvs behind this plan's compute
-            self._post_queued()
-        if plan.send_output:
-            self.pending_outputs.append((plan, None))
-            if not late:
-                self._post_queued()
-
-    def _recv_posted(self) -> bool:
-        return any(pending is not None for _plan, pending in self.pending_outputs)
-
-    def _post_queued(self) -> None:
-        for i, (plan, pending) in enumerate(self.pending_outputs):
-            if pending is None:
-                posted = self.channels.post_output_recv(len(plan.rows), plan.mb_id)
-                self.pending_outputs[i] = (plan, posted)
-
-    def _ensure_output(self, mb_id: int | None) -> None:
-        """Complete output recvs in order up to the one carrying mb_id."""
-        if mb_id is None:
-            return
-        while self.pending_outputs and self.pending_outputs[0][0].mb_id <= mb_id:
-            self._post_queued()
-            self._consume_head()
-
-    def _consume_landed(self) -> None:
-        """Copy channel: consume the messages that are already on the device, in order, so
-        that ring slots of outputs nobody reads (orphans, `off` sends) come free; the
-        stream waits then cost nothing."""
-        self._post_queued()
-        while self.pending_outputs and self.pending_outputs[0][1].landed():
-            self._consume_head()
-
-    def _consume_head(self) -> None:
-        """Scatter the oldest posted output message into next_tokens (the stream waits for
-        it just before), then give its buffer back."""
-        plan, pending = self.pending_outputs.popleft()
-        buf = pending.wait()
-        rows = [i for i, r in enumerate(plan.rows) if r.sample]
-        if rows:
-            idx = self._to_device(rows)
-            slots = self._to_device([plan.rows[i].slot for i in rows])
-            self.next_tokens[slots] = buf[idx]
-            for i in rows:
-                self.slot_writer[plan.rows[i].slot] = plan.mb_id
-        pending.release()
-
-    def _scatter_local(self, plan: MicrobatchPlan, token_ids: torch.Tensor) -> None:
-        if not plan.send_output:
-            return
-        slots = [r.slot for r in plan.rows if r.sample]
-        self.next_tokens[self._to_device(slots)] = token_ids
-        for s in slots:
-            self.slot_writer[s] = plan.mb_id
-
     # -- last stage: sample and send ---------------------------------------------------------------
-    def _pick(self, plan, hidden, batch: ForwardBatch | None) -> Picked | None:
+    def _pick(
+        self, plan: MicrobatchPlan, hidden: torch.Tensor, batch: ForwardBatch | None
+    ) -> Picked | None:
         sample_rows = [r for r in plan.rows if r.sample]
-        sends = plan.send_output and self.channels is not None and self.sends_outputs
+        sends = plan.send_output and self._channels is not None and self.sends_outputs
         prompt = self._prompt_logprobs(plan, hidden, batch)
         if not sample_rows:
             if sends:
                 self._send_output(plan, None)
             if not prompt:
                 return None
-            return Picked(torch.empty(0, dtype=torch.long, device=self.device), [], None,
-                          prompt=prompt)
+            return Picked(
+                torch.empty(0, dtype=torch.long, device=self.device), [], None, prompt=prompt
+            )
         rows = hidden if batch is None else hidden[batch.sample_indices]
         logits = self.model.compute_logits(rows)
         masks = dict(plan.token_masks)
-        to_sample = [RowToSample(self.sampling[r.req_id], r.output_index,
-                                 self.prompt_ids[r.req_id], self.output_ids[r.req_id],
-                                 masks.get(r.req_id))
-                     for r in sample_rows]
+        to_sample = [
+            RowToSample(
+                self.sampling[r.req_id],
+                r.output_index,
+                self.prompt_ids[r.req_id],
+                self.output_ids[r.req_id],
+                masks.get(r.req_id),
+            )
+            for r in sample_rows
+        ]
         picked = self.sampler.pick(logits, to_sample)
         picked.prompt = prompt
         if sends:
             self._send_output(plan, picked.token_ids)
         return picked
 
-    def _prompt_logprobs(self, plan, hidden, batch: ForwardBatch | None) -> list[tuple]:
+    def _prompt_logprobs(
+        self, plan: MicrobatchPlan, hidden: torch.Tensor, batch: ForwardBatch | None
+    ) -> list[PromptScores]:
         """The LM head on the prompt positions of the rows whose requests ask for prompt
         logprobs: position p scores prompt token p + 1 (the first generated token is the
         sampler's)."""
-        out: list[tuple] = []
+        out: list[PromptScores] = []
         if batch is None:  # a decode-only microbatch: no prompt rows
             return out
         for i, r in enumerate(plan.rows):
@@ -443,20 +476,13 @@ class StageRunner:
             if m <= 0:
                 continue
             offset = batch.row_offsets[i]
-            logits = self.model.compute_logits(hidden[offset:offset + m])
-            targets = torch.tensor(prompt[r.start + 1:r.start + 1 + m], device=self.device)
-            out.append((r.req_id, r.start + 1,
-                        *score_tokens(logits, targets, spec.prompt_logprobs)))
+            logits = self.model.compute_logits(hidden[offset : offset + m])
+            targets = torch.tensor(prompt[r.start + 1 : r.start + 1 + m], device=self.device)
+            out.append(
+                (r.req_id, r.start + 1, *score_tokens(logits, targets, spec.prompt_logprobs))
+            )
         return out
 
     def _send_output(self, plan: MicrobatchPlan, token_ids: torch.Tensor | None) -> None:
-        """The sampled ids, straight from the device: one entry per row, -1 where the row
-        sampled nothing (the fixed-size `off` message)."""
-        sampling = [i for i, r in enumerate(plan.rows) if r.sample]
-        if token_ids is not None and len(sampling) == len(plan.rows):
-            out = token_ids
-        else:
-            out = torch.full((len(plan.rows),), -1, dtype=torch.long, device=self.device)
-            if token_ids is not None:
-                out[self._to_device(sampling)] = token_ids
-        self.pending_sends += self.channels.send_output(out, plan.mb_id)
+        message = output_message(plan, token_ids, self.device)
+        self.pending_sends += self.channels.send_output(message, plan.mb_id)

@@ -28,7 +28,7 @@ class BenchStage(StageShell):
         layers call. Returns the stage's kernels."""
         runner = self.runner
         if output_post is not None:
-            runner.output_post = output_post
+            runner.output_slots.output_post = output_post
         if linear_backend is not None:
             names = runner.kernels.names
             runner.kernels = runner.kernels_for(
@@ -39,7 +39,7 @@ class BenchStage(StageShell):
                     setattr(module, "kernels", runner.kernels)
             if runner.decode_graphs is not None:  # the graphs hold the old kernels' launches
                 runner._build_decode_graphs()
-        return dict(runner.kernels.names, output_post=runner.output_post)
+        return dict(runner.kernels.names, output_post=runner.output_slots.output_post)
 
     def flush_timings(self) -> tuple[tuple[int, float], ...]:
         """(mb_id, seconds) of forwards not yet reported: the last microbatches of a run on the

@@ -66,7 +66,7 @@ class _End:
     def consume(self, schedule):
         got, pending = {}, []
         for mb, (sends, n, now) in enumerate(schedule):
-            while pending and pending[0][0].landed():  # the runner's _consume_landed
+            while pending and pending[0][0].landed():  # OutputSlots.consume_landed
                 self._take(pending.pop(0), got)
             if sends:
                 pending.append((self.channel.expect(mb, n), n))
