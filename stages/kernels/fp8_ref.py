@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from stages.kernels import torch_ref
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 BLOCK = 128  # the weight tile and activation group the W8A8 kernels support
@@ -95,20 +97,9 @@ def moe_experts(
 ) -> torch.Tensor:
     """Routed experts with FP8 weights (gate_up [E, 2I, H], down [E, H, I], their 128 x 128
     scales [E, ...]): torch_ref.moe_experts with each expert's GEMMs on `fp8_linear` (W8A8)."""
-    k = topk_ids.shape[1]
-    flat = topk_ids.reshape(-1)
-    order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
-    weights = topk_weights.reshape(-1)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        sel = order[start : start + n]
-        start += n
-        tokens = sel // k
-        gate, up = fp8_linear(x[tokens], gate_up[e], gate_up_scale[e]).chunk(2, dim=-1)
-        y = fp8_linear(F.silu(gate) * up, down[e], down_scale[e])
-        out.index_add_(0, tokens, y.float() * weights[sel, None])
-    return out.to(x.dtype)
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        gate, up = fp8_linear(rows, gate_up[e], gate_up_scale[e]).chunk(2, dim=-1)
+        return fp8_linear(F.silu(gate) * up, down[e], down_scale[e])
+
+    return torch_ref.per_expert(x, topk_ids, topk_weights, gate_up.shape[0], expert)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -178,10 +179,27 @@ def moe_experts(
     """Routed experts: x [T, H], gate_up [E, 2I, H], down [E, H, I], ids/weights [T, k] ->
     sum over each token's k experts of weight * down(swiglu(gate, up, limit)), [T, H]. One GEMM
     pair per expert that received tokens."""
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(rows, gate_up[e]).chunk(2, dim=-1)
+        return F.linear(swiglu(gate, up, limit), down[e])
+
+    return per_expert(x, topk_ids, topk_weights, gate_up.shape[0], expert)
+
+
+def per_expert(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    expert: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """sum over each token's k experts of weight * expert(e, its rows), [T, H]: the tokens of
+    each expert that received any gathered and run as one batch."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
     weights = topk_weights.reshape(-1)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     start = 0
@@ -191,9 +209,7 @@ def moe_experts(
         sel = order[start : start + n]
         start += n
         tokens = sel // k
-        gate, up = F.linear(x[tokens], gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(swiglu(gate, up, limit), down[e])
-        out.index_add_(0, tokens, y.float() * weights[sel, None])
+        out.index_add_(0, tokens, expert(e, x[tokens]).float() * weights[sel, None])
     return out.to(x.dtype)
 
 
