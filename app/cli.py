@@ -247,9 +247,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         args["prefix_routing_max_queue"] = a.prefix_routing_max_queue
     if a.allowed_origins:
         args["allowed_origins"] = a.allowed_origins
-    app = build_app(args)  # validates the flags before anything starts
     if not a.address:  # a local cluster reads the model here: check it before anything starts
         _check_model(args.get("model"))
+    app = build_app(args)  # validates the flags before anything starts
     _init_ray(a, a.metrics_port)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.
     # SIGINT too: a shell that backgrounds the process would otherwise leave it ignored.

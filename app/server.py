@@ -30,7 +30,6 @@ from app.prefix_router import ROUTER_CLASS
 from app.request import InvalidRequest, RequestOutput, params_of_choice
 from app.request_stream import RequestStream
 from app.tool_parsers import chat_format
-from stages.model_config import load_model_args
 
 log = logging.getLogger("ppserve.server")
 
@@ -213,9 +212,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     """The Serve application for `args` (engine options + SERVER_KEYS)."""
     args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
     server = {k: args.pop(k) for k in SERVER_KEYS if k in args}
-    config = EngineConfig.from_dict(args)  # validates early, in the driver
-    if config.model is None or os.path.isdir(config.model):  # else: only the workers have it
-        config = config.for_model(load_model_args(config.model))
+    config = EngineConfig.from_dict(args)  # validates early, in the driver (not the model:
+    # only the replicas read it, and the routing keys below only need a stable block size)
     bundles = placement_bundles(config)
     # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
     # With a waiting bound, every request must reach the coordinator to be counted against it,
