@@ -76,9 +76,8 @@ class Coordinator:
         self._failures = 0
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
         self._rebuilding = False  # between a stage failure and the rebuilt pipeline
-        self._warmup: list[
-            dict[str, Any]
-        ] = []  # per stage: attention shapes built at startup, seconds
+        # per stage: attention shapes built at startup, seconds
+        self._warmup: list[dict[str, Any]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
