@@ -108,8 +108,8 @@ class PipelineChannels:
         world: int,
         device: torch.device,
         check: bool,
-        output_channel: str = "nccl",
-        max_ids: int = 1,
+        output_channel: str,
+        max_ids: int,
     ):
         """max_ids: the most ids one output message carries (the copy ring's width)."""
         self.rank = rank

@@ -182,7 +182,7 @@ def test_token_ids_reach_only_the_stages_up_to_the_last_hash_layer(checkpoints):
                           block_size=BLOCK, kv_cache_memory_bytes=1 << 20)
     flags = []
     for s, (a, b) in enumerate(ranges):
-        runner = StageRunner(config.stage_spec(s, (a, b), max_model_len=0))
+        runner = StageRunner(config.stage_spec(s, (a, b), max_model_len=0, output_channel="nccl"))
         flags.append((runner.receives_token_ids, runner.sends_token_ids))
     assert flags == [(False, True), (True, False), (False, False)]
 

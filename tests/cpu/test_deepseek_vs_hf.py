@@ -196,7 +196,7 @@ def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog, arch, indexer_
     caplog.set_level("INFO", logger="ppserve.stage")
     config = EngineConfig(model=checkpoints[arch], pp_size=2, block_size=4,
                           kv_cache_memory_bytes=1 << 20)
-    spec = config.stage_spec(0, (0, 2), max_model_len=0)
+    spec = config.stage_spec(0, (0, 2), max_model_len=0, output_channel="nccl")
     runner = StageRunner(spec)
     per_token_layer = (32 + 8 + indexer_width) * 4  # fp32 latent (+ key) of the tiny config
     assert f"{per_token_layer} bytes per token per layer" in caplog.text
