@@ -39,6 +39,8 @@ NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # replica), so operators find them with `ray list actors` or
 # `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
 STAGE_NAMESPACE = "ppserve"
+# How long a teardown waits for the stages to close their channels before killing them.
+CLOSE_TIMEOUT_S = 5.0
 
 
 def placement_bundles(config: EngineConfig) -> list[dict[str, float]]:
@@ -71,6 +73,13 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
                 " do not fit on the cluster's live nodes"
             )
         await asyncio.sleep(0.2)
+
+
+def _wait_closed(closing: list[Any]) -> None:
+    """Bounded: a stage stuck in a recv from a dead peer never answers (its process ends with
+    the kill all the same)."""
+    if closing:
+        ray.wait(closing, num_returns=len(closing), timeout=CLOSE_TIMEOUT_S)
 
 
 class StageStartError(RuntimeError):
@@ -238,15 +247,25 @@ class Pipeline:
                 return i
         return None
 
-    def kill(self) -> None:
+    def _close_stages(self) -> list[Any]:
+        """Ask every stage to release its channels (the copy ring) before it is killed."""
+        return [s.close.remote() for s in self.stages]
+
+    def _end_actors(self) -> None:
         self._uncollected = None
         for s in self.stages:
             ray.kill(s, no_restart=True)
         self.stages = []
 
+    def kill(self) -> None:
+        """Shutdown, or a start that failed: close the stages, then end them."""
+        _wait_closed(self._close_stages())
+        self._end_actors()
+
     async def rebuild(self) -> None:
         """A stage failed mid-microbatch: every channel may be out of step. Start afresh."""
-        self.kill()
+        await asyncio.to_thread(_wait_closed, self._close_stages())
+        self._end_actors()
         self.generation += 1
         blocks = self.num_blocks
         await self.start()

@@ -182,6 +182,12 @@ class PipelineChannels:
         buf = torch.empty(num_ids, dtype=torch.long, device=self.device)
         return self._irecv(self._output(), buf, mb_id)
 
+    def close(self) -> None:
+        """The pipeline's teardown: release the copy ring (the process groups go with the
+        process: destroying one whose peer died can block)."""
+        if self.copy is not None:
+            self.copy.close()
+
     # -- plumbing --------------------------------------------------------------------------------
     def _output(self) -> _Link:
         if self.output_link is None:

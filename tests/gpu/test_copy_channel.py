@@ -84,6 +84,12 @@ class _End:
         got[pending.mb_id] = buf[:n].clone()  # the consumer, right behind the stream's wait
         pending.release()
 
+    def counters_name_left(self):
+        """Whether the counters' /dev/shm name still exists (stage 0 drops it on connect)."""
+        import os
+
+        return os.path.exists(self.channel._counters.path)
+
     def close(self):
         self.channel.close()
         return True
@@ -109,6 +115,7 @@ def test_two_processes_on_one_gpu_through_the_ring(ray_one_gpu):
         stage0, last = end.remote(True), end.remote(False)
         port = ray.get(stage0.open.remote(host, 0))
         ray.get(last.open.remote(host, port))
+        assert not ray.get(stage0.counters_name_left.remote())  # nothing for a crash to leak
         schedule = _schedule(3 * RING_SLOTS + 7, seed)
         sent, got = ray.get(
             [last.produce.remote(schedule), stage0.consume.remote(schedule)], timeout=120
