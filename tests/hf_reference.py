@@ -1,24 +1,18 @@
-"""transformers as the oracle of the engine-vs-transformers Ray tests: tiny checkpoints, greedy
-continuations one prompt at a time (no padding effects), and the output channel's counts that
-every such run checks."""
+"""transformers as the oracle of the engine-vs-transformers Ray tests: greedy continuations one
+prompt at a time (no padding effects), and the output channel's counts that every such run
+checks. The tiny checkpoints are tests/cpu/conftest.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from tests.cpu.conftest import hf_model, write_tiny_checkpoint
+from tests.cpu.conftest import hf_model
 
 PAD = 0
 TINY_EOS = 2  # tests/cpu/conftest.py's configs
-
-
-def tiny_checkpoints(root: Path, archs: Iterable[str]) -> dict[str, str]:
-    """arch -> a tiny random checkpoint of it under root (tests/cpu/conftest.py's configs)."""
-    return {arch: write_tiny_checkpoint(root, arch) for arch in archs}
 
 
 def greedy_continuations(
@@ -43,7 +37,7 @@ def greedy_continuations(
 
 
 def tiny_reference(arch: str, prompts: Sequence[Sequence[int]], max_new: int) -> list[list[int]]:
-    """Greedy continuations by the random model of `arch` that tiny_checkpoints writes."""
+    """Greedy continuations by the random model of `arch` that write_tiny_checkpoint writes."""
     return greedy_continuations(hf_model(arch), prompts, max_new, TINY_EOS)
 
 

@@ -11,8 +11,8 @@ import random
 import pytest
 
 from app import Engine, EngineConfig, SamplingParams
-from tests.cpu.conftest import DEEPSEEK_ARCHS
-from tests.hf_reference import check_output_counts, tiny_checkpoints, tiny_reference
+from tests.cpu.conftest import DEEPSEEK_ARCHS, write_tiny_checkpoints
+from tests.hf_reference import check_output_counts, tiny_reference
 
 MAX_NEW = 6
 SKIPS = ("off", "sglang", "auto")
@@ -23,7 +23,7 @@ CASES = [(arch, pp, CHUNKS[(2 * i + j) % 3], SKIPS[(i + j) % 3])
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    return tiny_checkpoints(tmp_path_factory.mktemp("ds-ckpt"), DEEPSEEK_ARCHS)
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("ds-ckpt"), DEEPSEEK_ARCHS)
 
 
 @pytest.fixture(scope="module")

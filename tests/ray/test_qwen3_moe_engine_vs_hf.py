@@ -13,8 +13,8 @@ import random
 import pytest
 
 from app import Engine, EngineConfig, SamplingParams
-from tests.cpu.conftest import QWEN3_MOE_ARCHS
-from tests.hf_reference import check_output_counts, tiny_checkpoints, tiny_reference
+from tests.cpu.conftest import QWEN3_MOE_ARCHS, write_tiny_checkpoints
+from tests.hf_reference import check_output_counts, tiny_reference
 
 MAX_NEW = 6
 BS = 4
@@ -35,7 +35,7 @@ SHARED = 21  # prompts 0 and 3 share this many tokens: 5 full blocks of 4 are a 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    return tiny_checkpoints(tmp_path_factory.mktemp("qwen3-moe-ckpt"), QWEN3_MOE_ARCHS)
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("qwen3-moe-ckpt"), QWEN3_MOE_ARCHS)
 
 
 @pytest.fixture(scope="module")
