@@ -39,8 +39,10 @@ NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # replica), so operators find them with `ray list actors` or
 # `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
 STAGE_NAMESPACE = "ppserve"
-# How long a teardown waits for the stages to close their channels before killing them.
-CLOSE_TIMEOUT_S = 5.0
+# How long a teardown waits for the stages to close their channels before killing them. Short:
+# an idle stage answers at once, one stuck in a recv from a dead peer never does, and the kill
+# frees what close would have (the copy ring's /dev/shm name is already gone once connected).
+CLOSE_TIMEOUT_S = 1.0
 
 
 def placement_bundles(config: EngineConfig) -> list[dict[str, float]]:

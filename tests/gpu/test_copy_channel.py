@@ -191,9 +191,8 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
 
 def _rebuild_with_copy(ray):
     """A stage killed mid-prefill: the rebuilt pipeline opens a fresh ring, same tokens."""
-    from app import Engine, EngineConfig, SamplingParams
-    from app.pipeline import STAGE_NAMESPACE
-    from tests.ray.test_stage_failure import LONG, _prompt, _wait_for
+    from app import Engine, EngineConfig
+    from tests.ray.test_stage_failure import GREEDY, _prompt, kill_stage_mid_prefill
 
     cfg = EngineConfig(
         pp_size=2,
@@ -207,14 +206,9 @@ def _rebuild_with_copy(ray):
         output_channel="copy",
         gpu_memory_utilization=0.3,
     )
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     short = [_prompt(20, seed) for seed in (1, 2)]
     with Engine(cfg) as engine:
-        before = [o.token_ids for o in engine.generate(short, params)]
-        pid = engine.stats()["pipeline_id"]
-        victim = engine._actor.generate_batch.remote([_prompt(LONG, 0)], [params])
-        _wait_for(engine, lambda s: s["num_running"] == 1, "the long request to start")
-        ray.kill(ray.get_actor(f"ppserve-{pid}-stage1", namespace=STAGE_NAMESPACE), no_restart=True)
-        assert ray.get(victim, timeout=120)[0].finish_reason == "error"
-        assert [o.token_ids for o in engine.generate(short, params)] == before
+        before = [o.token_ids for o in engine.generate(short, GREEDY)]
+        assert kill_stage_mid_prefill(ray, engine, 1, timeout=120).finish_reason == "error"
+        assert [o.token_ids for o in engine.generate(short, GREEDY)] == before
         assert engine.stats()["pipeline_failures"] == 1

@@ -12,9 +12,9 @@ import ray
 
 from app import Engine, EngineConfig, SamplingParams
 from app.engine import CoordinatorHost
-from app.pipeline import STAGE_NAMESPACE
 from tests.ray.test_engine_vs_hf import MAX_NEW, checkpoint, prompts, reference  # noqa: F401
-from tests.ray.test_stage_failure import LONG, _prompt, _wait_for
+from tests.ray.test_stage_failure import GREEDY as GREEDY_8
+from tests.ray.test_stage_failure import _prompt, kill_stage_mid_prefill
 
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
 
@@ -107,16 +107,10 @@ def test_host_rebuild_after_a_stage_failure(ray_cluster):
         output_channel="host",
     )
     short = [_prompt(20, seed) for seed in (1, 2)]
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     with Engine(cfg) as engine:
-        before = [o.token_ids for o in engine.generate(short, params)]
-        pid = engine.stats()["pipeline_id"]
-        victim = engine._actor.generate_batch.remote([_prompt(LONG, 0)], [params])
-        _wait_for(engine, lambda s: s["num_running"] == 1, "the long request to start")
-        ray.kill(ray.get_actor(f"ppserve-{pid}-stage1", namespace=STAGE_NAMESPACE), no_restart=True)
-        [failed] = ray.get(victim, timeout=60)
-        assert failed.finish_reason == "error"
-        assert [o.token_ids for o in engine.generate(short, params)] == before
+        before = [o.token_ids for o in engine.generate(short, GREEDY_8)]
+        assert kill_stage_mid_prefill(ray, engine, 1).finish_reason == "error"
+        assert [o.token_ids for o in engine.generate(short, GREEDY_8)] == before
         stats = engine.stats()
         assert stats["pipeline_failures"] == 1 and stats["kv_cache_usage"] == 0.0
         assert stats["channel_output_sends"] == 0
