@@ -32,7 +32,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
+from app.bench.target import (
+    MODEL_SHAPES,
+    BenchEngine,
+    environment,
+    start_local_ray,
+    write_model,
+)
 from app.request import Prompt
 from stages.protocol import DEVICES, OUTPUT_CHANNELS
 
@@ -288,16 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     model_dir, load_format, model_cfg = _model(a)
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        ray.init(
-            address="local",
-            num_gpus=a.pp if a.device == "cuda" else 0,
-            num_cpus=max(8, a.pp + 2),
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
-        )
+    owns_ray = start_local_ray(a.pp, a.device)
     options = dict(
         model=model_dir,
         load_format=load_format,

@@ -30,7 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.bench.target import BenchEngine, engine_default, environment, write_model
+from app.bench.target import (
+    BenchEngine,
+    engine_default,
+    environment,
+    start_local_ray,
+    write_model,
+)
 from stages.protocol import DEVICES
 
 PARTS = ("docs", "chat", "distinct")
@@ -231,16 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     model_dir, load_format, model_cfg = write_model(a.model_shape, a.layers)
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        ray.init(
-            address="local",
-            num_gpus=a.pp if a.device == "cuda" else 0,
-            num_cpus=max(8, a.pp + 2),
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
-        )
+    owns_ray = start_local_ray(a.pp, a.device)
     rng = random.Random(a.seed)
     lo, hi = (1000, 120000) if a.model_shape == "llama8b" else (0, 256)
 

@@ -213,6 +213,24 @@ def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict[s
     return d, "dummy", cfg
 
 
+def start_local_ray(pp: int, device: str) -> bool:
+    """A private local Ray cluster for a bench's stages, unless this process is already in
+    one (the CLI's); whether it started one (then the bench shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address="local",
+        num_gpus=pp if device == "cuda" else 0,
+        num_cpus=max(8, pp + 2),
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
+    )
+    return True
+
+
 def environment() -> dict[str, Any]:
     """Versions and devices, written into every result file."""
     import ray
