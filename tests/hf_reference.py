@@ -53,3 +53,39 @@ def check_output_counts(stats: dict[str, Any], skip: str, pp: int) -> None:
     if pp > 1:
         assert stats["channel_output_sends"] == comm["sent"]
     assert stats["kv_cache_usage"] == 0.0
+
+
+# -- the GPU tests' bf16 checkpoint -------------------------------------------------------------
+def write_bf16_llama(path: str, max_position_embeddings: int) -> str:
+    """The tiny random llama saved in bf16; max_position_embeddings (default RoPE) only bounds
+    the prompt length."""
+    model = hf_model("llama")
+    model.config.max_position_embeddings = max_position_embeddings
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def bf16_reference(
+    path: str, prompts: Sequence[Sequence[int]], max_new: int, device: str = "cuda"
+) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """transformers on the bf16 checkpoint, one prompt at a time: each prompt's greedy tokens
+    and the float logits of every step (for the near-tie checks)."""
+    from transformers import LlamaForCausalLM
+
+    model: Any = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model = model.to(device).eval()
+    refs = []
+    with torch.no_grad():
+        for p in prompts:
+            out = model.generate(
+                torch.tensor([list(p)], device=device),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=TINY_EOS,
+                pad_token_id=PAD,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            refs.append((out.sequences[0, len(p) :].tolist(), [s[0].float() for s in out.scores]))
+    del model
+    return refs

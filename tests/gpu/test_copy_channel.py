@@ -137,18 +137,15 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
     import ray
 
     from app import EngineConfig, SamplingParams
-    from tests.cpu.conftest import hf_model
-    from tests.gpu.test_engine_cuda import MAX_NEW, _hf_reference
+    from tests.gpu.test_engine_cuda import MAX_NEW
+    from tests.hf_reference import bf16_reference, write_bf16_llama
     from tests.ray import test_output_channel
     from tests.ray.test_output_channel import _AbortingEngine
 
-    path = str(tmp_path / "llama-bf16")
-    model = hf_model("llama")
-    model.config.max_position_embeddings = 2048
-    model.to(torch.bfloat16).save_pretrained(path)
+    path = write_bf16_llama(str(tmp_path / "llama-bf16"), 2048)
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 200) for _ in range(n)] for n in (5, 40, 17, 90, 33, 8)]
-    refs = [toks for toks, _ in _hf_reference(path, prompts)]
+    refs = [toks for toks, _ in bf16_reference(path, prompts, MAX_NEW)]
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     ray.init(
         address="local",
