@@ -20,15 +20,15 @@ from typing import Any
 
 from app.bench.target import (
     LLAMA3_8B,
-    MODEL_SHAPES,
     BenchEngine,
     StageTiming,
+    add_model_args,
+    add_output_channel_arg,
     engine_default,
     environment,
     lone_prompt_chunk_sizes,
     write_model,
 )
-from stages.protocol import OUTPUT_CHANNELS
 
 # mode name -> (skip_mode, output_post, linear backend override or None)
 MODES = {
@@ -183,21 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: fixed, dynamic (the engine's default smooth) or dynamic:SMOOTH",
     )
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument(
-        "--model-shape",
-        choices=MODEL_SHAPES,
-        default="llama8b",
-        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
-    )
-    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    add_model_args(p)
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
-    p.add_argument(
-        "--output-channel",
-        choices=OUTPUT_CHANNELS,
-        default="auto",
-        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
-    )
+    add_output_channel_arg(p)
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 

@@ -33,14 +33,15 @@ from collections.abc import Callable
 from typing import Any
 
 from app.bench.target import (
-    MODEL_SHAPES,
     BenchEngine,
+    add_model_args,
+    add_output_channel_arg,
     environment,
     start_local_ray,
     write_model,
 )
 from app.request import Prompt
-from stages.protocol import DEVICES, OUTPUT_CHANNELS
+from stages.protocol import DEVICES
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -205,13 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--device", choices=DEVICES, default="cuda")
-    p.add_argument(
-        "--model-shape",
-        choices=MODEL_SHAPES,
-        default="llama8b",
-        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
-    )
-    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    add_model_args(p)
     p.add_argument("--parts", default="mixed,decode", help="mixed, decode or both")
     p.add_argument("--long-len", type=int, default=32768)
     p.add_argument("--num-long", type=int, default=4)
@@ -242,12 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="default: the engine's (on with CUDA)",
     )
-    p.add_argument(
-        "--output-channel",
-        choices=OUTPUT_CHANNELS,
-        default="auto",
-        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
-    )
+    add_output_channel_arg(p)
     p.add_argument("--out", default="bench_load.json")
     return p
 

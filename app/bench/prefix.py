@@ -32,6 +32,7 @@ from typing import Any
 
 from app.bench.target import (
     BenchEngine,
+    add_model_args,
     engine_default,
     environment,
     start_local_ray,
@@ -195,13 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--device", choices=DEVICES, default="cuda")
-    p.add_argument(
-        "--model-shape",
-        choices=("llama8b", "tiny"),
-        default="llama8b",
-        help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model",
-    )
-    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    add_model_args(p, shapes=("llama8b", "tiny"))
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {PARTS}")
     p.add_argument("--cache", default="off,on", help="prefix caching settings, one load each")
     p.add_argument("--docs", type=ints, default=[65536, 131072], help="document lengths")

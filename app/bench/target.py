@@ -4,15 +4,18 @@ Nothing in the serving path imports app/bench/."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from app.request import Prompt, RequestOutput, SamplingParams
+from stages.protocol import OUTPUT_CHANNELS
 
 StageTiming = tuple[int, int, float]  # (stage, mb_id, seconds) of one forward
 
@@ -170,6 +173,26 @@ def lone_prompt_chunk_sizes(
 # (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
 # 256K rows).
 MODEL_SHAPES = ("llama8b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
+
+
+def add_model_args(p: argparse.ArgumentParser, shapes: Sequence[str] = MODEL_SHAPES) -> None:
+    """--model-shape and --layers, what write_model takes."""
+    p.add_argument(
+        "--model-shape",
+        choices=shapes,
+        default="llama8b",
+        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
+    )
+    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+
+
+def add_output_channel_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--output-channel",
+        choices=OUTPUT_CHANNELS,
+        default="auto",
+        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
+    )
 
 
 def shape_config(shape: str) -> dict[str, Any]:
