@@ -265,7 +265,10 @@ class CopyOutput:
         return PendingCopy(self, mb_id, ring.expect(), num_ids)
 
     def close(self) -> None:
-        """Unmap the counters and drop the ring's handles (the pipeline's teardown)."""
+        """Unmap the counters and drop the ring's handles (the pipeline's teardown), once this
+        end's queued copies and waits are done."""
+        if self.buffers is not None:
+            torch.cuda.synchronize(self.device)
         if self._counters is not None:
             self._counters.close()
             self._counters = None
