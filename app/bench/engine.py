@@ -23,9 +23,12 @@ from app.bench.target import (
     MODEL_SHAPES,
     BenchEngine,
     StageTiming,
+    add_memory_flags,
     engine_default,
     environment,
+    kv_info,
     lone_prompt_chunk_sizes,
+    memory_options,
     write_model,
 )
 from stages.protocol import OUTPUT_CHANNELS
@@ -198,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
     )
+    add_memory_flags(p)
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 
@@ -226,16 +230,18 @@ def main(argv: list[str] | None = None) -> int:
             linear_backend=linear,
             attention_backend=a.attention,
             max_model_len=longest + 64,
-            num_kv_blocks=(longest + 256) // 64 + 8,
             max_inflight=a.max_inflight,
             output_channel=a.output_channel,
+            **memory_options(a, (longest + 256) // 64 + 8),
         ) as engine:
+            kv = kv_info(engine)
             print(
-                f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s", flush=True
+                f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s; KV {kv}",
+                flush=True,
             )
             for prompt_len, chunk in runs:
                 for chunking in a.chunking.split(","):
-                    rows += run_config(
+                    config_rows = run_config(
                         engine,
                         a.pp,
                         linear,
@@ -246,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                         chunking,
                         model,
                     )
+                    rows += [
+                        dict(r, quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype, **kv)
+                        for r in config_rows
+                    ]
                     # after every config: a killed run keeps what it measured
                     _write(a, argv, rows, model)
     ray.shutdown()

@@ -32,7 +32,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
+from app.bench.target import (
+    MODEL_SHAPES,
+    BenchEngine,
+    add_memory_flags,
+    environment,
+    kv_info,
+    memory_options,
+    write_model,
+)
 from app.request import Prompt
 from stages.protocol import DEVICES, OUTPUT_CHANNELS
 
@@ -242,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
     )
+    add_memory_flags(p)
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -308,7 +317,6 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         max_model_len=max_len + 64,
-        num_kv_blocks=kv_blocks,
         block_size=64,
         linear_backend=a.linear,
         attention_backend=a.attention,
@@ -316,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce_eager=a.enforce_eager,
         run_ahead=a.run_ahead,
         output_channel=a.output_channel,
+        **memory_options(a, kv_blocks),
     )
     rng = random.Random(a.seed)
     lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)
@@ -370,9 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     t_load = time.perf_counter()
     with BenchEngine(**options) as engine:
         res["engine"] = {k: v for k, v in engine.config.to_dict().items() if k != "model"}
+        res["engine"].update(kv_info(engine))
         print(
             f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
-            f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}",
+            f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}; "
+            f"KV {kv_info(engine)}",
             flush=True,
         )
         if "mixed" in parts:
