@@ -250,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
     )
+    p.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the decode step as a plain graph replay first (decode part, CUDA)",
+    )
     add_memory_flags(p)
     p.add_argument("--out", default="bench_load.json")
     return p
@@ -368,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    if "decode" in parts and a.device == "cuda":
+    if "decode" in parts and a.device == "cuda" and a.reference:
         # Before the engine takes the GPU: the same shape's decode step as a plain graph replay.
         from app.bench.decode_reference import graph_decode_step_s
 
