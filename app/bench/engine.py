@@ -22,11 +22,14 @@ from app.bench.target import (
     LLAMA3_8B,
     BenchEngine,
     StageTiming,
+    add_memory_flags,
     add_model_args,
     add_output_channel_arg,
     engine_default,
     environment,
+    kv_info,
     lone_prompt_chunk_sizes,
+    memory_options,
     write_model,
 )
 
@@ -187,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
     add_output_channel_arg(p)
+    add_memory_flags(p)
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 
@@ -215,16 +219,18 @@ def main(argv: list[str] | None = None) -> int:
             linear_backend=linear,
             attention_backend=a.attention,
             max_model_len=longest + 64,
-            num_kv_blocks=(longest + 256) // 64 + 8,
             max_inflight=a.max_inflight,
             output_channel=a.output_channel,
+            **memory_options(a, (longest + 256) // 64 + 8),
         ) as engine:
+            kv = kv_info(engine)
             print(
-                f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s", flush=True
+                f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s; KV {kv}",
+                flush=True,
             )
             for prompt_len, chunk in runs:
                 for chunking in a.chunking.split(","):
-                    rows += run_config(
+                    config_rows = run_config(
                         engine,
                         a.pp,
                         linear,
@@ -235,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                         chunking,
                         model,
                     )
+                    rows += [
+                        dict(r, quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype, **kv)
+                        for r in config_rows
+                    ]
                     # after every config: a killed run keeps what it measured
                     _write(a, argv, rows, model)
     ray.shutdown()

@@ -34,9 +34,12 @@ from typing import Any
 
 from app.bench.target import (
     BenchEngine,
+    add_memory_flags,
     add_model_args,
     add_output_channel_arg,
     environment,
+    kv_info,
+    memory_options,
     start_local_ray,
     write_model,
 )
@@ -238,6 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: the engine's (on with CUDA)",
     )
     add_output_channel_arg(p)
+    p.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the decode step as a plain graph replay first (decode part, CUDA)",
+    )
+    add_memory_flags(p)
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -295,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         max_model_len=max_len + 64,
-        num_kv_blocks=kv_blocks,
         block_size=64,
         linear_backend=a.linear,
         attention_backend=a.attention,
@@ -303,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce_eager=a.enforce_eager,
         run_ahead=a.run_ahead,
         output_channel=a.output_channel,
+        **memory_options(a, kv_blocks),
     )
     rng = random.Random(a.seed)
     lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)
@@ -346,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    if "decode" in parts and a.device == "cuda":
+    if "decode" in parts and a.device == "cuda" and a.reference:
         # Before the engine takes the GPU: the same shape's decode step as a plain graph replay.
         from app.bench.decode_reference import graph_decode_step_s
 
@@ -357,9 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     t_load = time.perf_counter()
     with BenchEngine(**options) as engine:
         res["engine"] = {k: v for k, v in engine.config.to_dict().items() if k != "model"}
+        res["engine"].update(kv_info(engine))
         print(
             f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
-            f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}",
+            f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}; "
+            f"KV {kv_info(engine)}",
             flush=True,
         )
         if "mixed" in parts:

@@ -140,6 +140,37 @@ class BenchEngine:
         self.close()
 
 
+def add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """The weight and KV cache formats of a bench's engine, and how its KV cache is sized."""
+    from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
+
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument(
+        "--kv-blocks",
+        choices=("fit", "memory"),
+        default="fit",
+        help="fit: just the blocks the bench's requests need; memory: as many as "
+        "--gpu-memory-utilization leaves beside the weights (the engine's own sizing, so the "
+        "KV capacity it reports is the deployment's)",
+    )
+
+
+def memory_options(a: argparse.Namespace, fitted_blocks: int) -> dict[str, Any]:
+    """EngineConfig options from add_memory_flags' flags."""
+    return dict(
+        quantization=a.quantization,
+        kv_cache_dtype=a.kv_cache_dtype,
+        num_kv_blocks=fitted_blocks if a.kv_blocks == "fit" else None,
+    )
+
+
+def kv_info(engine: BenchEngine) -> dict[str, Any]:
+    """The engine's KV cache: capacity in tokens and blocks (every stage holds the same)."""
+    s = engine.stats()
+    return {k: s[k] for k in ("kv_capacity_tokens", "kv_blocks_total")}
+
+
 def engine_default(option: str) -> Any:
     """An engine option's default (EngineConfig holds every one)."""
     from app.config import EngineConfig
