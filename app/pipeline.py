@@ -39,10 +39,12 @@ NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # replica), so operators find them with `ray list actors` or
 # `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
 STAGE_NAMESPACE = "ppserve"
-# How long a teardown waits for the stages to close their channels before killing them. Short:
-# an idle stage answers at once, one stuck in a recv from a dead peer never does, and the kill
-# frees what close would have (the copy ring's /dev/shm name is already gone once connected).
-CLOSE_TIMEOUT_S = 1.0
+# How long a teardown waits for the stages to close their channels before killing them. A stage
+# that never answers is stuck in a recv from a dead peer, the common case in a rebuild, hence
+# its short bound; the kill frees what close would have (the copy ring's /dev/shm name is gone
+# once connected).
+SHUTDOWN_CLOSE_S = 5.0
+REBUILD_CLOSE_S = 1.0
 
 
 def placement_bundles(config: EngineConfig) -> list[dict[str, float]]:
@@ -77,11 +79,9 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
         await asyncio.sleep(0.2)
 
 
-def _wait_closed(closing: list[Any]) -> None:
-    """Bounded: a stage stuck in a recv from a dead peer never answers (its process ends with
-    the kill all the same)."""
+def _wait_closed(closing: list[Any], timeout_s: float) -> None:
     if closing:
-        ray.wait(closing, num_returns=len(closing), timeout=CLOSE_TIMEOUT_S)
+        ray.wait(closing, num_returns=len(closing), timeout=timeout_s)
 
 
 class StageStartError(RuntimeError):
@@ -261,12 +261,12 @@ class Pipeline:
 
     def kill(self) -> None:
         """Shutdown, or a start that failed: close the stages, then end them."""
-        _wait_closed(self._close_stages())
+        _wait_closed(self._close_stages(), SHUTDOWN_CLOSE_S)
         self._end_actors()
 
     async def rebuild(self) -> None:
         """A stage failed mid-microbatch: every channel may be out of step. Start afresh."""
-        await asyncio.to_thread(_wait_closed, self._close_stages())
+        await asyncio.to_thread(_wait_closed, self._close_stages(), REBUILD_CLOSE_S)
         self._end_actors()
         self.generation += 1
         blocks = self.num_blocks
