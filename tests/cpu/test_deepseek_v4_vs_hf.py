@@ -139,6 +139,25 @@ def test_batched_rows_and_prefix_reuse(checkpoints, hf_logits):
     assert (got[0] - hf_logits["tiny"][-1]).abs().max().item() <= TOL
 
 
+def test_batched_rows_match_rows_run_alone(checkpoints):
+    """One microbatch of rows at different positions (tiny: window 8, CSA rate 4, HCA rate 8):
+    decode rows mid-group, completing a CSA group, completing groups of both rates, far past
+    the window, and a chunk across a group boundary, against each row's own forward on the same
+    cache (a forward rewrites the same values, so the order does not matter)."""
+    pipe = Pipeline(checkpoints["tiny"], num_stages=1, num_blocks=16)
+    # (prefilled tokens, new tokens) per request; its blocks are 3r, 3r+1, 3r+2
+    cases = [(13, 1), (11, 1), (15, 1), (40, 1), (18, 5), (3, 1)]
+    tables = [[3 * r, 3 * r + 1, 3 * r + 2] for r in range(len(cases))]
+    for (done, _), table in zip(cases, tables):
+        pipe.logits(PROMPT[:done], [(0, done, table, False)])
+    ids = [t for done, n in cases for t in PROMPT[done : done + n]]
+    rows = [(done, n, table, True) for (done, n), table in zip(cases, tables)]
+    batched = pipe.logits(ids, rows)
+    for i, ((done, n), table) in enumerate(zip(cases, tables)):
+        alone = pipe.logits(PROMPT[done : done + n], [(done, n, table, True)])
+        assert (batched[i] - alone[0]).abs().max().item() <= 1e-5, (i, done, n)
+
+
 def test_config_reads_fields_and_refuses_unsupported(checkpoints):
     with open(f"{checkpoints['tiny']}/config.json") as f:
         d = json.load(f)
