@@ -25,6 +25,7 @@ from app.bench.target import (
     StageTiming,
     engine_default,
     environment,
+    kv_block_size,
     lone_prompt_chunk_sizes,
     write_model,
 )
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir, load_format, model = write_model(a.model_shape, a.layers)
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
+    block = kv_block_size(model)
     ray.init(
         address="local",
         num_gpus=a.pp if a.device == "cuda" else 0,
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             linear_backend=linear,
             attention_backend=a.attention,
             max_model_len=longest + 64,
-            num_kv_blocks=(longest + 256) // 64 + 8,
+            num_kv_blocks=(longest + 256) // block + 8,
             max_inflight=a.max_inflight,
             output_channel=a.output_channel,
         ) as engine:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
+from app.bench.target import MODEL_SHAPES, BenchEngine, environment, kv_block_size, write_model
 from app.request import Prompt
 from stages.protocol import DEVICES, OUTPUT_CHANNELS
 
@@ -275,8 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     per_step = max(1, (a.pp - 1) * budget + max(0, budget - a.num_decode))
     dec_mixed = 2 * math.ceil(a.num_long * a.long_len / per_step) + 32
 
+    model_dir, load_format, model_cfg = _model(a)
+    block = kv_block_size(model_cfg)
+
     def blocks(n_req: int, n_tok: int) -> int:
-        return n_req * math.ceil(n_tok / 64)
+        return n_req * math.ceil(n_tok / block)
 
     kv_blocks = 16 + max(
         blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
@@ -287,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    model_dir, load_format, model_cfg = _model(a)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         ray.init(
@@ -309,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=seqs,
         max_model_len=max_len + 64,
         num_kv_blocks=kv_blocks,
-        block_size=64,
+        block_size=block,
         linear_backend=a.linear,
         attention_backend=a.attention,
         seed=a.seed,
@@ -359,8 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    if "decode" in parts and a.device == "cuda":
-        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay.
+    if "decode" in parts and a.device == "cuda" and "intermediate_size" in model_cfg:
+        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay
+        # (a Llama-shaped loop with the config's dense MLP: none for DeepSeek-V4).
         from app.bench.decode_reference import graph_decode_step_s
 
         res["decode"]["reference"] = graph_decode_step_s(
