@@ -181,6 +181,8 @@ def random_init(model: StageModel, seed: int) -> None:
                 p.zero_()
             elif name.endswith(SCALE_SUFFIX):
                 continue  # set with its weight
+            elif not p.is_floating_point():
+                continue  # an index table (V4's tid2eid) keeps its module's valid values
             elif p.dtype == fp8_ref.FP8:
                 _random_fp8(p, params[name + SCALE_SUFFIX], sources[name], seed)
             else:

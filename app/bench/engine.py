@@ -27,6 +27,7 @@ from app.bench.target import (
     add_output_channel_arg,
     engine_default,
     environment,
+    kv_block_size,
     kv_info,
     lone_prompt_chunk_sizes,
     memory_options,
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir, load_format, model = write_model(a.model_shape, a.layers)
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
+    block = kv_block_size(model)
     ray.init(
         address="local",
         num_gpus=a.pp if a.device == "cuda" else 0,
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=longest + 64,
             max_inflight=a.max_inflight,
             output_channel=a.output_channel,
-            **memory_options(a, (longest + 256) // 64 + 8),
+            **memory_options(a, (longest + 256) // block + 8),
         ) as engine:
             kv = kv_info(engine)
             print(

@@ -38,6 +38,7 @@ from app.bench.target import (
     add_model_args,
     add_output_channel_arg,
     environment,
+    kv_block_size,
     kv_info,
     memory_options,
     start_local_ray,
@@ -281,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     per_step = max(1, (a.pp - 1) * budget + max(0, budget - a.num_decode))
     dec_mixed = 2 * math.ceil(a.num_long * a.long_len / per_step) + 32
 
+    model_dir, load_format, model_cfg = _model(a)
+    block = kv_block_size(model_cfg)
+
     def blocks(n_req: int, n_tok: int) -> int:
-        return n_req * math.ceil(n_tok / 64)
+        return n_req * math.ceil(n_tok / block)
 
     kv_blocks = 16 + max(
         blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
@@ -293,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    model_dir, load_format, model_cfg = _model(a)
     owns_ray = start_local_ray(a.pp, a.device)
     options = dict(
         model=model_dir,
@@ -305,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         max_model_len=max_len + 64,
-        block_size=64,
+        block_size=block,
         linear_backend=a.linear,
         attention_backend=a.attention,
         seed=a.seed,
@@ -356,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    if "decode" in parts and a.device == "cuda" and a.reference:
-        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay.
+    llama_shaped = "intermediate_size" in model_cfg
+    if "decode" in parts and a.device == "cuda" and a.reference and llama_shaped:
+        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay
+        # (a Llama-shaped loop with the config's dense MLP: none for DeepSeek-V4).
         from app.bench.decode_reference import graph_decode_step_s
 
         res["decode"]["reference"] = graph_decode_step_s(

@@ -24,6 +24,31 @@ from stages.model_config import ModelArgs
 H200_BYTES = 141 * 10**9  # HBM3e
 UTILIZATION = 0.9  # --gpu-memory-utilization's default
 MXFP4_BYTES_PER_VALUE = 0.5 + 1 / mxfp4.GROUP  # two values a byte, one e8m0 scale per group
+# Beside weights and KV: a long prompt's chunk activations (an 8K chunk's four residual streams,
+# MoE intermediates, the sparse references' tiles, the indexer's score tiles).
+ACTIVATION_BYTES = 8 * 10**9
+
+
+def layers_on_one_gpu(config: dict[str, Any], context: int) -> int:
+    """The most leading layers of `config` (bf16 weights, bf16 KV) whose one stage holds a
+    `context`-token KV cache on one H200 with ACTIVATION_BYTES to spare."""
+    budget = int(H200_BYTES * UTILIZATION) - ACTIVATION_BYTES
+    fitting = 0
+    for n in range(1, int(config["num_hidden_layers"]) + 1):
+        (stage,) = stage_memory_plan(ModelArgs.from_hf_dict(leading_layers(config, n)), 1, False)
+        if stage.weight_bytes + context * stage.kv_bytes_per_token > budget:
+            break
+        fitting = n
+    return fitting
+
+
+def leading_layers(config: dict[str, Any], n: int) -> dict[str, Any]:
+    """`config` cut to its first n layers, their per-layer patterns kept."""
+    out = dict(config, num_hidden_layers=n)
+    for key in ("layer_types", "mlp_layer_types", "compress_ratios"):
+        if config.get(key) is not None:
+            out[key] = list(config[key][:n])
+    return out
 
 
 def fp4_experts(config: dict[str, Any]) -> bool:

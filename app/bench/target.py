@@ -202,8 +202,21 @@ def lone_prompt_chunk_sizes(
 # model). deepseek-v32-bench is issue 11's V3.2-shaped model that FlashMLA's SM90 sparse kernels
 # take: DeepSeek-V2-Lite's layers and experts with 64 query heads (64 or 128 only), V3's q LoRA
 # (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
-# 256K rows).
-MODEL_SHAPES = ("llama8b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
+# 256K rows). deepseek-v4-flash is DeepSeek-V4-Flash's config (docs/bench/configs) in bf16, cut
+# to the leading layers one H200 holds beside a 256K-token KV cache (their layer-type and
+# hash/routed pattern kept; app.bench.memory.layers_on_one_gpu).
+MODEL_SHAPES = (
+    "llama8b",
+    "qwen3-30b-a3b",
+    "deepseek-v2-lite",
+    "deepseek-v32-bench",
+    "deepseek-v4-flash",
+    "tiny",
+)
+V4_FLASH_CONFIG = os.path.join(
+    os.path.dirname(__file__), "..", "..", "docs", "bench", "configs", "deepseek_v4_flash.json"
+)
+V4_FLASH_CONTEXT = 1 << 18
 
 
 def add_model_args(p: argparse.ArgumentParser, shapes: Sequence[str] = MODEL_SHAPES) -> None:
@@ -230,6 +243,8 @@ def shape_config(shape: str) -> dict[str, Any]:
     from stages.model_config import BUILTIN_CONFIG
     from stages.models.deepseek_config import DEEPSEEK_V2_LITE
 
+    if shape == "deepseek-v4-flash":
+        return v4_flash_bench_config()
     if shape == "deepseek-v32-bench":
         return dict(
             DEEPSEEK_V2_LITE,
@@ -250,6 +265,24 @@ def shape_config(shape: str) -> dict[str, Any]:
         "llama8b": LLAMA3_8B,
         "qwen3-30b-a3b": QWEN3_30B_A3B,
     }[shape]
+
+
+def v4_flash_bench_config() -> dict[str, Any]:
+    from app.bench.memory import layers_on_one_gpu, leading_layers
+
+    with open(V4_FLASH_CONFIG, encoding="utf-8") as f:
+        full = json.load(f)
+    full.pop("quantization_config", None)  # bf16 weights
+    return leading_layers(full, layers_on_one_gpu(full, V4_FLASH_CONTEXT))
+
+
+def kv_block_size(model: dict[str, Any]) -> int:
+    """The KV block size the engine picks for the config dict `model` (64, or a multiple of
+    DeepSeek-V4's largest compression rate)."""
+    from app.config import EngineConfig
+    from stages.model_config import ModelArgs
+
+    return EngineConfig().for_model(ModelArgs.from_hf_dict(model)).kv_block_size
 
 
 def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict[str, Any]]:

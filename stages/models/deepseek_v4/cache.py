@@ -64,11 +64,3 @@ class V4Cache:
     def read(self, local_layer: int, name: str, slots: torch.Tensor) -> torch.Tensor:
         return self.flat(local_layer, name).index_select(0, slots)
 
-
-def entry_slots(
-    table: torch.Tensor, first: int, count: int, per_block: int, device: torch.device
-) -> torch.Tensor:
-    """Slots of entries first..first+count-1 of a request whose blocks hold `per_block` entries
-    each (tokens: block_size; compressed entries: block_size / rate)."""
-    idx = torch.arange(first, first + count, device=device)
-    return table[idx // per_block] * per_block + idx % per_block
