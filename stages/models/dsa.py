@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
@@ -80,6 +80,34 @@ class SparseRows:
                 selecting.append((off, n, start, slots))
         return cls(dense, SelectPlan.build(selecting, device) if selecting else None)
 
+    @classmethod
+    def paged(cls, batch: PagedDecodeBatch, topk: int) -> "SparseRows":
+        """A decode-only microbatch's rows from its static buffers, with device ops only (what
+        a CUDA graph replays). Without a select width every row has at most topk keys and
+        attends to all of them; with one, every row's indexer scores select_width keys (its
+        own, then -inf) and its top-k are kept: a row with fewer keys than topk keeps them all,
+        as the dense rule would. Padding rows see one key; their outputs are dropped."""
+        width = batch.select_width or topk
+        bs = batch.block_size
+        pos = torch.arange(width, device=batch.positions.device)
+        tables = batch.block_tables.index_select(0, batch.table_rows)  # [B, max_blocks]
+        cols = (pos // bs).clamp(max=tables.shape[1] - 1)
+        slots = (tables[:, cols].long() * bs + pos % bs).int()  # [B, width]
+        visible = batch.lengths.clamp(min=1)
+        if not batch.select_width:
+            return cls(slots.masked_fill(pos[None, :] >= visible[:, None], -1), None)
+        rows = torch.arange(batch.num_tokens, device=pos.device)
+        plan = SelectPlan(
+            token_index=rows,
+            token_row=rows,
+            visible=visible.int(),
+            key_slots=slots,
+            chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=pos.device),
+            decode_tiles=torch.stack((rows, rows), dim=1).int(),
+            row_tokens=[(r, 1, width) for r in range(batch.num_tokens)],
+        )
+        return cls(slots.new_full((batch.num_tokens, topk), -1), plan)
+
 
 class Indexer(nn.Module):
     """transformers' DeepseekV32Indexer: queries from the q LoRA's output, one shared key per
@@ -129,7 +157,7 @@ class DSAttention(MLAttention):
         cos: torch.Tensor,
         sin: torch.Tensor,
         rows: MLADecodeRows | SparseRows | None,
-        batch: ForwardBatch,
+        batch: ForwardBatch | PagedDecodeBatch,
         kv: LatentKVCache,
         local_layer: int,
     ) -> torch.Tensor:
@@ -155,9 +183,7 @@ class DSAttention(MLAttention):
             out = mla_sparse(
                 q, pages.view(-1, 1, pages.shape[-1]), indices, d.kv_lora_rank, self.scale
             )
-        o = self.unabsorb(out, x.dtype)
-        projected: torch.Tensor = self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
-        return projected
+        return self._project_out(self.unabsorb(out, x.dtype), t)
 
     def _select(
         self,
