@@ -139,11 +139,11 @@ class DeepseekStage(Stage):
         cos = (freqs.cos() * self.rope_scale).to(h.dtype)
         sin = (freqs.sin() * self.rope_scale).to(h.dtype)
         indexer = self.args.family_args.indexer
-        if isinstance(batch, PagedDecodeBatch):
+        if isinstance(batch, PagedDecodeBatch):  # DSA within index_topk: dense MLA decode
             paged = (
-                MLADecodeRows.paged(batch)
-                if indexer is None
-                else SparseRows.paged(batch, indexer.topk)
+                SparseRows.paged(batch, indexer.topk)
+                if indexer is not None and batch.select_width
+                else MLADecodeRows.paged(batch)
             )
             return cos, sin, paged
         rows = (

@@ -82,25 +82,23 @@ class SparseRows:
 
     @classmethod
     def paged(cls, batch: PagedDecodeBatch, topk: int) -> "SparseRows":
-        """A decode-only microbatch's rows from its static buffers, with device ops only (what
-        a CUDA graph replays). Without a select width every row has at most topk keys and
-        attends to all of them; with one, every row's indexer scores select_width keys (its
-        own, then -inf) and its top-k are kept: a row with fewer keys than topk keeps them all,
-        as the dense rule would. Padding rows see one key; their outputs are dropped."""
-        width = batch.select_width or topk
-        bs = batch.block_size
+        """A decode-only microbatch with a select width (some row has more keys than topk),
+        from its static buffers with device ops only (what a CUDA graph replays): every row's
+        indexer scores select_width keys (its own, then -inf) and its top-k are kept; a row
+        with fewer keys than topk keeps them all, as the dense rule would. Padding rows see one
+        key; their outputs are dropped."""
+        width, bs = batch.select_width, batch.block_size
+        if width < topk:
+            raise ValueError(f"a select width of {width} is below index_topk {topk}")
         pos = torch.arange(width, device=batch.positions.device)
         tables = batch.block_tables.index_select(0, batch.table_rows)  # [B, max_blocks]
         cols = (pos // bs).clamp(max=tables.shape[1] - 1)
-        slots = (tables[:, cols].long() * bs + pos % bs).int()  # [B, width]
-        visible = batch.lengths.clamp(min=1)
-        if not batch.select_width:
-            return cls(slots.masked_fill(pos[None, :] >= visible[:, None], -1), None)
+        slots = tables[:, cols] * bs + (pos % bs).int()  # [B, width] int32
         rows = torch.arange(batch.num_tokens, device=pos.device)
         plan = SelectPlan(
             token_index=rows,
             token_row=rows,
-            visible=visible.int(),
+            visible=batch.lengths.clamp(min=1).int(),
             key_slots=slots,
             chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=pos.device),
             decode_tiles=torch.stack((rows, rows), dim=1).int(),
@@ -161,11 +159,16 @@ class DSAttention(MLAttention):
         kv: LatentKVCache,
         local_layer: int,
     ) -> torch.Tensor:
-        if not isinstance(rows, SparseRows):
-            raise TypeError(f"DSA layers take the stage's SparseRows, got {type(rows).__name__}")
         d, t = self.d, x.shape[0]
         q_nope, q_pe, q_resid = self.project(x, cos, sin, batch, kv, local_layer)
         kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
+        if isinstance(rows, MLADecodeRows) and isinstance(batch, PagedDecodeBatch):
+            # every row within index_topk keys: it attends to its whole prefix, which is MLA's
+            # dense decode (read up to each row's length, not topk slots)
+            out = self._decode(q_nope, q_pe, rows, kv, local_layer)
+            return self._project_out(self.unabsorb(out, x.dtype), t)
+        if not isinstance(rows, SparseRows):
+            raise TypeError(f"DSA layers take the stage's SparseRows, got {type(rows).__name__}")
         indices = self._select(x, q_resid, cos, sin, rows, kv, local_layer)
         pages = kv.pages(local_layer)
         q = self.absorbed_query(q_nope, q_pe)

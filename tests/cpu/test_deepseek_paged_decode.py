@@ -93,8 +93,8 @@ def decode_case(
                 for i, start in enumerate(starts)
             )
             key = variants[0].bucket_for(rows)
-            if key is None:
-                raise AssertionError("a decode-only microbatch found no graph bucket")
+            if key is None or (graphed and key not in variants[1].graphs):
+                raise AssertionError(f"no captured graph for this decode step: {key}")
             by_req = {str(i): t for i, t in enumerate(tables)}
             inputs = torch.tensor(nxt, device=device)
             results = [
