@@ -19,7 +19,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 for s in ${SHAPES:-deepseek-v32-bench deepseek-v2-lite}; do bench "${s}_decode_512_graphs" "$s"; done
 if [ -n "${BEFORE:-}" ]; then
-    for s in ${SHAPES:-deepseek-v32-bench deepseek-v2-lite}; do
+    for s in ${BEFORE_SHAPES:-${SHAPES:-deepseek-v32-bench deepseek-v2-lite}}; do
         bench "${s}_decode_512_main" "$s" "$BEFORE"
     done
 fi
