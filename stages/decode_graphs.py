@@ -22,20 +22,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from stages.forward_batch import PagedDecodeBatch
 from stages.kernels.triton_paged_decode import num_splits_for
-from stages.kv_cache import PagedKVCache
-from stages.models.mla_cache import LatentKVCache
-from stages.models.stage import Stage
 from stages.protocol import Row
 
 log = logging.getLogger("ppserve.stage")
 
 _META = 4  # positions, slot mapping, lengths, block-table rows
+
+
+class GraphedModel(Protocol):
+    """A stage's model as the graphs use it (stages.models.stage.Stage)."""
+
+    def __call__(self, inputs: torch.Tensor, batch: PagedDecodeBatch, kv: Any) -> torch.Tensor: ...
+
+    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]: ...
 
 
 def batch_buckets(max_rows: int) -> list[int]:
@@ -51,8 +56,8 @@ def is_decode_row(r: Row) -> bool:
 class DecodeGraphs:
     def __init__(
         self,
-        model: Stage,
-        kv: PagedKVCache | LatentKVCache,
+        model: GraphedModel,
+        kv: Any,  # the family's paged cache (K/V pages, MLA latents)
         *,
         num_slots: int,
         max_model_len: int,

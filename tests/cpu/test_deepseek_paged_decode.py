@@ -118,3 +118,20 @@ def test_paged_decode_matches_the_general_path(arch):
         assert steps[0][0][1] == 0 and steps[-1][0][1] > 0 and DSA_SPARSE_TOPK < 12
     else:
         assert widths == {0}
+
+
+def test_deepseek_graphs_need_sync_free_kernels():
+    from stages.models.families import DEEPSEEK, GraphSetting
+
+    fast = {"mla_decode": "flash-mla", "mla_sparse": "flash-mla"}
+    fast |= {"indexer_logits_rows": "triton", "moe_experts": "triton-persistent"}
+    ok = GraphSetting(fast, 64, "auto", "bfloat16")
+    assert DEEPSEEK.paged_decode_graphs(ok)
+    for bad in (
+        GraphSetting(fast | {"moe_experts": "torch"}, 64, "auto", "bfloat16"),  # syncs
+        GraphSetting(fast, 16, "auto", "bfloat16"),  # not FlashMLA's page
+        GraphSetting(fast, 64, "fp8", "bfloat16"),
+        GraphSetting(fast | {"fp8_linear": "scaled-mm"}, 64, "auto", "bfloat16"),
+        GraphSetting(fast, 64, "auto", "float32"),
+    ):
+        assert not DEEPSEEK.paged_decode_graphs(bad)
