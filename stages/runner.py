@@ -192,6 +192,9 @@ class StageRunner:
             budget = int(total * self.spec.gpu_memory_utilization) - used
             if self.uses_decode_graphs:  # the scratch block, graph pools, activations
                 budget -= DECODE_GRAPH_RESERVE + per_block
+                budget -= self.model.decode_graph_workspace(
+                    self.spec.max_running, self.spec.max_model_len
+                )
         else:
             budget = self.spec.kv_cache_bytes
         return max(0, budget // max(per_block, 1))

@@ -23,6 +23,9 @@ from stages.models.stage import Stage
 
 # The indexer's static score width is a multiple of its kernel's key blocks.
 SELECT_WIDTH_STEP = 128
+# Bytes per row and scored key the selecting decode graph holds at once (see
+# decode_graph_workspace): two int32 slot tables, fp32 scores, top-k's scratch of the same size
+SELECT_BYTES_PER_KEY = 16
 
 
 class DeepseekRouter(nn.Module):
@@ -129,6 +132,12 @@ class DeepseekStage(Stage):
             return super().decode_graph_variants(max_model_len)
         width = -(-max_model_len // SELECT_WIDTH_STEP) * SELECT_WIDTH_STEP
         return ((indexer.topk, 0), (max_model_len, width))
+
+    def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int:
+        """The selecting shape's per-row [width] temporaries of the largest bucket: the slot
+        table and its int32 intermediate, the fp32 scores, top-k's scratch."""
+        width = max(w for _longest, w in self.decode_graph_variants(max_model_len))
+        return max_rows * width * SELECT_BYTES_PER_KEY
 
     def layer_context(
         self, batch: ForwardBatch | PagedDecodeBatch, kv: LatentKVCache, h: torch.Tensor
