@@ -9,6 +9,10 @@ length and block-table row, filled by one pinned copy. Block tables are kept on 
 row per request slot, and updated only when a plan appends blocks. Rows past the real ones pad
 the bucket: length 0 (attention gives zeros) and KV written to a scratch slot nobody reads.
 
+DeepSeek's decode (FlashMLA's absorbed MLA, the Triton grouped MoE, V3.2's indexer and sparse
+MLA) is captured the same way; V3.2 keeps two graphs per bucket (Stage.decode_graph_variants):
+rows that all fit in the indexer's top-k attend densely, others score a static width.
+
 The output channel's send and recv stay outside the graph (the runner does them around it).
 With ``eager=True`` the same buffers and kernels run without capture (``--enforce-eager``), so
 the two paths compute the same numbers.
@@ -18,18 +22,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from stages.forward_batch import PagedDecodeBatch
 from stages.kernels.triton_paged_decode import num_splits_for
-from stages.kv_cache import PagedKVCache
 from stages.protocol import Row
 
 log = logging.getLogger("ppserve.stage")
 
 _META = 4  # positions, slot mapping, lengths, block-table rows
+
+
+class GraphedModel(Protocol):
+    """A stage's model as the graphs use it (stages.models.stage.Stage)."""
+
+    def __call__(self, inputs: torch.Tensor, batch: PagedDecodeBatch, kv: Any) -> torch.Tensor: ...
+
+    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]: ...
 
 
 def batch_buckets(max_rows: int) -> list[int]:
@@ -45,8 +56,8 @@ def is_decode_row(r: Row) -> bool:
 class DecodeGraphs:
     def __init__(
         self,
-        model: torch.nn.Module,
-        kv: PagedKVCache,
+        model: GraphedModel,
+        kv: Any,  # the family's paged cache (K/V pages, MLA latents)
         *,
         num_slots: int,
         max_model_len: int,
@@ -74,23 +85,30 @@ class DecodeGraphs:
             self.inputs = torch.zeros(top, dtype=torch.long, device=device)
         else:
             self.inputs = torch.zeros(top, *hidden_shape, dtype=dtype, device=device)
-        self.batches: dict[int, PagedDecodeBatch] = {}
+        # (bucket, select width) per graph: one shape per bucket unless the model's attention
+        # changes form with the rows' lengths (Stage.decode_graph_variants)
+        self.variants = model.decode_graph_variants(max_model_len)
+        self.batches: dict[tuple[int, int], PagedDecodeBatch] = {}
         self.meta: dict[int, torch.Tensor] = {}
+        # the paged kernel's splits per bucket fill the chip's SMs (one on the CPU)
+        sms = None if device.type == "cuda" else 1
         for b in self.buckets:
             meta = torch.zeros(_META, b, dtype=torch.long, device=device)
             meta[1].fill_(scratch_slot)
             self.meta[b] = meta
-            self.batches[b] = PagedDecodeBatch(
-                positions=meta[0],
-                slot_mapping=meta[1],
-                lengths=meta[2],
-                table_rows=meta[3],
-                block_tables=self.tables,
-                block_size=self.block_size,
-                num_splits=num_splits_for(b, kv_heads),
-            )
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+            for _longest, width in self.variants:
+                self.batches[b, width] = PagedDecodeBatch(
+                    positions=meta[0],
+                    slot_mapping=meta[1],
+                    lengths=meta[2],
+                    table_rows=meta[3],
+                    block_tables=self.tables,
+                    block_size=self.block_size,
+                    num_splits=num_splits_for(b, kv_heads, sms),
+                    select_width=width,
+                )
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
 
     # -- setup -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -103,21 +121,24 @@ class DecodeGraphs:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for b in self.buckets:
-                self.model(self.inputs[:b], self.batches[b], self.kv)
+            for key, batch in self.batches.items():
+                self.model(self.inputs[: key[0]], batch, self.kv)
         torch.cuda.current_stream(self.device).wait_stream(side)
         pool = None
         if not self.eager:
-            for b in reversed(self.buckets):
+            for key in sorted(self.batches, reverse=True):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[b] = self.model(self.inputs[:b], self.batches[b], self.kv)
+                    self.outputs[key] = self.model(
+                        self.inputs[: key[0]], self.batches[key], self.kv
+                    )
                 pool = graph.pool()
-                self.graphs[b] = graph
+                self.graphs[key] = graph
         torch.cuda.synchronize(self.device)
         info = {
             "graphs": len(self.graphs),
             "buckets": self.buckets,
+            "select_widths": [w for _longest, w in self.variants],
             "seconds": round(time.perf_counter() - t0, 3),
             "bytes": int(free_before - torch.cuda.mem_get_info(self.device)[0]),
         }
@@ -137,29 +158,39 @@ class DecodeGraphs:
             vals += blocks
         if max(cols) >= self.tables.shape[1]:
             raise ValueError(f"a block table grew past max_model_len {self.max_model_len}")
-        host = torch.tensor([rows, cols, vals], dtype=torch.long).pin_memory()
+        host = self._pinned(torch.tensor([rows, cols, vals], dtype=torch.long))
         idx = host.to(self.device, non_blocking=True)
         self.tables[idx[0], idx[1]] = idx[2].to(torch.int32)
 
+    def _pinned(self, host: torch.Tensor) -> torch.Tensor:
+        """Pinned for a non-blocking copy (a pageable one makes the host wait); on the CPU
+        (the eager path's tests) as it is."""
+        return host.pin_memory() if self.device.type == "cuda" else host
+
     # -- one microbatch ------------------------------------------------------------------------
-    def bucket_for(self, rows: tuple[Row, ...]) -> int | None:
-        """The bucket a plan replays in, or None when it must run the general eager path."""
+    def bucket_for(self, rows: tuple[Row, ...]) -> tuple[int, int] | None:
+        """(bucket, select width) of the graph a plan replays in, or None when it must run the
+        general eager path."""
         n = len(rows)
         if n == 0 or n > self.buckets[-1] or not all(is_decode_row(r) for r in rows):
             return None
-        if max(r.start for r in rows) >= self.max_model_len:
+        longest = max(r.start for r in rows) + 1
+        if longest > self.max_model_len:
             return None
-        return next(b for b in self.buckets if b >= n)
+        width = next(w for most, w in self.variants if most >= longest)
+        return next(b for b in self.buckets if b >= n), width
 
     @torch.inference_mode()
     def run(
         self,
-        bucket: int,
+        key: tuple[int, int],
         rows: tuple[Row, ...],
         inputs: torch.Tensor,
         block_tables: dict[str, list[int]],
     ) -> torch.Tensor:
-        """inputs: [R] token ids (stage 0) or [R, hidden]. Returns hidden [R, hidden]."""
+        """key: bucket_for's. inputs: [R] token ids (stage 0) or [R, hidden]. Returns hidden
+        [R, hidden]."""
+        bucket = key[0]
         n, bs = len(rows), self.block_size
         pad = bucket - n
         meta = [
@@ -169,13 +200,13 @@ class DecodeGraphs:
             [r.start + 1 for r in rows] + [0] * pad,
             [r.slot for r in rows] + [0] * pad,
         ]
-        host = torch.tensor(meta, dtype=torch.long).pin_memory()
+        host = self._pinned(torch.tensor(meta, dtype=torch.long))
         self.meta[bucket].copy_(host, non_blocking=True)
         self.inputs[:n].copy_(inputs)
         out: torch.Tensor
         if self.eager:
-            out = self.model(self.inputs[:bucket], self.batches[bucket], self.kv)
+            out = self.model(self.inputs[:bucket], self.batches[key], self.kv)
         else:
-            self.graphs[bucket].replay()
-            out = self.outputs[bucket]
+            self.graphs[key].replay()
+            out = self.outputs[key]
         return out[:n]

@@ -174,6 +174,9 @@ class PagedDecodeBatch:
     block_tables: torch.Tensor  # [N, max_blocks] int32, one row per request slot
     block_size: int
     num_splits: int  # fixed per captured shape: the kernel's grid must not change on replay
+    # DSA: keys per row its indexer scores when some row has more than it keeps (a static
+    # width, max_model_len rounded up); 0 when every row attends to its whole prefix
+    select_width: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -19,6 +19,7 @@ from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, s
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
 from stages.loader import build_stage_model, keep_fp8_weights, log_stage_memory, resolve_dtype
 from stages.model_config import load_model_args
+from stages.models.families import GraphSetting
 from stages.output_slots import OutputSlots, output_message
 from stages.protocol import (
     MicrobatchPlan,
@@ -166,17 +167,19 @@ class StageRunner:
 
     @property
     def uses_decode_graphs(self) -> bool:
-        """Decode-only microbatches take the paged path (graphed unless enforce_eager) where
-        a paged decode kernel runs: CUDA with Triton, and a block size it supports; for the
-        families that declare it (others decode through their own path)."""
-        bs = self.spec.block_size
+        """Decode-only microbatches take the paged path (graphed unless enforce_eager) on CUDA
+        for the families whose decode step captures under the chosen kernels, block size and
+        cache dtype (others decode through their own path)."""
+        setting = GraphSetting(
+            kernels=self.kernels.names,
+            block_size=self.spec.block_size,
+            kv_cache_dtype=self.spec.kv_cache_dtype,
+            dtype=str(self.dtype).removeprefix("torch."),
+        )
         return (
             self.device.type == "cuda"
             and self.spec.max_model_len > 0
-            and self.family.paged_decode_graphs
-            and self.kernels.names["paged_decode"] != "torch"
-            and bs >= 16
-            and bs & (bs - 1) == 0
+            and self.family.paged_decode_graphs(setting)
         )
 
     def kv_capacity(self) -> int:
@@ -189,6 +192,9 @@ class StageRunner:
             budget = int(total * self.spec.gpu_memory_utilization) - used
             if self.uses_decode_graphs:  # the scratch block, graph pools, activations
                 budget -= DECODE_GRAPH_RESERVE + per_block
+                budget -= self.model.decode_graph_workspace(
+                    self.spec.max_running, self.spec.max_model_len
+                )
         else:
             budget = self.spec.kv_cache_bytes
         return max(0, budget // max(per_block, 1))

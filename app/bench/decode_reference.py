@@ -18,11 +18,18 @@ def graph_decode_step_s(
     cfg: dict[str, Any], rows: int, kv_len: int, steps: int = 50
 ) -> dict[str, Any]:
     """Median seconds of one replayed decode step of `rows` rows over `kv_len` keys, for the
-    Hugging Face config dict `cfg` (Llama family); also the eager loop's median. Leaves the
-    GPU's memory to the engine that starts next."""
+    Hugging Face config dict `cfg` (the Llama family here, DeepSeek's MLA + MoE shapes in
+    app/bench/decode_reference_mla.py); also the eager loop's median. Leaves the GPU's memory
+    to the engine that starts next."""
     import torch
 
-    result = _measure(cfg, rows, kv_len, steps)
+    from app.bench.decode_reference_mla import mla_graph_decode_step_s
+    from stages.models.deepseek_config import DEEPSEEK_MODEL_TYPES
+
+    if cfg.get("model_type") in DEEPSEEK_MODEL_TYPES:
+        result = mla_graph_decode_step_s(cfg, rows, kv_len, steps)
+    else:
+        result = _measure(cfg, rows, kv_len, steps)
     torch.cuda.empty_cache()
     return result
 

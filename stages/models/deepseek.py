@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import DeepseekArgs
@@ -20,6 +20,12 @@ from stages.models.mla import MLADecodeRows, MLAttention, rope_tables
 from stages.models.mla_cache import LatentKVCache
 from stages.models.moe import Experts, MoE
 from stages.models.stage import Stage
+
+# The indexer's static score width is a multiple of its kernel's key blocks.
+SELECT_WIDTH_STEP = 128
+# Bytes per row and scored key the selecting decode graph holds at once (see
+# decode_graph_workspace): two int32 slot tables, fp32 scores, top-k's scratch of the same size
+SELECT_BYTES_PER_KEY = 16
 
 
 class DeepseekRouter(nn.Module):
@@ -118,8 +124,23 @@ class DeepseekStage(Stage):
             mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
         return DecoderLayer(a, attention(a, kernels, dtype, device), mlp, dtype, device)
 
+    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
+        """DSA: a decode-only microbatch whose rows all fit in the indexer's top-k attends
+        densely; one with a longer row scores a static width (max_model_len rounded up)."""
+        indexer = self.args.family_args.indexer
+        if indexer is None or max_model_len <= indexer.topk:
+            return super().decode_graph_variants(max_model_len)
+        width = -(-max_model_len // SELECT_WIDTH_STEP) * SELECT_WIDTH_STEP
+        return ((indexer.topk, 0), (max_model_len, width))
+
+    def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int:
+        """The selecting shape's per-row [width] temporaries of the largest bucket: the slot
+        table and its int32 intermediate, the fp32 scores, top-k's scratch."""
+        width = max(w for _longest, w in self.decode_graph_variants(max_model_len))
+        return max_rows * width * SELECT_BYTES_PER_KEY
+
     def layer_context(
-        self, batch: ForwardBatch, kv: LatentKVCache, h: torch.Tensor
+        self, batch: ForwardBatch | PagedDecodeBatch, kv: LatentKVCache, h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, MLADecodeRows | SparseRows | None]:
         """(cos, sin [T, rope / 2], the attention's row metadata: MLADecodeRows or
         SparseRows)."""
@@ -127,6 +148,13 @@ class DeepseekStage(Stage):
         cos = (freqs.cos() * self.rope_scale).to(h.dtype)
         sin = (freqs.sin() * self.rope_scale).to(h.dtype)
         indexer = self.args.family_args.indexer
+        if isinstance(batch, PagedDecodeBatch):  # DSA within index_topk: dense MLA decode
+            paged = (
+                SparseRows.paged(batch, indexer.topk)
+                if indexer is not None and batch.select_width
+                else MLADecodeRows.paged(batch)
+            )
+            return cos, sin, paged
         rows = (
             MLADecodeRows.build(batch, h.device)
             if indexer is None

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
@@ -80,6 +80,32 @@ class SparseRows:
                 selecting.append((off, n, start, slots))
         return cls(dense, SelectPlan.build(selecting, device) if selecting else None)
 
+    @classmethod
+    def paged(cls, batch: PagedDecodeBatch, topk: int) -> "SparseRows":
+        """A decode-only microbatch with a select width (some row has more keys than topk),
+        from its static buffers with device ops only (what a CUDA graph replays): every row's
+        indexer scores select_width keys (its own, then -inf) and its top-k are kept; a row
+        with fewer keys than topk keeps them all, as the dense rule would. Padding rows see one
+        key; their outputs are dropped."""
+        width, bs = batch.select_width, batch.block_size
+        if width < topk:
+            raise ValueError(f"a select width of {width} is below index_topk {topk}")
+        pos = torch.arange(width, device=batch.positions.device)
+        tables = batch.block_tables.index_select(0, batch.table_rows)  # [B, max_blocks]
+        cols = (pos // bs).clamp(max=tables.shape[1] - 1)
+        slots = tables[:, cols] * bs + (pos % bs).int()  # [B, width] int32
+        rows = torch.arange(batch.num_tokens, device=pos.device)
+        plan = SelectPlan(
+            token_index=rows,
+            token_row=rows,
+            visible=batch.lengths.clamp(min=1).int(),
+            key_slots=slots,
+            chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=pos.device),
+            decode_tiles=torch.stack((rows, rows), dim=1).int(),
+            row_tokens=[(r, 1, width) for r in range(batch.num_tokens)],
+        )
+        return cls(slots.new_full((batch.num_tokens, topk), -1), plan)
+
 
 class Indexer(nn.Module):
     """transformers' DeepseekV32Indexer: queries from the q LoRA's output, one shared key per
@@ -129,15 +155,20 @@ class DSAttention(MLAttention):
         cos: torch.Tensor,
         sin: torch.Tensor,
         rows: MLADecodeRows | SparseRows | None,
-        batch: ForwardBatch,
+        batch: ForwardBatch | PagedDecodeBatch,
         kv: LatentKVCache,
         local_layer: int,
     ) -> torch.Tensor:
-        if not isinstance(rows, SparseRows):
-            raise TypeError(f"DSA layers take the stage's SparseRows, got {type(rows).__name__}")
         d, t = self.d, x.shape[0]
         q_nope, q_pe, q_resid = self.project(x, cos, sin, batch, kv, local_layer)
         kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
+        if isinstance(rows, MLADecodeRows) and isinstance(batch, PagedDecodeBatch):
+            # every row within index_topk keys: it attends to its whole prefix, which is MLA's
+            # dense decode (read up to each row's length, not topk slots)
+            out = self._decode(q_nope, q_pe, rows, kv, local_layer)
+            return self._project_out(self.unabsorb(out, x.dtype), t)
+        if not isinstance(rows, SparseRows):
+            raise TypeError(f"DSA layers take the stage's SparseRows, got {type(rows).__name__}")
         indices = self._select(x, q_resid, cos, sin, rows, kv, local_layer)
         pages = kv.pages(local_layer)
         q = self.absorbed_query(q_nope, q_pe)
@@ -155,9 +186,7 @@ class DSAttention(MLAttention):
             out = mla_sparse(
                 q, pages.view(-1, 1, pages.shape[-1]), indices, d.kv_lora_rank, self.scale
             )
-        o = self.unabsorb(out, x.dtype)
-        projected: torch.Tensor = self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
-        return projected
+        return self._project_out(self.unabsorb(out, x.dtype), t)
 
     def _select(
         self,

@@ -15,8 +15,10 @@ A family declares:
 - `hidden_shape`: the per-token shape of the hidden state one stage sends the next;
 - `token_id_layers`: the layers that read their rows' token ids (hash-routed MoE): a stage
   holding one gets them from stage 0 over the hidden channel;
-- capabilities the runner asks about: paged-decode CUDA graphs and cuDNN warm-up, both built
-  for K/V pages of [slots, kv_heads, head_dim].
+- capabilities the runner asks about: `paged_decode_graphs`, whether its decode-only
+  microbatches capture as CUDA graphs under the chosen kernels (every op of the decode step
+  sync-free and static-shaped on them), block size and cache dtype; and cuDNN warm-up, built for
+  K/V pages of [slots, kv_heads, head_dim].
 """
 
 from __future__ import annotations
@@ -38,6 +40,44 @@ if TYPE_CHECKING:
     from stages.model_config import ModelArgs
 
 PLAIN_ROPE_TYPES = ("default", "llama3")
+# FlashMLA's page size (stages/kernels/flash_mla.py): other block sizes decode on the torch
+# reference, which syncs with the host
+FLASH_MLA_PAGE = 64
+
+
+@dataclass(frozen=True)
+class GraphSetting:
+    """What decides whether a stage's decode step can be captured: the kernels chosen (op ->
+    backend), the cache's block size and dtype, the model's dtype."""
+
+    kernels: dict[str, str]
+    block_size: int
+    kv_cache_dtype: str
+    dtype: str
+
+
+def _never(_s: GraphSetting) -> bool:
+    return False
+
+
+def _llama_graphs(s: GraphSetting) -> bool:
+    """The paged Triton decode kernel: power-of-two blocks of at least 16."""
+    bs = s.block_size
+    return s.kernels.get("paged_decode", "torch") != "torch" and bs >= 16 and bs & (bs - 1) == 0
+
+
+def _deepseek_graphs(s: GraphSetting) -> bool:
+    """FlashMLA (dense and sparse, bf16 latent pages of 64), the Triton MoE and indexer: the
+    torch references of these ops size tensors from device values. FP8 weights and the FP8
+    latent are not captured yet."""
+    ops = ("mla_decode", "mla_sparse", "indexer_logits_rows", "moe_experts")
+    return (
+        all(s.kernels.get(op, "torch") != "torch" for op in ops)
+        and s.block_size == FLASH_MLA_PAGE
+        and s.dtype == "bfloat16"
+        and s.kv_cache_dtype != "fp8"
+        and "fp8_linear" not in s.kernels
+    )
 
 
 def _token_hidden(args: ModelArgs) -> tuple[int, ...]:
@@ -61,7 +101,7 @@ class Family:
     kv_description: str = "K and V"
     fp8_kv: Callable[[ModelArgs], dict[str, int]] | None = None
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
-    paged_decode_graphs: bool = False
+    paged_decode_graphs: Callable[[GraphSetting], bool] = _never
     cudnn_warm_up: bool = False
     layer_kv_components: Callable[[ModelArgs, int], dict[str, tuple[int, int]]] | None = None
     block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
@@ -144,7 +184,7 @@ LLAMA = Family(
     _gqa_attention_fields,
     PLAIN_ROPE_TYPES,
     "stages.models.llama:LlamaStage",
-    paged_decode_graphs=True,
+    paged_decode_graphs=_llama_graphs,
     cudnn_warm_up=True,
 )
 QWEN3_MOE = Family(
@@ -166,6 +206,7 @@ DEEPSEEK = Family(
     kv_components=latent_components,
     kv_description="MLA latent",
     fp8_kv=fp8_latent_components,
+    paged_decode_graphs=_deepseek_graphs,
 )
 DEEPSEEK_V4 = Family(
     "deepseek_v4",

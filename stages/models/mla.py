@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import DeepseekArgs, softmax_scale, yarn_get_mscale
@@ -100,6 +100,17 @@ class MLADecodeRows:
         r = len(rows)
         return cls(host[:r].long(), host[2 * r :].view(r, width), host[r : 2 * r])
 
+    @classmethod
+    def paged(cls, batch: PagedDecodeBatch) -> "MLADecodeRows":
+        """Every row of a decode-only microbatch, from its static buffers with device ops only
+        (what a CUDA graph replays). Padding rows attend to one key (the kernels' plans count
+        every row; SGLang pads FlashMLA's graphs the same way); their outputs are dropped."""
+        return cls(
+            torch.arange(batch.num_tokens, device=batch.positions.device),
+            batch.block_tables.index_select(0, batch.table_rows),
+            batch.lengths.clamp(min=1).int(),
+        )
+
 
 class MLAttention(nn.Module):
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: Device):
@@ -142,7 +153,7 @@ class MLAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        batch: ForwardBatch,
+        batch: ForwardBatch | PagedDecodeBatch,
         kv: LatentKVCache,
         local_layer: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -176,27 +187,21 @@ class MLAttention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         decode: MLADecodeRows | None,
-        batch: ForwardBatch,
+        batch: ForwardBatch | PagedDecodeBatch,
         kv: LatentKVCache,
         local_layer: int,
     ) -> torch.Tensor:
         d, t = self.d, x.shape[0]
         q_nope, q_pe, _ = self.project(x, cos, sin, batch, kv, local_layer)
+        if isinstance(batch, PagedDecodeBatch):  # every row decodes: no scatter, no chunk rows
+            if decode is None:
+                raise ValueError("a decode-only microbatch needs its MLADecodeRows")
+            o = self.unabsorb(self._decode(q_nope, q_pe, decode, kv, local_layer), x.dtype)
+            return self._project_out(o, t)
         o = x.new_empty(t, self.heads, d.v_head_dim)
         if decode is not None:
-            mla_decode = self.kernels.mla_decode
-            if mla_decode is None:
-                raise RuntimeError("MLA decode rows need kernels.mla_decode, which is unset")
             idx = decode.token_index
-            out = mla_decode(
-                self.absorbed_query(q_nope[idx], q_pe[idx]),
-                kv.pages(local_layer),
-                decode.block_table,
-                decode.seqlens,
-                d.kv_lora_rank,
-                self.scale,
-                decode.state,
-            )
+            out = self._decode(q_nope[idx], q_pe[idx], decode, kv, local_layer)
             o[idx] = self.unabsorb(out, x.dtype)
         q = None  # the chunk rows' queries with their rope dims rotated, built if needed
         for n, off, prefix in zip(batch.row_lens, batch.row_offsets, batch.prefix_slots):
@@ -207,7 +212,33 @@ class MLAttention(nn.Module):
             if q is None:
                 q = torch.cat((q_nope, q_pe), dim=-1)
             o[off : off + n] = self._expanded(q[off : off + n], kv.gather(local_layer, prefix))
-        projected: torch.Tensor = self.o_proj(o.reshape(t, self.heads * d.v_head_dim))
+        return self._project_out(o, t)
+
+    def _decode(
+        self,
+        q_nope: torch.Tensor,
+        q_pe: torch.Tensor,
+        decode: MLADecodeRows,
+        kv: LatentKVCache,
+        local_layer: int,
+    ) -> torch.Tensor:
+        """The decode rows' attention in latent space [R, H, rank] (absorbed form)."""
+        mla_decode = self.kernels.mla_decode
+        if mla_decode is None:
+            raise RuntimeError("MLA decode rows need kernels.mla_decode, which is unset")
+        out: torch.Tensor = mla_decode(
+            self.absorbed_query(q_nope, q_pe),
+            kv.pages(local_layer),
+            decode.block_table,
+            decode.seqlens,
+            self.d.kv_lora_rank,
+            self.scale,
+            decode.state,
+        )
+        return out
+
+    def _project_out(self, o: torch.Tensor, t: int) -> torch.Tensor:
+        projected: torch.Tensor = self.o_proj(o.reshape(t, self.heads * self.d.v_head_dim))
         return projected
 
     def _expanded(self, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,17 @@ class Stage(nn.Module):
         """What every layer of one forward shares, passed to each before the batch."""
         raise NotImplementedError
 
+    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
+        """The decode-graph shapes of one batch-size bucket: (longest prefix it serves, the
+        PagedDecodeBatch's select_width), shortest first. One shape serves every length
+        unless a family's attention changes form with the length (DSA's indexer)."""
+        return ((max_model_len, 0),)
+
+    def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int:
+        """Bytes of the decode graphs' temporaries that grow with max_model_len, beyond the
+        runner's fixed reserve (the KV budget leaves them out)."""
+        return 0
+
     @property
     def num_local_layers(self) -> int:
         return self.layer_end - self.layer_start

@@ -1,0 +1,137 @@
+"""DeepSeek's decode-only microbatches on the static buffers CUDA graphs replay (DecodeGraphs'
+paged path, run eagerly here on the torch references) == the general ForwardBatch path: rows of
+different lengths over non-consecutive blocks, a bucket padded with rows of length 0, and for
+V3.2 both graph shapes (rows within the indexer's top-k attend densely; past it every row
+selects over a static width). tests/gpu/test_deepseek_decode_graphs.py runs the same case
+captured on FlashMLA and the Triton kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.decode_graphs import DecodeGraphs
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import Kernels, select_kernels
+from stages.kv_cache import make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import ModelArgs
+from stages.protocol import Row
+from tests.cpu.conftest import DSA_SPARSE_TOPK, deepseek_config
+
+LENGTHS = (1, 3, 6, 2, 5)  # 5 rows: bucket 8 pads 3
+STEPS = 6  # the longest row grows from 7 to 12 keys: past DSA_SPARSE_TOPK
+
+
+def decode_case(
+    args: ModelArgs,
+    kernels: Kernels,
+    dtype: torch.dtype,
+    device: str,
+    block_size: int,
+    max_model_len: int,
+    lengths: tuple[int, ...],
+    steps: int,
+    graphed: bool,
+) -> list[tuple[tuple[int, int], torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Prefill `lengths` as one batch, then `steps` greedy decode steps; per step the graph's
+    key and the logits of the general path, of DecodeGraphs' eager paged path and (graphed)
+    of its replay."""
+    layers = args.num_hidden_layers
+    model = build_stage_model(args, None, 0, layers, True, True, kernels, dtype, device, 3)
+    need = [-(-(n + steps) // block_size) for n in lengths]
+    num_blocks = sum(need) + 1  # the last one: the padding rows' scratch block
+    kv = make_kv_cache(args, layers, num_blocks, block_size, dtype, device)
+    ids = list(range(num_blocks - 1))
+    order = ids[1::2] + ids[::2]  # each row's blocks non-consecutive
+    tables, first = [], 0
+    for n in need:
+        tables.append(order[first : first + n])
+        first += n
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, args.vocab_size, (n,), generator=g).tolist() for n in lengths]
+
+    def general(tokens: list[int], rows: list[tuple[int, int, list[int], bool]]) -> torch.Tensor:
+        batch = ForwardBatch.build(rows, block_size, device)
+        h = model(torch.tensor(tokens, device=device), batch, kv)
+        logits: torch.Tensor = model.compute_logits(h[batch.sample_indices])
+        return logits
+
+    with torch.inference_mode():
+        logits = general(
+            [t for p in prompts for t in p],
+            [(0, n, table, True) for n, table in zip(lengths, tables)],
+        )
+
+        def paged(eager: bool) -> DecodeGraphs:
+            graphs = DecodeGraphs(
+                model,
+                kv,
+                num_slots=len(lengths),
+                max_model_len=max_model_len,
+                scratch_slot=(num_blocks - 1) * block_size,
+                hidden_shape=(args.hidden_size,),
+                kv_heads=args.num_key_value_heads,
+                dtype=dtype,
+                device=torch.device(device),
+                is_first=True,
+                max_rows=8,
+                eager=eager,
+            )
+            graphs.update_tables([(i, 0, tuple(t)) for i, t in enumerate(tables)])
+            if device.startswith("cuda"):
+                graphs.capture()
+            return graphs
+
+        variants = [paged(eager=True)] + ([paged(eager=False)] if graphed else [])
+        out = []
+        for step in range(steps):
+            nxt = logits.argmax(dim=-1).tolist()
+            starts = [n + step for n in lengths]
+            rows = tuple(
+                Row(str(i), i, start, 1, None, sample=True, is_prefill=False)
+                for i, start in enumerate(starts)
+            )
+            key = variants[0].bucket_for(rows)
+            if key is None or (graphed and key not in variants[1].graphs):
+                raise AssertionError(f"no captured graph for this decode step: {key}")
+            by_req = {str(i): t for i, t in enumerate(tables)}
+            inputs = torch.tensor(nxt, device=device)
+            results = [
+                model.compute_logits(v.run(key, rows, inputs, by_req)).clone() for v in variants
+            ]
+            logits = general(nxt, [(s, 1, t, True) for s, t in zip(starts, tables)])
+            out.append((key, logits, results[0], results[1] if graphed else None))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["ds_v2", "ds_v3", "ds_v32_sparse", "ds_v32_dense"])
+def test_paged_decode_matches_the_general_path(arch):
+    args = ModelArgs.from_hf_dict(deepseek_config(arch).to_dict())
+    kernels = select_kernels("cpu", linear="torch", attention="torch")
+    steps = decode_case(args, kernels, torch.float32, "cpu", 4, 64, LENGTHS, STEPS, False)
+    for _key, ref, paged, _ in steps:
+        assert (paged - ref).abs().max().item() <= 1e-4
+    widths = {key[1] for key, *_ in steps}
+    assert {key[0] for key, *_ in steps} == {8}
+    if arch == "ds_v32_sparse":  # the dense shape first, then past index_topk the selecting one
+        assert steps[0][0][1] == 0 and steps[-1][0][1] > 0 and DSA_SPARSE_TOPK < 12
+    else:
+        assert widths == {0}
+
+
+def test_deepseek_graphs_need_sync_free_kernels():
+    from stages.models.families import DEEPSEEK, GraphSetting
+
+    fast = {"mla_decode": "flash-mla", "mla_sparse": "flash-mla"}
+    fast |= {"indexer_logits_rows": "triton", "moe_experts": "triton-persistent"}
+    ok = GraphSetting(fast, 64, "auto", "bfloat16")
+    assert DEEPSEEK.paged_decode_graphs(ok)
+    for bad in (
+        GraphSetting(fast | {"moe_experts": "torch"}, 64, "auto", "bfloat16"),  # syncs
+        GraphSetting(fast, 16, "auto", "bfloat16"),  # not FlashMLA's page
+        GraphSetting(fast, 64, "fp8", "bfloat16"),
+        GraphSetting(fast | {"fp8_linear": "scaled-mm"}, 64, "auto", "bfloat16"),
+        GraphSetting(fast, 64, "auto", "float32"),
+    ):
+        assert not DEEPSEEK.paged_decode_graphs(bad)

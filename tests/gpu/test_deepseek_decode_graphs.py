@@ -1,0 +1,113 @@
+"""DeepSeek decode-only microbatches captured as CUDA graphs (FlashMLA's absorbed MLA, the
+Triton grouped MoE; V3.2: the Triton indexer, top-k on the device, FlashMLA's sparse MLA), bf16:
+each replay's logits equal the same static buffers run eagerly and agree with the general
+ForwardBatch path, on V2-style and V3.2-style tiny shapes with rows of different lengths, a
+bucket padded with 3 rows and (V3.2) both graph shapes; and through the engine, graphed greedy
+tokens equal --enforce-eager's with the decode steps replayed."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from stages.kernels import flash_mla
+from stages.kernels.registry import select_kernels
+from stages.model_config import ModelArgs
+from tests.cpu.test_deepseek_paged_decode import decode_case
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not flash_mla.is_available(), reason="needs CUDA SM90 and sgl-flash-mla"),
+]
+
+# FlashMLA's shapes: a 576-wide latent (512 + 64 rope), 16 query heads; 8 experts, top-2
+FLASH_V2 = {
+    "model_type": "deepseek_v2", "vocab_size": 500, "hidden_size": 512,
+    "intermediate_size": 256, "moe_intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512,
+    "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+    "first_k_dense_replace": 1, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 1.0, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+    "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+# V3.2: q LoRA (the indexer reads it), top-128 of 16 index heads x 128
+FLASH_V32 = dict(
+    FLASH_V2,
+    model_type="deepseek_v32",
+    q_lora_rank=256,
+    topk_method="noaux_tc",
+    n_group=4,
+    topk_group=2,
+    index_topk=128,
+    index_n_heads=16,
+    index_head_dim=128,
+)
+LENGTHS = (5, 70, 120, 3, 9)  # 5 rows: bucket 8 pads 3; 1-2 blocks of 64
+STEPS = 12  # the longest row grows from 121 to 132 keys: past index_topk at step 7
+
+
+@pytest.mark.parametrize("cfg", [FLASH_V2, FLASH_V32], ids=["v2", "v32"])
+def test_graphed_decode_equals_eager_and_the_general_path(cfg):
+    args = ModelArgs.from_hf_dict(cfg)
+    kernels = select_kernels("cuda", linear="torch", attention="torch")
+    assert kernels.names["mla_decode"] == "flash-mla"
+    assert kernels.names["moe_experts"] == "triton-persistent"
+    steps = decode_case(args, kernels, torch.bfloat16, "cuda", 64, 512, LENGTHS, STEPS, True)
+    for key, ref, eager, graphed in steps:
+        assert graphed is not None and key[0] == 8
+        assert torch.equal(graphed, eager), (key, (graphed - eager).abs().max().item())
+        scale = ref.abs().max().item()
+        assert (graphed - ref).abs().max().item() <= 0.03 * scale, key
+        assert (graphed.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.8
+    widths = [key[1] for key, *_ in steps]
+    if "index_topk" in cfg:
+        assert widths[0] == 0 and widths[-1] == 512  # dense within top-k, then selecting
+    else:
+        assert set(widths) == {0}
+
+
+@pytest.fixture(scope="module")
+def ray_gpu():
+    import ray
+
+    ray.init(address="local", num_gpus=1, num_cpus=8, include_dashboard=False,
+             runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}})  # fmt: skip
+    yield
+    ray.shutdown()
+
+
+def test_engine_graphs_deepseek_decode(ray_gpu, tmp_path):
+    from app import Engine, EngineConfig, SamplingParams
+
+    (tmp_path / "config.json").write_text(json.dumps(FLASH_V32))
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (5, 150, 64, 1, 30, 129)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for eager in (False, True):
+        cfg = EngineConfig(
+            model=str(tmp_path),
+            load_format="dummy",
+            pp_size=1,
+            device="cuda",
+            dtype="bfloat16",
+            block_size=64,
+            max_model_len=512,
+            max_num_seqs=8,
+            chunk_size=128,
+            gpu_memory_utilization=0.3,
+            enforce_eager=eager,
+        )
+        with Engine(cfg) as engine:
+            outs[eager] = [o.token_ids for o in engine.generate(prompts, params)]
+            stats, stages = engine.stats(), engine.info["stages"]
+        if eager:
+            assert stats["decode_graph_steps"] == [0]
+        else:
+            assert stages[0]["decode_graphs"]["select_widths"] == [0, 512]
+            assert stats["decode_graph_steps"][0] >= 4
+    assert outs[False] == outs[True]
