@@ -63,4 +63,3 @@ class V4Cache:
 
     def read(self, local_layer: int, name: str, slots: torch.Tensor) -> torch.Tensor:
         return self.flat(local_layer, name).index_select(0, slots)
-
