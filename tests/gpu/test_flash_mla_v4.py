@@ -68,7 +68,7 @@ def test_sparse_fp8_decode_with_window_extra_matches_reference(heads, rows, rate
     a padded block) as the main cache with ids scattered among -1s, the sliding window of 128
     as the extra cache; rate 0: a sliding-only layer, the window alone."""
     g = torch.Generator(device="cuda").manual_seed(heads * 3 + rows + rate)
-    blocks, block = 40, 128
+    blocks, block = 100, 128
     window_pages = fp8_pages(blocks, block, g)
     window = sparse_ids(rows, 128, blocks * block, g, holes=0.1)
     comp_pages = comp = None
