@@ -353,10 +353,12 @@ class EngineConfig:
         return min(self.max_model_len or max_position_embeddings, max_position_embeddings)
 
     def stage_spec(
-        self, index: int, layers: tuple[int, int], max_model_len: int, output_channel: str = "nccl"
+        self, index: int, layers: tuple[int, int], max_model_len: int, output_channel: str
     ) -> StageSpec:
-        """What stage `index`, holding layers [start, end), is told at creation (with the
-        output channel the pipeline resolved from output_channel)."""
+        """What stage `index`, holding layers [start, end), is told at creation; output_channel
+        is what the pipeline resolved --output-channel to (never "auto")."""
+        if output_channel == "auto" or output_channel not in OUTPUT_CHANNELS:
+            raise ValueError(f"a stage needs a resolved output channel, got {output_channel!r}")
         return StageSpec(
             stage_index=index,
             num_stages=self.pp_size,

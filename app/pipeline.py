@@ -39,6 +39,12 @@ NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 # replica), so operators find them with `ray list actors` or
 # `ray.get_actor(name, namespace=STAGE_NAMESPACE)`.
 STAGE_NAMESPACE = "ppserve"
+# How long a teardown waits for the stages to close their channels before killing them. A stage
+# that never answers is stuck in a recv from a dead peer, the common case in a rebuild, hence
+# its short bound; the kill frees what close would have (the copy ring's /dev/shm name is gone
+# once connected).
+SHUTDOWN_CLOSE_S = 5.0
+REBUILD_CLOSE_S = 1.0
 
 
 def placement_bundles(config: EngineConfig) -> list[dict[str, float]]:
@@ -71,6 +77,11 @@ async def wait_placed(pg: PlacementGroup, timeout_s: float) -> None:
                 " do not fit on the cluster's live nodes"
             )
         await asyncio.sleep(0.2)
+
+
+def _wait_closed(closing: list[Any], timeout_s: float) -> None:
+    if closing:
+        ray.wait(closing, num_returns=len(closing), timeout=timeout_s)
 
 
 class StageStartError(RuntimeError):
@@ -238,15 +249,25 @@ class Pipeline:
                 return i
         return None
 
-    def kill(self) -> None:
+    def _close_stages(self) -> list[Any]:
+        """Ask every stage to release its channels (the copy ring) before it is killed."""
+        return [s.close.remote() for s in self.stages]
+
+    def _end_actors(self) -> None:
         self._uncollected = None
         for s in self.stages:
             ray.kill(s, no_restart=True)
         self.stages = []
 
+    def kill(self) -> None:
+        """Shutdown, or a start that failed: close the stages, then end them."""
+        _wait_closed(self._close_stages(), SHUTDOWN_CLOSE_S)
+        self._end_actors()
+
     async def rebuild(self) -> None:
         """A stage failed mid-microbatch: every channel may be out of step. Start afresh."""
-        self.kill()
+        await asyncio.to_thread(_wait_closed, self._close_stages(), REBUILD_CLOSE_S)
+        self._end_actors()
         self.generation += 1
         blocks = self.num_blocks
         await self.start()

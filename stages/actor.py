@@ -75,6 +75,12 @@ class StageShell:
         self.runner.connect(host, port, self._store)
         return True
 
+    def close(self) -> bool:
+        """Called by the pipeline's teardown before it kills the actor."""
+        if self.start_error is None:
+            self.runner.close()
+        return True
+
     def kv_capacity(self) -> int:
         return self.runner.kv_capacity()
 

@@ -108,8 +108,8 @@ class PipelineChannels:
         world: int,
         device: torch.device,
         check: bool,
-        output_channel: str = "nccl",
-        max_ids: int = 1,
+        output_channel: str,
+        max_ids: int,
     ):
         """max_ids: the most ids one output message carries (the copy ring's width)."""
         self.rank = rank
@@ -181,6 +181,12 @@ class PipelineChannels:
             return self.copy.expect(mb_id, num_ids)
         buf = torch.empty(num_ids, dtype=torch.long, device=self.device)
         return self._irecv(self._output(), buf, mb_id)
+
+    def close(self) -> None:
+        """The pipeline's teardown: release the copy ring (the process groups go with the
+        process: destroying one whose peer died can block)."""
+        if self.copy is not None:
+            self.copy.close()
 
     # -- plumbing --------------------------------------------------------------------------------
     def _output(self) -> _Link:

@@ -5,7 +5,8 @@ event per ring slot, and two message counters in shared host memory; it hands th
 stage through the pipeline's rendezvous store. The last stage copies each message into its slot
 with a cudaMemcpyAsync (a copy engine, no kernel) and records the slot's ready event; stage 0
 makes its stream wait on that event just before the consumer (a wait in the stream, not a
-kernel), then records the consumed event. stages/output_ring.py is the ordering protocol.
+kernel), then records the consumed event. stages/output_ring.py is the ordering protocol;
+stages/shared_counters.py holds the counters (their /dev/shm name is gone once both ends map it).
 
 One node only, and both processes must see the GPU that holds the ring (the same device, or
 all of the node's GPUs visible to each).
@@ -15,11 +16,8 @@ from __future__ import annotations
 
 import base64
 import json
-import mmap
-import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +26,7 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from stages.output_ring import OutputRing
+from stages.shared_counters import SharedCounters
 
 if TYPE_CHECKING:
     from stages.channels import TCPStore
@@ -40,43 +39,6 @@ _WAIT_S = 1800.0  # as the NCCL channel's timeout: a long chunk on a slow stage 
 
 class CopyChannelError(RuntimeError):
     """The copy channel cannot be set up here, or a message is out of step."""
-
-
-class _SharedCounters:
-    """OutputRing's counters as two int64 in a /dev/shm file both processes map."""
-
-    def __init__(self, path: str, create: bool) -> None:
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, 16)
-            self._map = mmap.mmap(fd, 16)
-        finally:
-            os.close(fd)
-        self._bytes = memoryview(self._map)
-        self._values = self._bytes.cast("q")
-        self.path = path
-
-    @property
-    def written(self) -> int:
-        return int(self._values[0])
-
-    @written.setter
-    def written(self, value: int) -> None:
-        self._values[0] = value
-
-    @property
-    def read(self) -> int:
-        return int(self._values[1])
-
-    @read.setter
-    def read(self, value: int) -> None:
-        self._values[1] = value
-
-    def close(self) -> None:
-        self._values.release()
-        self._bytes.release()
-        self._map.close()
 
 
 def _b64(b: bytes | None) -> str | None:
@@ -211,8 +173,7 @@ class CopyOutput:
         self.ready: list[torch.cuda.Event] = []
         self.consumed: list[torch.cuda.Event] = []
         self.ring: OutputRing | None = None
-        self._counters: _SharedCounters | None = None
-        self._owner = False
+        self._counters: SharedCounters | None = None
 
     # -- setup (inside PipelineChannels.connect, after the process group is up) --------------
     def connected(self) -> tuple[OutputRing, torch.Tensor]:
@@ -228,32 +189,42 @@ class CopyOutput:
         self.buffers = torch.zeros(RING_SLOTS, self.width, dtype=torch.long, device=self.device)
         self.ready = [torch.cuda.Event(interprocess=True) for _ in range(RING_SLOTS)]
         self.consumed = [torch.cuda.Event(interprocess=True) for _ in range(RING_SLOTS)]
-        path = f"/dev/shm/ppserve-copy-{uuid.uuid4().hex}"
-        self._counters, self._owner = _SharedCounters(path, create=True), True
-        self.ring = OutputRing(RING_SLOTS, self._counters)
         torch.cuda.synchronize(self.device)  # the zeroed ring exists before anyone maps it
-        store.set(
-            _STORE_KEY,
-            json.dumps(
-                {
-                    "host": socket.gethostname(),
-                    "counters": path,
-                    "buffers": _export_tensor(self.buffers),
-                    "ready": [_b64(e.ipc_handle()) for e in self.ready],
-                    "consumed": [_b64(e.ipc_handle()) for e in self.consumed],
-                }
-            ),
-        )
+        self._counters = SharedCounters.create()
+        self.ring = OutputRing(RING_SLOTS, self._counters)
+        try:
+            store.set(
+                _STORE_KEY,
+                json.dumps(
+                    {
+                        "host": socket.gethostname(),
+                        "counters": self._counters.path,
+                        "buffers": _export_tensor(self.buffers),
+                        "ready": [_b64(e.ipc_handle()) for e in self.ready],
+                        "consumed": [_b64(e.ipc_handle()) for e in self.consumed],
+                    }
+                ),
+            )
+        except BaseException:
+            self._counters.unlink()
+            raise
+        # A name in /dev/shm outlives a crash: it goes as soon as the peer has mapped it.
+        self._counters.unlink_once_mapped(store, _WAIT_S)
 
     def join(self, store: TCPStore) -> None:
         """The last stage: open stage 0's ring, events and counters."""
         info = json.loads(store.get(_STORE_KEY))
-        if info["host"] != socket.gethostname():
-            raise CopyChannelError(
-                f"the copy output channel needs stage 0 and the last stage on one node (stage 0 "
-                f"is on {info['host']}, the last stage on {socket.gethostname()}); use "
-                "--output-channel nccl or host"
-            )
+        try:  # the counters first: stage 0 waits for this end to be done with their name
+            if info["host"] != socket.gethostname():
+                raise CopyChannelError(
+                    f"the copy output channel needs stage 0 and the last stage on one node "
+                    f"(stage 0 is on {info['host']}, the last stage on {socket.gethostname()}); "
+                    "use --output-channel nccl or host"
+                )
+            self._counters = SharedCounters(info["counters"], create=False)
+        finally:
+            SharedCounters.done_with_name(store)
+        self.ring = OutputRing(RING_SLOTS, self._counters)
         try:
             self.buffers = _import_tensor(info["buffers"], torch.long)
             self.ready = [
@@ -267,8 +238,6 @@ class CopyOutput:
                 "the copy output channel could not open stage 0's buffer by CUDA IPC (both "
                 f"stages must see stage 0's GPU): {e}"
             ) from e
-        self._counters = _SharedCounters(info["counters"], create=False)
-        self.ring = OutputRing(RING_SLOTS, self._counters)
 
     # -- the last stage ------------------------------------------------------------------------
     def send(self, ids: torch.Tensor, mb_id: int) -> None:
@@ -296,8 +265,12 @@ class CopyOutput:
         return PendingCopy(self, mb_id, ring.expect(), num_ids)
 
     def close(self) -> None:
+        """Unmap the counters and drop the ring's handles (the pipeline's teardown), once this
+        end's queued copies and waits are done."""
+        if self.buffers is not None:
+            torch.cuda.synchronize(self.device)
         if self._counters is not None:
-            if self._owner:
-                os.unlink(self._counters.path)
             self._counters.close()
             self._counters = None
+        self.ring = self.buffers = None
+        self.ready, self.consumed = [], []

@@ -181,6 +181,8 @@ def random_init(model: StageModel, seed: int) -> None:
                 p.zero_()
             elif name.endswith(SCALE_SUFFIX):
                 continue  # set with its weight
+            elif not p.is_floating_point():
+                continue  # an index table (V4's tid2eid) keeps its module's valid values
             elif p.dtype == fp8_ref.FP8:
                 _random_fp8(p, params[name + SCALE_SUFFIX], sources[name], seed)
             else:
@@ -243,6 +245,13 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def routed_experts(model: torch.nn.Module) -> tuple[int, int]:
+    """(weight values, bytes as held with their scales) of the stage's routed experts."""
+    params = [(n, p) for n, p in model.named_parameters() if ".experts." in n]
+    values = sum(p.numel() for n, p in params if not n.endswith(SCALE_SUFFIX))
+    return values, sum(p.numel() * p.element_size() for _, p in params)
+
+
 def log_stage_memory(model: StageModel, num_layers: int, kv_bytes_per_token_layer: int) -> None:
     kv = num_layers * kv_bytes_per_token_layer
     log.info(
@@ -259,6 +268,8 @@ class StageMemory:
     layers: tuple[int, int]
     weight_bytes: int
     kv_bytes_per_token: int  # all the stage's layers
+    routed_expert_values: int = 0  # the routed experts' weight values (scales not counted)
+    routed_expert_bytes: int = 0  # the same as held, with their scales
 
     def max_tokens(self, memory_bytes: int) -> int:
         """Tokens of KV that fit beside the weights in `memory_bytes` (0 if they do not fit)."""
@@ -286,7 +297,9 @@ def stage_memory_plan(
         model = args.family.stage()(
             args, a, b, i == 0, i == len(ranges) - 1, kernels, dtype, "meta"
         )
-        plan.append(StageMemory((a, b), weight_bytes(model), (b - a) * per_layer))
+        plan.append(
+            StageMemory((a, b), weight_bytes(model), (b - a) * per_layer, *routed_experts(model))
+        )
     return plan
 
 

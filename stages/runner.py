@@ -273,6 +273,11 @@ class StageRunner:
         self.output_slots.attach(channels)
         channels.connect(host, port, store)
 
+    def close(self) -> None:
+        """The pipeline's teardown (abort of a start, rebuild, shutdown)."""
+        if self._channels is not None:
+            self._channels.close()
+
     # -- one microbatch --------------------------------------------------------------------------
     def step(self, plan: MicrobatchPlan) -> StepResult:
         return self.finish(self.launch(plan))

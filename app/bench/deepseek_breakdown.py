@@ -1,16 +1,22 @@
 """Per-kernel breakdown (torch profiler, CUDA time) of one DeepSeek prefill chunk and one decode
-step on a stage of a few layers with random weights (the first layer dense, the rest MoE).
+step on a stage of a few layers with random weights (V2-Lite / V3.2: the first layer dense, the
+rest MoE; V4: the shape's leading layers, their layer types and hash / routed MoE kept).
 
     python -m app.bench.deepseek_breakdown --out docs/bench/deepseek_breakdown.json
+    python -m app.bench.deepseek_breakdown --cases deepseek-v4-flash:8:65536:8192:64:1024 \
+        --out docs/bench/deepseek_v4_breakdown.json
 
-Prefill: the last chunk of a prompt in fixed chunks (the earlier ones fill the latent cache).
+Prefill: the last chunk of a prompt in fixed chunks (the earlier ones fill the cache).
 Decode: rows of one token at a given context length (the cache's content does not matter for
-the time). Kernels are grouped by name into the ops of a layer.
+the time). Kernels are grouped by name into the ops of a layer; DeepSeek-V4's ops (whose
+kernels are generic torch ones) are also timed by CUDA events around each op (V4_OPS), and the
+hidden channel's bytes and one device copy of a chunk's [tokens, hc_mult, hidden] are measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Callable
@@ -19,14 +25,32 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from app.bench.target import shape_config
+from app.bench.attention import cuda_median_ms
+from app.bench.memory import leading_layers
+from app.bench.target import kv_block_size, shape_config
 from stages.forward_batch import ForwardBatch
-from stages.kernels.registry import select_kernels
+from stages.kernels.registry import Kernels, select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import ModelArgs
 
-BLOCK = 64
+# DeepSeek-V4's ops timed by CUDA events: (module class, method, label). Nested ones are timed
+# each (the indexer's selection inside the key selection, inside the attention, inside the layer).
+V4_OPS = (
+    ("V4DecoderLayer", "forward", "layer"),
+    ("HyperConnection", "forward", "hyper-connection weights"),
+    ("V4Attention", "forward", "attention"),
+    ("GroupCompressor", "complete_groups", "attention/compressor groups"),
+    ("Indexer", "complete_groups", "attention/indexer groups"),
+    ("V4Attention", "_keys", "attention/key pool + selection"),
+    ("Indexer", "select", "attention/key selection/indexer"),
+    ("MoE", "forward", "moe"),
+)
+# kernel-registry ops of V4 timed the same way
+V4_KERNEL_OPS = (
+    ("sparse_sink_attention", "attention/sparse sink attention"),
+    ("indexer_logits_rows", "attention/key selection/indexer/scores"),
+)
 # first matching substring of a kernel's name -> the op it belongs to
 GROUPS = [
     ("_gate_up_silu", "moe gate/up"),
@@ -68,12 +92,14 @@ def profiled(fn: Callable[[], object]) -> dict[str, Any]:
         us = getattr(evt, "device_time_total", 0.0) or getattr(evt, "cuda_time_total", 0.0)
         if us and evt.key and not evt.key.startswith("cuda"):
             kernels[evt.key] += us
+    launches = sum(evt.count for evt in prof.key_averages() if evt.key in kernels)
     groups: dict[str, float] = defaultdict(float)
     for name, us in kernels.items():
         groups[group_of(name)] += us
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {
         "total_ms": round(sum(kernels.values()) / 1e3, 3),
+        "kernel_launches": launches,
         "groups_ms": {
             g: round(us / 1e3, 3) for g, us in sorted(groups.items(), key=lambda x: -x[1])
         },
@@ -81,24 +107,98 @@ def profiled(fn: Callable[[], object]) -> dict[str, Any]:
     }
 
 
+class OpTimer:
+    """CUDA events around ops of a model (instance methods wrapped) while `on`."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.events: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = defaultdict(list)
+
+    def wrap(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.on:
+                return fn(*args, **kwargs)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            self.events[label].append((start, end))
+            return out
+
+        return timed
+
+    def kernels(self, kernels: Kernels) -> Kernels:
+        wrapped: dict[str, Any] = {
+            op: self.wrap(label, getattr(kernels, op))
+            for op, label in V4_KERNEL_OPS
+            if getattr(kernels, op) is not None
+        }
+        return dataclasses.replace(kernels, **wrapped)
+
+    def instrument(self, model: torch.nn.Module) -> None:
+        for module in model.modules():
+            for cls, method, label in V4_OPS:
+                if type(module).__name__ == cls:
+                    setattr(module, method, self.wrap(label, getattr(module, method)))
+
+    def measure(self, fn: Callable[[], object]) -> dict[str, Any]:
+        """Per op: milliseconds summed over its calls in one fn(), and its calls."""
+        self.events.clear()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.on = True
+        start.record()
+        fn()
+        end.record()
+        self.on = False
+        torch.cuda.synchronize()
+        ops = {
+            label: {
+                "ms": round(sum(a.elapsed_time(b) for a, b in pairs), 3),
+                "calls": len(pairs),
+            }
+            for label, pairs in sorted(self.events.items())
+        }
+        return {"forward_ms": round(start.elapsed_time(end), 3), "ops": ops}
+
+
+def hidden_channel(args: ModelArgs, chunk: int) -> dict[str, Any]:
+    """Bytes of one chunk's hidden state between stages and one device copy of it (the
+    stage-to-stage send needs two GPUs)."""
+    shape = (chunk, *args.family.hidden_shape(args))
+    src = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = cuda_median_ms(lambda: dst.copy_(src), 20)
+    nbytes = src.numel() * src.element_size()
+    return {"shape": list(shape), "bytes": nbytes, "device_copy_ms": round(ms, 4)}
+
+
 def run(
     shape: str, layers: int, prompt: int, chunk: int, decode_rows: int, decode_ctx: int
 ) -> dict[str, Any]:
-    args = ModelArgs.from_hf_dict(dict(shape_config(shape), num_hidden_layers=layers))
+    config = leading_layers(shape_config(shape), layers)
+    args = ModelArgs.from_hf_dict(config)
+    block = kv_block_size(config)
+    is_v4 = config["model_type"] == "deepseek_v4"
+    timer = OpTimer()
     kernels = select_kernels("cuda")
-    model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cuda")
-    blocks_prompt = -(-prompt // BLOCK)
-    blocks_decode = decode_rows * -(-(decode_ctx + 1) // BLOCK)
+    model = build_stage_model(
+        args, None, 0, layers, True, True, timer.kernels(kernels), "bfloat16", "cuda"
+    )
+    if is_v4:
+        timer.instrument(model)
+    blocks_prompt = -(-prompt // block)
+    blocks_decode = decode_rows * -(-(decode_ctx + 1) // block)
     kv = make_kv_cache(
-        args, layers, blocks_prompt + blocks_decode + 1, BLOCK, torch.bfloat16, "cuda"
+        args, layers, blocks_prompt + blocks_decode + 1, block, torch.bfloat16, "cuda"
     )
     table = list(range(blocks_prompt))
     tokens = torch.randint(0, args.vocab_size, (prompt,), device="cuda")
     with torch.inference_mode():
         for start in range(0, prompt - chunk, chunk):
-            batch = ForwardBatch.build([(start, chunk, table, False)], BLOCK, "cuda")
+            batch = ForwardBatch.build([(start, chunk, table, False)], block, "cuda")
             model(tokens[start : start + chunk], batch, kv)
-        last = ForwardBatch.build([(prompt - chunk, chunk, table, True)], BLOCK, "cuda")
+        last = ForwardBatch.build([(prompt - chunk, chunk, table, True)], block, "cuda")
         out: dict[str, Any] = {
             "shape": shape,
             "layers": layers,
@@ -109,7 +209,9 @@ def run(
                 **profiled(lambda: model(tokens[-chunk:], last, kv)),
             },
         }
-        per_row = -(-(decode_ctx + 1) // BLOCK)
+        if is_v4:
+            out["prefill"]["v4_ops"] = timer.measure(lambda: model(tokens[-chunk:], last, kv))
+        per_row = -(-(decode_ctx + 1) // block)
         rows = [
             (
                 decode_ctx,
@@ -119,13 +221,19 @@ def run(
             )
             for r in range(decode_rows)
         ]
-        batch = ForwardBatch.build(rows, BLOCK, "cuda")
+        batch = ForwardBatch.build(rows, block, "cuda")
         ids = tokens[:decode_rows]
         out["decode"] = {
             "rows": decode_rows,
             "context": decode_ctx,
             **profiled(lambda: model(ids, batch, kv)),
         }
+        if is_v4:
+            out["decode"]["v4_ops"] = timer.measure(lambda: model(ids, batch, kv))
+    if is_v4:
+        del model, kv
+        torch.cuda.empty_cache()
+        out["hidden_channel"] = hidden_channel(args, chunk)
     print(json.dumps(out)[:3000], flush=True)
     return out
 

@@ -20,15 +20,19 @@ from typing import Any
 
 from app.bench.target import (
     LLAMA3_8B,
-    MODEL_SHAPES,
     BenchEngine,
     StageTiming,
+    add_memory_flags,
+    add_model_args,
+    add_output_channel_arg,
     engine_default,
     environment,
+    kv_block_size,
+    kv_info,
     lone_prompt_chunk_sizes,
+    memory_options,
     write_model,
 )
-from stages.protocol import OUTPUT_CHANNELS
 
 # mode name -> (skip_mode, output_post, linear backend override or None)
 MODES = {
@@ -183,21 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: fixed, dynamic (the engine's default smooth) or dynamic:SMOOTH",
     )
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument(
-        "--model-shape",
-        choices=MODEL_SHAPES,
-        default="llama8b",
-        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
-    )
-    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    add_model_args(p)
     p.add_argument("--max-inflight", type=int, default=None)
     p.add_argument("--attention", default="auto", help="attention backend (auto, torch)")
-    p.add_argument(
-        "--output-channel",
-        choices=OUTPUT_CHANNELS,
-        default="auto",
-        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
-    )
+    add_output_channel_arg(p)
+    add_memory_flags(p)
     p.add_argument("--out", default="bench_engine.json")
     a = p.parse_args(argv)
 
@@ -206,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir, load_format, model = write_model(a.model_shape, a.layers)
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
+    block = kv_block_size(model)
     ray.init(
         address="local",
         num_gpus=a.pp if a.device == "cuda" else 0,
@@ -226,16 +221,18 @@ def main(argv: list[str] | None = None) -> int:
             linear_backend=linear,
             attention_backend=a.attention,
             max_model_len=longest + 64,
-            num_kv_blocks=(longest + 256) // 64 + 8,
             max_inflight=a.max_inflight,
             output_channel=a.output_channel,
+            **memory_options(a, (longest + 256) // block + 8),
         ) as engine:
+            kv = kv_info(engine)
             print(
-                f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s", flush=True
+                f"loaded pp={a.pp} linear={linear} in {time.perf_counter() - t0:.1f}s; KV {kv}",
+                flush=True,
             )
             for prompt_len, chunk in runs:
                 for chunking in a.chunking.split(","):
-                    rows += run_config(
+                    config_rows = run_config(
                         engine,
                         a.pp,
                         linear,
@@ -246,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                         chunking,
                         model,
                     )
+                    rows += [
+                        dict(r, quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype, **kv)
+                        for r in config_rows
+                    ]
                     # after every config: a killed run keeps what it measured
                     _write(a, argv, rows, model)
     ray.shutdown()

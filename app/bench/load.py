@@ -32,9 +32,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.bench.target import MODEL_SHAPES, BenchEngine, environment, write_model
+from app.bench.target import (
+    BenchEngine,
+    add_memory_flags,
+    add_model_args,
+    add_output_channel_arg,
+    environment,
+    kv_block_size,
+    kv_info,
+    memory_options,
+    start_local_ray,
+    write_model,
+)
 from app.request import Prompt
-from stages.protocol import DEVICES, OUTPUT_CHANNELS
+from stages.protocol import DEVICES
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
@@ -199,13 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--device", choices=DEVICES, default="cuda")
-    p.add_argument(
-        "--model-shape",
-        choices=MODEL_SHAPES,
-        default="llama8b",
-        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
-    )
-    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    add_model_args(p)
     p.add_argument("--parts", default="mixed,decode", help="mixed, decode or both")
     p.add_argument("--long-len", type=int, default=32768)
     p.add_argument("--num-long", type=int, default=4)
@@ -236,12 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="default: the engine's (on with CUDA)",
     )
+    add_output_channel_arg(p)
     p.add_argument(
-        "--output-channel",
-        choices=OUTPUT_CHANNELS,
-        default="auto",
-        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time the decode step as a plain graph replay first (decode part, CUDA)",
     )
+    add_memory_flags(p)
     p.add_argument("--out", default="bench_load.json")
     return p
 
@@ -275,8 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     per_step = max(1, (a.pp - 1) * budget + max(0, budget - a.num_decode))
     dec_mixed = 2 * math.ceil(a.num_long * a.long_len / per_step) + 32
 
+    model_dir, load_format, model_cfg = _model(a)
+    block = kv_block_size(model_cfg)
+
     def blocks(n_req: int, n_tok: int) -> int:
-        return n_req * math.ceil(n_tok / 64)
+        return n_req * math.ceil(n_tok / block)
 
     kv_blocks = 16 + max(
         blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
@@ -287,17 +297,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    model_dir, load_format, model_cfg = _model(a)
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        ray.init(
-            address="local",
-            num_gpus=a.pp if a.device == "cuda" else 0,
-            num_cpus=max(8, a.pp + 2),
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
-        )
+    owns_ray = start_local_ray(a.pp, a.device)
     options = dict(
         model=model_dir,
         load_format=load_format,
@@ -308,14 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         max_model_len=max_len + 64,
-        num_kv_blocks=kv_blocks,
-        block_size=64,
+        block_size=block,
         linear_backend=a.linear,
         attention_backend=a.attention,
         seed=a.seed,
         enforce_eager=a.enforce_eager,
         run_ahead=a.run_ahead,
         output_channel=a.output_channel,
+        **memory_options(a, kv_blocks),
     )
     rng = random.Random(a.seed)
     lo, hi = (1000, model_cfg["vocab_size"] - 1000) if a.model_shape != "tiny" else (0, 256)
@@ -359,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    if "decode" in parts and a.device == "cuda":
-        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay.
+    llama_shaped = "intermediate_size" in model_cfg
+    if "decode" in parts and a.device == "cuda" and a.reference and llama_shaped:
+        # Before the engine takes the GPU: the same shape's decode step as a plain graph replay
+        # (a Llama-shaped loop with the config's dense MLP: none for DeepSeek-V4).
         from app.bench.decode_reference import graph_decode_step_s
 
         res["decode"]["reference"] = graph_decode_step_s(
@@ -370,9 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     t_load = time.perf_counter()
     with BenchEngine(**options) as engine:
         res["engine"] = {k: v for k, v in engine.config.to_dict().items() if k != "model"}
+        res["engine"].update(kv_info(engine))
         print(
             f"loaded {a.model_shape} pp={a.pp} on {a.device} in "
-            f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}",
+            f"{time.perf_counter() - t_load:.1f}s; budget {budget}, chunk {a.chunk_size}; "
+            f"KV {kv_info(engine)}",
             flush=True,
         )
         if "mixed" in parts:

@@ -30,7 +30,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.bench.target import BenchEngine, engine_default, environment, write_model
+from app.bench.target import (
+    BenchEngine,
+    add_model_args,
+    engine_default,
+    environment,
+    start_local_ray,
+    write_model,
+)
 from stages.protocol import DEVICES
 
 PARTS = ("docs", "chat", "distinct")
@@ -189,13 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--device", choices=DEVICES, default="cuda")
-    p.add_argument(
-        "--model-shape",
-        choices=("llama8b", "tiny"),
-        default="llama8b",
-        help="llama8b: Llama-3-8B shapes, random weights; tiny: the built-in model",
-    )
-    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    add_model_args(p, shapes=("llama8b", "tiny"))
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {PARTS}")
     p.add_argument("--cache", default="off,on", help="prefix caching settings, one load each")
     p.add_argument("--docs", type=ints, default=[65536, 131072], help="document lengths")
@@ -231,16 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     model_dir, load_format, model_cfg = write_model(a.model_shape, a.layers)
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        ray.init(
-            address="local",
-            num_gpus=a.pp if a.device == "cuda" else 0,
-            num_cpus=max(8, a.pp + 2),
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
-        )
+    owns_ray = start_local_ray(a.pp, a.device)
     rng = random.Random(a.seed)
     lo, hi = (1000, 120000) if a.model_shape == "llama8b" else (0, 256)
 

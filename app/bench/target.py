@@ -4,15 +4,18 @@ Nothing in the serving path imports app/bench/."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from app.request import Prompt, RequestOutput, SamplingParams
+from stages.protocol import OUTPUT_CHANNELS
 
 StageTiming = tuple[int, int, float]  # (stage, mb_id, seconds) of one forward
 
@@ -137,6 +140,37 @@ class BenchEngine:
         self.close()
 
 
+def add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """The weight and KV cache formats of a bench's engine, and how its KV cache is sized."""
+    from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
+
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument(
+        "--kv-blocks",
+        choices=("fit", "memory"),
+        default="fit",
+        help="fit: just the blocks the bench's requests need; memory: as many as "
+        "--gpu-memory-utilization leaves beside the weights (the engine's own sizing, so the "
+        "KV capacity it reports is the deployment's)",
+    )
+
+
+def memory_options(a: argparse.Namespace, fitted_blocks: int) -> dict[str, Any]:
+    """EngineConfig options from add_memory_flags' flags."""
+    return dict(
+        quantization=a.quantization,
+        kv_cache_dtype=a.kv_cache_dtype,
+        num_kv_blocks=fitted_blocks if a.kv_blocks == "fit" else None,
+    )
+
+
+def kv_info(engine: BenchEngine) -> dict[str, Any]:
+    """The engine's KV cache: capacity in tokens and blocks (every stage holds the same)."""
+    s = engine.stats()
+    return {k: s[k] for k in ("kv_capacity_tokens", "kv_blocks_total")}
+
+
 def engine_default(option: str) -> Any:
     """An engine option's default (EngineConfig holds every one)."""
     from app.config import EngineConfig
@@ -168,14 +202,49 @@ def lone_prompt_chunk_sizes(
 # model). deepseek-v32-bench is issue 11's V3.2-shaped model that FlashMLA's SM90 sparse kernels
 # take: DeepSeek-V2-Lite's layers and experts with 64 query heads (64 or 128 only), V3's q LoRA
 # (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
-# 256K rows).
-MODEL_SHAPES = ("llama8b", "qwen3-30b-a3b", "deepseek-v2-lite", "deepseek-v32-bench", "tiny")
+# 256K rows). deepseek-v4-flash is DeepSeek-V4-Flash's config (docs/bench/configs) in bf16, cut
+# to the leading layers one H200 holds beside a 256K-token KV cache (their layer-type and
+# hash/routed pattern kept; app.bench.memory.layers_on_one_gpu).
+MODEL_SHAPES = (
+    "llama8b",
+    "qwen3-30b-a3b",
+    "deepseek-v2-lite",
+    "deepseek-v32-bench",
+    "deepseek-v4-flash",
+    "tiny",
+)
+V4_FLASH_CONFIG = os.path.join(
+    os.path.dirname(__file__), "..", "..", "docs", "bench", "configs", "deepseek_v4_flash.json"
+)
+V4_FLASH_CONTEXT = 1 << 18
+
+
+def add_model_args(p: argparse.ArgumentParser, shapes: Sequence[str] = MODEL_SHAPES) -> None:
+    """--model-shape and --layers, what write_model takes."""
+    p.add_argument(
+        "--model-shape",
+        choices=shapes,
+        default="llama8b",
+        help="that shape with random weights (app/bench/target.py); tiny: the built-in model",
+    )
+    p.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+
+
+def add_output_channel_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--output-channel",
+        choices=OUTPUT_CHANNELS,
+        default="auto",
+        help="how sampled ids reach stage 0 (--output-channel of ppserve serve)",
+    )
 
 
 def shape_config(shape: str) -> dict[str, Any]:
     from stages.model_config import BUILTIN_CONFIG
     from stages.models.deepseek_config import DEEPSEEK_V2_LITE
 
+    if shape == "deepseek-v4-flash":
+        return v4_flash_bench_config()
     if shape == "deepseek-v32-bench":
         return dict(
             DEEPSEEK_V2_LITE,
@@ -198,6 +267,24 @@ def shape_config(shape: str) -> dict[str, Any]:
     }[shape]
 
 
+def v4_flash_bench_config() -> dict[str, Any]:
+    from app.bench.memory import layers_on_one_gpu, leading_layers
+
+    with open(V4_FLASH_CONFIG, encoding="utf-8") as f:
+        full = json.load(f)
+    full.pop("quantization_config", None)  # bf16 weights
+    return leading_layers(full, layers_on_one_gpu(full, V4_FLASH_CONTEXT))
+
+
+def kv_block_size(model: dict[str, Any]) -> int:
+    """The KV block size the engine picks for the config dict `model` (64, or a multiple of
+    DeepSeek-V4's largest compression rate)."""
+    from app.config import EngineConfig
+    from stages.model_config import ModelArgs
+
+    return EngineConfig().for_model(ModelArgs.from_hf_dict(model)).kv_block_size
+
+
 def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict[str, Any]]:
     """(model dir or None, load_format, config dict): a MODEL_SHAPES shape with random weights
     (a config.json in a temp dir, load_format dummy); "tiny" = the built-in model."""
@@ -211,6 +298,24 @@ def write_model(shape: str, layers: int | None) -> tuple[str | None, str, dict[s
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     return d, "dummy", cfg
+
+
+def start_local_ray(pp: int, device: str) -> bool:
+    """A private local Ray cluster for a bench's stages, unless this process is already in
+    one (the CLI's); whether it started one (then the bench shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address="local",
+        num_gpus=pp if device == "cuda" else 0,
+        num_cpus=max(8, pp + 2),
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "1"}},
+    )
+    return True
 
 
 def environment() -> dict[str, Any]:

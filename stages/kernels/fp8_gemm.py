@@ -5,10 +5,10 @@
   the weight scales as the checkpoint stores them. Where (K / 128) % 4 != 0 torch 2.11 refuses
   them (it wants the K-block count rounded up to 4), and K or N off the 128 grid it does not
   take: those shapes go to the Triton kernel.
-- ``linear`` / ``linear_sm1``: a persistent Triton GEMM (grid = SMs, or SMs - 1 leaving an SM to
-  a waiting NCCL recv, as stages/kernels/triton_gemm.py) over 128 x 128 tiles of K: each K tile
-  is one activation group and one weight block, so its partial product takes one scale per row
-  times one per tile.
+- ``linear`` / ``linear_sm1``: stages/kernels/triton_gemm.py's persistent pointer-load GEMM
+  (grid = SMs, or SMs - 1 leaving an SM to a waiting NCCL recv) in its block-scaled mode, with
+  128-wide N and K tiles: each K tile is one activation group and one weight block, so its
+  partial product takes one scale per row times one per tile.
 
 Activations are quantized by fp8_ref.quantize_act. Anything not on CUDA goes to fp8_ref.
 """
@@ -18,11 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stages.kernels import fp8_ref
-from stages.kernels.triton_gemm import num_sms
+from stages.kernels import fp8_ref, triton_gemm
+from stages.kernels.triton_gemm import GemmConfig, num_sms
 
 BLOCK = fp8_ref.BLOCK
-BLOCK_M = 64  # rows per tile: decode batches are short
+# 64 rows per tile (decode batches are short); N and K tiles are the scales' 128 blocks
+TILES = GemmConfig(block_m=64, block_n=BLOCK, block_k=BLOCK, group_m=8, num_stages=3,
+                   num_warps=4, tma=False)
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -81,97 +83,14 @@ def _triton_linear(x, weight, scale_inv, bias, sm_margin: int) -> torch.Tensor:
         return fp8_ref.linear(x, weight, scale_inv, bias)
     n, k = weight.shape
     q, s = fp8_ref.quantize_act(_flat(x))
-    m = q.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    ws = scale_inv.float().contiguous()
-    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK)
-    progs = max(1, min(num_sms(x.device) - sm_margin, tiles))
-    _w8a8[(progs,)](
-        q,
-        s,
-        weight,
-        ws,
-        out,
-        bias if bias is not None else out,
-        m,
-        n,
-        k,
-        progs,
-        q.stride(0),
-        s.stride(0),
-        weight.stride(0),
-        ws.stride(0),
-        out.stride(0),
-        HAS_BIAS=bias is not None,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK,
-        BLOCK_K=BLOCK,
-        GROUP_M=8,
-        num_warps=4,
-        num_stages=3,
-    )
+    out = torch.empty(q.shape[0], n, dtype=x.dtype, device=x.device)
+    grid = num_sms(x.device) - sm_margin
+    triton_gemm.launch_ptr(q, weight.contiguous(), bias, out, grid, TILES, s,
+                           scale_inv.float().contiguous())
     return out.view(*x.shape[:-1], n)
 
 
 try:
     import triton
-    import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
-
-if triton is not None:
-    from stages.kernels.triton_gemm import _tile_coords
-
-    @triton.jit
-    def _w8a8(
-        a_ptr,
-        as_ptr,
-        w_ptr,
-        ws_ptr,
-        c_ptr,
-        bias_ptr,
-        M,
-        N,
-        K,
-        num_progs,
-        stride_am,
-        stride_as,
-        stride_wn,
-        stride_ws,
-        stride_cm,
-        HAS_BIAS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
-    ):
-        start = tl.program_id(0)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        k_tiles = tl.cdiv(K, BLOCK_K)
-        num_tiles = num_pid_m * num_pid_n
-        for tile_id in tl.range(start, num_tiles, num_progs):
-            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            rows_safe = tl.where(rows < M, rows, 0).to(tl.int64)
-            cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(k_tiles):
-                ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-                kmask = ks[None, :] < K
-                a = tl.load(
-                    a_ptr + rows_safe[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0
-                )
-                w = tl.load(
-                    w_ptr + cols_safe[:, None] * stride_wn + ks[None, :], mask=kmask, other=0.0
-                )
-                a_s = tl.load(as_ptr + rows_safe * stride_as + ki)
-                w_s = tl.load(ws_ptr + pid_n * stride_ws + ki)
-                acc += tl.dot(a, w.T) * (a_s[:, None] * w_s)
-            if HAS_BIAS:
-                b = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
-                acc = acc + b.to(tl.float32)[None, :]
-            mask = (rows[:, None] < M) & (cols[None, :] < N)
-            c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)

@@ -176,8 +176,28 @@ def launch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch
         _gemm_tma[(progs,)](a_desc, w_desc, c_desc, bias_arg, m, n, k, progs,
                             SUBTILE=cfg.subtile, WARP_SPECIALIZE=cfg.warp_specialize, **common)
     else:
-        _gemm_ptr[(progs,)](a, w, c, bias_arg, m, n, k, progs,
-                            a.stride(0), w.stride(0), c.stride(0), **common)
+        launch_ptr(a, w, bias, c, grid, cfg)
+
+
+def launch_ptr(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor,
+               grid: int, cfg: GemmConfig, a_scale: torch.Tensor | None = None,
+               w_scale: torch.Tensor | None = None) -> None:
+    """The pointer-load kernel on a [M, K], w [N, K] (rows of unit stride) into c [M, N]. With
+    ``a_scale`` [M, K / block_k] and ``w_scale`` [N / block_n, K / block_k] the operands are
+    block-scaled FP8 (W8A8, stages.kernels.fp8_gemm): block_k is the activation group and the
+    weight block, block_n the weight block."""
+    m, k = a.shape
+    n = w.shape[0]
+    progs = max(1, min(grid, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)))
+    scaled = a_scale is not None and w_scale is not None
+    as_arg = a_scale if a_scale is not None else c
+    ws_arg = w_scale if w_scale is not None else c
+    _gemm_ptr[(progs,)](a, w, c, bias if bias is not None else c, as_arg, ws_arg, m, n, k,
+                        progs, a.stride(0), w.stride(0), c.stride(0),
+                        as_arg.stride(0) if scaled else 0, ws_arg.stride(0) if scaled else 0,
+                        HAS_BIAS=bias is not None, BLOCK_SCALED=scaled, BLOCK_M=cfg.block_m,
+                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _tma_ok(a: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> bool:
@@ -246,14 +266,34 @@ if triton is not None:
                 c_desc.store([off_cm, off_cn], acc.to(tl.bfloat16))
 
     @triton.jit
-    def _gemm_ptr(a_ptr, w_ptr, c_ptr, bias_ptr, M, N, K, num_progs,
-                  stride_am, stride_wn, stride_cm,
-                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    def dot_rows(a_ptr, w_ptr, as_ptr, ws_ptr, rows, cols, K, stride_am, stride_wn, stride_as,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_SCALED: tl.constexpr):
+        """a[rows] @ w[cols].T over all of K with pointer loads (rows, cols: int64, in range).
+        BLOCK_SCALED: FP8 operands whose K tiles each take a_s[row, ki] * w_s[ki] (as_ptr: the
+        activations' group scales, ws_ptr: the output tile's row of weight block scales)."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(tl.cdiv(K, BLOCK_K)):
+            ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+            kmask = ks[None, :] < K
+            a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)
+            w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=kmask, other=0.0)
+            if BLOCK_SCALED:
+                a_s = tl.load(as_ptr + rows * stride_as + ki)
+                w_s = tl.load(ws_ptr + ki)
+                acc += tl.dot(a, w.T) * (a_s[:, None] * w_s)
+            else:
+                acc = tl.dot(a, w.T, acc)
+        return acc
+
+    @triton.jit
+    def _gemm_ptr(a_ptr, w_ptr, c_ptr, bias_ptr, as_ptr, ws_ptr, M, N, K, num_progs,
+                  stride_am, stride_wn, stride_cm, stride_as, stride_ws,
+                  HAS_BIAS: tl.constexpr, BLOCK_SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         start = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        k_tiles = tl.cdiv(K, BLOCK_K)
         num_tiles = num_pid_m * num_pid_n
         for tile_id in tl.range(start, num_tiles, num_progs):
             pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -261,18 +301,12 @@ if triton is not None:
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             rows_safe = tl.where(rows < M, rows, 0).to(tl.int64)
             cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(k_tiles):
-                ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-                kmask = ks[None, :] < K
-                a = tl.load(a_ptr + rows_safe[:, None] * stride_am + ks[None, :],
-                            mask=kmask, other=0.0)
-                w = tl.load(w_ptr + cols_safe[:, None] * stride_wn + ks[None, :],
-                            mask=kmask, other=0.0)
-                acc = tl.dot(a, w.T, acc)
+            acc = dot_rows(a_ptr, w_ptr, as_ptr, ws_ptr + pid_n * stride_ws, rows_safe,
+                           cols_safe, K, stride_am, stride_wn, stride_as, BLOCK_M, BLOCK_N,
+                           BLOCK_K, BLOCK_SCALED)
             if HAS_BIAS:
                 b = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
                 acc = acc + b.to(tl.float32)[None, :]
             mask = (rows[:, None] < M) & (cols[None, :] < N)
             c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-            tl.store(c_ptrs, acc.to(tl.bfloat16), mask=mask)
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)

@@ -126,11 +126,21 @@ def write_tiny_checkpoint(tmp_path, arch: str = "llama", seed: int = 0,
     return path
 
 
+def write_tiny_checkpoints(root, archs) -> dict[str, str]:
+    """arch -> a tiny checkpoint of each arch under root."""
+    return {arch: write_tiny_checkpoint(root, arch) for arch in archs}
+
+
+def hf_prompt_logits(archs, prompt: list[int]) -> dict[str, torch.Tensor]:
+    """arch -> transformers' float logits [len(prompt), V] (the checkpoints' seed)."""
+    with torch.no_grad():
+        return {a: hf_model(a)(torch.tensor([prompt])).logits[0].float() for a in archs}
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """arch -> checkpoint directory, written once per session."""
-    root = tmp_path_factory.mktemp("ckpt")
-    return {arch: write_tiny_checkpoint(root, arch) for arch in ARCHS}
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("ckpt"), ARCHS)
 
 
 @pytest.fixture

@@ -139,6 +139,25 @@ def test_batched_rows_and_prefix_reuse(checkpoints, hf_logits):
     assert (got[0] - hf_logits["tiny"][-1]).abs().max().item() <= TOL
 
 
+def test_batched_rows_match_rows_run_alone(checkpoints):
+    """One microbatch of rows at different positions (tiny: window 8, CSA rate 4, HCA rate 8):
+    decode rows mid-group, completing a CSA group, completing groups of both rates, far past
+    the window, and a chunk across a group boundary, against each row's own forward on the same
+    cache (a forward rewrites the same values, so the order does not matter)."""
+    pipe = Pipeline(checkpoints["tiny"], num_stages=1, num_blocks=16)
+    # (prefilled tokens, new tokens) per request; its blocks are 3r, 3r+1, 3r+2
+    cases = [(13, 1), (11, 1), (15, 1), (40, 1), (18, 5), (3, 1)]
+    tables = [[3 * r, 3 * r + 1, 3 * r + 2] for r in range(len(cases))]
+    for (done, _), table in zip(cases, tables):
+        pipe.logits(PROMPT[:done], [(0, done, table, False)])
+    ids = [t for done, n in cases for t in PROMPT[done : done + n]]
+    rows = [(done, n, table, True) for (done, n), table in zip(cases, tables)]
+    batched = pipe.logits(ids, rows)
+    for i, ((done, n), table) in enumerate(zip(cases, tables)):
+        alone = pipe.logits(PROMPT[done : done + n], [(done, n, table, True)])
+        assert (batched[i] - alone[0]).abs().max().item() <= 1e-5, (i, done, n)
+
+
 def test_config_reads_fields_and_refuses_unsupported(checkpoints):
     with open(f"{checkpoints['tiny']}/config.json") as f:
         d = json.load(f)
@@ -182,7 +201,7 @@ def test_token_ids_reach_only_the_stages_up_to_the_last_hash_layer(checkpoints):
                           block_size=BLOCK, kv_cache_memory_bytes=1 << 20)
     flags = []
     for s, (a, b) in enumerate(ranges):
-        runner = StageRunner(config.stage_spec(s, (a, b), max_model_len=0))
+        runner = StageRunner(config.stage_spec(s, (a, b), max_model_len=0, output_channel="nccl"))
         flags.append((runner.receives_token_ids, runner.sends_token_ids))
     assert flags == [(False, True), (True, False), (False, False)]
 
@@ -201,3 +220,31 @@ def test_block_size_defaults_to_whole_compression_groups(tmp_path):
     assert EngineConfig(model=str(tmp_path)).for_model(args).block_size == 128
     assert EngineConfig(model=str(tmp_path), block_size=256).for_model(args).block_size == 256
     assert EngineConfig().for_model(load_model_args(None)).block_size == 64
+
+
+def test_v4_flash_bench_shape_is_the_leading_layers_one_h200_holds():
+    """The bench shape: V4-Flash's config in bf16 cut to the most leading layers whose weights
+    and a 256K-token KV cache fit one H200 (with the activation reserve), patterns kept."""
+    from app.bench import memory
+    from app.bench.target import V4_FLASH_CONFIG, V4_FLASH_CONTEXT, shape_config
+    from stages.loader import stage_memory_plan
+
+    with open(V4_FLASH_CONFIG) as f:
+        full = json.load(f)
+    cfg = shape_config("deepseek-v4-flash")
+    n = cfg["num_hidden_layers"]
+    assert "quantization_config" not in cfg and cfg["hidden_size"] == full["hidden_size"]
+    assert cfg["layer_types"] == full["layer_types"][:n]
+    assert cfg["mlp_layer_types"] == full["mlp_layer_types"][:n]
+    assert {"moe", "hash_moe"} <= set(cfg["mlp_layer_types"])
+    assert {"compressed_sparse_attention", "heavily_compressed_attention"} <= set(
+        cfg["layer_types"]
+    )
+    budget = int(memory.H200_BYTES * memory.UTILIZATION) - memory.ACTIVATION_BYTES
+
+    def need(layers: int) -> int:
+        args = ModelArgs.from_hf_dict(memory.leading_layers(full, layers))
+        (stage,) = stage_memory_plan(args, 1, False)
+        return stage.weight_bytes + V4_FLASH_CONTEXT * stage.kv_bytes_per_token
+
+    assert need(n) <= budget < need(n + 1)

@@ -18,20 +18,31 @@ from stages.loader import load_stage_weights
 from stages.model_config import ModelArgs, load_model_args
 from stages.models.deepseek import DeepseekRouter, DeepseekStage
 from stages.models.deepseek_config import DEEPSEEK_V2_LITE, softmax_scale
-from tests.cpu.conftest import DEEPSEEK_ARCHS, hf_model, write_tiny_checkpoint
-from tests.cpu.test_shards_vs_hf import PROMPT, TOL, Pipeline
+from tests.cpu.conftest import (
+    DEEPSEEK_ARCHS,
+    hf_model,
+    hf_prompt_logits,
+    write_tiny_checkpoint,
+    write_tiny_checkpoints,
+)
+from tests.cpu.test_shards_vs_hf import (
+    PROMPT,
+    TABLE,
+    TOL,
+    Pipeline,
+    check_chained_stages,
+    prefill_in_chunks,
+)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ds")
-    return {arch: write_tiny_checkpoint(root, arch) for arch in DEEPSEEK_ARCHS}
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("ds"), DEEPSEEK_ARCHS)
 
 
 @pytest.fixture(scope="module")
 def hf_logits():
-    with torch.no_grad():
-        return {a: hf_model(a)(torch.tensor([PROMPT])).logits[0].float() for a in DEEPSEEK_ARCHS}
+    return hf_prompt_logits(DEEPSEEK_ARCHS, PROMPT)
 
 
 def hf_next_logits(arch: str, ids: list[int]) -> torch.Tensor:
@@ -42,26 +53,19 @@ def hf_next_logits(arch: str, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 @pytest.mark.parametrize("arch", DEEPSEEK_ARCHS)
 def test_chained_stages_match_hf(checkpoints, hf_logits, arch, num_stages):
-    pipe = Pipeline(checkpoints[arch], num_stages)
-    n = len(PROMPT)
-    logits = pipe.logits(PROMPT, [(0, n, list(range(8)), True)], all_positions=True)
-    assert logits.shape == (n, 200)
-    assert (logits - hf_logits[arch]).abs().max().item() <= TOL
+    check_chained_stages(checkpoints[arch], num_stages, hf_logits[arch])
 
 
 @pytest.mark.parametrize("arch", DEEPSEEK_ARCHS)
 def test_chunks_then_absorbed_decode(checkpoints, hf_logits, arch):
     """Odd chunks over non-contiguous blocks, then decode steps that attend in latent space."""
     pipe = Pipeline(checkpoints[arch], num_stages=2, block_size=4, num_blocks=12)
-    table = [7, 2, 9, 0, 5, 11, 3, 8]
-    for start in range(0, len(PROMPT), 5):
-        chunk = PROMPT[start:start + 5]
-        logits = pipe.logits(chunk, [(start, len(chunk), table, True)])
+    logits = prefill_in_chunks(pipe)
     assert (logits[0] - hf_logits[arch][-1]).abs().max().item() <= TOL
     ids = list(PROMPT)
     for _ in range(3):
         ids.append(int(logits[0].argmax()))
-        logits = pipe.logits([ids[-1]], [(len(ids) - 1, 1, table, True)])
+        logits = pipe.logits([ids[-1]], [(len(ids) - 1, 1, TABLE, True)])
         assert (logits[0] - hf_next_logits(arch, ids)).abs().max().item() <= TOL
 
 
@@ -196,7 +200,7 @@ def test_stage_runner_sizes_the_latent_cache(checkpoints, caplog, arch, indexer_
     caplog.set_level("INFO", logger="ppserve.stage")
     config = EngineConfig(model=checkpoints[arch], pp_size=2, block_size=4,
                           kv_cache_memory_bytes=1 << 20)
-    spec = config.stage_spec(0, (0, 2), max_model_len=0)
+    spec = config.stage_spec(0, (0, 2), max_model_len=0, output_channel="nccl")
     runner = StageRunner(spec)
     per_token_layer = (32 + 8 + indexer_width) * 4  # fp32 latent (+ key) of the tiny config
     assert f"{per_token_layer} bytes per token per layer" in caplog.text

@@ -256,3 +256,23 @@ def test_memory_plan_counts_what_the_stage_holds(checkpoints):
     assert fp8[1].weight_bytes < 0.7 * bf16[1].weight_bytes
     assert fp8[0].kv_bytes_per_token == 2 * (656 + 128) and bf16[0].kv_bytes_per_token == 2 * 1280
     assert bf16[0].max_tokens(bf16[0].weight_bytes + 2 * 1280 * 10) == 10
+
+
+def test_memory_table_counts_mxfp4_experts_of_a_v4_checkpoint():
+    """A V4 config whose experts are MXFP4: the table prints every row (the FP8 KV columns
+    whether the family has an FP8 cache or not) and the experts' checkpoint size beside what
+    the stage holds once they are dequantized at load."""
+    from app.bench import memory
+    from stages.model_config import ModelArgs
+    from tests.deepseek_v4_ref import TINY_V4
+
+    config = dict(TINY_V4, model_type="deepseek_v4", expert_dtype="fp4")
+    plan = stage_memory_plan(ModelArgs.from_hf_dict(config), 2, fp8_weights=False)
+    experts = TINY_V4["n_routed_experts"] * 3 * TINY_V4["moe_intermediate_size"]
+    values = TINY_V4["num_hidden_layers"] * experts * TINY_V4["hidden_size"]
+    assert sum(s.routed_expert_values for s in plan) == values
+    assert sum(s.routed_expert_bytes for s in plan) == 2 * values  # held in bf16
+    lines = memory.table(config, pp_sizes=(2,)).splitlines()
+    assert [line.split(" | ")[:2] for line in lines[2:4]] == [["| 2", "bf16"], ["| 2", "FP8"]]
+    assert lines[-1].startswith("Routed experts:") and "dequantized at load" in lines[-1]
+    assert memory.MXFP4_BYTES_PER_VALUE == 17 / 32

@@ -14,41 +14,39 @@ from stages.kernels.registry import select_kernels
 from stages.model_config import ModelArgs, load_model_args
 from stages.models.moe import MoE
 from stages.models.qwen3_moe import Qwen3MoeStage
-from tests.cpu.conftest import QWEN3_MOE_ARCHS, hf_model, write_tiny_checkpoint
-from tests.cpu.test_shards_vs_hf import PROMPT, TOL, Pipeline
+from tests.cpu.conftest import QWEN3_MOE_ARCHS, hf_model, hf_prompt_logits, write_tiny_checkpoints
+from tests.cpu.test_shards_vs_hf import (
+    PROMPT,
+    TABLE,
+    TOL,
+    Pipeline,
+    check_chained_stages,
+    prefill_in_chunks,
+)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3-moe")
-    return {arch: write_tiny_checkpoint(root, arch) for arch in QWEN3_MOE_ARCHS}
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("qwen3-moe"), QWEN3_MOE_ARCHS)
 
 
 @pytest.fixture(scope="module")
 def hf_logits():
-    with torch.no_grad():
-        return {a: hf_model(a)(torch.tensor([PROMPT])).logits[0].float() for a in QWEN3_MOE_ARCHS}
+    return hf_prompt_logits(QWEN3_MOE_ARCHS, PROMPT)
 
 
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 @pytest.mark.parametrize("arch", QWEN3_MOE_ARCHS)
 def test_chained_stages_match_hf(checkpoints, hf_logits, arch, num_stages):
-    pipe = Pipeline(checkpoints[arch], num_stages)
-    n = len(PROMPT)
-    logits = pipe.logits(PROMPT, [(0, n, list(range(8)), True)], all_positions=True)
-    assert logits.shape == (n, 200)
-    assert (logits - hf_logits[arch]).abs().max().item() <= TOL
+    check_chained_stages(checkpoints[arch], num_stages, hf_logits[arch])
 
 
 def test_chunks_then_decode(checkpoints, hf_logits):
     pipe = Pipeline(checkpoints["qwen3_moe"], num_stages=2, block_size=4, num_blocks=12)
-    table = [7, 2, 9, 0, 5, 11, 3, 8]
-    for start in range(0, len(PROMPT), 5):
-        chunk = PROMPT[start : start + 5]
-        logits = pipe.logits(chunk, [(start, len(chunk), table, True)])
+    logits = prefill_in_chunks(pipe)
     assert (logits[0] - hf_logits["qwen3_moe"][-1]).abs().max().item() <= TOL
     ids = PROMPT + [int(logits[0].argmax())]
-    logits = pipe.logits(ids[-1:], [(len(PROMPT), 1, table, True)])
+    logits = pipe.logits(ids[-1:], [(len(PROMPT), 1, TABLE, True)])
     with torch.no_grad():
         ref = hf_model("qwen3_moe")(torch.tensor([ids])).logits[0, -1]
     assert (logits[0] - ref).abs().max().item() <= TOL

@@ -12,10 +12,11 @@ from stages.loader import build_stage_model, load_stage_weights
 from stages.model_config import BUILTIN_CONFIG, ModelArgs, load_model_args
 from stages.models.llama import LlamaStage
 from stages.partition import layer_ranges
-from tests.cpu.conftest import ARCHS, hf_model, write_tiny_checkpoint
+from tests.cpu.conftest import ARCHS, hf_model, hf_prompt_logits, write_tiny_checkpoint
 
 PROMPT = [1, 17, 99, 3, 150, 42, 42, 7, 199, 0, 63, 88, 120, 5, 9, 31, 77, 140, 2, 18, 66, 101, 12]
 TOL = 1e-4
+TABLE = [7, 2, 9, 0, 5, 11, 3, 8]  # a non-contiguous block table for PROMPT
 
 
 class Pipeline:
@@ -48,37 +49,44 @@ class Pipeline:
         return self.stages[-1].compute_logits(h if all_positions else h[batch.sample_indices])
 
 
+def check_chained_stages(path: str, num_stages: int, reference: torch.Tensor) -> None:
+    """PROMPT as one chunk through `num_stages` chained stages: every position's logits are
+    transformers' `reference`."""
+    pipe = Pipeline(path, num_stages)
+    n = len(PROMPT)
+    logits = pipe.logits(PROMPT, [(0, n, list(range(8)), True)], all_positions=True)
+    assert logits.dtype == torch.float32 and logits.shape == (n, 200)
+    assert (logits - reference).abs().max().item() <= TOL
+
+
+def prefill_in_chunks(pipe: Pipeline, size: int = 5) -> torch.Tensor:
+    """PROMPT in chunks of `size` over TABLE; the last chunk's logits (its last token's)."""
+    for start in range(0, len(PROMPT), size):
+        chunk = PROMPT[start:start + size]
+        logits = pipe.logits(chunk, [(start, len(chunk), TABLE, True)])
+    return logits
+
+
 @pytest.fixture(scope="module")
 def hf_logits():
     """arch -> HF logits [len(PROMPT), V] (same seed as the checkpoints)."""
-    out = {}
-    with torch.no_grad():
-        for arch in ARCHS:
-            out[arch] = hf_model(arch)(torch.tensor([PROMPT])).logits[0].float()
-    return out
+    return hf_prompt_logits(ARCHS, PROMPT)
 
 
 @pytest.mark.parametrize("num_stages", [1, 2, 3])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chained_stages_match_hf(tiny_checkpoints, hf_logits, arch, num_stages):
-    pipe = Pipeline(tiny_checkpoints[arch], num_stages)
-    n = len(PROMPT)
-    logits = pipe.logits(PROMPT, [(0, n, list(range(8)), True)], all_positions=True)
-    assert logits.dtype == torch.float32 and logits.shape == (n, 200)
-    assert (logits - hf_logits[arch]).abs().max().item() <= TOL
+    check_chained_stages(tiny_checkpoints[arch], num_stages, hf_logits[arch])
 
 
 @pytest.mark.parametrize("arch", ["llama3", "qwen3"])
 def test_chunked_prefill_then_decode(tiny_checkpoints, hf_logits, arch):
     pipe = Pipeline(tiny_checkpoints[arch], num_stages=2, block_size=4, num_blocks=12)
-    table = [7, 2, 9, 0, 5, 11, 3, 8]  # non-contiguous on purpose
-    for start in range(0, len(PROMPT), 5):
-        chunk = PROMPT[start:start + 5]
-        logits = pipe.logits(chunk, [(start, len(chunk), table, True)])
+    logits = prefill_in_chunks(pipe)
     assert (logits[0] - hf_logits[arch][-1]).abs().max().item() <= TOL
 
     nxt = int(logits[0].argmax())
-    decode = pipe.logits([nxt], [(len(PROMPT), 1, table, True)])
+    decode = pipe.logits([nxt], [(len(PROMPT), 1, TABLE, True)])
     with torch.no_grad():
         ref = hf_model(arch)(torch.tensor([PROMPT + [nxt]])).logits[0, -1]
     assert (decode[0] - ref).abs().max().item() <= TOL

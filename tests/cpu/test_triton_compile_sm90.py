@@ -122,3 +122,60 @@ def test_indexer_rows_kernels_compile():
     }
     _compile(chunk, sig, {"HEADS": 64, "HEAD_DIM": 128, "BT": 64, "BL": 128}, num_warps=4)
     _compile(decode, sig, {"HEADS": 64, "HEAD_DIM": 128, "BL": 64}, num_warps=4)
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["bf16", "w8a8"])
+def test_pointer_gemm_compiles_in_both_modes(scaled):
+    """triton_gemm's pointer kernel: bf16, and block-scaled FP8 (fp8_gemm's W8A8 linear)."""
+    from stages.kernels import fp8_gemm, triton_gemm
+
+    operand = "*fp8e4nv" if scaled else "*bf16"
+    cfg = fp8_gemm.TILES if scaled else triton_gemm.DEFAULT_MEDIUM
+    ints = ("M", "N", "K", "num_progs", "stride_am", "stride_wn", "stride_cm")
+    _compile(
+        triton_gemm._gemm_ptr,
+        {
+            "a_ptr": operand,
+            "w_ptr": operand,
+            "c_ptr": "*bf16",
+            "bias_ptr": "*bf16",
+            "as_ptr": "*fp32" if scaled else "*bf16",
+            "ws_ptr": "*fp32" if scaled else "*bf16",
+            **{s: "i32" for s in (*ints, "stride_as", "stride_ws")},
+        },
+        {
+            "HAS_BIAS": True,
+            "BLOCK_SCALED": scaled,
+            "BLOCK_M": cfg.block_m,
+            "BLOCK_N": cfg.block_n,
+            "BLOCK_K": cfg.block_k,
+            "GROUP_M": cfg.group_m,
+        },
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+@pytest.mark.parametrize("scatter", [False, True], ids=["gate_up", "down"])
+def test_fp8_grouped_gemm_compiles(scatter):
+    from stages.kernels import triton_moe_fp8
+
+    strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn")
+    _compile(
+        triton_moe_fp8._grouped_w8a8,
+        {
+            "a_ptr": "*fp8e4nv",
+            "as_ptr": "*fp32",
+            "w_ptr": "*fp8e4nv",
+            "ws_ptr": "*fp32",
+            "c_ptr": "*bf16",
+            "tile_expert_ptr": "*i32",
+            "num_tiles_ptr": "*i32",
+            "pair_ptr": "*i32",
+            "weight_ptr": "*fp32",
+            **{s: "i32" for s in ("N", "K", "num_progs", *strides, "stride_cm")},
+        },
+        {"SCATTER": scatter, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8},
+        num_warps=4,
+        num_stages=3,
+    )

@@ -84,6 +84,12 @@ class _End:
         got[pending.mb_id] = buf[:n].clone()  # the consumer, right behind the stream's wait
         pending.release()
 
+    def counters_name_left(self):
+        """Whether the counters' /dev/shm name still exists (stage 0 drops it on connect)."""
+        import os
+
+        return os.path.exists(self.channel._counters.path)
+
     def close(self):
         self.channel.close()
         return True
@@ -109,6 +115,7 @@ def test_two_processes_on_one_gpu_through_the_ring(ray_one_gpu):
         stage0, last = end.remote(True), end.remote(False)
         port = ray.get(stage0.open.remote(host, 0))
         ray.get(last.open.remote(host, port))
+        assert not ray.get(stage0.counters_name_left.remote())  # nothing for a crash to leak
         schedule = _schedule(3 * RING_SLOTS + 7, seed)
         sent, got = ray.get(
             [last.produce.remote(schedule), stage0.consume.remote(schedule)], timeout=120
@@ -130,18 +137,15 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
     import ray
 
     from app import EngineConfig, SamplingParams
-    from tests.cpu.conftest import hf_model
-    from tests.gpu.test_engine_cuda import MAX_NEW, _hf_reference
+    from tests.gpu.test_engine_cuda import MAX_NEW
+    from tests.hf_reference import bf16_reference, write_bf16_llama
     from tests.ray import test_output_channel
     from tests.ray.test_output_channel import _AbortingEngine
 
-    path = str(tmp_path / "llama-bf16")
-    model = hf_model("llama")
-    model.config.max_position_embeddings = 2048
-    model.to(torch.bfloat16).save_pretrained(path)
+    path = write_bf16_llama(str(tmp_path / "llama-bf16"), 2048)
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 200) for _ in range(n)] for n in (5, 40, 17, 90, 33, 8)]
-    refs = [toks for toks, _ in _hf_reference(path, prompts)]
+    refs = [toks for toks, _ in bf16_reference(path, prompts, MAX_NEW)]
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     ray.init(
         address="local",
@@ -184,9 +188,8 @@ def test_engine_copy_matches_nccl_and_transformers(tmp_path):
 
 def _rebuild_with_copy(ray):
     """A stage killed mid-prefill: the rebuilt pipeline opens a fresh ring, same tokens."""
-    from app import Engine, EngineConfig, SamplingParams
-    from app.pipeline import STAGE_NAMESPACE
-    from tests.ray.test_stage_failure import LONG, _prompt, _wait_for
+    from app import Engine, EngineConfig
+    from tests.ray.test_stage_failure import GREEDY, _prompt, kill_stage_mid_prefill
 
     cfg = EngineConfig(
         pp_size=2,
@@ -200,14 +203,9 @@ def _rebuild_with_copy(ray):
         output_channel="copy",
         gpu_memory_utilization=0.3,
     )
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     short = [_prompt(20, seed) for seed in (1, 2)]
     with Engine(cfg) as engine:
-        before = [o.token_ids for o in engine.generate(short, params)]
-        pid = engine.stats()["pipeline_id"]
-        victim = engine._actor.generate_batch.remote([_prompt(LONG, 0)], [params])
-        _wait_for(engine, lambda s: s["num_running"] == 1, "the long request to start")
-        ray.kill(ray.get_actor(f"ppserve-{pid}-stage1", namespace=STAGE_NAMESPACE), no_restart=True)
-        assert ray.get(victim, timeout=120)[0].finish_reason == "error"
-        assert [o.token_ids for o in engine.generate(short, params)] == before
+        before = [o.token_ids for o in engine.generate(short, GREEDY)]
+        assert kill_stage_mid_prefill(ray, engine, 1, timeout=120).finish_reason == "error"
+        assert [o.token_ids for o in engine.generate(short, GREEDY)] == before
         assert engine.stats()["pipeline_failures"] == 1

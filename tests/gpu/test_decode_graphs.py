@@ -10,6 +10,8 @@ import random
 import pytest
 import torch
 
+from tests.hf_reference import bf16_reference, write_bf16_llama
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -29,28 +31,7 @@ def ray_gpu():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from tests.cpu.conftest import hf_model
-
-    path = str(tmp_path_factory.mktemp("ckpt") / "llama-bf16")
-    model = hf_model("llama")
-    model.config.max_position_embeddings = 1024
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
-
-
-def _hf(path, prompts):
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-    refs = []
-    with torch.no_grad():
-        for p in prompts:
-            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW,
-                                 do_sample=False, eos_token_id=2, pad_token_id=0,
-                                 output_scores=True, return_dict_in_generate=True)
-            refs.append((out.sequences[0, len(p):].tolist(), [s[0].float() for s in out.scores]))
-    del model
-    return refs
+    return write_bf16_llama(str(tmp_path_factory.mktemp("ckpt") / "llama-bf16"), 1024)
 
 
 def _run(path, prompts, **overrides):
@@ -79,7 +60,7 @@ def test_decode_graphs_match_eager_and_transformers(ray_gpu, checkpoint):
     assert stats["decode_graph_steps"][0] >= MAX_NEW - 2  # decode ran as replays
     assert eager_stats["decode_graph_steps"] == [0]
     assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]
-    refs = _hf(checkpoint, prompts)
+    refs = bf16_reference(checkpoint, prompts, MAX_NEW)
     for outs in (graphed, cached):  # cold cache, then every full prompt block from the cache
         compared = 0
         for out, (toks, logits) in zip(outs, refs):

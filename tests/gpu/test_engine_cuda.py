@@ -15,6 +15,8 @@ import random
 import pytest
 import torch
 
+from tests.hf_reference import bf16_reference, write_bf16_llama
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")]
 
@@ -34,30 +36,7 @@ def ray_gpus():
 
 @pytest.fixture(scope="module")
 def bf16_checkpoint(tmp_path_factory):
-    from tests.cpu.conftest import hf_model
-
-    path = str(tmp_path_factory.mktemp("ckpt") / "llama-bf16")
-    model = hf_model("llama")
-    model.config.max_position_embeddings = 2048  # default RoPE: only bounds the prompt length
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
-
-
-def _hf_reference(path, prompts):
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-    refs = []
-    with torch.no_grad():
-        for p in prompts:
-            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW,
-                                 do_sample=False, eos_token_id=2, pad_token_id=0,
-                                 output_scores=True, return_dict_in_generate=True)
-            toks = out.sequences[0, len(p):].tolist()
-            logits = [s[0].float() for s in out.scores]
-            refs.append((toks, logits))
-    del model
-    return refs
+    return write_bf16_llama(str(tmp_path_factory.mktemp("ckpt") / "llama-bf16"), 2048)
 
 
 VARIANTS = {  # id -> EngineConfig overrides
@@ -83,7 +62,7 @@ def test_pp2_cuda_matches_transformers(ray_gpus, bf16_checkpoint, variant):
     rng = random.Random(5)
     lengths = (7, 40, 100, 3, 64, 150) + ((1400,) if variant.startswith("long") else ())
     prompts = [[rng.randrange(3, 200) for _ in range(n)] for n in lengths]
-    refs = _hf_reference(bf16_checkpoint, prompts)
+    refs = bf16_reference(bf16_checkpoint, prompts, MAX_NEW)
     overrides = VARIANTS[variant]
     cfg = EngineConfig(**{**dict(model=bf16_checkpoint, pp_size=2, device="cuda",
                                  dtype="bfloat16", block_size=64, max_model_len=256,

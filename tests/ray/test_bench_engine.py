@@ -39,6 +39,9 @@ def test_bench_engine_fixed_and_dynamic_chunking(tmp_path, capsys):
         assert r["bound_own_s"] is not None, r  # the engine ran exactly the planned chunks
         assert len(r["stage_times_s"]) == 2 and len(r["stage_times_s"][0]) == len(r["chunks"])
         assert r["ttft_median_s"] > 0
+        # --kv-blocks fit: the blocks the longest run needs, as the engine reports them
+        assert r["kv_capacity_tokens"] == ((400 + 256) // 64 + 8) * 64
+        assert (r["quantization"], r["kv_cache_dtype"]) == ("auto", "auto")
         want = {"skipped": 0} if r["mode"] == "off-early" else {"missed": 0}
         assert all(r["comm"][k] == v for k, v in want.items()), r
     assert chunk_plan(400, 64, 1.0, res["model"]) == dynamic

@@ -30,6 +30,8 @@ def test_bench_load_smoke(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert res["command"].startswith("ppserve bench load --device cpu")
     assert "torch" in res["environment"] and "ray" in res["environment"]
+    engine = res["engine"]
+    assert engine["kv_capacity_tokens"] == engine["num_kv_blocks"] * engine["block_size"]
 
     mixed = res["mixed"]
     assert {r["mode"] for r in mixed["runs"]} == {"sglang", "auto"}

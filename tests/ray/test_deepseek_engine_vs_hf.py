@@ -9,10 +9,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from app import Engine, EngineConfig, SamplingParams
-from tests.cpu.conftest import DEEPSEEK_ARCHS, hf_model, write_tiny_checkpoint
+from tests.cpu.conftest import DEEPSEEK_ARCHS, write_tiny_checkpoints
+from tests.hf_reference import check_output_counts, tiny_reference
 
 MAX_NEW = 6
 SKIPS = ("off", "sglang", "auto")
@@ -23,8 +23,7 @@ CASES = [(arch, pp, CHUNKS[(2 * i + j) % 3], SKIPS[(i + j) % 3])
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ds-ckpt")
-    return {arch: write_tiny_checkpoint(root, arch) for arch in DEEPSEEK_ARCHS}
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("ds-ckpt"), DEEPSEEK_ARCHS)
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +34,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def references(prompts):
-    """arch -> HF greedy continuations, one prompt at a time (no padding effects)."""
-    out = {}
-    with torch.no_grad():
-        for arch in DEEPSEEK_ARCHS:
-            model = hf_model(arch)
-            out[arch] = [model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW,
-                                        do_sample=False, eos_token_id=2, pad_token_id=0
-                                        )[0, len(p):].tolist() for p in prompts]
-    return out
+    return {arch: tiny_reference(arch, prompts, MAX_NEW) for arch in DEEPSEEK_ARCHS}
 
 
 @pytest.mark.parametrize("arch,pp,chunk,skip", CASES)
@@ -60,12 +51,4 @@ def test_greedy_matches_transformers(ray_cluster, checkpoints, prompts, referenc
             assert out.token_ids == ref
         outs = engine.generate(prompts, greedy)  # batched: decode rows beside chunks
         assert [o.token_ids for o in outs] == reference
-        stats = engine.stats()
-        comm = stats["pp_output_comm"]
-        if skip == "auto":
-            assert comm["missed"] == 0
-        if skip == "off":
-            assert comm["skipped"] == 0
-        if pp > 1:
-            assert stats["channel_output_sends"] == comm["sent"]
-        assert stats["kv_cache_usage"] == 0.0
+        check_output_counts(engine.stats(), skip, pp)

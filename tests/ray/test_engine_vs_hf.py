@@ -6,10 +6,10 @@ import dataclasses
 import random
 
 import pytest
-import torch
 
 from app import Engine, EngineConfig, SamplingParams
-from tests.cpu.conftest import hf_model, write_tiny_checkpoint
+from tests.cpu.conftest import write_tiny_checkpoint
+from tests.hf_reference import check_output_counts, tiny_reference
 
 MAX_NEW = 8
 
@@ -28,15 +28,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def reference(prompts):
-    """HF greedy continuations, one prompt at a time (no padding effects)."""
-    model = hf_model("llama")
-    out = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
-                                 eos_token_id=2, pad_token_id=0)
-            out.append(ids[0, len(p):].tolist())
-    return out
+    return tiny_reference("llama", prompts, MAX_NEW)
 
 
 def _cfg(checkpoint, pp, chunk, skip):
@@ -61,15 +53,7 @@ def test_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference
         assert [o.token_ids for o in outs] == reference
         for o, ref in zip(outs, reference):
             assert o.finish_reason == ("stop" if len(ref) < MAX_NEW or ref[-1] == 2 else "length")
-        stats = engine.stats()
-        comm = stats["pp_output_comm"]
-        if skip == "auto":
-            assert comm["missed"] == 0
-        if skip == "off":
-            assert comm["skipped"] == 0
-        if pp > 1:  # the channel's own count of sends equals the plan's
-            assert stats["channel_output_sends"] == comm["sent"]
-        assert stats["kv_cache_usage"] == 0.0  # every block back in the pool
+        check_output_counts(engine.stats(), skip, pp)
 
 
 def test_dynamic_chunking_matches_transformers(ray_cluster, checkpoint, prompts, reference):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from app import Engine, EngineConfig, SamplingParams
-from tests.cpu.conftest import hf_model, write_tiny_checkpoint
+from tests.cpu.conftest import write_tiny_checkpoint
+from tests.hf_reference import tiny_reference
 
 MAX_NEW = 6
 BS = 4
@@ -51,14 +51,7 @@ def sequential(prompts):
 
 @pytest.fixture(scope="module")
 def reference(prompts):
-    model = hf_model("llama")
-    out = {}
-    with torch.no_grad():
-        for name, p in prompts.items():
-            ids = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
-                                 eos_token_id=2, pad_token_id=0)
-            out[name] = ids[0, len(p):].tolist()
-    return out
+    return dict(zip(prompts, tiny_reference("llama", list(prompts.values()), MAX_NEW)))
 
 
 def _cfg(checkpoint, pp, caching=True, num_blocks=2048, chunk=8, admission="reserve"):

@@ -11,10 +11,10 @@ import itertools
 import random
 
 import pytest
-import torch
 
 from app import Engine, EngineConfig, SamplingParams
-from tests.cpu.conftest import QWEN3_MOE_ARCHS, hf_model, write_tiny_checkpoint
+from tests.cpu.conftest import QWEN3_MOE_ARCHS, write_tiny_checkpoints
+from tests.hf_reference import check_output_counts, tiny_reference
 
 MAX_NEW = 6
 BS = 4
@@ -35,8 +35,7 @@ SHARED = 21  # prompts 0 and 3 share this many tokens: 5 full blocks of 4 are a 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3-moe-ckpt")
-    return {arch: write_tiny_checkpoint(root, arch) for arch in QWEN3_MOE_ARCHS}
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("qwen3-moe-ckpt"), QWEN3_MOE_ARCHS)
 
 
 @pytest.fixture(scope="module")
@@ -49,22 +48,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def references(prompts):
-    """arch -> HF greedy continuations, one prompt at a time (no padding effects)."""
-    out = {}
-    with torch.no_grad():
-        for arch in QWEN3_MOE_ARCHS:
-            model = hf_model(arch)
-            out[arch] = [
-                model.generate(
-                    torch.tensor([p]),
-                    max_new_tokens=MAX_NEW,
-                    do_sample=False,
-                    eos_token_id=2,
-                    pad_token_id=0,
-                )[0, len(p) :].tolist()
-                for p in prompts
-            ]
-    return out
+    return {arch: tiny_reference(arch, prompts, MAX_NEW) for arch in QWEN3_MOE_ARCHS}
 
 
 def _check(checkpoints, prompts, references, arch, pp, chunk, skip):
@@ -94,14 +78,7 @@ def _check(checkpoints, prompts, references, arch, pp, chunk, skip):
         outs = engine.generate(prompts, greedy)  # batched: decode rows beside chunks
         assert [o.token_ids for o in outs] == reference
         stats = engine.stats()
-    comm = stats["pp_output_comm"]
-    if skip == "auto":
-        assert comm["missed"] == 0
-    if skip == "off":
-        assert comm["skipped"] == 0
-    if pp > 1:
-        assert stats["channel_output_sends"] == comm["sent"]
-    assert stats["kv_cache_usage"] == 0.0
+    check_output_counts(stats, skip, pp)
 
 
 @pytest.mark.parametrize("arch,pp,chunk,skip", FAST)

@@ -34,6 +34,17 @@ def _wait_for(engine, pred, what, timeout=TIMEOUT):
     raise AssertionError(f"timed out waiting for {what}: {engine.stats()}")
 
 
+def kill_stage_mid_prefill(ray, engine, stage, timeout=TIMEOUT):
+    """One LONG request, and `stage` killed (ray.kill) while it prefills: its failed output."""
+    pid = engine.stats()["pipeline_id"]
+    victim = engine._actor.generate_batch.remote([_prompt(LONG, 0)], [GREEDY])
+    _wait_for(engine, lambda s: s["num_running"] == 1, "the long request to start")
+    name = f"ppserve-{pid}-stage{stage}"
+    ray.kill(ray.get_actor(name, namespace=STAGE_NAMESPACE), no_restart=True)
+    [failed] = ray.get(victim, timeout=timeout)
+    return failed
+
+
 @pytest.mark.parametrize("pp,victim", [(3, 1), (2, 1), (3, 0)],
                          ids=["pp3-middle", "pp2-last", "pp3-first"])
 def test_stage_killed_mid_prefill(ray_cluster, pp, victim):

@@ -39,6 +39,13 @@ def client():
         stop_cluster()
 
 
+def sampled_chat(client, *, seed, **kw):
+    """A chat completion of MESSAGES at temperature 1, seeded: the same text every run."""
+    return client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=1.0, seed=seed, **kw
+    )
+
+
 def refused(call, **kw) -> openai.BadRequestError:
     with pytest.raises(openai.BadRequestError) as e:
         call(model=MODEL, **kw)
@@ -94,22 +101,18 @@ def test_bad_logit_bias(client, bias, named):
 
 
 def test_json_schema_output_validates(client):
-    r = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        max_tokens=100,
-        temperature=1.0,
+    r = sampled_chat(
+        client,
         seed=7,
+        max_tokens=100,
         response_format=JSON_SCHEMA_FORMAT,
     )
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        max_tokens=100,
-        temperature=1.0,
+    stream = sampled_chat(
+        client,
         seed=8,
+        max_tokens=100,
         stream=True,
         response_format=JSON_SCHEMA_FORMAT,
     )
@@ -119,13 +122,11 @@ def test_json_schema_output_validates(client):
 
 def test_json_schema_under_n_choices(client):
     # each choice has its own matcher; seeded choices differ, all validate
-    r = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
+    r = sampled_chat(
+        client,
+        seed=11,
         max_tokens=100,
         n=2,
-        temperature=1.0,
-        seed=11,
         response_format=JSON_SCHEMA_FORMAT,
     )
     assert [c.index for c in r.choices] == [0, 1]
@@ -237,12 +238,10 @@ def _check_call(call):
 
 
 def test_named_tool_choice_makes_a_valid_call(client):
-    r = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        max_tokens=60,
-        temperature=1.0,
+    r = sampled_chat(
+        client,
         seed=2,
+        max_tokens=60,
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
@@ -251,12 +250,10 @@ def test_named_tool_choice_makes_a_valid_call(client):
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     _check_call(call)
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        max_tokens=60,
-        temperature=1.0,
+    stream = sampled_chat(
+        client,
         seed=2,
+        max_tokens=60,
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         stream=True,
@@ -281,12 +278,10 @@ def _streamed_calls(stream):
 
 
 def test_required_tool_choice_streamed(client):
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        max_tokens=120,
-        temperature=1.0,
+    stream = sampled_chat(
+        client,
         seed=5,
+        max_tokens=120,
         tools=TOOLS,
         tool_choice="required",
         stream=True,

@@ -35,3 +35,11 @@ def test_run_ahead_defaults_on_for_cuda_only_and_can_be_turned_off():
         100, 256, None).run_ahead is False
     a = build_parser().parse_args(["serve", "--device", "cuda", "--no-run-ahead"])
     assert a.run_ahead is False
+
+
+def test_a_stage_is_told_the_resolved_output_channel():
+    cfg = EngineConfig(output_channel="auto")
+    assert cfg.stage_spec(0, (0, 2), 64, "host").output_channel == "host"
+    for unresolved in ("auto", "ipc"):
+        with pytest.raises(ValueError, match="resolved output channel"):
+            cfg.stage_spec(0, (0, 2), 64, unresolved)

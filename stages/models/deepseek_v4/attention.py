@@ -10,14 +10,13 @@ angle (K is also V), and a grouped low-rank projection maps the heads to the hid
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
 from stages.kernels.registry import Kernels
-from stages.models.deepseek_v4.cache import V4Cache, entry_slots
+from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
     COMP,
     COMP_IN,
@@ -29,21 +28,8 @@ from stages.models.deepseek_v4.config import (
     V4Args,
 )
 from stages.models.deepseek_v4.layers import Rotary, V4RMSNorm, apply_rope, unweighted_rms_norm
+from stages.models.deepseek_v4.plan import GroupPlan, RatePlan, V4Plan
 from stages.models.layers import Linear
-
-
-@dataclass
-class V4Row:
-    """One request's tokens in the forward."""
-
-    start: int  # position of its first token
-    num_tokens: int
-    offset: int  # its first token in T
-    table: torch.Tensor  # [blocks] long, on the device
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
 
 
 class GroupCompressor(nn.Module):
@@ -78,48 +64,33 @@ class GroupCompressor(nn.Module):
 
     def complete_groups(
         self,
-        row: V4Row,
+        groups: GroupPlan,
         cache: V4Cache,
         local: int,
         inputs_name: str,
         entries_name: str,
         rotary: Rotary,
-        block_size: int,
     ) -> None:
-        """Compute and store the entries of the groups whose last token is in `row`."""
-        r = self.rate
-        first, last = row.start // r, row.end // r  # new entries: first..last-1
-        if last == first:
+        """Compute and store the entries of every group whose last token is in the forward."""
+        if not groups.count:
             return
-        prior = self.overlap and first > 0  # entry `first` also reads group first - 1
-        t0 = (first - prior) * r
-        slots = entry_slots(row.table, t0, last * r - t0, block_size, row.table.device)
-        inputs = cache.read(local, inputs_name, slots)
-        kv, gate = inputs.view(-1, r, inputs.shape[-1]).chunk(2, dim=-1)
+        r, w = self.rate, self.width
+        slots = groups.input_slots if self.overlap else groups.input_slots[:, r:]
+        inputs = cache.read(local, inputs_name, slots.reshape(-1))
+        kv, gate = inputs.view(groups.count, -1, r, inputs.shape[-1]).chunk(2, dim=-1)
         gate = gate + self.position_bias
-        if self.overlap:
-            w = self.width
-            prev_kv, prev_gate = kv[..., :w], gate[..., :w]
-            cur_kv, cur_gate = kv[..., w:], gate[..., w:]
-            if prior:
-                prev_kv, prev_gate = prev_kv[:-1], prev_gate[:-1]
-                cur_kv, cur_gate = cur_kv[1:], cur_gate[1:]
-            else:  # entry 0 has no group before it: zero kv, gate -inf (weight 0)
-                prev_kv = torch.cat((torch.zeros_like(prev_kv[:1]), prev_kv[:-1]))
-                prev_gate = torch.cat(
-                    (torch.full_like(prev_gate[:1], float("-inf")), prev_gate[:-1])
-                )
-            kv, gate = torch.cat((prev_kv, cur_kv), dim=1), torch.cat((prev_gate, cur_gate), dim=1)
+        if self.overlap:  # group g - 1's first series then group g's second
+            first = groups.first[:, None, None]  # entry 0: zero kv, gate -inf (weight 0)
+            kv = torch.cat((kv[:, 0, :, :w].masked_fill(first, 0), kv[:, 1, :, w:]), dim=1)
+            gate = torch.cat(
+                (gate[:, 0, :, :w].masked_fill(first, float("-inf")), gate[:, 1, :, w:]), dim=1
+            )
+        else:
+            kv, gate = kv[:, 0], gate[:, 0]
         pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1)
-        positions = torch.arange(first, last, device=kv.device) * r
-        cos, sin = rotary(positions, pooled.dtype)
+        cos, sin = rotary(groups.positions, pooled.dtype)
         entries = apply_rope(self.kv_norm(pooled), cos, sin)
-        cache.write(
-            local,
-            entries_name,
-            entries,
-            entry_slots(row.table, first, last - first, block_size // r, kv.device),
-        )
+        cache.write(local, entries_name, entries, groups.entry_slots)
 
 
 class Scorer(nn.Module):
@@ -150,28 +121,23 @@ class Indexer(GroupCompressor):
         q_resid: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        row: V4Row,
+        plan: RatePlan,
         cache: V4Cache,
         local: int,
-        block_size: int,
     ) -> torch.Tensor:
-        """[n, k] entry ids each query of `row` attends to (-1: none), k <= index_topk."""
-        r, n = self.rate, row.num_tokens
-        count = row.end // r
-        span = slice(row.offset, row.offset + n)
-        q = self.q_b_proj(q_resid[span]).view(n, self.heads, self.width)
-        q = apply_rope(q, cos[span], sin[span])
-        weights = self.scorer.weights_proj(x[span]).float() * self.heads**-0.5
-        keys = cache.read(
-            local, INDEX_KEYS, entry_slots(row.table, 0, count, block_size // r, x.device)
-        )
-        scores: torch.Tensor = _op(self.kernels.indexer_logits)(q, keys, weights, self.width**-0.5)
-        visible = (torch.arange(row.start, row.end, device=x.device) + 1) // r  # [n]
-        entries = torch.arange(count, device=x.device)
-        scores = scores.masked_fill(entries[None, :] >= visible[:, None], float("-inf"))
-        picked = scores.topk(min(self.topk, count), dim=-1).indices
-        out: torch.Tensor = picked.masked_fill(picked >= visible[:, None], -1)
-        return out
+        """[T, k] entry ids each query attends to (-1: none), k <= index_topk: every token
+        scored against its own row's entries, in token tiles of bounded memory."""
+        t = x.shape[0]
+        q = apply_rope(self.q_b_proj(q_resid).view(t, self.heads, self.width), cos, sin)
+        weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
+        keys = cache.flat(local, INDEX_KEYS)
+        score = _op(self.kernels.indexer_logits_rows)
+        k = min(self.topk, plan.max_entries)
+        picked = torch.empty(t, k, dtype=torch.long, device=x.device)
+        for tokens, select in plan.select:
+            scores = score(q[tokens], keys, weights[tokens], self.width**-0.5, select)
+            picked[tokens] = scores.topk(k, dim=-1).indices
+        return picked.masked_fill(picked >= plan.visible[:, None], -1)
 
 
 class V4Attention(nn.Module):
@@ -215,7 +181,7 @@ class V4Attention(nn.Module):
         x: torch.Tensor,
         positions: torch.Tensor,
         rotary: Rotary,
-        rows: list[V4Row],
+        plan: V4Plan,
         slot_mapping: torch.Tensor,
         cache: V4Cache,
         local: int,
@@ -226,26 +192,22 @@ class V4Attention(nn.Module):
         q = self.q_b_proj(q_resid).view(t, a.num_heads, a.head_dim)
         q = apply_rope(unweighted_rms_norm(q, a.rms_norm_eps), cos, sin)
         cache.write(local, KV, apply_rope(self.kv_norm(self.kv_proj(x)), cos, sin), slot_mapping)
-        bs = cache.block_size
         if self.compressor is not None:
+            groups = plan.rates[self.rate].groups
             cache.write(local, COMP_IN, self.compressor.inputs(x), slot_mapping)
+            self.compressor.complete_groups(groups, cache, local, COMP_IN, COMP, rotary)
             if self.indexer is not None:
                 cache.write(local, INDEX_IN, self.indexer.inputs(x), slot_mapping)
-            for row in rows:
-                self.compressor.complete_groups(row, cache, local, COMP_IN, COMP, rotary, bs)
-                if self.indexer is not None:
-                    self.indexer.complete_groups(
-                        row, cache, local, INDEX_IN, INDEX_KEYS, rotary, bs
-                    )
+                self.indexer.complete_groups(groups, cache, local, INDEX_IN, INDEX_KEYS, rotary)
         if cache.fp8:  # the FP8 pages read in place, at the keys' traced addresses
-            traced, indices = self._keys(x, q_resid, cos, sin, rows, cache.addresses(), local)
+            traced, indices = self._keys(x, q_resid, cos, sin, plan, cache.addresses(), local)
             window, comp = cache.split_addresses(traced, indices)
             out = _op(self.kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
                 self.sinks, a.head_dim**-0.5,
             )  # fmt: skip
         else:
-            pool, indices = self._keys(x, q_resid, cos, sin, rows, cache, local)
+            pool, indices = self._keys(x, q_resid, cos, sin, plan, cache, local)
             attend = _op(self.kernels.sparse_sink_attention)
             out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
         out = apply_rope(out, cos, -sin)
@@ -261,40 +223,24 @@ class V4Attention(nn.Module):
         q_resid: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        rows: list[V4Row],
+        plan: V4Plan,
         cache: V4Cache,
         local: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pool [N, D] of every row's keys, indices [T, K] into it, -1 padded)."""
-        win, r, bs, dev = self.a.sliding_window, self.rate, cache.block_size, x.device
-        pools, parts, base = [], [], 0
-        for row in rows:
-            w0 = max(0, row.start - win + 1)
-            pools.append(cache.read(local, KV, entry_slots(row.table, w0, row.end - w0, bs, dev)))
-            pos = torch.arange(row.start, row.end, device=dev)
-            keys = pos[:, None] - win + 1 + torch.arange(win, device=dev)[None, :]  # [n, win]
-            idx = (keys - w0 + base).masked_fill(keys < 0, -1)
-            base += row.end - w0
-            count = row.end // r if r else 0
-            if count:
-                pools.append(
-                    cache.read(local, COMP, entry_slots(row.table, 0, count, bs // r, dev))
-                )
-                if self.indexer is not None:
-                    picked = self.indexer.select(x, q_resid, cos, sin, row, cache, local, bs)
-                else:
-                    entries = torch.arange(count, device=dev)[None, :]
-                    picked = entries.expand(row.num_tokens, -1).masked_fill(
-                        entries >= ((pos + 1) // r)[:, None], -1
-                    )
-                idx = torch.cat((idx, (picked + base).masked_fill(picked < 0, -1)), dim=1)
-                base += count
-            parts.append(idx)
-        width = max(p.shape[1] for p in parts)
-        indices = torch.cat(
-            [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=-1) for p in parts]
-        )
-        return torch.cat(pools), indices
+        """(pool [N, D]: every row's window latents, then every row's compressed entries;
+        indices [T, K] int32 into it, -1 padded)."""
+        window = cache.read(local, KV, plan.window_slots)
+        rp = plan.rates.get(self.rate)
+        if rp is None or not rp.max_entries:
+            return window, plan.window_indices
+        pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
+        if self.indexer is None:
+            if rp.dense_indices is None:
+                raise RuntimeError("the plan has no dense indices for an HCA layer's rate")
+            return pool, rp.dense_indices
+        picked = self.indexer.select(x, q_resid, cos, sin, rp, cache, local)
+        comp = torch.where(picked < 0, -1, picked + rp.token_base[:, None]).int()
+        return pool, torch.cat((plan.window_indices, comp), dim=1)
 
 
 def _op(fn: Callable[..., torch.Tensor] | None) -> Callable[..., torch.Tensor]:

@@ -124,11 +124,3 @@ class V4Cache:
     def _address(self, name: str, slots: torch.Tensor) -> torch.Tensor:
         return slots.long() + (self.num_blocks * self.block_size if name == COMP else 0)
 
-
-def entry_slots(
-    table: torch.Tensor, first: int, count: int, per_block: int, device: torch.device
-) -> torch.Tensor:
-    """Slots of entries first..first+count-1 of a request whose blocks hold `per_block` entries
-    each (tokens: block_size; compressed entries: block_size / rate)."""
-    idx = torch.arange(first, first + count, device=device)
-    return table[idx // per_block] * per_block + idx % per_block

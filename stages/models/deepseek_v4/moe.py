@@ -25,10 +25,11 @@ class V4Router(nn.Module):
             torch.empty(a.n_routed_experts, a.hidden_size, dtype=dtype, device=device)
         )
         if is_hash:
-            self.tid2eid = nn.Parameter(
-                torch.zeros(a.vocab_size, a.num_experts_per_tok, dtype=torch.long, device=device),
-                requires_grad=False,
-            )
+            # a valid table (token t -> k consecutive experts from t * k) until a checkpoint's
+            # replaces it: random weights route evenly
+            k = a.num_experts_per_tok
+            table = torch.arange(a.vocab_size * k, device=device).view(-1, k) % a.n_routed_experts
+            self.tid2eid = nn.Parameter(table, requires_grad=False)
         else:
             self.e_score_correction_bias = nn.Parameter(
                 torch.zeros(a.n_routed_experts, dtype=torch.float32, device=device)

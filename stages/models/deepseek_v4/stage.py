@@ -11,12 +11,13 @@ from torch import nn
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
-from stages.models.deepseek_v4.attention import V4Attention, V4Row
+from stages.models.deepseek_v4.attention import V4Attention
 from stages.models.deepseek_v4.cache import V4Cache
-from stages.models.deepseek_v4.config import SLIDING, V4Args
+from stages.models.deepseek_v4.config import CSA, SLIDING, V4Args
 from stages.models.deepseek_v4.layers import HyperConnection, HyperHead, Rotary, V4RMSNorm
 from stages.models.deepseek_v4.moe import v4_moe
 from stages.models.deepseek_v4.names import checkpoint_pieces
+from stages.models.deepseek_v4.plan import V4Plan
 from stages.models.layers import Device, Sources
 from stages.models.stage import Stage
 
@@ -38,7 +39,7 @@ class V4DecoderLayer(nn.Module):
         self,
         h: torch.Tensor,
         rotary: Rotary,
-        rows: list[V4Row],
+        plan: V4Plan,
         batch: ForwardBatch,
         cache: V4Cache,
         local: int,
@@ -46,7 +47,7 @@ class V4DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         post, comb, x = self.attn_hc(h)
         out = self.self_attn(
-            self.input_layernorm(x), batch.positions, rotary, rows, batch.slot_mapping, cache, local
+            self.input_layernorm(x), batch.positions, rotary, plan, batch.slot_mapping, cache, local
         )
         h = HyperConnection.merge(h, out, post, comb)
         post, comb, x = self.ffn_hc(h)
@@ -81,6 +82,18 @@ class DeepseekV4Stage(Stage):
         return V4DecoderLayer(self.args.family_args, layer, kernels, dtype, device)
 
     @property
+    def rates(self) -> dict[int, tuple[bool, bool]]:
+        """Compression rate -> (an HCA layer attends every entry, a CSA layer selects) of the
+        stage's compressed layers."""
+        out: dict[int, tuple[bool, bool]] = {}
+        for i in range(self.layer_start, self.layer_end):
+            rate, csa = self.a.rate(i), self.a.layer_types[i] == CSA
+            if rate:
+                dense, selects = out.get(rate, (False, False))
+                out[rate] = (dense or not csa, selects or csa)
+        return out
+
+    @property
     def needs_token_ids(self) -> bool:
         """Whether a layer of this stage routes by token id (hash MoE)."""
         return any(self.a.is_hash(i) for i in range(self.layer_start, self.layer_end))
@@ -107,20 +120,10 @@ class DeepseekV4Stage(Stage):
             h = h.contiguous()
         else:
             h = inputs.to(self.dtype)
-        tables = [torch.tensor(t, dtype=torch.long) for t in batch.block_tables]
-        flat = torch.cat(tables).to(h.device) if tables else torch.empty(0, dtype=torch.long)
-        rows = [
-            V4Row(s, n, o, t)
-            for s, n, o, t in zip(
-                batch.row_starts,
-                batch.row_lens,
-                batch.row_offsets,
-                torch.split(flat, [len(t) for t in tables]),
-            )
-        ]
+        plan = V4Plan.build(batch, self.a.sliding_window, self.rates, kv.block_size, h.device)
         for local, layer in enumerate(self.layers.values()):
             rotary = self.main_rotary if layer.is_sliding else self.compress_rotary
-            h = layer(h, rotary, rows, batch, kv, local, token_ids)
+            h = layer(h, rotary, plan, batch, kv, local, token_ids)
         out: torch.Tensor = h
         return out
 

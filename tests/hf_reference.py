@@ -1,0 +1,91 @@
+"""transformers as the oracle of the engine-vs-transformers Ray tests: greedy continuations one
+prompt at a time (no padding effects), and the output channel's counts that every such run
+checks. The tiny checkpoints are tests/cpu/conftest.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tests.cpu.conftest import hf_model
+
+PAD = 0
+TINY_EOS = 2  # tests/cpu/conftest.py's configs
+
+
+def greedy_continuations(
+    model: Any, prompts: Sequence[Sequence[int]], max_new: int, eos_token_id: int
+) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, one at a time. The mask is given:
+    generate would otherwise take a prompt's PAD tokens for padding."""
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([list(p)])
+            generated = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=eos_token_id,
+                pad_token_id=PAD,
+            )
+            out.append(generated[0, len(p) :].tolist())
+    return out
+
+
+def tiny_reference(arch: str, prompts: Sequence[Sequence[int]], max_new: int) -> list[list[int]]:
+    """Greedy continuations by the random model of `arch` that write_tiny_checkpoint writes."""
+    return greedy_continuations(hf_model(arch), prompts, max_new, TINY_EOS)
+
+
+def check_output_counts(stats: dict[str, Any], skip: str, pp: int) -> None:
+    """What every engine run checks of the output channel once its requests are done: `auto`
+    never misses, `off` never skips, the channel's own count of sends is the plans' (PP > 1),
+    and every KV block is back in the pool."""
+    comm = stats["pp_output_comm"]
+    if skip == "auto":
+        assert comm["missed"] == 0
+    if skip == "off":
+        assert comm["skipped"] == 0
+    if pp > 1:
+        assert stats["channel_output_sends"] == comm["sent"]
+    assert stats["kv_cache_usage"] == 0.0
+
+
+# -- the GPU tests' bf16 checkpoint -------------------------------------------------------------
+def write_bf16_llama(path: str, max_position_embeddings: int) -> str:
+    """The tiny random llama saved in bf16; max_position_embeddings (default RoPE) only bounds
+    the prompt length."""
+    model = hf_model("llama")
+    model.config.max_position_embeddings = max_position_embeddings
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def bf16_reference(
+    path: str, prompts: Sequence[Sequence[int]], max_new: int, device: str = "cuda"
+) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """transformers on the bf16 checkpoint, one prompt at a time: each prompt's greedy tokens
+    and the float logits of every step (for the near-tie checks)."""
+    from transformers import LlamaForCausalLM
+
+    model: Any = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model = model.to(device).eval()
+    refs = []
+    with torch.no_grad():
+        for p in prompts:
+            out = model.generate(
+                torch.tensor([list(p)], device=device),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=TINY_EOS,
+                pad_token_id=PAD,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            refs.append((out.sequences[0, len(p) :].tolist(), [s[0].float() for s in out.scores]))
+    del model
+    return refs
