@@ -19,11 +19,14 @@ def layer_bytes_per_block(
     args: ModelArgs, layer: int, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
 ) -> int:
     """Bytes one block costs in one layer: each component's entries of the block (one per token,
-    or one per group of tokens) times its width (FP8-packed components at their packed size)."""
+    or one per group of tokens) times its width (FP8-packed components at their packed size,
+    as the family's layout pads the block)."""
     elem = torch.empty((), dtype=dtype).element_size()
     packed = fp8_components(args, kv_cache_dtype)
     return sum(
-        packed.get(name, width * elem) * (block_size // per)
+        args.family.fp8_block_bytes(packed[name], block_size // per)
+        if name in packed
+        else width * elem * (block_size // per)
         for name, (width, per) in args.family.components_of_layer(args, layer).items()
     )
 

@@ -23,7 +23,7 @@ PAGE = 64  # FlashMLA's page size
 MODULES = ("flash_mla", "sgl_flash_mla")
 
 
-def _module() -> Any:  # the optional, untyped FlashMLA wheel's module, or None
+def wheel() -> Any:  # the optional, untyped FlashMLA wheel's module, or None
     for name in MODULES:
         try:
             return importlib.import_module(name)
@@ -38,7 +38,7 @@ def is_available(device: str = "cuda") -> bool:
         return False
     if torch.cuda.get_device_capability()[0] != 9:
         return False
-    return _module() is not None
+    return wheel() is not None
 
 
 def mla_decode(
@@ -53,7 +53,7 @@ def mla_decode(
     """q [R, H, 576] bf16, pages [blocks, 64, 1, 576] bf16 -> [R, H, dv]."""
     if q.dtype != torch.bfloat16 or pages.dtype != torch.bfloat16 or pages.shape[1] != PAGE:
         return torch_ref.mla_decode(q, pages, block_table, seqlens, dv, scale, state)
-    fm = _module()
+    fm = wheel()
     meta = state.get("flash_mla")
     if meta is None:
         meta = state["flash_mla"] = (
@@ -82,7 +82,7 @@ TOPK_STEP = 128
 LATENT_DIM = 576
 
 
-def _pad_heads(q: torch.Tensor) -> torch.Tensor | None:
+def pad_heads(q: torch.Tensor) -> torch.Tensor | None:
     h = q.shape[-2]
     target = next((n for n in SPARSE_HEADS if h <= n), None)
     if target is None:
@@ -93,7 +93,7 @@ def _pad_heads(q: torch.Tensor) -> torch.Tensor | None:
     return torch.cat((q, pad), dim=-2)
 
 
-def _pad_topk(indices: torch.Tensor) -> torch.Tensor:
+def pad_topk(indices: torch.Tensor) -> torch.Tensor:
     extra = -indices.shape[-1] % TOPK_STEP
     if extra == 0:
         return indices.to(torch.int32).contiguous()
@@ -105,7 +105,7 @@ def mla_sparse(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, dv: int, scale: float
 ) -> torch.Tensor:
     """torch_ref.mla_sparse on flash_mla_sparse_fwd (bf16 latent, 576 wide, dv 512)."""
-    qp = _pad_heads(q)
+    qp = pad_heads(q)
     if (
         qp is None
         or q.dtype != torch.bfloat16
@@ -114,10 +114,10 @@ def mla_sparse(
         or dv != 512
     ):
         return torch_ref.mla_sparse(q, kv, indices, dv, scale)
-    out, _max, _lse = _module().flash_mla_sparse_fwd(
+    out, _max, _lse = wheel().flash_mla_sparse_fwd(
         qp.contiguous(),
         kv,
-        _pad_topk(indices).unsqueeze(1),
+        pad_topk(indices).unsqueeze(1),
         scale,
         dv,
         use_legacy=True,
@@ -139,12 +139,12 @@ def mla_sparse_fp8_decode(
     (stages.kernels.fp8_latent's layout) at slot ids indices [R, topk] (-1 = none) ->
     [R, H, dv] bf16. The plan built on the first call is kept in `state` for the other layers.
     """
-    qp = _pad_heads(q)
+    qp = pad_heads(q)
     if qp is None:
         raise ValueError(
             f"FlashMLA's sparse decode takes at most 128 query heads, got {q.shape[1]}"
         )
-    fm = _module()
+    fm = wheel()
     meta = state.get("flash_mla_sparse")
     if meta is None:
         meta = state["flash_mla_sparse"] = fm.get_mla_metadata()[0]
@@ -158,7 +158,7 @@ def mla_sparse_fp8_decode(
         softmax_scale=scale,
         causal=False,
         is_fp8_kvcache=True,
-        indices=_pad_topk(indices).unsqueeze(1),
+        indices=pad_topk(indices).unsqueeze(1),
         use_legacy=True,
     )
     decoded: torch.Tensor = out[:, 0, : q.shape[1]]

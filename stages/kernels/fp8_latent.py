@@ -28,16 +28,22 @@ def quantize(latent: torch.Tensor) -> torch.Tensor:
     t = latent.shape[0]
     out = torch.empty(t, BYTES, dtype=torch.uint8, device=latent.device)
     nope = latent[:, :NOPE].float().view(t, TILES, TILE)
-    amax = nope.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
-    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2^exponent, mantissa in [0.5, 1)
-    # the least power of two >= amax, exactly (log2 rounds near powers of two)
-    scale = torch.ldexp(torch.ones_like(amax), exponent - (mantissa == 0.5).int())  # [T, TILES]
+    scale = pow2_scale(nope.abs().amax(dim=-1))  # [T, TILES]
     out[:, :NOPE] = (
         (nope / scale[..., None]).view(t, NOPE).to(torch.float8_e4m3fn).view(torch.uint8)
     )
     out[:, NOPE : NOPE + 4 * TILES] = scale.contiguous().view(torch.uint8)
     out[:, NOPE + 4 * TILES :] = latent[:, NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
     return out
+
+
+def pow2_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The least power of two >= max(amax, 1e-4) / 448 (float32): dividing a tile by it maps
+    its largest magnitude into e4m3's range, and applying it back is exact."""
+    target = amax.float().clamp_min(1e-4) / FP8_MAX
+    mantissa, exponent = torch.frexp(target)  # target = mantissa * 2^exponent, in [0.5, 1)
+    # exactly (log2 rounds near powers of two)
+    return torch.ldexp(torch.ones_like(target), exponent - (mantissa == 0.5).int())
 
 
 def dequantize(packed: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,13 @@ BACKENDS: dict[str, dict[str, str]] = {
     # DeepSeek-V4 attention: a K=V head over selected keys (window + compressed), with sinks.
     "sparse_sink_attention": {
         "torch": "stages.kernels.torch_ref:sparse_sink_attention",
+        "flash-mla": "stages.kernels.flash_mla_v4:sparse_sink_attention",
+    },
+    # The same over the 584-byte FP8 pages in place (stages/kernels/fp8_v4.py): the window's and
+    # the compressed entries' slot ids per query.
+    "sparse_sink_attention_fp8": {
+        "torch": "stages.kernels.fp8_v4:sparse_sink_attention",
+        "flash-mla": "stages.kernels.flash_mla_v4:sparse_sink_attention_fp8",
     },
     # Routed MoE experts: per-expert cuBLAS GEMMs, or one grouped persistent Triton kernel.
     "moe_experts": {
@@ -98,7 +105,8 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "indexer_logits": ("triton", "torch"),
     "indexer_logits_rows": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
-    "sparse_sink_attention": ("torch",),
+    "sparse_sink_attention": ("flash-mla", "torch"),
+    "sparse_sink_attention_fp8": ("flash-mla", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
@@ -130,6 +138,9 @@ class Kernels:
     indexer_logits_rows: Callable[..., Any] | None = None
     # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
     sparse_sink_attention: Callable[..., Any] | None = None
+    # (q [T,H,512], window pages [blocks,B,1,584], window [T,K] slot ids (-1: none),
+    #  comp pages | None, comp [T,K] | None, sinks [H] fp32, scale) -> [T,H,512]
+    sparse_sink_attention_fp8: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -207,6 +218,7 @@ def select_kernels(
             ("indexer_logits", indexer_logits),
             ("indexer_logits_rows", indexer_logits),
             ("sparse_sink_attention", "auto"),
+            ("sparse_sink_attention_fp8", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

@@ -1,17 +1,22 @@
-"""Quantize-on-write of DeepSeek-V3.2's FP8 latent (stages/kernels/fp8_latent.py's 656-byte
-layout) in one Triton kernel: each token's 512 no-rope values in 4 tiles of 128 (largest
-magnitude to e4m3's 448 under a power-of-two scale), the scales and the 64 bf16 rope values,
-stored straight at the token's cache slot. One program per token.
+"""Quantize-on-write of the FP8 latent layouts in one Triton kernel each, one program per token,
+stored straight at the token's cache slot; tiles scaled so their largest magnitude maps to
+e4m3's 448 under a power-of-two scale (the same scale, from the same bits, in both):
 
-``write(flat, values, slots)`` matches ``flat.index_copy_(0, slots, fp8_latent.quantize(values))``.
-Anything not on CUDA (or without triton) takes that torch path.
+- ``write(flat, values, slots)``: DeepSeek-V3.2's 656-byte layout (stages/kernels/fp8_latent.py),
+  the 512 no-rope values in 4 tiles of 128, the float32 scales and the 64 bf16 rope values;
+  matches ``flat.index_copy_(0, slots, fp8_latent.quantize(values))``.
+- ``write_v4(pages, values, slots)``: DeepSeek-V4's 584-byte layout
+  (stages/kernels/fp8_v4_layout.py), 448 no-rope values in 7 tiles of 64 and the rope values in
+  the block's value rows, the e8m0 scales after them; matches ``fp8_v4.write_reference``.
+
+Anything not on CUDA (or without triton) takes the torch path.
 """
 
 from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_latent
+from stages.kernels import fp8_latent, fp8_v4, fp8_v4_layout
 
 
 def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
@@ -35,6 +40,34 @@ def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None
     )
 
 
+def write_v4(pages: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+    """pages [blocks, P, 1, 584] (fp8_v4.allocate), values [T, 512] (any float), slots [T]."""
+    if triton is None or not pages.is_cuda or values.shape[0] == 0:
+        fp8_v4.write_reference(pages, values, slots)
+        return
+    if values.shape[-1] != fp8_v4_layout.HEAD_DIM:
+        raise ValueError(
+            f"the V4 FP8 layout holds {fp8_v4_layout.HEAD_DIM} values per entry, "
+            f"got {values.shape[-1]}"
+        )
+    v = values.contiguous()
+    _quantize_write_v4[(v.shape[0],)](
+        v,
+        slots.contiguous(),
+        pages,
+        pages.view(torch.uint8),
+        pages.view(torch.bfloat16),
+        v.stride(0),
+        pages.stride(0),
+        pages.shape[1],
+        NOPE=fp8_v4_layout.NOPE,
+        ROPE=fp8_v4_layout.ROPE,
+        TILE=fp8_v4_layout.TILE,
+        FP8_MAX=fp8_latent.FP8_MAX,
+        num_warps=4,
+    )
+
+
 try:
     import triton
     import triton.language as tl
@@ -42,6 +75,15 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+
+    @triton.jit
+    def _pow2_scale(x, FP8_MAX: tl.constexpr):
+        """(scale, its float32 exponent field): the least power of two >= max(|x|) / FP8_MAX
+        (floored at 1e-4 / FP8_MAX), from its bits (exact, as fp8_latent.pow2_scale)."""
+        amax = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-4) / FP8_MAX
+        bits = amax.to(tl.int32, bitcast=True)
+        exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+        return (exponent << 23).to(tl.float32, bitcast=True), exponent
 
     @triton.jit
     def _quantize_write(
@@ -63,13 +105,41 @@ if triton is not None:
         offs = tl.arange(0, TILE)
         for i in tl.static_range(tiles):
             x = tl.load(v_ptr + t * stride_v + i * TILE + offs).to(tl.float32)
-            amax = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-4) / FP8_MAX
-            # the least power of two >= amax, from its bits (exact, as the reference)
-            bits = amax.to(tl.int32, bitcast=True)
-            exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-            scale = (exponent << 23).to(tl.float32, bitcast=True)
+            scale, _exponent = _pow2_scale(x, FP8_MAX)
             tl.store(q_ptr + slot * row_bytes + i * TILE + offs, (x / scale).to(tl.float8e4nv))
             tl.store(scale_ptr + slot * (row_bytes // 4) + NOPE // 4 + i, scale)
         r = tl.arange(0, ROPE)
         rope = tl.load(v_ptr + t * stride_v + NOPE + r).to(tl.bfloat16)
         tl.store(rope_ptr + slot * (row_bytes // 2) + (NOPE + 4 * tiles) // 2 + r, rope)
+
+    @triton.jit
+    def _quantize_write_v4(
+        v_ptr,
+        slot_ptr,
+        q_ptr,
+        byte_ptr,
+        rope_ptr,
+        stride_v,
+        block_stride,
+        entries,
+        NOPE: tl.constexpr,
+        ROPE: tl.constexpr,
+        TILE: tl.constexpr,
+        FP8_MAX: tl.constexpr,
+    ):
+        t = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        block, offset = slot // entries, slot % entries
+        value_bytes: tl.constexpr = NOPE + 2 * ROPE
+        row = block * block_stride + offset * value_bytes  # the entry's value bytes
+        # its scale bytes (the eighth, unused, stays as allocated: zero)
+        scales = block * block_stride + entries * value_bytes + offset * 8
+        offs = tl.arange(0, TILE)
+        for i in tl.static_range(NOPE // TILE):
+            x = tl.load(v_ptr + t * stride_v + i * TILE + offs).to(tl.float32)
+            scale, exponent = _pow2_scale(x, FP8_MAX)
+            tl.store(q_ptr + row + i * TILE + offs, (x / scale).to(tl.float8e4nv))
+            tl.store(byte_ptr + scales + i, exponent.to(tl.uint8))
+        r = tl.arange(0, ROPE)
+        rope = tl.load(v_ptr + t * stride_v + NOPE + r).to(tl.bfloat16)
+        tl.store(rope_ptr + (row + NOPE) // 2 + r, rope)

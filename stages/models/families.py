@@ -8,7 +8,8 @@ A family declares:
 - its KV layout: `kv_components` (named cache components -> values per token per layer; bytes
   are their sum times the element size), `cache_class` that holds them and `kv_description`
   for the logs; `fp8_kv`, where the cache can be FP8 (`--kv-cache-dtype fp8`): the bytes per
-  token of the components it packs (raising, with the reason, for a model it cannot serve);
+  entry of the components it packs (raising, with the reason, for a model it cannot serve),
+  and `fp8_block_bytes`, what a block of them takes (a layout may pad its blocks);
   A family whose layers differ (DeepSeek-V4) declares `layer_kv_components` instead: per
   layer, component -> (values per entry, tokens per entry); its cache class then takes the
   stage's layer range, and its block size must be a multiple of `block_multiple`;
@@ -27,13 +28,19 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from stages.kernels import fp8_v4_layout
 from stages.models.deepseek_config import (
     DEEPSEEK_MODEL_TYPES,
     deepseek_fields,
     fp8_latent_components,
     latent_components,
 )
-from stages.models.deepseek_v4.config import v4_fields, v4_hidden_shape, v4_layer_components
+from stages.models.deepseek_v4.config import (
+    v4_fields,
+    v4_fp8_components,
+    v4_hidden_shape,
+    v4_layer_components,
+)
 from stages.protocol import KV_CACHE_DTYPES
 
 if TYPE_CHECKING:
@@ -100,6 +107,7 @@ class Family:
     kv_components: Callable[[ModelArgs], dict[str, int]] = _key_value
     kv_description: str = "K and V"
     fp8_kv: Callable[[ModelArgs], dict[str, int]] | None = None
+    fp8_block_bytes: Callable[[int, int], int] = lambda entry_bytes, entries: entry_bytes * entries
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     paged_decode_graphs: Callable[[GraphSetting], bool] = _never
     cudnn_warm_up: bool = False
@@ -216,6 +224,8 @@ DEEPSEEK_V4 = Family(
     "stages.models.deepseek_v4.stage:DeepseekV4Stage",
     cache_class="stages.models.deepseek_v4.cache:V4Cache",
     kv_description="V4 window latents, compressed entries, compressor inputs",
+    fp8_kv=v4_fp8_components,
+    fp8_block_bytes=fp8_v4_layout.packed_bytes,
     hidden_shape=v4_hidden_shape,
     layer_kv_components=v4_layer_components,
     block_multiple=lambda args: args.family_args.max_rate,
@@ -246,6 +256,6 @@ def fp8_components(args: ModelArgs, kv_cache_dtype: str) -> dict[str, int]:
     if args.family.fp8_kv is None:
         raise ValueError(
             f"--kv-cache-dtype fp8 is not supported for the {args.family.name} "
-            "family (only DeepSeek-V3.2's FP8 latent)"
+            "family (only DeepSeek-V3.2's FP8 latent and DeepSeek-V4's FP8 KV)"
         )
     return args.family.fp8_kv(args)

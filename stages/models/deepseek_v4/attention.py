@@ -199,9 +199,17 @@ class V4Attention(nn.Module):
             if self.indexer is not None:
                 cache.write(local, INDEX_IN, self.indexer.inputs(x), slot_mapping)
                 self.indexer.complete_groups(groups, cache, local, INDEX_IN, INDEX_KEYS, rotary)
-        pool, indices = self._keys(x, q_resid, cos, sin, plan, cache, local)
-        attend = _op(self.kernels.sparse_sink_attention)
-        out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
+        if cache.fp8:  # the FP8 pages read in place, at the keys' traced addresses
+            traced, indices = self._keys(x, q_resid, cos, sin, plan, cache.addresses(), local)
+            window, comp = cache.split_addresses(traced, indices)
+            out = _op(self.kernels.sparse_sink_attention_fp8)(
+                q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
+                self.sinks, a.head_dim**-0.5,
+            )  # fmt: skip
+        else:
+            pool, indices = self._keys(x, q_resid, cos, sin, plan, cache, local)
+            attend = _op(self.kernels.sparse_sink_attention)
+            out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
         out = apply_rope(out, cos, -sin)
         g = a.o_groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)

@@ -17,14 +17,22 @@ compressed entry live in one block, a full block holds only complete groups, and
 hit (which resumes at a block boundary) resumes at a group boundary with every entry before it
 already computed; the CSA overlap (entry w also reads group w - 1's inputs) reads the cached
 block's `comp_in`, so no compressor state is restored or recomputed.
+
+With kv_cache_dtype "fp8", `kv` and `comp` (what attention reads) are stored in FlashMLA's
+584-byte V4 layout (stages/kernels/fp8_v4.py), quantized as they are written; FlashMLA's sparse
+FP8 decode reads them in place, at the addresses `addresses()` traces (see there).
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
+from stages.kernels import fp8_v4, triton_fp8_latent
 from stages.model_config import ModelArgs
-from stages.models.deepseek_v4.config import layer_components
+from stages.models.deepseek_v4.config import COMP, KV, layer_components
+from stages.models.families import fp8_components
 
 
 class V4Cache:
@@ -36,6 +44,7 @@ class V4Cache:
         block_size: int,
         dtype: torch.dtype,
         device: str | torch.device,
+        kv_cache_dtype: str = "auto",
     ):
         a = args.family_args
         if num_blocks < 1 or block_size < 1 or block_size % a.max_rate:
@@ -44,13 +53,33 @@ class V4Cache:
                 f"{a.max_rate}, got {num_blocks}, {block_size}"
             )
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.packed = fp8_components(args, kv_cache_dtype)  # FP8 component -> bytes per entry
+        self.tracing = False  # addresses(): KV / COMP reads give the entries' addresses
+
+        def component(name: str, width: int, per: int) -> torch.Tensor:
+            if name in self.packed:  # [num_blocks, entries, 1, 584] FP8 pages
+                return fp8_v4.allocate(num_blocks, block_size // per, device)
+            return torch.zeros(num_blocks, block_size // per, width, dtype=dtype, device=device)
+
         self.layers: list[dict[str, torch.Tensor]] = [
             {
-                name: torch.zeros(num_blocks, block_size // per, width, dtype=dtype, device=device)
+                name: component(name, width, per)
                 for name, (width, per) in layer_components(a, i).items()
             }
             for i in layers
         ]
+
+    @property
+    def fp8(self) -> bool:
+        """Attention reads FP8 pages (sparse_sink_attention_fp8)."""
+        return KV in self.packed
+
+    def pages(self, local_layer: int, name: str) -> torch.Tensor | None:
+        """[num_blocks, entries per block, 1, 584]: an FP8 component as FlashMLA reads it (None
+        where the layer has no such component)."""
+        if name not in self.packed:
+            raise ValueError(f"cache component {name!r} is not stored in FP8")
+        return self.layers[local_layer].get(name)
 
     def flat(self, local_layer: int, name: str) -> torch.Tensor:
         """[num_blocks * entries per block, width]: addressed by `slots`."""
@@ -58,8 +87,39 @@ class V4Cache:
         return t.view(-1, t.shape[-1])
 
     def write(self, local_layer: int, name: str, values: torch.Tensor, slots: torch.Tensor) -> None:
+        if name in self.packed:  # quantized as it is written (one fused kernel on CUDA)
+            triton_fp8_latent.write_v4(self.layers[local_layer][name], values, slots)
+            return
         flat = self.flat(local_layer, name)
         flat.index_copy_(0, slots, values.to(flat.dtype))
 
     def read(self, local_layer: int, name: str, slots: torch.Tensor) -> torch.Tensor:
+        if self.tracing and name in (KV, COMP):
+            return self._address(name, slots)[:, None]
+        if name in self.packed:
+            return fp8_v4.read(self.layers[local_layer][name], slots)
         return self.flat(local_layer, name).index_select(0, slots)
+
+    def addresses(self) -> V4Cache:
+        """This cache (the same tensors) reading each `kv` / `comp` entry as its address, [n, 1]
+        long: `kv` slot s as s, `comp` slot s as kv_slots + s; every other component as usual.
+        Run over it, the code that gathers a pool of keys (V4Attention._keys) and indices into
+        it tells, through pool[indices], which entry of which page each query attends to: what
+        FlashMLA's FP8 decode reads in place, with no copy of the pool."""
+        view = copy.copy(self)
+        view.tracing = True
+        return view
+
+    def split_addresses(
+        self, pool: torch.Tensor, indices: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(window, comp) [T, K] int32 slot ids (-1: none) of the traced pool [N, 1] and
+        indices [T, K] into it (-1: none)."""
+        kv_slots = self.num_blocks * self.block_size
+        a = torch.where(indices >= 0, pool[:, 0][indices.clamp(min=0).long()], -1)
+        window = torch.where((a >= 0) & (a < kv_slots), a, -1)
+        comp = torch.where(a >= kv_slots, a - kv_slots, -1)
+        return window.int(), comp.int()
+
+    def _address(self, name: str, slots: torch.Tensor) -> torch.Tensor:
+        return slots.long() + (self.num_blocks * self.block_size if name == COMP else 0)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stages.kernels import fp8_v4_layout
+
 if TYPE_CHECKING:
     from stages.model_config import ModelArgs
 
@@ -269,6 +271,20 @@ def layer_components(a: V4Args, layer: int) -> dict[str, tuple[int, int]]:
         out[INDEX_IN] = (2 * series * a.index_head_dim, 1)
         out[INDEX_KEYS] = (a.index_head_dim, rate)
     return out
+
+
+def v4_fp8_components(args: ModelArgs) -> dict[str, int]:
+    """Bytes per entry of the components an FP8 cache stores in FlashMLA's 584-byte V4 layout
+    (stages/kernels/fp8_v4_layout.py): the window latents and the compressed entries, what
+    attention reads; the compressor inputs and the indexer's keys stay in the model's dtype."""
+    a: V4Args = args.family_args
+    nope = a.head_dim - a.rope_dim
+    if (nope, a.rope_dim) != (fp8_v4_layout.NOPE, fp8_v4_layout.ROPE):
+        raise ValueError(
+            f"--kv-cache-dtype fp8: the V4 FP8 layout holds {fp8_v4_layout.NOPE} no-rope + "
+            f"{fp8_v4_layout.ROPE} rope values (head_dim 512), not {nope} + {a.rope_dim}"
+        )
+    return {KV: fp8_v4_layout.ENTRY_BYTES, COMP: fp8_v4_layout.ENTRY_BYTES}
 
 
 def v4_layer_components(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:

@@ -1,0 +1,135 @@
+"""DeepSeek-V4 attention on FlashMLA's SM90 ("legacy") kernels (the sgl-flash-mla wheel, loaded
+and checked by stages/kernels/flash_mla.py):
+
+- ``sparse_sink_attention``: torch_ref.sparse_sink_attention on ``flash_mla_sparse_fwd`` (bf16,
+  head dim 512, ``attn_sink``). It is query-wise sparse, so one call serves prefill and decode
+  rows alike.
+- ``sparse_sink_attention_fp8``: fp8_v4.sparse_sink_attention on the sparse FP8 decode kernel
+  (``flash_mla_with_kvcache``) over the 584-byte pages in place, every query one batch row: the
+  compressed entries are its main cache, the sliding window its ``extra_k_cache``.
+
+The kernels take 64 or 128 query heads: fewer are zero-padded (their outputs dropped); more, or
+another dtype or head dim, go to the torch reference, the reason logged once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from stages.kernels import flash_mla, fp8_v4, torch_ref
+from stages.kernels.fp8_v4_layout import HEAD_DIM
+
+log = logging.getLogger(__name__)
+
+is_available = flash_mla.is_available
+
+
+@functools.cache
+def _fall_back(reason: str) -> None:
+    log.warning("DeepSeek-V4 attention on the torch reference, not FlashMLA: %s", reason)
+
+
+def _unsupported(q: torch.Tensor) -> str | None:
+    if q.dtype != torch.bfloat16:
+        return f"queries in {q.dtype} (FlashMLA takes bfloat16)"
+    if q.shape[-1] != HEAD_DIM:
+        return f"head dim {q.shape[-1]} (FlashMLA's V4 kernels take {HEAD_DIM})"
+    if q.shape[1] > max(flash_mla.SPARSE_HEADS):
+        return f"{q.shape[1]} query heads (FlashMLA's SM90 kernels take at most 128)"
+    return None
+
+
+def _pad_sinks(sinks: torch.Tensor, heads: int) -> torch.Tensor:
+    return torch.nn.functional.pad(sinks.float(), (0, heads - sinks.shape[0])).contiguous()
+
+
+def sparse_sink_attention(
+    q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sinks: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [T, H, 512] bf16, kv [N, 512] bf16, indices [T, K] (-1: none), sinks [H] fp32 ->
+    [T, H, 512]."""
+    reason = _unsupported(q) or (None if kv.dtype == torch.bfloat16 else f"keys in {kv.dtype}")
+    if reason is not None:
+        _fall_back(reason)
+        return torch_ref.sparse_sink_attention(q, kv, indices, sinks, scale)
+    qp = flash_mla.pad_heads(q)
+    if qp is None:  # more heads than the kernel takes: _unsupported said so
+        return torch_ref.sparse_sink_attention(q, kv, indices, sinks, scale)
+    out, _max, _lse = flash_mla.wheel().flash_mla_sparse_fwd(
+        qp.contiguous(),
+        kv.contiguous().view(-1, 1, HEAD_DIM),
+        flash_mla.pad_topk(indices).unsqueeze(1),
+        scale,
+        HEAD_DIM,
+        attn_sink=_pad_sinks(sinks, qp.shape[1]),
+        use_legacy=True,
+        return_log2_lse=False,
+    )
+    attended: torch.Tensor = out[:, : q.shape[1]]
+    return attended
+
+
+def _valid_first(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's valid ids moved first, order kept, padded with -1 to the kernel's step,
+    [T, 1, K'] int32; each row's count [T] int32): the kernel reads only a row's first
+    `count` ids (topk_length), so padding costs it nothing."""
+    invalid = indices < 0
+    order = invalid.to(torch.int8).argsort(dim=1, stable=True)
+    packed = indices.gather(1, order)
+    counts = (~invalid).sum(dim=1, dtype=torch.int32)
+    return flash_mla.pad_topk(packed).unsqueeze(1), counts
+
+
+def sparse_sink_attention_fp8(
+    q: torch.Tensor,
+    window_pages: torch.Tensor,
+    window: torch.Tensor,
+    comp_pages: torch.Tensor | None,
+    comp: torch.Tensor | None,
+    sinks: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """fp8_v4.sparse_sink_attention's contract: q [T, H, 512] bf16, pages [blocks, P, 1, 584],
+    window / comp [T, K] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]."""
+    reason = _unsupported(q)
+    if reason is not None:
+        _fall_back(reason)
+        return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
+    qp = flash_mla.pad_heads(q)
+    if qp is None:
+        return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
+    fm = flash_mla.wheel()
+    window_ids, window_counts = _valid_first(window)
+    extra = {}
+    if comp_pages is None or comp is None:  # a sliding-only layer: the window is the cache
+        pages, ids, counts = window_pages, window_ids, window_counts
+    else:
+        pages = comp_pages
+        ids, counts = _valid_first(comp)
+        extra = dict(
+            extra_k_cache=window_pages,
+            extra_indices_in_kvcache=window_ids,
+            extra_topk_length=window_counts,
+        )
+    # a fresh plan per call: it depends on the rows' counts, which differ between layers
+    out, _lse = fm.flash_mla_with_kvcache(
+        qp.unsqueeze(1).contiguous(),
+        pages,
+        None,
+        None,
+        HEAD_DIM,
+        fm.get_mla_metadata()[0],
+        softmax_scale=scale,
+        causal=False,
+        is_fp8_kvcache=True,
+        indices=ids,
+        attn_sink=_pad_sinks(sinks, qp.shape[1]),
+        topk_length=counts,
+        use_legacy=True,
+        **extra,
+    )
+    decoded: torch.Tensor = out[:, 0, : q.shape[1]]
+    return decoded

@@ -1,0 +1,166 @@
+"""DeepSeek-V4 with an FP8 KV cache (FlashMLA's 584-byte layout) on CPU: the pack / unpack round
+trip and byte layout, the cache's quantize-on-write, the bytes a block costs, the refusal of a
+shape the layout cannot hold, and the FP8 stages' logits against the same stages on an
+unquantized cache (the torch reference of the FP8 attention, which reads the pages at the
+addresses the kernel would, then dequantizes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.forward_batch import ForwardBatch
+from stages.kernels import fp8_v4, triton_fp8_latent
+from stages.kernels.fp8_v4_layout import BLOCK_ALIGN, ENTRY_BYTES, VALUE_BYTES, block_bytes
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import bytes_per_block, make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import load_model_args
+from stages.models.deepseek_v4.cache import V4Cache
+from stages.models.deepseek_v4.config import COMP, KV
+from stages.partition import layer_ranges
+from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
+
+BLOCK = 16
+# TINY_V4 at V4's head dim and rope width, which the FP8 layout holds (448 + 64)
+FP8_V4 = dict(TINY_V4, head_dim=512, partial_rotary_factor=0.125, index_head_dim=64)
+PROMPT = torch.randint(2, 96, (45,), generator=torch.Generator().manual_seed(7)).tolist()
+# K = V in e4m3 under power-of-two scales per 64 values: each value within 1/16 of itself. This
+# random tiny checkpoint amplifies that through its 4 layers to about 12 % on the logits
+# (measured), so 0.2 bounds quantization; the wiring itself is checked exactly (1e-4) against
+# the unquantized cache holding the same rounded values.
+LOGITS_TOL = 0.2
+WIRING_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(str(tmp_path_factory.mktemp("v4fp8") / "m"), FP8_V4)
+
+
+def test_pack_round_trip_and_byte_layout():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(24, 512, generator=g) * torch.rand(24, 1, generator=g) * 4
+    values[3] = 0  # an all-zero entry: the floor scale, zeros back
+    rows, scales = fp8_v4.quantize(values)
+    back = fp8_v4.dequantize(rows, scales).float()
+    assert torch.equal(back[:, 448:], values[:, 448:].bfloat16().float())  # rope kept in bf16
+    scale = (scales[:, :7].int() << 23).view(torch.float32)  # e8m0: the exponent field
+    err = (back[:, :448] - values[:, :448]).abs().view(24, 7, 64)
+    bound = values[:, :448].abs().view(24, 7, 64) / 16 + scale[..., None] / 1024
+    assert (err <= bound).all() and torch.equal(back[3], torch.zeros(512))
+    assert (scales[:, 7] == 0).all()
+    # pages of 3 blocks x 5 entries: values at 576 i in the block, scales at 576 * 5 + 8 i
+    pages = fp8_v4.allocate(3, 5, "cpu")
+    assert pages.shape == (3, 5, 1, ENTRY_BYTES)
+    assert pages.stride(0) == block_bytes(5) == 6 * BLOCK_ALIGN
+    slots = torch.tensor([7, 0, 14])
+    fp8_v4.write_reference(pages, values[:3], slots)
+    raw = pages.view(torch.uint8).as_strided((3 * block_bytes(5),), (1,))
+    for j, slot in enumerate(slots.tolist()):
+        block, i = divmod(slot, 5)
+        base = block * block_bytes(5)
+        assert torch.equal(raw[base + VALUE_BYTES * i : base + VALUE_BYTES * (i + 1)], rows[j])
+        at = base + VALUE_BYTES * 5 + 8 * i
+        assert torch.equal(raw[at : at + 8], scales[j])
+    assert torch.equal(fp8_v4.read(pages, slots), fp8_v4.dequantize(rows[:3], scales[:3]))
+    # the write entry point (the fused kernel's torch path on CPU) stores the same bytes
+    other = fp8_v4.allocate(3, 5, "cpu")
+    triton_fp8_latent.write_v4(other, values[:3], slots)
+    assert torch.equal(other.view(torch.uint8), pages.view(torch.uint8))
+
+
+def test_bytes_per_block_and_refusals(checkpoint):
+    args = load_model_args(checkpoint)
+    a, b = args.family_args, BLOCK
+    d, di = a.head_dim, a.index_head_dim
+    # layers: sliding, CSA (rate 4), HCA (rate 8), CSA; kv and comp packed, blocks padded
+    kv, comp4, comp8 = block_bytes(b), block_bytes(b // 4), block_bytes(b // 8)
+    csa = kv + comp4 + 2 * (b * 4 * d + b * 4 * di) + 2 * (b // 4) * di
+    hca = kv + comp8 + 2 * b * 2 * d
+    assert bytes_per_block(args, range(0, 4), b, torch.bfloat16, "fp8") == kv + csa + hca + csa
+    tiny = load_model_args(write_checkpoint(str(checkpoint) + "-tiny", TINY_V4))
+    with pytest.raises(ValueError, match="448 no-rope"):
+        make_kv_cache(tiny, range(0, 4), 4, BLOCK, torch.float32, "cpu", "fp8")
+
+
+class Pipeline:
+    """Stages of one checkpoint chained in process (PP=2), each with its own paged cache."""
+
+    def __init__(self, path: str, kv_cache_dtype: str):
+        args = load_model_args(path)
+        kernels = select_kernels("cpu")
+        self.stages, self.caches = [], []
+        for s, (a, b) in enumerate(layer_ranges(args.num_hidden_layers, 2)):
+            self.stages.append(
+                build_stage_model(args, path, a, b, s == 0, s == 1, kernels, torch.float32, "cpu")
+            )
+            self.caches.append(
+                make_kv_cache(args, range(a, b), 12, BLOCK, torch.float32, "cpu", kv_cache_dtype)
+            )
+
+    @torch.no_grad()
+    def logits(self, token_ids: list[int], rows) -> torch.Tensor:
+        batch = ForwardBatch.build(rows, BLOCK)
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        x = ids
+        for stage, cache in zip(self.stages, self.caches):
+            x = stage(x, batch, cache, None if stage.is_first else ids)
+        return self.stages[-1].compute_logits(x)
+
+
+def _chunked_then_decode(pipe: Pipeline) -> tuple[torch.Tensor, list[int]]:
+    """Odd chunks (group boundaries inside them) on scattered blocks, then 4 greedy steps."""
+    table = [9, 2, 7, 0, 11]
+    start, outs = 0, []
+    for n in (7, 13, 9, 16):
+        outs.append(pipe.logits(PROMPT[start : start + n], [(start, n, table, False)]))
+        start += n
+    tokens = [int(outs[-1][-1].argmax())]
+    for _ in range(4):
+        out = pipe.logits([tokens[-1]], [(len(PROMPT) + len(tokens) - 1, 1, table, True)])
+        tokens.append(int(out[0].argmax()))
+    return torch.cat(outs), tokens
+
+
+def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch):
+    """Chunked prefill and decode on FP8 pages against the unquantized cache: logits within
+    quantization tolerance; and against the unquantized cache fed the values the FP8 pages
+    hold (each kv / comp value rounded through pack and unpack), where only the reading
+    differs (addresses traced, pages read in place): equal to fp32 noise."""
+    fp8 = Pipeline(checkpoint, "fp8")
+    assert fp8.caches[0].fp8 and fp8.caches[0].pages(0, "kv").shape[-1] == ENTRY_BYTES
+    got, _tokens = _chunked_then_decode(fp8)
+    want, _tokens = _chunked_then_decode(Pipeline(checkpoint, "auto"))
+    rel = ((got - want).norm() / want.norm()).item()
+    assert 0 < rel < LOGITS_TOL
+
+    write = V4Cache.write
+
+    def write_rounded(self, local, name, values, slots):
+        if name in (KV, COMP):
+            values = fp8_v4.dequantize(*fp8_v4.quantize(values)).to(values.dtype)
+        write(self, local, name, values, slots)
+
+    monkeypatch.setattr(V4Cache, "write", write_rounded)
+    rounded, _tokens = _chunked_then_decode(Pipeline(checkpoint, "auto"))
+    assert ((got - rounded).norm() / rounded.norm()).item() < WIRING_TOL
+
+
+def test_flash_backends_fall_back_to_the_reference_saying_why_once(caplog):
+    """A call FlashMLA cannot take (here fp32 queries) runs the torch reference; the reason is
+    logged once, not per layer."""
+    from stages.kernels import flash_mla_v4, torch_ref
+
+    g = torch.Generator().manual_seed(1)
+    q, kv = torch.randn(3, 4, 512, generator=g), torch.randn(10, 512, generator=g)
+    indices, sinks = torch.tensor([[0, 3, -1], [1, -1, -1], [9, 8, 7]]), torch.zeros(4)
+    caplog.set_level("WARNING", logger="stages.kernels.flash_mla_v4")
+    flash_mla_v4._fall_back.cache_clear()
+    for _ in range(2):
+        out = flash_mla_v4.sparse_sink_attention(q, kv, indices, sinks, 0.1)
+    assert torch.equal(out, torch_ref.sparse_sink_attention(q, kv, indices, sinks, 0.1))
+    assert [r.message for r in caplog.records].count(
+        "DeepSeek-V4 attention on the torch reference, not FlashMLA: queries in torch.float32 "
+        "(FlashMLA takes bfloat16)"
+    ) == 1
