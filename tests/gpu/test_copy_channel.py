@@ -44,15 +44,20 @@ class _End:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.store = self.channel = None
 
-    def open(self, host, port):
+    def listen(self, host, port):
         import torch.distributed as dist
 
+        self.store = dist.TCPStore(host, port, is_master=self.consumer, wait_for_workers=False)
+        return self.store.port
+
+    def connect(self):
+        """Both ends at once, as the pipeline's stages connect: stage 0's serve returns once
+        the last stage has mapped the counters."""
         from stages.copy_channel import CopyOutput
 
-        self.store = dist.TCPStore(host, port, is_master=self.consumer, wait_for_workers=False)
         self.channel = CopyOutput(self.device, WIDTH, check=True)
         (self.channel.serve if self.consumer else self.channel.join)(self.store)
-        return self.store.port
+        return True
 
     def produce(self, schedule):
         for mb, (sends, n, _now) in enumerate(schedule):
@@ -113,8 +118,9 @@ def test_two_processes_on_one_gpu_through_the_ring(ray_one_gpu):
     host = ray.util.get_node_ip_address()
     for attempt, seed in enumerate((1, 2)):  # the second pair: a rebuilt channel
         stage0, last = end.remote(True), end.remote(False)
-        port = ray.get(stage0.open.remote(host, 0))
-        ray.get(last.open.remote(host, port))
+        port = ray.get(stage0.listen.remote(host, 0))
+        ray.get(last.listen.remote(host, port))
+        ray.get([stage0.connect.remote(), last.connect.remote()], timeout=120)
         assert not ray.get(stage0.counters_name_left.remote())  # nothing for a crash to leak
         schedule = _schedule(3 * RING_SLOTS + 7, seed)
         sent, got = ray.get(
