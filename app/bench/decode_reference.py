@@ -8,6 +8,7 @@ model's shapes. What ppserve's decode step is measured against (issue 12's targe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,11 +35,29 @@ def graph_decode_step_s(
     return result
 
 
+def eager_and_graph_s(step: Callable[[], Any], steps: int) -> tuple[float, float]:
+    """(eager, graph-replayed) median seconds of `step`: warmed on a side stream (as capture
+    needs), then captured into one CUDA graph. Call it inside inference_mode."""
+    import torch
+
+    from app.bench.attention import cuda_median_ms
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    eager = cuda_median_ms(step, steps) / 1e3
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return eager, cuda_median_ms(graph.replay, steps) / 1e3
+
+
 def _measure(cfg: dict[str, Any], rows: int, kv_len: int, steps: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
-
-    from app.bench.attention import cuda_median_ms
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
@@ -92,15 +111,5 @@ def _measure(cfg: dict[str, Any], rows: int, kv_len: int, steps: int) -> dict[st
         return torch.argmax(F.linear(norm(x, torch.ones_like(x[0])), head).float(), -1)
 
     with torch.inference_mode():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        eager = cuda_median_ms(step, steps) / 1e3
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        replay = cuda_median_ms(graph.replay, steps) / 1e3
+        eager, replay = eager_and_graph_s(step, steps)
     return {"rows": rows, "kv_len": kv_len, "eager_step_s": eager, "graph_step_s": replay}

@@ -23,7 +23,7 @@ def mla_graph_decode_step_s(
     import torch
     import torch.nn.functional as F
 
-    from app.bench.attention import cuda_median_ms
+    from app.bench.decode_reference import eager_and_graph_s
     from stages.kernels import triton_moe
     from stages.model_config import ModelArgs
 
@@ -142,17 +142,7 @@ def mla_graph_decode_step_s(
             step()
         except RuntimeError:  # a build without grouped GEMMs for this chip: ours
             grouped_mm = False
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        eager = cuda_median_ms(step, steps) / 1e3
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        replay = cuda_median_ms(graph.replay, steps) / 1e3
+        eager, replay = eager_and_graph_s(step, steps)
     return {
         "rows": rows,
         "kv_len": kv_len,
