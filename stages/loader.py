@@ -84,7 +84,8 @@ def _scale_index(index: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _read(files: dict[str, str], name: str) -> torch.Tensor:
     with safe_open(files[name], framework="pt", device="cpu") as f:
-        return f.get_tensor(name)
+        t: torch.Tensor = f.get_tensor(name)
+    return t
 
 
 def _packed(files: dict[str, str], names: set[str]) -> set[str]:

@@ -10,6 +10,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,8 +40,8 @@ def _copy_with(src: Path, dst: Path, tensors: dict[str, torch.Tensor], **config:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """"fp4": the experts as MXFP4 (one in float4_e2m1fn_x2, the rest int8); "dequantized":
-    the same checkpoint with those experts' dequantized values, as transformers reads it."""
+    """The checkpoint with its routed experts as MXFP4 (one in float4_e2m1fn_x2, the rest int8),
+    the same with those experts' dequantized values (as transformers reads it), and the count."""
     root = tmp_path_factory.mktemp("v4_mxfp4")
     plain = Path(write_checkpoint(str(root / "plain"), TINY_V4))
     tensors = load_file(str(plain / "model.safetensors"))
@@ -62,7 +63,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def _stage_logits(path: str) -> torch.Tensor:
     args = load_model_args(path)
     n = args.num_hidden_layers
-    stage = build_stage_model(args, path, 0, n, True, True, select_kernels("cpu"), "fp32", "cpu")
+    stage: Any = build_stage_model(
+        args, path, 0, n, True, True, select_kernels("cpu"), "fp32", "cpu"
+    )
     cache = make_kv_cache(args, range(n), 8, BLOCK, torch.float32, "cpu")
     batch = ForwardBatch.build([(0, len(PROMPT), list(range(8)), True)], BLOCK)
     ids = torch.tensor(PROMPT)
