@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from stages import protocol
-from stages.kernels import fp8_ref
+from stages.kernels import fp8_ref, mxfp4
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.protocol import QUANTIZATIONS
@@ -82,6 +82,34 @@ def _scale_index(index: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
+def _read(files: dict[str, str], name: str) -> torch.Tensor:
+    with safe_open(files[name], framework="pt", device="cpu") as f:
+        t: torch.Tensor = f.get_tensor(name)
+    return t
+
+
+def _packed(files: dict[str, str], names: set[str]) -> set[str]:
+    """Those of `names` the checkpoint stores in a packed FP4 dtype (read from the headers)."""
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    out = set()
+    for file, group in by_file.items():
+        with safe_open(file, framework="pt", device="cpu") as f:
+            out |= {n for n in group if f.get_slice(n).get_dtype() in ("I8", "U8", "F4")}
+    return out
+
+
+def _dequantize_mxfp4(name: str, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if not mxfp4.is_mxfp4(packed, scale):
+        raise ValueError(
+            f"{name}: {packed.dtype} {tuple(packed.shape)} with {SCALE_SUFFIX} "
+            f"{tuple(scale.shape)} is not MXFP4 (two values per byte, one scale per "
+            f"{mxfp4.GROUP} values along K)"
+        )
+    return mxfp4.dequantize(packed, scale)
+
+
 def load_stage_weights(
     model: StageModel,
     path: str,
@@ -95,7 +123,9 @@ def load_stage_weights(
 
     Returns the checkpoint names read, sorted. With tied embeddings the last stage reads
     `model.embed_tokens.weight` for its head (tied checkpoints usually omit `lm_head.weight`).
-    FP8 block-scaled weights (with a `weight_scale_inv`) are dequantized to the model's dtype.
+    FP8 block-scaled weights (with a `weight_scale_inv`) are dequantized to the model's dtype,
+    and so are MXFP4 ones (V4's routed experts: a packed int8 / float4_e2m1fn_x2 weight with
+    one ue8m0 scale per 32 values along K); a kept-FP8 parameter gets them quantized blockwise.
     """
     built_for = (model.layer_start, model.layer_end, model.is_first, model.is_last)
     # torch types a Module's unknown attributes as Tensor | Module, hence the ignore
@@ -109,8 +139,12 @@ def load_stage_weights(
         for p, srcs in tensor_sources(model).items()
         for name, index in ([(checkpoint_name(p), ())] if checkpoint_name(p) in files else srcs)
     ]
-    # Kept-FP8 scales the checkpoint lacks come from quantizing its weights at load.
-    derived = {n for n, _, p in pieces if p.endswith(SCALE_SUFFIX) and n not in files}
+    # Kept-FP8 scales the checkpoint lacks (or has for MXFP4 weights) come from quantizing
+    # its weights at load.
+    scales = {n for n, _, p in pieces if p.endswith(SCALE_SUFFIX)}
+    weights = {n.removesuffix(SCALE_SUFFIX) for n in scales}
+    packed = _packed(files, {n for n in weights if n in files})
+    derived = {n for n in scales if n not in files or n.removesuffix(SCALE_SUFFIX) in packed}
     pieces = [piece for piece in pieces if piece[0] not in derived]
     missing = sorted({n for n, _, _ in pieces if n not in files})
     if missing:
@@ -120,13 +154,16 @@ def load_stage_weights(
     by_file: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {}
     for piece in pieces:
         by_file.setdefault(files[piece[0]], []).append(piece)
-    counts = {"dequantized": 0, "kept": 0, "quantized": 0}
+    counts = {"dequantized": 0, "mxfp4": 0, "kept": 0, "quantized": 0}
     with torch.no_grad():
         for file, group in sorted(by_file.items()):
             with safe_open(file, framework="pt", device="cpu") as f:
                 for n, index, p in group:
                     t = f.get_tensor(n)
                     target = params[p][index]
+                    if t.dtype in mxfp4.PACKED_DTYPES and n + SCALE_SUFFIX in files:
+                        t = _dequantize_mxfp4(n, t, _read(files, n + SCALE_SUFFIX))
+                        counts["mxfp4"] += 1
                     scaled = t.dtype == fp8_ref.FP8 and n + SCALE_SUFFIX in files
                     if target.dtype == fp8_ref.FP8 and not scaled:
                         if n + SCALE_SUFFIX not in derived:
@@ -137,10 +174,8 @@ def load_stage_weights(
                     elif target.dtype == fp8_ref.FP8:
                         counts["kept"] += 1
                     elif scaled:
-                        with safe_open(files[n + SCALE_SUFFIX], framework="pt", device="cpu") as fs:
-                            t = dequantize_fp8(
-                                t, fs.get_tensor(n + SCALE_SUFFIX), args.fp8_block or (128, 128)
-                            )
+                        scale = _read(files, n + SCALE_SUFFIX)
+                        t = dequantize_fp8(t, scale, args.fp8_block or (128, 128))
                         counts["dequantized"] += 1
                     if tuple(t.shape) != tuple(target.shape):
                         raise ValueError(
@@ -152,6 +187,13 @@ def load_stage_weights(
         log.info(
             "FP8 block-scaled checkpoint: %d weights dequantized to %s at load",
             counts["dequantized"],
+            dtype_of(model),
+        )
+    if counts["mxfp4"]:
+        log.info(
+            "MXFP4 checkpoint weights: %d dequantized at load (to %s, or quantized to FP8 "
+            "where the stage keeps FP8)",
+            counts["mxfp4"],
             dtype_of(model),
         )
     if counts["kept"] or counts["quantized"]:

@@ -6,8 +6,8 @@ stage_memory_plan from a config.json (the stage modules built on the meta device
 
 A family without an FP8 cache gets "n/a" in the FP8 KV columns and the reason under the table.
 A checkpoint whose routed experts are MXFP4 (DeepSeek-V4's `expert_dtype: fp4`, or
---mxfp4-experts) gets a line comparing the experts as the stage holds them (dequantized at load:
-ppserve has no FP4 GEMM) with their checkpoint size.
+--mxfp4-experts) gets a line comparing the experts as the stage holds them (stages/loader.py
+dequantizes MXFP4 at load: ppserve has no FP4 GEMM) with their checkpoint size.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from stages.kernels import mxfp4
 from stages.loader import StageMemory, stage_memory_plan
 from stages.model_config import ModelArgs
+from stages.models.deepseek_v4.config import expert_dtype
 
 H200_BYTES = 141 * 10**9  # HBM3e
 UTILIZATION = 0.9  # --gpu-memory-utilization's default
@@ -52,8 +53,7 @@ def leading_layers(config: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def fp4_experts(config: dict[str, Any]) -> bool:
-    quant = config.get("quantization_config") or {}
-    return "fp4" in (config.get("expert_dtype"), quant.get("expert_dtype"))
+    return expert_dtype(config) == "fp4"
 
 
 def _fp8_kv_plan(args: ModelArgs, pp: int, fp8: bool) -> tuple[list[StageMemory] | None, str]:

@@ -1,7 +1,8 @@
 """MXFP4 (OCP microscaling FP4), the format of DeepSeek-V4's routed experts: e2m1 values packed
 two per byte (element 2i in the low nibble), one e8m0 scale (a power of two, 2^(byte - 127)) per
-32 consecutive values along K. ppserve dequantizes them at load (no FP4 GEMM path): this is the
-dequantizer, and the reference quantizer its tests use.
+32 consecutive values along K. The loader (stages/loader.py) dequantizes them to the model's dtype
+at load (no FP4 GEMM path), recognising them from the tensors themselves; this is the dequantizer,
+the recognition, and the reference quantizer its tests use.
 """
 
 from __future__ import annotations
@@ -11,11 +12,28 @@ import torch
 GROUP = 32
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes of codes 0-7; bit 3 is sign
 E8M0_BIAS = 127
+# How a checkpoint stores the packed nibbles: transformers writes int8, or float4_e2m1fn_x2
+PACKED_DTYPES = tuple(
+    getattr(torch, name)
+    for name in ("int8", "uint8", "float4_e2m1fn_x2")
+    if hasattr(torch, name)
+)
 
 
 def _values(device: torch.device) -> torch.Tensor:
     mags = torch.tensor(E2M1, dtype=torch.float32, device=device)
     return torch.cat((mags, -mags))  # code -> value
+
+
+def is_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether `packed` with `scale` is MXFP4, from the tensors as transformers tells (the block
+    derived from the scale's grid): a packed dtype, K halved, one scale per row per 32 values."""
+    return (
+        packed.dtype in PACKED_DTYPES
+        and packed.dim() == scale.dim()
+        and tuple(scale.shape[:-1]) == tuple(packed.shape[:-1])
+        and scale.shape[-1] * GROUP == 2 * packed.shape[-1]
+    )
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

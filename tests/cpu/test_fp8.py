@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from app.bench.fp8 import StageChain
-from stages.kernels import fp8_ref
+from stages.kernels import fp8_ref, mxfp4
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import bytes_per_token_layer
 from stages.loader import build_stage_model, keep_fp8_weights, stage_memory_plan
@@ -206,6 +207,29 @@ def test_fp8_weights_kept_match_dequantized(checkpoints, caplog):
         online.stages[0].layers["1"].self_attn.q_a_proj.weight.view(torch.uint8),
         layer.self_attn.q_a_proj.weight.view(torch.uint8),
     )
+
+
+def test_mxfp4_experts_are_dequantized_or_quantized_to_fp8_at_load(checkpoints, tmp_path):
+    """MXFP4 experts (V4's format, recognised from the tensors): the dequantized values in the
+    model's dtype, or, in a stage keeping FP8 weights, those values quantized blockwise."""
+    tensors = load_file(os.path.join(checkpoints["plain"], "model.safetensors"))
+    values = {}
+    for name in [n for n in tensors if re.search(r"\.experts\.\d+\.\w+_proj\.weight$", n)]:
+        packed, scale = mxfp4.quantize(tensors[name])
+        values[name] = mxfp4.dequantize(packed, scale)
+        tensors[name] = packed.view(torch.int8)
+        tensors[name + "_scale_inv"] = scale.view(torch.float8_e8m0fnu)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(checkpoints["plain"], "config.json")) as f:
+        (tmp_path / "config.json").write_text(f.read())
+    up = values["model.layers.1.mlp.experts.3.up_proj.weight"]  # rows I.. of expert 3's stack
+    held = Pipeline(str(tmp_path)).stages[0].layers["1"].mlp.experts.gate_up_proj
+    assert held.dtype == torch.float32 and torch.equal(held[3, 128:], up)
+    kept = Pipeline(str(tmp_path), fp8_weights=True).stages[0].layers["1"].mlp.experts
+    q, scale = fp8_ref.quantize_weight(up)
+    assert kept.gate_up_proj.dtype == fp8_ref.FP8
+    assert torch.equal(kept.gate_up_proj[3, 128:].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(kept.gate_up_proj_scale_inv[3, 1:], scale)
 
 
 def test_fp8_kv_cache_matches_bf16_cache(checkpoints):

@@ -25,6 +25,7 @@ DEFAULT_RATES = {CSA: 4, HCA: 128}
 _RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid")  # transformers' ACT2FN has no "softmax"
 ROPE_TYPES = ("default", "yarn")
+EXPERT_DTYPES = (None, "fp8", "fp4", "bf16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -169,14 +170,11 @@ class V4Args:
         if heads % groups:
             raise ValueError(f"num_attention_heads={heads} is not a multiple of o_groups={groups}")
         quant = d.get("quantization_config") or {}
-        if quant and (
-            quant.get("quant_method") != "fp8"
-            or quant.get("expert_dtype") not in (None, "fp8", "bf16", "bfloat16")
-        ):
+        if quant and quant.get("quant_method") != "fp8":
             raise ValueError(
-                f"unsupported deepseek_v4 quantization {quant!r} (only block-scaled "
-                "fp8 without FP4 experts; dequantized at load)"
+                f"unsupported deepseek_v4 quantization {quant!r} (only block-scaled fp8)"
             )
+        expert_dtype(d)  # refuses an unknown one
         out = cls(
             vocab_size=int(d["vocab_size"]),
             hidden_size=int(d["hidden_size"]),
@@ -228,6 +226,20 @@ class V4Args:
                 f"{out.n_routed_experts} experts"
             )
         return out
+
+
+def expert_dtype(d: dict[str, Any]) -> str | None:
+    """The routed experts' storage: `expert_dtype` in quantization_config (V4.1) or at the top
+    level (V4; transformers moves it into quantization_config, where one already there wins).
+    fp4 is MXFP4, which the loader dequantizes at load."""
+    quant = d.get("quantization_config") or {}
+    value = quant.get("expert_dtype", d.get("expert_dtype"))
+    if value not in EXPERT_DTYPES:
+        raise ValueError(
+            f"unsupported deepseek_v4 expert_dtype {value!r}; supported: "
+            f"{', '.join(str(v) for v in EXPERT_DTYPES if v)} (fp4: MXFP4, dequantized at load)"
+        )
+    return value if value is None else str(value)
 
 
 def _refuse(d: dict[str, Any], key: str, supported: object, why: str) -> None:

@@ -1,0 +1,114 @@
+"""A DeepSeek-V4 checkpoint whose routed experts are MXFP4 (as V4 ships them: packed e2m1 in int8
+or float4_e2m1fn_x2, ue8m0 `weight_scale_inv` per 32 values along K, `expert_dtype: fp4`):
+ppserve dequantizes them at load and matches transformers on the checkpoint holding the
+dequantized values; an unknown expert_dtype is refused at load."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from stages.forward_batch import ForwardBatch
+from stages.kernels import mxfp4
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import load_model_args
+from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
+
+TOL = 1e-4
+BLOCK = 16
+PROMPT = torch.randint(2, 96, (20,), generator=torch.Generator().manual_seed(7)).tolist()
+ROUTED = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
+
+
+def _copy_with(src: Path, dst: Path, tensors: dict[str, torch.Tensor], **config: object) -> str:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **config}))
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The checkpoint with its routed experts as MXFP4 (one in float4_e2m1fn_x2, the rest int8),
+    the same with those experts' dequantized values (as transformers reads it), and the count."""
+    root = tmp_path_factory.mktemp("v4_mxfp4")
+    plain = Path(write_checkpoint(str(root / "plain"), TINY_V4))
+    tensors = load_file(str(plain / "model.safetensors"))
+    fp4, dequantized = dict(tensors), dict(tensors)
+    routed = sorted(n for n in tensors if ROUTED.search(n))
+    for i, name in enumerate(routed):
+        packed, scale = mxfp4.quantize(tensors[name])
+        dequantized[name] = mxfp4.dequantize(packed, scale)
+        fp4[name] = packed.view(torch.float4_e2m1fn_x2 if i == 0 else torch.int8)
+        fp4[name + "_scale_inv"] = scale.view(torch.float8_e8m0fnu)
+    return {
+        "fp4": _copy_with(plain, root / "fp4", fp4, expert_dtype="fp4"),
+        "dequantized": _copy_with(plain, root / "dequantized", dequantized),
+        "routed": str(len(routed)),
+    }
+
+
+@torch.no_grad()
+def _stage_logits(path: str) -> torch.Tensor:
+    args = load_model_args(path)
+    n = args.num_hidden_layers
+    stage: Any = build_stage_model(
+        args, path, 0, n, True, True, select_kernels("cpu"), "fp32", "cpu"
+    )
+    cache = make_kv_cache(args, range(n), 8, BLOCK, torch.float32, "cpu")
+    batch = ForwardBatch.build([(0, len(PROMPT), list(range(8)), True)], BLOCK)
+    ids = torch.tensor(PROMPT)
+    logits: torch.Tensor = stage.compute_logits(stage(ids, batch, cache))
+    return logits
+
+
+def test_mxfp4_experts_dequantized_at_load_match_hf(
+    checkpoints: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from transformers import DeepseekV4ForCausalLM
+
+    caplog.set_level(logging.INFO, logger="stages.loader")
+    got = _stage_logits(checkpoints["fp4"])
+    message = f"MXFP4 checkpoint weights: {checkpoints['routed']} dequantized at load"
+    assert any(r.getMessage().startswith(message) for r in caplog.records)
+    hf = DeepseekV4ForCausalLM.from_pretrained(checkpoints["dequantized"], dtype=torch.float32)
+    with torch.no_grad():
+        want = hf.eval()(torch.tensor([PROMPT])).logits[0]
+    assert (got - want).abs().max().item() <= TOL
+
+
+def test_mxfp4_scale_grid_and_unknown_expert_dtype_are_refused(
+    checkpoints: dict[str, str], tmp_path: Path
+) -> None:
+    src = Path(checkpoints["fp4"])
+    for where in ("top", "quantization_config"):
+        cfg = json.loads((src / "config.json").read_text())
+        if where == "top":
+            cfg["expert_dtype"] = "int4"
+        else:
+            cfg.pop("expert_dtype")
+            cfg["quantization_config"] = {"quant_method": "fp8", "expert_dtype": "int4"}
+        bad = tmp_path / where
+        bad.mkdir()
+        (bad / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ValueError, match="expert_dtype 'int4'"):
+            load_model_args(str(bad))
+    # a packed weight whose scales are not one per 32 values along K: refused, named
+    tensors = load_file(str(src / "model.safetensors"))
+    name = next(n for n in sorted(tensors) if ROUTED.search(n))
+    scale = tensors[name + "_scale_inv"]
+    tensors[name + "_scale_inv"] = scale[..., : scale.shape[-1] // 2].contiguous()
+    grid = _copy_with(src, tmp_path / "grid", tensors)
+    with pytest.raises(ValueError, match=re.escape(name) + ".*is not MXFP4"):
+        _stage_logits(grid)
