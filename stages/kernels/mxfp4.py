@@ -14,9 +14,7 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes of codes 0-7; 
 E8M0_BIAS = 127
 # How a checkpoint stores the packed nibbles: transformers writes int8, or float4_e2m1fn_x2
 PACKED_DTYPES = tuple(
-    getattr(torch, name)
-    for name in ("int8", "uint8", "float4_e2m1fn_x2")
-    if hasattr(torch, name)
+    getattr(torch, name) for name in ("int8", "uint8", "float4_e2m1fn_x2") if hasattr(torch, name)
 )
 
 
