@@ -31,6 +31,7 @@ from app.bench.target import (
     kv_info,
     lone_prompt_chunk_sizes,
     memory_options,
+    start_local_ray,
     write_model,
 )
 
@@ -201,13 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
     block = kv_block_size(model)
-    ray.init(
-        address="local",
-        num_gpus=a.pp if a.device == "cuda" else 0,
-        num_cpus=max(8, a.pp + 2),
-        include_dashboard=False,
-        runtime_env={"env_vars": {"NCCL_NVLS_ENABLE": "0"}},
-    )
+    owns_ray = start_local_ray(a.pp, a.device)
     rows = []
     for linear in a.linear.split(","):
         t0 = time.perf_counter()
@@ -249,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     ]
                     # after every config: a killed run keeps what it measured
                     _write(a, argv, rows, model)
-    ray.shutdown()
+    if owns_ray:
+        ray.shutdown()
     print(f"wrote {a.out}")
     return 0
 
