@@ -38,6 +38,7 @@ from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, s
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import ModelArgs
+from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
 
 # DeepSeek-V4's ops timed by CUDA events: (module class, method, label). Nested ones are timed
 # each (the indexer's selection inside the key selection, inside the attention, inside the layer).
@@ -320,8 +321,8 @@ def main() -> None:
     )
     p.add_argument("--out", required=True)
     p.add_argument("--linear", default="auto")
-    p.add_argument("--quantization", choices=("none", "fp8"), default="none")
-    p.add_argument("--kv-cache-dtype", choices=("auto", "bfloat16", "fp8"), default="auto")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none", help="auto: none")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--standin", action="store_true", help="also profile under the stand-in")
     a = p.parse_args()
     setting = Setting(a.linear, a.quantization == "fp8", a.kv_cache_dtype, a.standin)

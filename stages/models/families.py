@@ -18,8 +18,9 @@ A family declares:
   holding one gets them from stage 0 over the hidden channel;
 - capabilities the runner asks about: `paged_decode_graphs`, whether its decode-only
   microbatches capture as CUDA graphs under the chosen kernels (every op of the decode step
-  sync-free and static-shaped on them), block size and cache dtype; and cuDNN warm-up, built for
-  K/V pages of [slots, kv_heads, head_dim].
+  sync-free and static-shaped on them), block size and cache dtype; and `chunk_attention_dims`,
+  the (query heads, K/V heads, q/k width, v width) of its prefill chunks' dense attention, which
+  the startup warm-up builds cuDNN's per-shape graphs for (None: no such attention).
 """
 
 from __future__ import annotations
@@ -91,6 +92,24 @@ def _token_hidden(args: ModelArgs) -> tuple[int, ...]:
     return (args.hidden_size,)
 
 
+def _no_dims(_args: ModelArgs) -> tuple[int, int, int, int] | None:
+    return None
+
+
+def _gqa_dims(args: ModelArgs) -> tuple[int, int, int, int] | None:
+    a = args
+    return (a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.head_dim)
+
+
+def _mla_dims(args: ModelArgs) -> tuple[int, int, int, int] | None:
+    """Dense MLA's prefill expands the latent to every head (V3.2's sparse layers do not)."""
+    d = args.family_args
+    if d.indexer is not None:
+        return None
+    heads = args.num_attention_heads
+    return (heads, heads, d.qk_nope_head_dim + d.qk_rope_head_dim, d.v_head_dim)
+
+
 def _key_value(args: ModelArgs) -> dict[str, int]:
     width = args.num_key_value_heads * args.head_dim
     return {"key": width, "value": width}
@@ -110,7 +129,7 @@ class Family:
     fp8_block_bytes: Callable[[int, int], int] = lambda entry_bytes, entries: entry_bytes * entries
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     paged_decode_graphs: Callable[[GraphSetting], bool] = _never
-    cudnn_warm_up: bool = False
+    chunk_attention_dims: Callable[[ModelArgs], tuple[int, int, int, int] | None] = _no_dims
     layer_kv_components: Callable[[ModelArgs, int], dict[str, tuple[int, int]]] | None = None
     block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
@@ -193,7 +212,7 @@ LLAMA = Family(
     PLAIN_ROPE_TYPES,
     "stages.models.llama:LlamaStage",
     paged_decode_graphs=_llama_graphs,
-    cudnn_warm_up=True,
+    chunk_attention_dims=_gqa_dims,
 )
 QWEN3_MOE = Family(
     "qwen3_moe",
@@ -202,7 +221,7 @@ QWEN3_MOE = Family(
     PLAIN_ROPE_TYPES,
     "stages.models.qwen3_moe:Qwen3MoeStage",
     # not paged_decode_graphs: the torch reference of the MoE experts syncs with the host
-    cudnn_warm_up=True,
+    chunk_attention_dims=_gqa_dims,
 )
 DEEPSEEK = Family(
     "deepseek",
@@ -215,6 +234,7 @@ DEEPSEEK = Family(
     kv_description="MLA latent",
     fp8_kv=fp8_latent_components,
     paged_decode_graphs=_deepseek_graphs,
+    chunk_attention_dims=_mla_dims,
 )
 DEEPSEEK_V4 = Family(
     "deepseek_v4",
