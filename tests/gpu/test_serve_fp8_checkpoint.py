@@ -205,7 +205,10 @@ def fp8_served(checkpoint, tmp_path_factory) -> dict[str, Any]:
     return served(checkpoint["path"], log, "--kv-cache-dtype", "fp8")
 
 
-def test_fp8_checkpoint_serves_over_openai(fp8_served, report):
+def test_fp8_checkpoint_serves_over_openai(checkpoint, fp8_served, report):
+    from stages.kv_cache import bytes_per_token_layer
+    from stages.model_config import load_model_args
+
     s = fp8_served
     assert s["kernels"].get("fp8_linear", "torch") != "torch", s["kernels"]
     assert s["kernels"].get("mla_sparse_fp8") == "flash-mla", s["kernels"]
@@ -213,7 +216,11 @@ def test_fp8_checkpoint_serves_over_openai(fp8_served, report):
         r"FP8 weights kept for W8A8: (\d+) from the checkpoint, (\d+) quantized", s["log"]
     )
     assert kept and int(kept.group(1)) > 0 and int(kept.group(2)) == 0, "not kept FP8"
-    assert s["kv_cache_dtype"] == "fp8" and s["kv_bytes_per_token_layer"] == 656 + 256
+    # the FP8 latent (656 bytes) and the indexer's key, as the engine's own sizing counts them
+    args = load_model_args(checkpoint["path"])
+    assert s["kv_cache_dtype"] == "fp8"
+    assert s["kv_bytes_per_token_layer"] == bytes_per_token_layer(args, torch.bfloat16, "fp8")
+    assert s["kv_bytes_per_token_layer"] < bytes_per_token_layer(args, torch.bfloat16, "bfloat16")
     report["fp8_served"] = {k: v for k, v in s.items() if k != "log"}
     report["fp8_served"]["weights_kept_fp8"] = int(kept.group(1))
     save(report)
