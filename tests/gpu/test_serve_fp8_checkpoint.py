@@ -74,7 +74,9 @@ def checkpoint(tmp_path_factory) -> dict[str, Any]:
     from app.bench.target import shape_config
 
     config = dict(shape_config("deepseek-v32-bench"), num_hidden_layers=LAYERS)
-    return write_fp8_checkpoint(config, str(tmp_path_factory.mktemp("v32fp8") / "ckpt"))
+    written = write_fp8_checkpoint(config, str(tmp_path_factory.mktemp("v32fp8") / "ckpt"))
+    torch.cuda.empty_cache()  # the draws' cached blocks, before the servers start
+    return written
 
 
 @pytest.fixture(scope="module")
