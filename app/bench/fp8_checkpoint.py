@@ -3,9 +3,10 @@ V3.2 checkpoints ship it, at a bench shape (app/bench/target.py) and any layer c
 
     python -m app.bench.fp8_checkpoint --model-shape deepseek-v32-bench --layers 4 --out DIR
 
-The weights are `--load-format dummy`'s (stages/loader.py random_init, the same seed), stored as
-in DeepSeek-V3.2's safetensors: the attention projections, the indexer's wq_b and wk and every
-MLP and expert (dense, shared, routed, one tensor per expert) float8_e4m3fn with a float32
+The weights are `--load-format dummy`'s draws (stages/loader.py random_init: same seed, same
+device type), stored as in DeepSeek-V3.2's safetensors: the attention projections, the
+indexer's wq_b and wk and every MLP and expert (dense, shared, routed, one tensor per expert)
+float8_e4m3fn with a float32
 `weight_scale_inv` per 128 x 128 tile (its amax / 448); the router, the indexer's weights_proj,
 embeddings and lm_head bfloat16; norms and the router's bias float32. One shard per layer and
 model.safetensors.index.json; config.json with DeepSeek-V3's quantization_config; a word-level
