@@ -6,12 +6,11 @@ V3.2 checkpoints ship it, at a bench shape (app/bench/target.py) and any layer c
 The weights are `--load-format dummy`'s draws (stages/loader.py random_init: same seed, same
 device type), stored as in DeepSeek-V3.2's safetensors: the attention projections, the
 indexer's wq_b and wk and every MLP and expert (dense, shared, routed, one tensor per expert)
-float8_e4m3fn with a float32
-`weight_scale_inv` per 128 x 128 tile (its amax / 448); the router, the indexer's weights_proj,
-embeddings and lm_head bfloat16; norms and the router's bias float32. One shard per layer and
-model.safetensors.index.json; config.json with DeepSeek-V3's quantization_config; a word-level
-tokenizer whose token i is spelled `t<i>` (a random model's text says nothing, but its ids can
-be read back from the text of a completion).
+float8_e4m3fn with a float32 `weight_scale_inv` per 128 x 128 tile (its amax / 448); the router,
+the indexer's weights_proj, embeddings and lm_head bfloat16; norms and the router's bias
+float32. One shard per layer and model.safetensors.index.json; config.json with DeepSeek-V3's
+quantization_config; a word-level tokenizer whose token i is spelled `t<i>` (a random model's
+text says nothing, but its ids can be read back from the text of a completion).
 """
 
 from __future__ import annotations
