@@ -204,3 +204,31 @@ def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
     ptx = compiled.asm["ptx"]
     assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+def test_hyper_connection_kernels_compile():
+    from stages.kernels import triton_hyper as th
+
+    n, bt, bd = 4, th.BLOCK_T, th.BLOCK_D
+    _compile(
+        th._project,
+        {"x_ptr": "*bf16", "w_ptr": "*fp32", "mix_ptr": "*fp32", "T": "i32", "K": "i32",
+         "M": "i32", "norm_eps": "fp32"},
+        {"BLOCK_T": bt, "BLOCK_K": th.BLOCK_K, "BLOCK_M": 32},
+        num_warps=4,
+    )  # fmt: skip
+    _compile(
+        th._finish,
+        {"mix_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "x_ptr": "*bf16",
+         "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16", "T": "i32", "D": "i32",
+         "iters": "i32", "eps": "fp32"},
+        {"N": n, "BLOCK_T": bt, "BLOCK_D": bd},
+        num_warps=4,
+    )  # fmt: skip
+    _compile(
+        th._merge,
+        {"x_ptr": "*bf16", "o_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32",
+         "y_ptr": "*bf16", "T": "i32", "D": "i32"},
+        {"N": n, "BLOCK_T": bt, "BLOCK_D": bd},
+        num_warps=4,
+    )  # fmt: skip
