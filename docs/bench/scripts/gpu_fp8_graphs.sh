@@ -7,12 +7,13 @@
 # tokens == --enforce-eager's with --quantization fp8 --kv-cache-dtype fp8). Then V3.2-bench
 # decode at 512 rows x 64 outputs with both FP8 formats, graphed (--no-reference: the graph
 # reference loop is bf16 only). Each step under `timeout`; the whole under 330 s.
-# Run from the repo root; carry .gpu (Ray) and .wt/lead (sgl-flash-mla, llguidance). Logs and
-# JSON under $OUT (3 files).
+# Run from the checkout to test; carry .gpu (Ray) and .wt/lead (sgl-flash-mla, llguidance), found
+# under ROOT (default: here; ROOT=../.. from .wt/<name>). Logs and JSON under $OUT (3 files).
 set -uo pipefail
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wt/lead/whl/*.whl \
-    2>/dev/null
+ROOT=${ROOT:-.}
+mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf "$ROOT/.gpu/raysite.tar.xz")
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    "$ROOT"/.wt/lead/whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 step() { echo "=== [$SECONDS s] $*" | tee -a "$OUT/fp8_graphs_bench.log"; }
