@@ -76,15 +76,20 @@ def _llama_graphs(s: GraphSetting) -> bool:
 
 def _deepseek_graphs(s: GraphSetting) -> bool:
     """FlashMLA (dense and sparse, bf16 latent pages of 64), the Triton MoE and indexer: the
-    torch references of these ops size tensors from device values. FP8 weights and the FP8
-    latent are not captured yet."""
-    ops = ("mla_decode", "mla_sparse", "indexer_logits_rows", "moe_experts")
+    torch references of these ops size tensors from device values. An FP8 latent (V3.2) is
+    read by FlashMLA's sparse FP8 kernel alone, its scheduler plan built inside the graph; FP8
+    weights run on the W8A8 GEMMs (cuBLASLt's or the Triton ones, fed by the fused activation
+    quantizer) and the grouped Triton FP8 MoE, each a fixed launch with no host sync. Their
+    torch references (fp8_latent's, fp8_ref's) gather and loop on the host: not captured."""
+    ops = ["mla_decode", "mla_sparse", "indexer_logits_rows", "moe_experts"]
+    if s.kv_cache_dtype == "fp8":
+        ops.append("mla_sparse_fp8")
+    if "fp8_linear" in s.kernels:  # set only where FP8 weights stay FP8
+        ops += ["fp8_linear", "moe_experts_fp8"]
     return (
         all(s.kernels.get(op, "torch") != "torch" for op in ops)
         and s.block_size == FLASH_MLA_PAGE
         and s.dtype == "bfloat16"
-        and s.kv_cache_dtype != "fp8"
-        and "fp8_linear" not in s.kernels
     )
 
 
