@@ -4,11 +4,14 @@ tiny misaligned tiles, an fp32 copy of every stream for the norm and the project
 hundred small kernels for the Sinkhorn iterations per call, so it is bound by launches in decode
 and by memory traffic in prefill.
 
-- ``_project``: per block of tokens, the fp32 projection of the streams (read once in their
-  dtype) and their sum of squares; the RMS norm's factor is applied to the projection after it
-  (F.linear(x * r, fn) = r * F.linear(x, fn)).
-- ``_finish``: per block of tokens, the sigmoids, the softmax and the Sinkhorn iterations in
-  registers, then the collapse of the streams by `pre` over the hidden size.
+- ``_project``: per block of tokens and slice of the streams, the projection's partial sums and
+  the sum of squares (the RMS norm's factor is applied after: F.linear(x * r, fn) =
+  r * F.linear(x, fn)). The products run on tensor cores in TF32 at fp32 accuracy: bf16 streams
+  are exact in TF32, and the fp32 weights go in as two TF32 pieces (w = hi + lo). Short batches
+  split the streams' width over more programs (decode rows are few).
+- ``_finish``: per block of tokens, the partial sums added in a fixed order, then the sigmoids,
+  the softmax and the Sinkhorn iterations in registers, and the collapse of the streams by `pre`
+  over the hidden size.
 - ``_merge``: post * out + comb^T @ streams per (tokens, hidden) tile, rounded as the torch
   form rounds (each product to the streams' dtype, then their sum).
 
@@ -23,6 +26,8 @@ import torch
 from stages.kernels import hyper_connection
 
 BLOCK_T, BLOCK_K, BLOCK_D = 16, 128, 256
+TARGET_PROGRAMS = 264  # two per SM of an H200: enough to fill the chip with short batches
+MAX_SPLIT = 16
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -57,10 +62,16 @@ def mix(
     m = (2 + n) * n
     x = streams.contiguous()
     w = fn.float().contiguous()
-    mixes = torch.empty(t, m, dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(t, BLOCK_T),)
-    _project[grid](
-        x, w, mixes, t, n * d, m, norm_eps,
+    k = n * d
+    blocks = triton.cdiv(t, BLOCK_T)
+    split = max(1, min(MAX_SPLIT, TARGET_PROGRAMS // blocks, triton.cdiv(k, BLOCK_K)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), BLOCK_K) * BLOCK_K
+    split = triton.cdiv(k, k_per_split)
+    parts = torch.empty(split, t, m, dtype=torch.float32, device=x.device)
+    squares = torch.empty(split, t, dtype=torch.float32, device=x.device)
+    grid = (blocks,)
+    _project[(blocks, split)](
+        x, w, parts, squares, t, k, m, k_per_split,
         BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, BLOCK_M=triton.next_power_of_2(max(m, 16)),
         num_warps=4,
     )  # fmt: skip
@@ -68,8 +79,9 @@ def mix(
     comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
     collapsed = torch.empty(t, d, dtype=x.dtype, device=x.device)
     _finish[grid](
-        mixes, base.float().contiguous(), scale.float().contiguous(), x, post, comb, collapsed,
-        t, d, iters, eps, N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4,
+        parts, squares, base.float().contiguous(), scale.float().contiguous(), x, post, comb,
+        collapsed, t, d, split, iters, eps, norm_eps,
+        N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4,
     )  # fmt: skip
     return post, comb, collapsed
 
@@ -100,17 +112,20 @@ if triton is not None:
 
     @triton.jit
     def _project(
-        x_ptr, w_ptr, mix_ptr, T, K, M, norm_eps,
+        x_ptr, w_ptr, part_ptr, sq_ptr, T, K, M, K_PER_SPLIT,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     ):  # fmt: skip
-        """mix[t, :M] = rsqrt(mean(x[t]^2) + eps) * (x[t] @ w.T), x [T, K], w [M, K] fp32."""
+        """part[s, t, :M] = x[t, ks] @ w[:, ks].T and sq[s, t] = sum(x[t, ks]^2) over split s's
+        slice ks of K; x [T, K] bf16, w [M, K] fp32."""
+        split = tl.program_id(1)
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         cols = tl.arange(0, BLOCK_M)
         row_ok, col_ok = rows < T, cols < M
         acc = tl.zeros((BLOCK_T, BLOCK_M), dtype=tl.float32)
         squares = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
+        k_start = split * K_PER_SPLIT
+        for k0 in range(0, K_PER_SPLIT, BLOCK_K):  # the last split's tail is masked
+            ks = k_start + k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
             x = tl.load(
                 x_ptr + rows[:, None].to(tl.int64) * K + ks[None, :],
@@ -122,35 +137,50 @@ if triton is not None:
                 mask=col_ok[None, :] & k_ok[:, None],
                 other=0.0,
             )
+            # TF32 keeps 10 mantissa bits: the truncated high part is exact in it, the rest
+            # goes in a second product
+            w_hi = (w.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
             squares += tl.sum(x * x, axis=1)
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        factor = tl.rsqrt(squares / K + norm_eps)
+            acc = tl.dot(x, w_hi, acc, input_precision="tf32")
+            acc = tl.dot(x, w - w_hi, acc, input_precision="tf32")
         tl.store(
-            mix_ptr + rows[:, None] * M + cols[None, :],
-            acc * factor[:, None],
+            part_ptr + (split * T + rows[:, None]) * M + cols[None, :],
+            acc,
             mask=row_ok[:, None] & col_ok[None, :],
         )
+        tl.store(sq_ptr + split * T + rows, squares, mask=row_ok)
 
     @triton.jit
     def _finish(
-        mix_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, iters, eps,
-        N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        part_ptr, sq_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, SPLIT,
+        iters, eps, norm_eps, N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
-        """pre, post and the Sinkhorn-normalised comb of each token from its mix row
-        [pre N | post N | comb N x N], then out[t] = sum_i pre[t, i] * x[t, i]."""
+        """Each token's mix row [pre N | post N | comb N x N] from the partial sums and the RMS
+        factor; pre, post and the Sinkhorn-normalised comb; out[t] = sum_i pre[t, i] * x[t, i]."""
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         row_ok = rows < T
         i = tl.arange(0, N)
-        mix_row = mix_ptr + rows[:, None] * ((2 + N) * N)
-        s_pre, s_post, s_comb = tl.load(scale_ptr), tl.load(scale_ptr + 1), tl.load(scale_ptr + 2)
-        pre_w = tl.load(mix_row + i[None, :], mask=row_ok[:, None], other=0.0)
-        pre = tl.sigmoid(pre_w * s_pre + tl.load(base_ptr + i)[None, :]) + eps
-        post_w = tl.load(mix_row + N + i[None, :], mask=row_ok[:, None], other=0.0)
-        post = 2 * tl.sigmoid(post_w * s_post + tl.load(base_ptr + N + i)[None, :])
         ij = i[:, None] * N + i[None, :]  # [N, N]: comb[i, j]
-        comb_w = tl.load(
-            mix_row[:, :, None] + 2 * N + ij[None, :, :], mask=row_ok[:, None, None], other=0.0
-        )
+        pre_w = tl.zeros((BLOCK_T, N), dtype=tl.float32)
+        post_w = tl.zeros((BLOCK_T, N), dtype=tl.float32)
+        comb_w = tl.zeros((BLOCK_T, N, N), dtype=tl.float32)
+        squares = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for s in range(SPLIT):
+            mix_row = part_ptr + (s * T + rows[:, None]) * ((2 + N) * N)
+            pre_w += tl.load(mix_row + i[None, :], mask=row_ok[:, None], other=0.0)
+            post_w += tl.load(mix_row + N + i[None, :], mask=row_ok[:, None], other=0.0)
+            comb_w += tl.load(
+                mix_row[:, :, None] + 2 * N + ij[None, :, :], mask=row_ok[:, None, None],
+                other=0.0,
+            )  # fmt: skip
+            squares += tl.load(sq_ptr + s * T + rows, mask=row_ok, other=0.0)
+        factor = tl.rsqrt(squares / (N * D) + norm_eps)
+        s_pre, s_post, s_comb = tl.load(scale_ptr), tl.load(scale_ptr + 1), tl.load(scale_ptr + 2)
+        pre_w = pre_w * factor[:, None]
+        pre = tl.sigmoid(pre_w * s_pre + tl.load(base_ptr + i)[None, :]) + eps
+        post_w = post_w * factor[:, None]
+        post = 2 * tl.sigmoid(post_w * s_post + tl.load(base_ptr + N + i)[None, :])
+        comb_w = comb_w * factor[:, None, None]
         logits = comb_w * s_comb + tl.load(base_ptr + 2 * N + ij)[None, :, :]
         logits = logits - tl.max(logits, axis=2)[:, :, None]
         e = tl.exp(logits)
@@ -191,7 +221,7 @@ if triton is not None:
         row_ok, d_ok = rows < T, ds < D
         j = tl.arange(0, N)
         dt = y_ptr.dtype.element_ty
-        stream_base = x_ptr + rows[:, None, None].to(tl.int64) * (N * D) + ds[None, None, :]
+        out_base = y_ptr + rows[:, None, None].to(tl.int64) * (N * D) + ds[None, None, :]
         acc = tl.zeros((BLOCK_T, N, BLOCK_D), dtype=tl.float32)
         for src in tl.static_range(N):
             x_i = tl.load(
@@ -200,15 +230,19 @@ if triton is not None:
             ).to(tl.float32)  # fmt: skip
             c_i = tl.load(comb_ptr + rows[:, None] * (N * N) + src * N + j[None, :],
                           mask=row_ok[:, None], other=0.0)  # fmt: skip
-            acc += c_i.to(dt).to(tl.float32)[:, :, None] * x_i[:, None, :]
+            acc += (
+                c_i.to(dt, fp_downcast_rounding="rtne").to(tl.float32)[:, :, None] * x_i[:, None, :]
+            )
         post = tl.load(post_ptr + rows[:, None] * N + j[None, :], mask=row_ok[:, None], other=0.0)
         o = tl.load(
             o_ptr + rows[:, None].to(tl.int64) * D + ds[None, :],
             mask=row_ok[:, None] & d_ok[None, :], other=0.0,
         ).to(tl.float32)  # fmt: skip
-        spread = (post.to(dt).to(tl.float32)[:, :, None] * o[:, None, :]).to(dt)
-        y = spread.to(tl.float32) + acc.to(dt).to(tl.float32)
+        spread = (
+            post.to(dt, fp_downcast_rounding="rtne").to(tl.float32)[:, :, None] * o[:, None, :]
+        ).to(dt, fp_downcast_rounding="rtne")
+        y = spread.to(tl.float32) + acc.to(dt, fp_downcast_rounding="rtne").to(tl.float32)
         tl.store(
-            stream_base + j[None, :, None] * D, y.to(dt),
+            out_base + j[None, :, None] * D, y.to(dt, fp_downcast_rounding="rtne"),
             mask=row_ok[:, None, None] & d_ok[None, None, :],
         )  # fmt: skip

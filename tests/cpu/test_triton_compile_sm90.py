@@ -212,16 +212,17 @@ def test_hyper_connection_kernels_compile():
     n, bt, bd = 4, th.BLOCK_T, th.BLOCK_D
     _compile(
         th._project,
-        {"x_ptr": "*bf16", "w_ptr": "*fp32", "mix_ptr": "*fp32", "T": "i32", "K": "i32",
-         "M": "i32", "norm_eps": "fp32"},
+        {"x_ptr": "*bf16", "w_ptr": "*fp32", "part_ptr": "*fp32", "sq_ptr": "*fp32", "T": "i32",
+         "K": "i32", "M": "i32", "K_PER_SPLIT": "i32"},
         {"BLOCK_T": bt, "BLOCK_K": th.BLOCK_K, "BLOCK_M": 32},
         num_warps=4,
     )  # fmt: skip
     _compile(
         th._finish,
-        {"mix_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "x_ptr": "*bf16",
-         "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16", "T": "i32", "D": "i32",
-         "iters": "i32", "eps": "fp32"},
+        {"part_ptr": "*fp32", "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32",
+         "x_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16",
+         "T": "i32", "D": "i32", "SPLIT": "i32", "iters": "i32", "eps": "fp32",
+         "norm_eps": "fp32"},
         {"N": n, "BLOCK_T": bt, "BLOCK_D": bd},
         num_warps=4,
     )  # fmt: skip
