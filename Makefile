@@ -51,7 +51,8 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	stages/kernels/registry.py stages/kernels/fp8_latent.py stages/kernels/fp8_ref.py \
 	stages/kernels/mxfp4.py stages/kernels/flash_mla.py stages/models/deepseek.py \
 	stages/models/mla.py stages/models/dsa.py stages/loader.py \
-	stages/runner.py stages/output_slots.py
+	stages/runner.py stages/output_slots.py stages/attention_warmup.py \
+	stages/kernels/hyper_connection.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
 	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
@@ -73,7 +74,8 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	stages/kernels/registry.py stages/kernels/fp8_latent.py stages/kernels/fp8_ref.py \
 	stages/kernels/mxfp4.py stages/kernels/flash_mla.py stages/models/deepseek.py \
 	stages/models/mla.py stages/models/dsa.py stages/loader.py \
-	stages/runner.py stages/output_slots.py
+	stages/runner.py stages/output_slots.py stages/attention_warmup.py \
+	stages/kernels/hyper_connection.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

@@ -11,7 +11,9 @@ the bucket: length 0 (attention gives zeros) and KV written to a scratch slot no
 
 DeepSeek's decode (FlashMLA's absorbed MLA, the Triton grouped MoE, V3.2's indexer and sparse
 MLA) is captured the same way; V3.2 keeps two graphs per bucket (Stage.decode_graph_variants):
-rows that all fit in the indexer's top-k attend densely, others score a static width.
+rows that all fit in the indexer's top-k attend densely, others score a static width. FP8 weights
+(the W8A8 GEMMs, the grouped FP8 MoE) and V3.2's FP8 latent (every row on FlashMLA's sparse FP8
+kernel) capture too; stages/models/families.py says which kernels a family's graphs need.
 
 The output channel's send and recv stay outside the graph (the runner does them around it).
 With ``eager=True`` the same buffers and kernels run without capture (``--enforce-eager``), so

@@ -6,7 +6,6 @@ The Ray actor (stages/actor.py) is a thin shell over this class, so it runs with
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,37 +233,17 @@ class StageRunner:
             self.decode_graphs.update_tables([(self.req_slots[req_id], 0, tuple(table))])
         self.decode_graph_info = self.decode_graphs.capture()
 
-    @torch.inference_mode()
     def warm_up(self, chunks: list[tuple[int, int]]) -> dict[str, float]:
-        """Run the chunk attention once on each (prefix, tokens) shape of `chunks` (a long lone
-        prompt's) and on every diagonal square a chunk can need, reading K/V from this stage's
-        cache, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request
-        needs them. Only where attention is cuDNN: the torch reference has nothing to build."""
-        if (
-            self.kernels.names["attention"] != "cudnn"
-            or self._kv is None
-            or not chunks
-            or not self.family.cudnn_warm_up
-        ):  # e.g. MLA prefill shapes: not built ahead
+        """cuDNN's per-shape graphs of a long lone prompt's chunks (stages/attention_warmup.py),
+        where attention is cuDNN and the family has dense chunk attention."""
+        dims = self.family.chunk_attention_dims(self.args)
+        if self.kernels.names["attention"] != "cudnn" or self._kv is None or dims is None:
             return {"shapes": 0, "seconds": 0.0}
-        from stages.kernels.cudnn_attention import diagonal_sizes
+        from stages.attention_warmup import build_chunk_attention_graphs
 
-        t0 = time.perf_counter()
-        k_all, v_all = self.kv.kv[0][0], self.kv.kv[0][1]  # [slots, Hkv, D], as a lone row's
-        longest = max(n for _, n in chunks)
-        shapes = {(n, p + n) for p, n in chunks}
-        shapes |= {(s, s) for s in diagonal_sizes(longest)}  # a square: the diagonal alone
-        to_build = sorted((n, length) for n, length in shapes if length <= k_all.shape[0])
-        if not to_build:
-            return {"shapes": 0, "seconds": 0.0}
-        a, rows = self.args, max(n for n, _ in to_build)
-        q = torch.zeros(
-            rows, a.num_attention_heads, a.head_dim, dtype=self.dtype, device=self.device
+        return build_chunk_attention_graphs(
+            self.kernels.attention, dims, chunks, self.dtype, self.device
         )
-        for n, length in to_build:
-            self.kernels.attention(q[:n], k_all[:length], v_all[:length], a.head_dim**-0.5)
-        torch.cuda.synchronize(self.device)
-        return {"shapes": len(to_build), "seconds": time.perf_counter() - t0}
 
     def connect(self, host: str, port: int, store: TCPStore | None = None) -> None:
         channels = PipelineChannels(

@@ -5,12 +5,16 @@ rest MoE; V4: the shape's leading layers, their layer types and hash / routed Mo
     python -m app.bench.deepseek_breakdown --out docs/bench/deepseek_breakdown.json
     python -m app.bench.deepseek_breakdown --cases deepseek-v4-flash:8:65536:8192:64:1024 \
         --out docs/bench/deepseek_v4_breakdown.json
+    python -m app.bench.deepseek_breakdown --standin --quantization fp8 --kv-cache-dtype fp8 \
+        --cases deepseek-v32-bench:4:65536:4096:512:4096 --out docs/bench/fp8_standin.json
 
 Prefill: the last chunk of a prompt in fixed chunks (the earlier ones fill the cache).
 Decode: rows of one token at a given context length (the cache's content does not matter for
 the time). Kernels are grouped by name into the ops of a layer; DeepSeek-V4's ops (whose
 kernels are generic torch ones) are also timed by CUDA events around each op (V4_OPS), and the
 hidden channel's bytes and one device copy of a chunk's [tokens, hc_mult, hidden] are measured.
+With --standin each profile is taken twice, alone and under the one-CTA pending-recv stand-in
+(app.bench.standin), and every op group gets its ratio.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from app.bench.attention import cuda_median_ms
 from app.bench.memory import leading_layers
+from app.bench.standin import SPIN_KERNEL, PendingRecvStandin
 from app.bench.target import kv_block_size, shape_config
 from stages.forward_batch import ForwardBatch
-from stages.kernels.registry import Kernels, select_kernels
+from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import ModelArgs
+from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
 
 # DeepSeek-V4's ops timed by CUDA events: (module class, method, label). Nested ones are timed
 # each (the indexer's selection inside the key selection, inside the attention, inside the layer).
@@ -59,6 +65,14 @@ GROUPS = [
     ("_count", "moe routing"),
     ("_plan", "moe routing"),
     ("rows_kernel", "indexer scores"),
+    ("chunk_kernel", "indexer scores"),
+    ("_project", "hyper-connections (Triton)"),
+    ("_finish", "hyper-connections (Triton)"),
+    ("_merge", "hyper-connections (Triton)"),
+    ("sparse_attn", "attention"),
+    ("_quantize_write", "cache writes"),
+    ("catarray", "copies (cat)"),
+    ("copy_kernel", "copies"),
     ("topk", "top-k"),
     ("radix", "top-k"),
     ("sort", "sort"),
@@ -81,16 +95,27 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def profiled(fn: Callable[[], object]) -> dict[str, Any]:
+def profiled(fn: Callable[[], object], standin: PendingRecvStandin | None = None) -> dict[str, Any]:
+    """fn's kernels from the profiler, grouped by op; with a stand-in, the spin (sized to
+    outlast fn) is posted just before fn and left out of the table."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     fn()
+    end.record()
     torch.cuda.synchronize()
+    wall_ms = start.elapsed_time(end)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        pending = standin.post(2 * wall_ms + 50) if standin is not None else None
+        start.record()
         fn()
+        end.record()
+        end.synchronize()
+        covered = pending is None or not pending.query()
         torch.cuda.synchronize()
     kernels: dict[str, float] = defaultdict(float)
     for evt in prof.key_averages():
         us = getattr(evt, "device_time_total", 0.0) or getattr(evt, "cuda_time_total", 0.0)
-        if us and evt.key and not evt.key.startswith("cuda"):
+        if us and evt.key and not evt.key.startswith("cuda") and SPIN_KERNEL not in evt.key:
             kernels[evt.key] += us
     launches = sum(evt.count for evt in prof.key_averages() if evt.key in kernels)
     groups: dict[str, float] = defaultdict(float)
@@ -98,6 +123,8 @@ def profiled(fn: Callable[[], object]) -> dict[str, Any]:
         groups[group_of(name)] += us
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {
+        "wall_ms": round(start.elapsed_time(end), 3),
+        "standin_covered": covered,
         "total_ms": round(sum(kernels.values()) / 1e3, 3),
         "kernel_launches": launches,
         "groups_ms": {
@@ -173,15 +200,56 @@ def hidden_channel(args: ModelArgs, chunk: int) -> dict[str, Any]:
     return {"shape": list(shape), "bytes": nbytes, "device_copy_ms": round(ms, 4)}
 
 
+def alone_and_standin(
+    fn: Callable[[], object], standin: PendingRecvStandin | None
+) -> dict[str, Any]:
+    """fn's profile; with a stand-in also its profile under it and each group's ratio."""
+    alone = profiled(fn)
+    if standin is None:
+        return alone
+    busy = profiled(fn, standin)
+    ratios = {
+        group: round(busy["groups_ms"].get(group, 0.0) / ms, 3)
+        for group, ms in alone["groups_ms"].items()
+        if ms > 0
+    }
+    ratios["total"] = round(busy["total_ms"] / alone["total_ms"], 3)
+    ratios["wall"] = round(busy["wall_ms"] / alone["wall_ms"], 3)
+    return {**alone, "standin": busy, "standin_x": ratios}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """The stage's kernels and data types: the engine's --linear, --quantization and
+    --kv-cache-dtype; `standin` profiles everything a second time under the stand-in."""
+
+    linear: str = "auto"
+    fp8_weights: bool = False
+    kv_cache_dtype: str = "auto"
+    standin: bool = False
+
+
 def run(
-    shape: str, layers: int, prompt: int, chunk: int, decode_rows: int, decode_ctx: int
+    shape: str,
+    layers: int,
+    prompt: int,
+    chunk: int,
+    decode_rows: int,
+    decode_ctx: int,
+    setting: Setting = Setting(),
 ) -> dict[str, Any]:
     config = leading_layers(shape_config(shape), layers)
     args = ModelArgs.from_hf_dict(config)
     block = kv_block_size(config)
     is_v4 = config["model_type"] == "deepseek_v4"
     timer = OpTimer()
-    kernels = select_kernels("cuda")
+    kernels = select_kernels(
+        "cuda",
+        setting.linear,
+        moe_experts=moe_backend_for(setting.linear),
+        fp8_linear=fp8_backend_for(setting.linear) if setting.fp8_weights else None,
+    )
+    standin = PendingRecvStandin() if setting.standin else None
     model = build_stage_model(
         args, None, 0, layers, True, True, timer.kernels(kernels), "bfloat16", "cuda"
     )
@@ -190,7 +258,13 @@ def run(
     blocks_prompt = -(-prompt // block)
     blocks_decode = decode_rows * -(-(decode_ctx + 1) // block)
     kv = make_kv_cache(
-        args, layers, blocks_prompt + blocks_decode + 1, block, torch.bfloat16, "cuda"
+        args,
+        layers,
+        blocks_prompt + blocks_decode + 1,
+        block,
+        torch.bfloat16,
+        "cuda",
+        setting.kv_cache_dtype,
     )
     table = list(range(blocks_prompt))
     tokens = torch.randint(0, args.vocab_size, (prompt,), device="cuda")
@@ -203,10 +277,11 @@ def run(
             "shape": shape,
             "layers": layers,
             "kernels": kernels.names,
+            "setting": dataclasses.asdict(setting),
             "prefill": {
                 "prompt": prompt,
                 "chunk": chunk,
-                **profiled(lambda: model(tokens[-chunk:], last, kv)),
+                **alone_and_standin(lambda: model(tokens[-chunk:], last, kv), standin),
             },
         }
         if is_v4:
@@ -226,7 +301,7 @@ def run(
         out["decode"] = {
             "rows": decode_rows,
             "context": decode_ctx,
-            **profiled(lambda: model(ids, batch, kv)),
+            **alone_and_standin(lambda: model(ids, batch, kv), standin),
         }
         if is_v4:
             out["decode"]["v4_ops"] = timer.measure(lambda: model(ids, batch, kv))
@@ -245,11 +320,17 @@ def main() -> None:
         default="deepseek-v2-lite:4:32768:4096:512:4096,deepseek-v32-bench:4:32768:4096:512:4096",
     )
     p.add_argument("--out", required=True)
+    p.add_argument("--linear", default="auto")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none", help="auto: none")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--standin", action="store_true", help="also profile under the stand-in")
     a = p.parse_args()
+    setting = Setting(a.linear, a.quantization == "fp8", a.kv_cache_dtype, a.standin)
     results: list[dict[str, Any]] = []
     for case in a.cases.split(","):
         shape, *nums = case.split(":")
-        results.append(run(shape, *map(int, nums)))
+        layers, prompt, chunk, rows, ctx = map(int, nums)
+        results.append(run(shape, layers, prompt, chunk, rows, ctx, setting))
     with open(a.out, "w") as f:
         json.dump({"env": {"torch": torch.__version__}, "cases": results}, f, indent=1)
 

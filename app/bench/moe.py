@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from app.bench.standin import PendingRecvStandin, median_ms
 from stages.kernels import triton_moe
 from stages.kernels.moe_routing import route_and_gather
 from stages.kernels.moe_tuning import DEFAULT, MoeConfig, TileConfig, pick_moe_config
@@ -49,39 +49,12 @@ SMALL_M: list[MoeConfig] = []
 
 def timed(
     fn: Callable[[], object],
-    pre: Callable[[], None] | None = None,
+    standin: PendingRecvStandin | None = None,
     reps: int = 15,
     inner: int = 1,
 ) -> float:
-    """Median of reps CUDA-event timings (ms per call) of `inner` back-to-back calls after 3
-    warm-ups (inner > 1: the host queues ahead, so its launch gaps do not count); `pre` runs
-    before each timing."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times: list[float] = []
-    for _ in range(reps):
-        if pre is not None:
-            pre()
-        start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-        torch.cuda.synchronize()
-    return statistics.median(times)
-
-
-def pending_recv_standin(side: torch.cuda.Stream) -> Callable[[], None]:
-    """One CTA spinning on a side stream for ~400 ms: takes one SM as a waiting recv does."""
-
-    def pre() -> None:
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(int(400 * 1.98e6))
-
-    return pre
+    """Median ms per call (app.bench.standin.median_ms); with the stand-in, a 400 ms spin."""
+    return float(median_ms(fn, standin, 400, reps, inner)["ms"])
 
 
 def inputs(
@@ -110,7 +83,7 @@ def load_module(path: str) -> ModuleType:
 
 
 def bench_case(
-    name: str, tokens: int, tune: bool, before: ModuleType | None, side: torch.cuda.Stream
+    name: str, tokens: int, tune: bool, before: ModuleType | None, standin: PendingRecvStandin
 ) -> dict[str, Any]:
     experts, k, hidden, inter = SHAPES[name]
     x, gate_up, down, ids, weights = inputs(tokens, experts, k, hidden, inter)
@@ -176,10 +149,10 @@ def bench_case(
     row["config"] = best.as_dict()
     for label, grid in (("sms", sms), ("sms_minus_1", sms - 1)):
         alone = timed(run(best, grid), inner=3)
-        busy = timed(run(best, grid), pre=pending_recv_standin(side), inner=3)
+        busy = timed(run(best, grid), standin, inner=3)
         row[f"{label}_ms"], row[f"{label}_tflops"] = alone, tflops(alone)
         row[f"{label}_standin_ms"], row[f"{label}_standin_x"] = busy, round(busy / alone, 3)
-    dense_busy = timed(dense, pre=pending_recv_standin(side), inner=3)
+    dense_busy = timed(dense, standin, inner=3)
     row["phases_ms"] = phases(x, gate_up, down, ids, weights, sms, best)
     weight_bytes = 3 * experts * hidden * inter * 2
     # the chip's dense bf16 rate (cuBLAS above) and HBM's 4.8 TB/s: whichever binds
@@ -222,7 +195,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args()
     before = load_module(a.before) if a.before else None
-    side = torch.cuda.Stream()
+    standin = PendingRecvStandin()
     import triton
 
     env = {
@@ -233,7 +206,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for s in a.shapes.split(","):
         for t in a.tokens.split(","):
-            rows.append(bench_case(s, int(t), a.tune, before, side))
+            rows.append(bench_case(s, int(t), a.tune, before, standin))
             with open(a.out, "w") as f:  # after each case: a run cut short keeps the rest
                 json.dump({"env": env, "rows": rows}, f, indent=1)
 

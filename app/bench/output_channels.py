@@ -33,9 +33,10 @@ from typing import Any
 
 import torch
 
+from app.bench.standin import PendingRecvStandin
 from app.bench.target import environment
 
-SPIN_CYCLES = int(40 * 1.98e6)  # ~40 ms at 1.98 GHz: outlasts every timed kernel
+SPIN_MS = 40  # outlasts every timed kernel
 PENDING_COPY_BYTES = 2 << 30  # ~40 ms at PCIe speed: the copy channel's wait stays pending
 
 
@@ -71,6 +72,7 @@ class _Pending:
     """The waits each candidate leaves pending on other streams while a kernel runs."""
 
     def __init__(self) -> None:
+        self.standin = PendingRecvStandin()
         self.side = torch.cuda.Stream()
         self.copier = torch.cuda.Stream()
         self.host = torch.empty(PENDING_COPY_BYTES, dtype=torch.uint8).pin_memory()
@@ -82,11 +84,7 @@ class _Pending:
     def spin(self) -> torch.cuda.Event:
         """One CTA spinning on a side stream: a pending NCCL recv's footprint
         (docs/ARCHITECTURE.md#why-the-output-channel-matters)."""
-        done = torch.cuda.Event()
-        with torch.cuda.stream(self.side):
-            torch.cuda._sleep(SPIN_CYCLES)
-            done.record()
-        return done
+        return self.standin.post(SPIN_MS)
 
     def copy_engine_only(self) -> torch.cuda.Event:
         """The control of copy_wait: the same copy-engine transfer, nobody waiting on it."""

@@ -10,7 +10,9 @@
   128-wide N and K tiles: each K tile is one activation group and one weight block, so its
   partial product takes one scale per row times one per tile.
 
-Activations are quantized by fp8_ref.quantize_act. Anything not on CUDA goes to fp8_ref.
+Activations are quantized by stages/kernels/triton_fp8_act.py (fp8_ref.quantize_act's numbers in
+one kernel, already in the layout each GEMM reads). Every call is device-only with a fixed grid
+(CUDA graphs capture it). Anything not on CUDA goes to fp8_ref.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stages.kernels import fp8_ref, triton_gemm
+from stages.kernels import fp8_ref, triton_fp8_act, triton_gemm
 from stages.kernels.triton_gemm import GemmConfig, num_sms
 
 BLOCK = fp8_ref.BLOCK
@@ -49,15 +51,11 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None) -> torch.Tensor:
     n, k = weight.shape
     if not x.is_cuda or k % BLOCK or n % BLOCK or (k // BLOCK) % 4:
         return linear(x, weight, scale_inv, bias)
-    q, s = fp8_ref.quantize_act(_flat(x))
-    m, groups = s.shape
-    # rows padded to 16 (cuBLASLt's FP8 alignment), the scales outer-dim-major ([groups, M])
-    rows = m + (-m % 16)
-    if rows != m:
-        q = torch.cat((q, q.new_zeros(rows - m, k)))
-    sa = torch.ones(groups, rows, dtype=torch.float32, device=x.device)
-    sa[:, :m] = s.T
-    scale_a, scale_b = sa.T, scale_inv.float().T  # [M, K / 128], [K / 128, N / 128]
+    m = _flat(x).shape[0]
+    # rows padded to 16 (cuBLASLt's FP8 alignment), the scales outer-dim-major: [M, K / 128]
+    # with unit stride along M, written so by the quantizer
+    q, scale_a = triton_fp8_act.quantize_act(_flat(x), rows_multiple=16, group_major=True)
+    scale_b = scale_inv.float().T  # [K / 128, N / 128]
     if hasattr(F, "scaled_mm"):
         out = F.scaled_mm(
             q,
@@ -82,7 +80,7 @@ def _triton_linear(x, weight, scale_inv, bias, sm_margin: int) -> torch.Tensor:
     if triton is None or not x.is_cuda:
         return fp8_ref.linear(x, weight, scale_inv, bias)
     n, k = weight.shape
-    q, s = fp8_ref.quantize_act(_flat(x))
+    q, s = triton_fp8_act.quantize_act(_flat(x))
     out = torch.empty(q.shape[0], n, dtype=x.dtype, device=x.device)
     grid = num_sms(x.device) - sm_margin
     triton_gemm.launch_ptr(q, weight.contiguous(), bias, out, grid, TILES, s,

@@ -55,11 +55,13 @@ def dequantize_weight(
 
 
 def quantize_act(x: torch.Tensor, group: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (fp8 [M, K], scale [M, cdiv(K, group)] fp32), one scale per 1 x group."""
+    """x [M, K] -> (fp8 [M, K], scale [M, cdiv(K, group)] fp32), one scale per 1 x group.
+    The scale is the group's largest magnitude times the float32 reciprocal of 448 (what
+    CUDA's division by a scalar computes; said explicitly, the CPU computes the same bits)."""
     m, k = x.shape
     groups = _cdiv(k, group)
     g = F.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
-    scale = g.abs().amax(dim=-1).clamp_min(MIN_SCALE) / FP8_MAX
+    scale = g.abs().amax(dim=-1).clamp_min(MIN_SCALE) * (1 / FP8_MAX)
     q = (g / scale[..., None]).view(m, groups * group)[:, :k]
     return q.to(FP8).contiguous(), scale
 

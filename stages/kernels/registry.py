@@ -72,6 +72,16 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent": "stages.kernels.triton_moe:moe_experts",
         "triton-persistent-sm1": "stages.kernels.triton_moe:moe_experts_sm1",
     },
+    # DeepSeek-V4's hyper-connections: the streams' mix (pre / post / Sinkhorn comb, the
+    # collapsed block input) and their merge with the block's output.
+    "hc_mix": {
+        "torch": "stages.kernels.hyper_connection:mix",
+        "triton": "stages.kernels.triton_hyper:mix",
+    },
+    "hc_merge": {
+        "torch": "stages.kernels.hyper_connection:merge",
+        "triton": "stages.kernels.triton_hyper:merge",
+    },
     # W8A8 linears over block-scaled FP8 weights (128 x 128 scales, activations in 1 x 128).
     "fp8_linear": {
         "torch": "stages.kernels.fp8_ref:linear",
@@ -107,6 +117,8 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "moe_experts": ("triton-persistent", "torch"),
     "sparse_sink_attention": ("flash-mla", "torch"),
     "sparse_sink_attention_fp8": ("flash-mla", "torch"),
+    "hc_mix": ("triton", "torch"),
+    "hc_merge": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
@@ -141,6 +153,11 @@ class Kernels:
     # (q [T,H,512], window pages [blocks,B,1,584], window [T,K] slot ids (-1: none),
     #  comp pages | None, comp [T,K] | None, sinks [H] fp32, scale) -> [T,H,512]
     sparse_sink_attention_fp8: Callable[..., Any] | None = None
+    # (streams [T,N,D], fn [(2+N)N, ND], base [(2+N)N], scale [3] fp32, iters, eps, norm_eps)
+    # -> (post [T,N] fp32, comb [T,N,N] fp32, collapsed [T,D]); stages/kernels/hyper_connection
+    hc_mix: Callable[..., Any] | None = None
+    # (streams [T,N,D], out [T,D], post [T,N], comb [T,N,N]) -> [T,N,D]
+    hc_merge: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -219,6 +236,8 @@ def select_kernels(
             ("indexer_logits_rows", indexer_logits),
             ("sparse_sink_attention", "auto"),
             ("sparse_sink_attention_fp8", "auto"),
+            ("hc_mix", "auto"),
+            ("hc_merge", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

@@ -3,9 +3,10 @@ contract of fp8_ref.moe_experts (W8A8: each GEMM's input quantized in 1 x 128 gr
 experts' weights e4m3 with 128 x 128 scales).
 
 The token -> expert layout is the bf16 experts' (stages.kernels.moe_routing: DeepGEMM's grouped
-contiguous one, built on the device with no host sync): the tokens are quantized once and their
-FP8 rows copied into the layout; the GEMMs walk its M tiles (the count stays on the device) with
-a grid of SMs, or SMs - 1 leaving an SM to a waiting NCCL recv. The K loop is
+contiguous one, built on the device with no host sync): the tokens are quantized once
+(stages.kernels.triton_fp8_act) and their FP8 rows copied into the layout; the GEMMs walk its M
+tiles (the count stays on the device) with a grid of SMs, or SMs - 1 leaving an SM to a waiting
+NCCL recv, so a call is sync-free with fixed grids (CUDA graphs capture it). The K loop is
 stages.kernels.triton_gemm's block-scaled one: each 128-wide K tile is one activation group and
 one weight block. The down GEMM scales each row by its routing weight and stores it at its
 (token, k) slot, as triton_moe's does; the k slots of a token are summed.
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from stages.kernels import fp8_ref
+from stages.kernels import fp8_ref, triton_fp8_act
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
 
@@ -78,7 +79,7 @@ def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, sm_margin:
         return fp8_ref.moe_experts(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights)
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
-    xq, xs = fp8_ref.quantize_act(x)
+    xq, xs = triton_fp8_act.quantize_act(x)
     # the FP8 rows travel as bytes (the gather copies them unchanged); padding rows stay
     # unwritten and take token 0's scales: their results are never stored at a pair's slot
     r, a = route_and_gather(xq.view(torch.uint8), topk_ids, topk_weights, gate_up.shape[0],
@@ -86,7 +87,7 @@ def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, sm_margin:
     a_scale = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
     gate, up = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid,
                             x.dtype).chunk(2, dim=-1)
-    hq, hs = fp8_ref.quantize_act(F.silu(gate) * up)
+    hq, hs = triton_fp8_act.quantize_act(F.silu(gate) * up)
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
 

@@ -143,17 +143,20 @@ class DeepseekStage(Stage):
         self, batch: ForwardBatch | PagedDecodeBatch, kv: LatentKVCache, h: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, MLADecodeRows | SparseRows | None]:
         """(cos, sin [T, rope / 2], the attention's row metadata: MLADecodeRows or
-        SparseRows)."""
+        SparseRows). A decode-only microbatch's comes from its static buffers (what a CUDA
+        graph replays); over an FP8 latent every DSA row attends through the sparse kernel."""
         freqs = batch.positions[:, None].float() * self.inv_freq[None, :]
         cos = (freqs.cos() * self.rope_scale).to(h.dtype)
         sin = (freqs.sin() * self.rope_scale).to(h.dtype)
         indexer = self.args.family_args.indexer
-        if isinstance(batch, PagedDecodeBatch):  # DSA within index_topk: dense MLA decode
-            paged = (
-                SparseRows.paged(batch, indexer.topk)
-                if indexer is not None and batch.select_width
-                else MLADecodeRows.paged(batch)
-            )
+        if isinstance(batch, PagedDecodeBatch):
+            paged: MLADecodeRows | SparseRows
+            if indexer is not None and batch.select_width:
+                paged = SparseRows.paged(batch, indexer.topk)
+            elif indexer is not None and kv.fp8:  # within index_topk, on the sparse FP8 kernel
+                paged = SparseRows.paged_dense(batch, indexer.topk)
+            else:  # MLA, or DSA within index_topk: dense MLA decode
+                paged = MLADecodeRows.paged(batch)
             return cos, sin, paged
         rows = (
             MLADecodeRows.build(batch, h.device)

@@ -87,24 +87,45 @@ class SparseRows:
         indexer scores select_width keys (its own, then -inf) and its top-k are kept; a row
         with fewer keys than topk keeps them all, as the dense rule would. Padding rows see one
         key; their outputs are dropped."""
-        width, bs = batch.select_width, batch.block_size
+        width = batch.select_width
         if width < topk:
             raise ValueError(f"a select width of {width} is below index_topk {topk}")
-        pos = torch.arange(width, device=batch.positions.device)
-        tables = batch.block_tables.index_select(0, batch.table_rows)  # [B, max_blocks]
-        cols = (pos // bs).clamp(max=tables.shape[1] - 1)
-        slots = tables[:, cols] * bs + (pos % bs).int()  # [B, width] int32
-        rows = torch.arange(batch.num_tokens, device=pos.device)
+        slots = _table_slots(batch, width)
+        rows = torch.arange(batch.num_tokens, device=slots.device)
         plan = SelectPlan(
             token_index=rows,
             token_row=rows,
             visible=batch.lengths.clamp(min=1).int(),
             key_slots=slots,
-            chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=pos.device),
+            chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=slots.device),
             decode_tiles=torch.stack((rows, rows), dim=1).int(),
             row_tokens=[(r, 1, width) for r in range(batch.num_tokens)],
         )
         return cls(slots.new_full((batch.num_tokens, topk), -1), plan)
+
+    @classmethod
+    def paged_dense(cls, batch: PagedDecodeBatch, topk: int) -> "SparseRows":
+        """A decode-only microbatch whose rows all fit in topk keys, for a latent only the
+        sparse kernel reads (FP8: SM90 has no dense decode of it): each row's indices are the
+        slots of its whole prefix, -1 past its length, from the static block tables with
+        device ops only. The width is topk or, when shorter, what the tables can hold (no row
+        is longer). Padding rows see one key; their outputs are dropped."""
+        width = min(topk, batch.block_tables.shape[1] * batch.block_size)
+        slots = _table_slots(batch, width)
+        pos = torch.arange(width, device=slots.device)
+        beyond = pos[None, :] >= batch.lengths.clamp(min=1)[:, None]
+        return cls(slots.masked_fill(beyond, -1), None)
+
+
+def _table_slots(batch: PagedDecodeBatch, width: int) -> torch.Tensor:
+    """[B, width] int32: the cache slots of positions 0..width-1 of every row (through its
+    block-table row; positions past the table read its last block, for the caller to mask)."""
+    bs = batch.block_size
+    pos = torch.arange(width, device=batch.positions.device)
+    tables = batch.block_tables.index_select(0, batch.table_rows)  # [B, max_blocks]
+    cols = (pos // bs).clamp(max=tables.shape[1] - 1)
+    slots: torch.Tensor = tables[:, cols] * bs + (pos % bs).int()
+    return slots
 
 
 class Indexer(nn.Module):

@@ -18,8 +18,9 @@ A family declares:
   holding one gets them from stage 0 over the hidden channel;
 - capabilities the runner asks about: `paged_decode_graphs`, whether its decode-only
   microbatches capture as CUDA graphs under the chosen kernels (every op of the decode step
-  sync-free and static-shaped on them), block size and cache dtype; and cuDNN warm-up, built for
-  K/V pages of [slots, kv_heads, head_dim].
+  sync-free and static-shaped on them), block size and cache dtype; and `chunk_attention_dims`,
+  the (query heads, K/V heads, q/k width, v width) of its prefill chunks' dense attention, which
+  the startup warm-up builds cuDNN's per-shape graphs for (None: no such attention).
 """
 
 from __future__ import annotations
@@ -75,20 +76,43 @@ def _llama_graphs(s: GraphSetting) -> bool:
 
 def _deepseek_graphs(s: GraphSetting) -> bool:
     """FlashMLA (dense and sparse, bf16 latent pages of 64), the Triton MoE and indexer: the
-    torch references of these ops size tensors from device values. FP8 weights and the FP8
-    latent are not captured yet."""
-    ops = ("mla_decode", "mla_sparse", "indexer_logits_rows", "moe_experts")
+    torch references of these ops size tensors from device values. An FP8 latent (V3.2) is
+    read by FlashMLA's sparse FP8 kernel alone, its scheduler plan built inside the graph; FP8
+    weights run on the W8A8 GEMMs (cuBLASLt's or the Triton ones, fed by the fused activation
+    quantizer) and the grouped Triton FP8 MoE, each a fixed launch with no host sync. Their
+    torch references (fp8_latent's, fp8_ref's) gather and loop on the host: not captured."""
+    ops = ["mla_decode", "mla_sparse", "indexer_logits_rows", "moe_experts"]
+    if s.kv_cache_dtype == "fp8":
+        ops.append("mla_sparse_fp8")
+    if "fp8_linear" in s.kernels:  # set only where FP8 weights stay FP8
+        ops += ["fp8_linear", "moe_experts_fp8"]
     return (
         all(s.kernels.get(op, "torch") != "torch" for op in ops)
         and s.block_size == FLASH_MLA_PAGE
         and s.dtype == "bfloat16"
-        and s.kv_cache_dtype != "fp8"
-        and "fp8_linear" not in s.kernels
     )
 
 
 def _token_hidden(args: ModelArgs) -> tuple[int, ...]:
     return (args.hidden_size,)
+
+
+def _no_dims(_args: ModelArgs) -> tuple[int, int, int, int] | None:
+    return None
+
+
+def _gqa_dims(args: ModelArgs) -> tuple[int, int, int, int] | None:
+    a = args
+    return (a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.head_dim)
+
+
+def _mla_dims(args: ModelArgs) -> tuple[int, int, int, int] | None:
+    """Dense MLA's prefill expands the latent to every head (V3.2's sparse layers do not)."""
+    d = args.family_args
+    if d.indexer is not None:
+        return None
+    heads = args.num_attention_heads
+    return (heads, heads, d.qk_nope_head_dim + d.qk_rope_head_dim, d.v_head_dim)
 
 
 def _key_value(args: ModelArgs) -> dict[str, int]:
@@ -110,7 +134,7 @@ class Family:
     fp8_block_bytes: Callable[[int, int], int] = lambda entry_bytes, entries: entry_bytes * entries
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     paged_decode_graphs: Callable[[GraphSetting], bool] = _never
-    cudnn_warm_up: bool = False
+    chunk_attention_dims: Callable[[ModelArgs], tuple[int, int, int, int] | None] = _no_dims
     layer_kv_components: Callable[[ModelArgs, int], dict[str, tuple[int, int]]] | None = None
     block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
@@ -193,7 +217,7 @@ LLAMA = Family(
     PLAIN_ROPE_TYPES,
     "stages.models.llama:LlamaStage",
     paged_decode_graphs=_llama_graphs,
-    cudnn_warm_up=True,
+    chunk_attention_dims=_gqa_dims,
 )
 QWEN3_MOE = Family(
     "qwen3_moe",
@@ -202,7 +226,7 @@ QWEN3_MOE = Family(
     PLAIN_ROPE_TYPES,
     "stages.models.qwen3_moe:Qwen3MoeStage",
     # not paged_decode_graphs: the torch reference of the MoE experts syncs with the host
-    cudnn_warm_up=True,
+    chunk_attention_dims=_gqa_dims,
 )
 DEEPSEEK = Family(
     "deepseek",
@@ -215,6 +239,7 @@ DEEPSEEK = Family(
     kv_description="MLA latent",
     fp8_kv=fp8_latent_components,
     paged_decode_graphs=_deepseek_graphs,
+    chunk_attention_dims=_mla_dims,
 )
 DEEPSEEK_V4 = Family(
     "deepseek_v4",

@@ -13,12 +13,14 @@ triton = pytest.importorskip("triton")
 SCALARS = {"INTER": "i32", "H": "i32", "num_progs": "i32"}
 
 
-def _compile(fn, signature: dict, constants: dict, **options) -> None:
+def _compile(fn, signature: dict, constants: dict, **options):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig = dict(signature, **{name: "constexpr" for name in constants})
-    triton.compile(ASTSource(fn, sig, constants), target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(
+        ASTSource(fn, sig, constants), target=GPUTarget("cuda", 90, 32), options=options
+    )
 
 
 @pytest.mark.parametrize("flatten,warp_specialize", [(False, False), (True, False), (False, True)])
@@ -198,3 +200,54 @@ def test_fp8_grouped_gemm_compiles(scatter):
         num_warps=4,
         num_stages=3,
     )
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
+    """triton_fp8_act's kernel; its divisions are IEEE-rounded (div.rn: fp8_ref's bits), not
+    Triton's default approximate float32 division, and its e4m3 cast rounds to nearest."""
+    from stages.kernels import fp8_ref, triton_fp8_act
+
+    ints = ("M", "R", "K", "stride_xm", "stride_qm", "stride_sm", "stride_sg")
+    compiled = _compile(
+        triton_fp8_act._quantize_1x128,
+        {"x_ptr": f"*{dtype}", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", **dict.fromkeys(ints, "i32")},
+        {
+            "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
+            "MIN_SCALE": fp8_ref.MIN_SCALE,
+            "BLOCK_M": triton_fp8_act.BLOCK_M,
+            "GROUP": fp8_ref.BLOCK,
+        },
+        num_warps=4,
+    )
+    ptx = compiled.asm["ptx"]
+    assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+def test_hyper_connection_kernels_compile():
+    from stages.kernels import triton_hyper as th
+
+    n, bt, bd = 4, th.BLOCK_T, th.BLOCK_D
+    _compile(
+        th._project,
+        {"x_ptr": "*bf16", "w_ptr": "*fp32", "mix_ptr": "*fp32", "T": "i32", "K": "i32",
+         "M": "i32", "norm_eps": "fp32"},
+        {"BLOCK_T": bt, "BLOCK_K": th.BLOCK_K, "BLOCK_M": 32},
+        num_warps=4,
+    )  # fmt: skip
+    _compile(
+        th._finish,
+        {"mix_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "x_ptr": "*bf16",
+         "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16", "T": "i32", "D": "i32",
+         "iters": "i32", "eps": "fp32"},
+        {"N": n, "BLOCK_T": bt, "BLOCK_D": bd},
+        num_warps=4,
+    )  # fmt: skip
+    _compile(
+        th._merge,
+        {"x_ptr": "*bf16", "o_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32",
+         "y_ptr": "*bf16", "T": "i32", "D": "i32"},
+        {"N": n, "BLOCK_T": bt, "BLOCK_D": bd},
+        num_warps=4,
+    )  # fmt: skip

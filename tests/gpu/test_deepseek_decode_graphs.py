@@ -2,8 +2,10 @@
 Triton grouped MoE; V3.2: the Triton indexer, top-k on the device, FlashMLA's sparse MLA), bf16:
 each replay's logits equal the same static buffers run eagerly and agree with the general
 ForwardBatch path, on V2-style and V3.2-style tiny shapes with rows of different lengths, a
-bucket padded with 3 rows and (V3.2) both graph shapes; and through the engine, graphed greedy
-tokens equal --enforce-eager's with the decode steps replayed."""
+bucket padded with 3 rows and (V3.2) both graph shapes; the same for V3.2 with FP8 weights (W8A8
+on cuBLASLt / Triton, the grouped Triton FP8 MoE), the FP8 latent (FlashMLA's sparse FP8 kernel
+for every row) and both; and through the engine, graphed greedy tokens equal --enforce-eager's
+with the decode steps replayed, in bf16 and with --quantization fp8 --kv-cache-dtype fp8."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 from stages.kernels import flash_mla
 from stages.kernels.registry import select_kernels
 from stages.model_config import ModelArgs
+from stages.models.families import DEEPSEEK, GraphSetting
 from tests.cpu.test_deepseek_paged_decode import decode_case
 
 pytestmark = [
@@ -70,6 +73,45 @@ def test_graphed_decode_equals_eager_and_the_general_path(cfg):
         assert set(widths) == {0}
 
 
+@pytest.mark.parametrize(
+    "cfg,fp8_weights,kv_cache_dtype",
+    [
+        (FLASH_V32, True, "auto"),
+        (FLASH_V32, False, "fp8"),
+        (FLASH_V32, True, "fp8"),
+        (FLASH_V2, True, "auto"),
+    ],
+    ids=["v32_fp8_weights", "v32_fp8_kv", "v32_fp8_both", "v2_fp8_weights"],
+)
+def test_fp8_graphed_decode_equals_eager_and_the_general_path(cfg, fp8_weights, kv_cache_dtype):
+    """FP8 weights and/or (V3.2) the FP8 latent: the graphs capture (the family admits these
+    kernels), each replay equals the eager run of the same buffers exactly, through the dense
+    shape (FP8 latent: every prefix slot on the sparse FP8 kernel) and V3.2's selecting one."""
+    args = ModelArgs.from_hf_dict(cfg)
+    kernels = select_kernels(
+        "cuda", linear="torch", attention="torch", fp8_linear="auto" if fp8_weights else None
+    )
+    assert kernels.names["mla_sparse_fp8"] == "flash-mla"
+    if fp8_weights:
+        assert kernels.names["fp8_linear"] == "scaled-mm"
+        assert kernels.names["moe_experts_fp8"] == "triton-persistent"
+    assert DEEPSEEK.paged_decode_graphs(GraphSetting(kernels.names, 64, kv_cache_dtype, "bfloat16"))
+    steps = decode_case(
+        args, kernels, torch.bfloat16, "cuda", 64, 512, LENGTHS, STEPS, True, kv_cache_dtype
+    )
+    for key, ref, eager, graphed in steps:
+        assert graphed is not None and key[0] == 8
+        assert torch.equal(graphed, eager), (key, (graphed - eager).abs().max().item())
+        scale = ref.abs().max().item()
+        assert (graphed - ref).abs().max().item() <= 0.05 * scale, key
+        assert (graphed.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.8
+    widths = [key[1] for key, *_ in steps]
+    if "index_topk" in cfg:
+        assert widths[0] == 0 and widths[-1] == 512
+    else:
+        assert set(widths) == {0}
+
+
 @pytest.fixture(scope="module")
 def ray_gpu():
     import ray
@@ -80,7 +122,9 @@ def ray_gpu():
     ray.shutdown()
 
 
-def test_engine_graphs_deepseek_decode(ray_gpu, tmp_path):
+def _graphed_and_eager_tokens(tmp_path, **formats) -> dict[bool, list[list[int]]]:
+    """Greedy tokens of the V3.2 engine graphed and --enforce-eager (keyed by eager), after
+    checking that the graphed one replayed its decode steps in both shapes."""
     from app import Engine, EngineConfig, SamplingParams
 
     (tmp_path / "config.json").write_text(json.dumps(FLASH_V32))
@@ -101,6 +145,7 @@ def test_engine_graphs_deepseek_decode(ray_gpu, tmp_path):
             chunk_size=128,
             gpu_memory_utilization=0.3,
             enforce_eager=eager,
+            **formats,
         )
         with Engine(cfg) as engine:
             outs[eager] = [o.token_ids for o in engine.generate(prompts, params)]
@@ -110,4 +155,14 @@ def test_engine_graphs_deepseek_decode(ray_gpu, tmp_path):
         else:
             assert stages[0]["decode_graphs"]["select_widths"] == [0, 512]
             assert stats["decode_graph_steps"][0] >= 4
+    return outs
+
+
+def test_engine_graphs_deepseek_decode(ray_gpu, tmp_path):
+    outs = _graphed_and_eager_tokens(tmp_path)
+    assert outs[False] == outs[True]
+
+
+def test_engine_graphs_fp8_deepseek_decode(ray_gpu, tmp_path):
+    outs = _graphed_and_eager_tokens(tmp_path, quantization="fp8", kv_cache_dtype="fp8")
     assert outs[False] == outs[True]

@@ -3,7 +3,8 @@ inputs, so only accumulation order and the bf16 output differ): the W8A8 linears
 block-wise scales, which hands (K / 128) % 4 != 0 to Triton: torch 2.11 refuses those scales;
 the persistent Triton GEMM and its SMs - 1 grid), the FP8 experts, FlashMLA's sparse FP8 kernel
 for prefill rows as well as decode rows, and a V3.2-shaped stage with FP8 weights and an FP8
-latent cache against its bf16 twin.
+latent cache against its bf16 twin; the fused 1 x 128 activation quantizer against
+fp8_ref.quantize_act, bit for bit.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from stages.kernels import (
     fp8_gemm,
     fp8_latent,
     fp8_ref,
+    triton_fp8_act,
     triton_fp8_latent,
     triton_moe_fp8,
 )
@@ -42,6 +44,8 @@ SHAPES = [
     (128, 512, 384),
     (200, 576, 7168),
 ]
+# (M, K) of the activation quantizer: ragged M; K on the 128 grid, and off it (448, 200)
+QUANT_SHAPES = [(1, 128), (37, 7168), (300, 1536), (513, 2048), (5, 448), (77, 200)]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -88,6 +92,31 @@ def test_fp8_experts_match_reference():
     assert rel_err(looped, ref) < 2 * TOL  # the gate/up product is requantized in bf16 first
     for grouped in (triton_moe_fp8.moe_experts, triton_moe_fp8.moe_experts_sm1):
         assert rel_err(grouped(x, gate_up, gu_s, down, d_s, ids, weights), ref) < 2 * TOL
+
+
+@pytest.mark.skipif(triton_fp8_act.triton is None, reason="needs triton")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("m,k", QUANT_SHAPES)
+def test_fused_activation_quantizer_matches_reference(m, k, dtype):
+    """The same e4m3 bytes and float32 scales as fp8_ref.quantize_act on CUDA (rows of very
+    different magnitudes, an all-zero row, a ragged last group where K is off the 128 grid),
+    row-major and padded + group-major (scaled_mm's layout: padding rows zero, scale 1)."""
+    g = torch.Generator(device="cuda").manual_seed(m * k)
+    magnitudes = torch.logspace(-4, 3, m, device="cuda")[:, None]
+    x = torch.randn(m, k, generator=g, device="cuda") * magnitudes
+    x[m // 2] = 0
+    x = x.to(dtype)
+    want_q, want_s = fp8_ref.quantize_act(x)
+    q, s = triton_fp8_act.quantize_act(x)
+    assert q.shape == (m, k) and s.shape == want_s.shape and s.is_contiguous()
+    assert torch.equal(s, want_s), (s - want_s).abs().max().item()
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    rows = m + (-m % 16)
+    q, s = triton_fp8_act.quantize_act(x, rows_multiple=16, group_major=True)
+    assert q.shape == (rows, k) and s.shape == (rows, want_s.shape[1]) and s.stride(0) == 1
+    assert torch.equal(s[:m], want_s) and bool((s[m:] == 1).all())
+    assert torch.equal(q[:m].view(torch.uint8), want_q.view(torch.uint8))
+    assert not q[m:].view(torch.uint8).any()
 
 
 @pytest.mark.skipif(triton_fp8_latent.triton is None, reason="needs triton")

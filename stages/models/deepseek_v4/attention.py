@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from stages.kernels.hyper_connection import unweighted_rms_norm
 from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
@@ -27,7 +28,7 @@ from stages.models.deepseek_v4.config import (
     SLIDING,
     V4Args,
 )
-from stages.models.deepseek_v4.layers import Rotary, V4RMSNorm, apply_rope, unweighted_rms_norm
+from stages.models.deepseek_v4.layers import Rotary, V4RMSNorm, apply_rope
 from stages.models.deepseek_v4.plan import GroupPlan, RatePlan, V4Plan
 from stages.models.layers import Linear
 

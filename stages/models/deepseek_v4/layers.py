@@ -8,6 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stages.kernels import hyper_connection
+from stages.kernels.hyper_connection import unweighted_rms_norm
+from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.config import RopeArgs, V4Args
 from stages.models.layers import RMSNorm
 from stages.models.mla import yarn_inv_freq
@@ -24,10 +27,6 @@ class V4RMSNorm(RMSNorm):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * h).to(x.dtype)
-
-
-def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -68,9 +67,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class HyperConnection(nn.Module):
     """One block's mHC: from the hc_mult streams [T, N, D], the block's input (the streams
     collapsed by `pre`), and how the block's output and the streams recombine: `post` [T, N]
-    and the Sinkhorn-normalised `comb` [T, N, N] (read transposed)."""
+    and the Sinkhorn-normalised `comb` [T, N, N] (read transposed). The math is the `hc_mix` /
+    `hc_merge` kernel ops (stages/kernels/hyper_connection.py)."""
 
-    def __init__(self, a: V4Args, device: str | torch.device):
+    def __init__(self, a: V4Args, kernels: Kernels, device: str | torch.device):
         super().__init__()
         n = a.hc_mult
         self.n, self.iters, self.eps, self.norm_eps = (
@@ -79,6 +79,8 @@ class HyperConnection(nn.Module):
             a.hc_eps,
             a.rms_norm_eps,
         )
+        self._mix = kernels.hc_mix or hyper_connection.mix
+        self._merge = kernels.hc_merge or hyper_connection.merge
         self.fn = nn.Parameter(
             torch.empty((2 + n) * n, n * a.hidden_size, dtype=torch.float32, device=device)
         )
@@ -86,30 +88,18 @@ class HyperConnection(nn.Module):
         self.scale = nn.Parameter(torch.empty(3, dtype=torch.float32, device=device))
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = self.n
-        flat = unweighted_rms_norm(streams.reshape(streams.shape[0], -1).float(), self.norm_eps)
-        pre_w, post_w, comb_w = torch.split(F.linear(flat, self.fn), [n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = torch.split(self.base, [n, n, n * n])
-        pre_s, post_s, comb_s = self.scale.unbind(0)
-        pre = torch.sigmoid(pre_w * pre_s + pre_b) + self.eps
-        post = 2 * torch.sigmoid(post_w * post_s + post_b)
-        comb = torch.softmax(comb_w.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1) + self.eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
-        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
-        return post, comb, collapsed
+        """(post, comb, the block's input)."""
+        mixed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = self._mix(
+            streams, self.fn, self.base, self.scale, self.iters, self.eps, self.norm_eps
+        )
+        return mixed
 
-    @staticmethod
     def merge(
-        streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+        self, streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
     ) -> torch.Tensor:
         """The block's output spread by `post` plus the streams mixed by comb^T."""
-        dtype = streams.dtype
-        return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(
-            comb.to(dtype).transpose(-1, -2), streams
-        )
+        merged: torch.Tensor = self._merge(streams, out, post, comb)
+        return merged
 
 
 class HyperHead(nn.Module):

@@ -32,8 +32,8 @@ class V4DecoderLayer(nn.Module):
         self.mlp = v4_moe(a, layer, kernels, dtype, device)
         self.input_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
         self.post_attention_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
-        self.attn_hc = HyperConnection(a, device)
-        self.ffn_hc = HyperConnection(a, device)
+        self.attn_hc = HyperConnection(a, kernels, device)
+        self.ffn_hc = HyperConnection(a, kernels, device)
 
     def forward(
         self,
@@ -49,10 +49,10 @@ class V4DecoderLayer(nn.Module):
         out = self.self_attn(
             self.input_layernorm(x), batch.positions, rotary, plan, batch.slot_mapping, cache, local
         )
-        h = HyperConnection.merge(h, out, post, comb)
+        h = self.attn_hc.merge(h, out, post, comb)
         post, comb, x = self.ffn_hc(h)
         out = self.mlp(self.post_attention_layernorm(x), token_ids)
-        return HyperConnection.merge(h, out, post, comb)
+        return self.ffn_hc.merge(h, out, post, comb)
 
 
 class DeepseekV4Stage(Stage):

@@ -1,0 +1,120 @@
+"""fp8_ref.quantize_act (1 x 128 groups along K, e4m3, one float32 scale per row and group: the
+group's largest magnitude, floored at fp8_ref.MIN_SCALE, times the float32 reciprocal of 448) in
+one Triton kernel, with the same bits: the values divided by their scale with IEEE rounding
+(Triton's default float32 division is approximate), then e4m3's round-to-nearest-even.
+
+It writes what the W8A8 GEMMs read directly, so a call is one launch with static shapes (what a
+CUDA graph captures): rows padded to a multiple (cuBLASLt's FP8 GEMM wants 16; the padding rows
+are zeros with scale 1), and the scales either row-major [rows, groups] (the Triton GEMMs) or
+group-major, a [rows, groups] view of a [groups, rows] buffer (``F.scaled_mm``'s BlockWise1x128
+layout). Anything not on CUDA (or without triton) goes through fp8_ref.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stages.kernels import fp8_ref
+
+BLOCK_M = 16  # rows per program; each program quantizes one 128-wide group of them
+
+
+def quantize_act(
+    x: torch.Tensor, rows_multiple: int = 1, group_major: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [R, K] e4m3, scale [R, cdiv(K, 128)] fp32), R = M rounded up to
+    rows_multiple; q[:M], scale[:M] equal fp8_ref.quantize_act(x). group_major: the scales are
+    a view of a contiguous [groups, R] tensor."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_act takes x [M, K], got shape {tuple(x.shape)}")
+    m, k = x.shape
+    rows = m + (-m % rows_multiple)
+    groups = -(-k // fp8_ref.BLOCK)
+    if triton is None or not x.is_cuda:
+        return _reference(x, rows, group_major)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    q = torch.empty(rows, k, dtype=fp8_ref.FP8, device=x.device)
+    if group_major:
+        scale = torch.empty(groups, rows, dtype=torch.float32, device=x.device).T
+    else:
+        scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if rows:
+        _quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
+            x,
+            q,
+            scale,
+            m,
+            rows,
+            k,
+            x.stride(0),
+            q.stride(0),
+            scale.stride(0),
+            scale.stride(1),
+            INV_FP8_MAX=1 / fp8_ref.FP8_MAX,
+            MIN_SCALE=fp8_ref.MIN_SCALE,
+            BLOCK_M=BLOCK_M,
+            GROUP=fp8_ref.BLOCK,
+            num_warps=4,
+        )
+    return q, scale
+
+
+def _reference(x: torch.Tensor, rows: int, group_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same outputs from fp8_ref (padding and layout included)."""
+    q, s = fp8_ref.quantize_act(x)
+    m, k = x.shape
+    if rows != m:
+        q = torch.cat((q, q.new_zeros(rows - m, k)))
+        s = torch.cat((s, s.new_ones(rows - m, s.shape[1])))
+    if group_major:
+        s = s.new_empty(s.shape[1], rows).copy_(s.T).T
+    return q, s
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _quantize_1x128(
+        x_ptr,
+        q_ptr,
+        s_ptr,
+        M,
+        R,
+        K,
+        stride_xm,
+        stride_qm,
+        stride_sm,
+        stride_sg,
+        INV_FP8_MAX: tl.constexpr,
+        MIN_SCALE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        GROUP: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        group = tl.program_id(1)
+        cols = group * GROUP + tl.arange(0, GROUP)
+        r64 = rows.to(tl.int64)
+        in_k = cols[None, :] < K
+        x = tl.load(
+            x_ptr + r64[:, None] * stride_xm + cols[None, :],
+            mask=(rows[:, None] < M) & in_k,
+            other=0.0,
+        ).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_SCALE) * INV_FP8_MAX
+        q = tl.div_rn(x, tl.broadcast_to(scale[:, None], (BLOCK_M, GROUP)))
+        kept = rows < R
+        tl.store(
+            q_ptr + r64[:, None] * stride_qm + cols[None, :],
+            q.to(tl.float8e4nv),
+            mask=kept[:, None] & in_k,
+        )
+        # padding rows (zeros) keep a scale of 1, as a GEMM over them expects nothing else
+        scale = tl.where(rows < M, scale, 1.0)
+        tl.store(s_ptr + r64 * stride_sm + group * stride_sg, scale, mask=kept)

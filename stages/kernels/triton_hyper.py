@@ -1,0 +1,214 @@
+"""DeepSeek-V4's hyper-connections on CUDA in three Triton kernels (the contract of
+stages.kernels.hyper_connection): the torch form is a 4-wide batched GEMM that cuBLAS runs on
+tiny misaligned tiles, an fp32 copy of every stream for the norm and the projection, and some
+hundred small kernels for the Sinkhorn iterations per call, so it is bound by launches in decode
+and by memory traffic in prefill.
+
+- ``_project``: per block of tokens, the fp32 projection of the streams (read once in their
+  dtype) and their sum of squares; the RMS norm's factor is applied to the projection after it
+  (F.linear(x * r, fn) = r * F.linear(x, fn)).
+- ``_finish``: per block of tokens, the sigmoids, the softmax and the Sinkhorn iterations in
+  registers, then the collapse of the streams by `pre` over the hidden size.
+- ``_merge``: post * out + comb^T @ streams per (tokens, hidden) tile, rounded as the torch
+  form rounds (each product to the streams' dtype, then their sum).
+
+hc_mult must be a power of two (V4's is 4); other widths, other devices, fp32 streams and empty
+batches take the torch form.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stages.kernels import hyper_connection
+
+BLOCK_T, BLOCK_K, BLOCK_D = 16, 128, 256
+
+
+def is_available(device: str = "cuda") -> bool:
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return False
+    return triton is not None
+
+
+def _fits(streams: torch.Tensor) -> bool:
+    n = streams.shape[1]
+    return (
+        triton is not None
+        and streams.is_cuda
+        and streams.dtype in (torch.bfloat16, torch.float16)
+        and streams.shape[0] > 0
+        and n & (n - 1) == 0
+    )
+
+
+def mix(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    iters: int,
+    eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not _fits(streams):
+        return hyper_connection.mix(streams, fn, base, scale, iters, eps, norm_eps)
+    t, n, d = streams.shape
+    m = (2 + n) * n
+    x = streams.contiguous()
+    w = fn.float().contiguous()
+    mixes = torch.empty(t, m, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(t, BLOCK_T),)
+    _project[grid](
+        x, w, mixes, t, n * d, m, norm_eps,
+        BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, BLOCK_M=triton.next_power_of_2(max(m, 16)),
+        num_warps=4,
+    )  # fmt: skip
+    post = torch.empty(t, n, dtype=torch.float32, device=x.device)
+    comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
+    collapsed = torch.empty(t, d, dtype=x.dtype, device=x.device)
+    _finish[grid](
+        mixes, base.float().contiguous(), scale.float().contiguous(), x, post, comb, collapsed,
+        t, d, iters, eps, N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4,
+    )  # fmt: skip
+    return post, comb, collapsed
+
+
+def merge(
+    streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+) -> torch.Tensor:
+    if not _fits(streams) or out.dtype != streams.dtype:
+        return hyper_connection.merge(streams, out, post, comb)
+    t, n, d = streams.shape
+    x, o = streams.contiguous(), out.contiguous()
+    result = torch.empty_like(x)
+    grid = (triton.cdiv(t, BLOCK_T), triton.cdiv(d, BLOCK_D))
+    _merge[grid](
+        x, o, post.float().contiguous(), comb.float().contiguous(), result, t, d,
+        N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4,
+    )  # fmt: skip
+    return result
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _project(
+        x_ptr, w_ptr, mix_ptr, T, K, M, norm_eps,
+        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    ):  # fmt: skip
+        """mix[t, :M] = rsqrt(mean(x[t]^2) + eps) * (x[t] @ w.T), x [T, K], w [M, K] fp32."""
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        cols = tl.arange(0, BLOCK_M)
+        row_ok, col_ok = rows < T, cols < M
+        acc = tl.zeros((BLOCK_T, BLOCK_M), dtype=tl.float32)
+        squares = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            x = tl.load(
+                x_ptr + rows[:, None].to(tl.int64) * K + ks[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            w = tl.load(
+                w_ptr + cols[None, :] * K + ks[:, None],
+                mask=col_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )
+            squares += tl.sum(x * x, axis=1)
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        factor = tl.rsqrt(squares / K + norm_eps)
+        tl.store(
+            mix_ptr + rows[:, None] * M + cols[None, :],
+            acc * factor[:, None],
+            mask=row_ok[:, None] & col_ok[None, :],
+        )
+
+    @triton.jit
+    def _finish(
+        mix_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, iters, eps,
+        N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        """pre, post and the Sinkhorn-normalised comb of each token from its mix row
+        [pre N | post N | comb N x N], then out[t] = sum_i pre[t, i] * x[t, i]."""
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        row_ok = rows < T
+        i = tl.arange(0, N)
+        mix_row = mix_ptr + rows[:, None] * ((2 + N) * N)
+        s_pre, s_post, s_comb = tl.load(scale_ptr), tl.load(scale_ptr + 1), tl.load(scale_ptr + 2)
+        pre_w = tl.load(mix_row + i[None, :], mask=row_ok[:, None], other=0.0)
+        pre = tl.sigmoid(pre_w * s_pre + tl.load(base_ptr + i)[None, :]) + eps
+        post_w = tl.load(mix_row + N + i[None, :], mask=row_ok[:, None], other=0.0)
+        post = 2 * tl.sigmoid(post_w * s_post + tl.load(base_ptr + N + i)[None, :])
+        ij = i[:, None] * N + i[None, :]  # [N, N]: comb[i, j]
+        comb_w = tl.load(
+            mix_row[:, :, None] + 2 * N + ij[None, :, :], mask=row_ok[:, None, None], other=0.0
+        )
+        logits = comb_w * s_comb + tl.load(base_ptr + 2 * N + ij)[None, :, :]
+        logits = logits - tl.max(logits, axis=2)[:, :, None]
+        e = tl.exp(logits)
+        comb = e / tl.sum(e, axis=2)[:, :, None] + eps
+        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+        for _ in range(iters - 1):
+            comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
+            comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+        tl.store(post_ptr + rows[:, None] * N + i[None, :], post, mask=row_ok[:, None])
+        tl.store(
+            comb_ptr + rows[:, None, None] * (N * N) + ij[None, :, :], comb,
+            mask=row_ok[:, None, None],
+        )  # fmt: skip
+        for d0 in range(0, D, BLOCK_D):
+            ds = d0 + tl.arange(0, BLOCK_D)
+            ok = row_ok[:, None, None] & (ds < D)[None, None, :]
+            x = tl.load(
+                x_ptr + rows[:, None, None].to(tl.int64) * (N * D) + i[None, :, None] * D
+                + ds[None, None, :],
+                mask=ok, other=0.0,
+            ).to(tl.float32)  # fmt: skip
+            collapsed = tl.sum(pre[:, :, None] * x, axis=1)
+            tl.store(
+                out_ptr + rows[:, None].to(tl.int64) * D + ds[None, :],
+                collapsed.to(out_ptr.dtype.element_ty),
+                mask=row_ok[:, None] & (ds < D)[None, :],
+            )
+
+    @triton.jit
+    def _merge(
+        x_ptr, o_ptr, post_ptr, comb_ptr, y_ptr, T, D,
+        N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        """y[t, j] = round(post[t, j] * o[t]) + round(sum_i comb[t, i, j] * x[t, i]), with post
+        and comb first rounded to the streams' dtype, as the torch form computes it."""
+        rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        row_ok, d_ok = rows < T, ds < D
+        j = tl.arange(0, N)
+        dt = y_ptr.dtype.element_ty
+        stream_base = x_ptr + rows[:, None, None].to(tl.int64) * (N * D) + ds[None, None, :]
+        acc = tl.zeros((BLOCK_T, N, BLOCK_D), dtype=tl.float32)
+        for src in tl.static_range(N):
+            x_i = tl.load(
+                x_ptr + rows[:, None].to(tl.int64) * (N * D) + src * D + ds[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+            ).to(tl.float32)  # fmt: skip
+            c_i = tl.load(comb_ptr + rows[:, None] * (N * N) + src * N + j[None, :],
+                          mask=row_ok[:, None], other=0.0)  # fmt: skip
+            acc += c_i.to(dt).to(tl.float32)[:, :, None] * x_i[:, None, :]
+        post = tl.load(post_ptr + rows[:, None] * N + j[None, :], mask=row_ok[:, None], other=0.0)
+        o = tl.load(
+            o_ptr + rows[:, None].to(tl.int64) * D + ds[None, :],
+            mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+        ).to(tl.float32)  # fmt: skip
+        spread = (post.to(dt).to(tl.float32)[:, :, None] * o[:, None, :]).to(dt)
+        y = spread.to(tl.float32) + acc.to(dt).to(tl.float32)
+        tl.store(
+            stream_base + j[None, :, None] * D, y.to(dt),
+            mask=row_ok[:, None, None] & d_ok[None, None, :],
+        )  # fmt: skip
