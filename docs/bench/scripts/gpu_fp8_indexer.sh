@@ -2,8 +2,10 @@
 # One H200: DeepSeek-V3.2's FP8 indexer keys (branch fp8idx) -- the GPU tests that touch them: the
 # Triton indexer kernels on bf16 and FP8 keys and the keys' quantize-on-write
 # (tests/gpu/test_indexer_kernel.py), the V3.2 stage on CUDA incl. an FP8 cache whose indexer
-# runs on Triton (tests/gpu/test_dsa_cuda.py), and the FP8 kernels and FP8 V3.2 stage
-# (tests/gpu/test_fp8_kernels.py). No Ray. 150 s in all (BUDGET), each file cut to what is left.
+# runs on Triton (tests/gpu/test_dsa_cuda.py), the FP8 decode graphs == eager (the FP8 keys
+# written and scored inside the graph; tests/gpu/test_deepseek_decode_graphs.py, its tests
+# without Ray), and the FP8 kernels and FP8 V3.2 stage (tests/gpu/test_fp8_kernels.py). No Ray.
+# 150 s in all (BUDGET), each file cut to its cap or what is left.
 # Run from the tree's root (main, or a copy of the branch under .wt/fp8idx); the sgl-flash-mla
 # wheel is taken from .wt/lead/whl or ../lead/whl (WHL to override).
 set -uo pipefail
@@ -17,10 +19,15 @@ LOG="$OUT/gpu_fp8_indexer.log"
 left() {  # seconds for a step: its cap, or what is left of BUDGET
     local l=$((BUDGET - SECONDS)); [ "$l" -lt "$1" ] && echo $((l > 5 ? l : 5)) || echo "$1"
 }
-for file in test_indexer_kernel test_dsa_cuda test_fp8_kernels; do
-    echo "=== [$SECONDS s] tests/gpu/$file.py" | tee -a "$LOG"
-    timeout "$(left 70)" python3 -m pytest -q -rfEs -m gpu -p no:cacheprovider \
-        "tests/gpu/$file.py" 2>&1 | tail -30 | tee -a "$LOG"
+run() {  # cap in seconds, then pytest's arguments
+    local cap=$1; shift
+    echo "=== [$SECONDS s] $*" | tee -a "$LOG"
+    timeout "$(left "$cap")" python3 -m pytest -q -rfEs -m gpu -p no:cacheprovider "$@" 2>&1 \
+        | tail -30 | tee -a "$LOG"
     echo "exit ${PIPESTATUS[0]}" | tee -a "$LOG"
-done
+}
+run 45 tests/gpu/test_indexer_kernel.py
+run 30 tests/gpu/test_dsa_cuda.py
+run 45 tests/gpu/test_deepseek_decode_graphs.py -k "graphed_decode_equals_eager"
+run 60 tests/gpu/test_fp8_kernels.py
 echo "=== [$SECONDS s] done" | tee -a "$LOG"
