@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stages.kernels import torch_ref
+from stages.kernels import fp8_indexer, torch_ref
 
 # Tokens of one chunk row scored together by a program of the Triton kernel (the MMA's rows);
 # rows of one token (decode) are tiles of their own, whose MMA rows are the index heads.
@@ -88,13 +88,16 @@ def logits_rows_reference(
     q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, scale: float, plan: SelectPlan
 ) -> torch.Tensor:
     """The indexer_logits_rows contract, a row at a time on torch_ref.indexer_logits:
-    q [Ts, Hi, D] and weights [Ts, Hi] of the plan's tokens, keys [slots, D] the flat cache ->
-    [Ts, Lmax] fp32, -inf where the token does not see the key."""
+    q [Ts, Hi, D] and weights [Ts, Hi] of the plan's tokens, keys [slots, D] the flat cache (or
+    [slots, D + 4] uint8: FP8 keys, stages/kernels/fp8_indexer.py, of which each row's are
+    dequantized) -> [Ts, Lmax] fp32, -inf where the token does not see the key."""
     ts, lmax = q.shape[0], plan.key_slots.shape[1]
     out = torch.full((ts, lmax), float("-inf"), dtype=torch.float32, device=q.device)
     for r, (first, n, length) in enumerate(plan.row_tokens):
         span = slice(first, first + n)
         k = keys.index_select(0, plan.key_slots[r, :length].long())
+        if keys.dtype == torch.uint8:
+            k = fp8_indexer.dequantize(k)
         out[span, :length] = torch_ref.indexer_logits(q[span], k, weights[span], scale)
     cols = torch.arange(lmax, device=q.device)
     return out.masked_fill_(cols[None, :] >= plan.visible[:, None], float("-inf"))

@@ -8,6 +8,9 @@ e4m3's 448 under a power-of-two scale (the same scale, from the same bits, in bo
 - ``write_v4(pages, values, slots)``: DeepSeek-V4's 584-byte layout
   (stages/kernels/fp8_v4_layout.py), 448 no-rope values in 7 tiles of 64 and the rope values in
   the block's value rows, the e8m0 scales after them; matches ``fp8_v4.write_reference``.
+- ``write_indexer_key(flat, keys, slots)``: DeepSeek-V3.2's FP8 indexer key
+  (stages/kernels/fp8_indexer.py), the key as one tile and its float32 scale; matches
+  ``flat.index_copy_(0, slots, fp8_indexer.quantize(keys))``.
 
 Anything not on CUDA (or without triton) takes the torch path.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_latent, fp8_v4, fp8_v4_layout
+from stages.kernels import fp8_indexer, fp8_latent, fp8_v4, fp8_v4_layout
 
 
 def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
@@ -37,6 +40,28 @@ def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None
         TILE=fp8_latent.TILE,
         FP8_MAX=fp8_latent.FP8_MAX,
         num_warps=4,
+    )
+
+
+def write_indexer_key(flat: torch.Tensor, keys: torch.Tensor, slots: torch.Tensor) -> None:
+    """flat [slots, D + 4] uint8, keys [T, D] (any float), slots [T] long."""
+    if triton is None or not flat.is_cuda or keys.shape[0] == 0:
+        flat.index_copy_(0, slots, fp8_indexer.quantize(keys))
+        return
+    dim = keys.shape[-1]
+    if flat.shape[-1] != dim + fp8_indexer.SCALE_BYTES:
+        raise ValueError(f"FP8 indexer key pages of {flat.shape[-1]} bytes for keys of {dim}")
+    k = keys.contiguous()
+    _quantize_write_key[(k.shape[0],)](
+        k,
+        slots.contiguous(),
+        flat.view(torch.float8_e4m3fn),
+        flat.view(torch.float32),
+        k.stride(0),
+        DIM=dim,
+        BLOCK=triton.next_power_of_2(dim),
+        FP8_MAX=fp8_latent.FP8_MAX,
+        num_warps=1,
     )
 
 
@@ -111,6 +136,27 @@ if triton is not None:
         r = tl.arange(0, ROPE)
         rope = tl.load(v_ptr + t * stride_v + NOPE + r).to(tl.bfloat16)
         tl.store(rope_ptr + slot * (row_bytes // 2) + (NOPE + 4 * tiles) // 2 + r, rope)
+
+    @triton.jit
+    def _quantize_write_key(
+        k_ptr,
+        slot_ptr,
+        q_ptr,
+        scale_ptr,
+        stride_k,
+        DIM: tl.constexpr,
+        BLOCK: tl.constexpr,
+        FP8_MAX: tl.constexpr,
+    ):
+        t = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        row_bytes: tl.constexpr = DIM + 4
+        offs = tl.arange(0, BLOCK)
+        mask = offs < DIM
+        x = tl.load(k_ptr + t * stride_k + offs, mask=mask, other=0.0).to(tl.float32)
+        scale, _exponent = _pow2_scale(x, FP8_MAX)
+        tl.store(q_ptr + slot * row_bytes + offs, (x / scale).to(tl.float8e4nv), mask=mask)
+        tl.store(scale_ptr + slot * (row_bytes // 4) + DIM // 4, scale)
 
     @triton.jit
     def _quantize_write_v4(

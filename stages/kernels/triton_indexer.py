@@ -11,6 +11,10 @@ fp8_mqa_logits is the FP8 version of the same computation; it does not load on t
 -inf where a token does not see a key: one launch for the chunk rows (a program: up to 64
 tokens of a row x a block of its keys, the arithmetic of ``indexer_logits``) and one for the
 decode rows (a program: one token's index heads as the MMA's rows x a block of its keys).
+Under an FP8 cache the keys are e4m3 with a float32 scale per token
+(stages/kernels/fp8_indexer.py): both kernels load the e4m3 bytes, widen them to q's dtype for
+the MMA (exact) and multiply each key's column of products by its scale before the ReLU (a
+positive power of two: the score over the dequantized key).
 
 Imports cleanly without triton or CUDA: triton is imported lazily.
 """
@@ -70,10 +74,12 @@ def _rows_kernels():
     import triton.language as tl
 
     @triton.jit
-    def chunk_kernel(Q, K, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
-                     stride_k, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr):
-        """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic."""
+    def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
+                     stride_k, stride_ks, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
+                     KEY_FP8: tl.constexpr):
+        """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic (KEY_FP8:
+        K e4m3, KS each key's float32 scale)."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 3).to(tl.int64)
         first = tl.load(TILES + tile * 3 + 1)
@@ -94,20 +100,26 @@ def _rows_kernels():
             offs_d = tl.arange(0, HEAD_DIM)
             k = tl.load(K + slots[None, :] * stride_k + offs_d[:, None],
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
+            if KEY_FP8:
+                k = k.to(Q.dtype.element_ty)
+                key_scale = scale * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)
             acc = tl.zeros([BT, BL], tl.float32)
             for h in range(HEADS):
                 q = tl.load(Q + offs_t[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
                             mask=t_mask[:, None], other=0.0)  # [BT, D]
-                s = tl.maximum(tl.dot(q, k) * scale, 0.0)
+                if KEY_FP8:
+                    s = tl.maximum(tl.dot(q, k) * key_scale[None, :], 0.0)
+                else:
+                    s = tl.maximum(tl.dot(q, k) * scale, 0.0)
                 w = tl.load(W + offs_t * stride_wt + h, mask=t_mask, other=0.0)
                 acc += s * w[:, None]
             acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
             tl.store(out_ptrs, acc, mask=store_mask)
 
     @triton.jit
-    def decode_kernel(Q, K, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
-                      stride_k, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, BL: tl.constexpr):
+    def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
+                      stride_k, stride_ks, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, BL: tl.constexpr, KEY_FP8: tl.constexpr):
         """One token (a decode row) x BL of its keys; the index heads are the MMA's rows."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 2).to(tl.int64)
@@ -125,7 +137,11 @@ def _rows_kernels():
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
             hs = tl.arange(0, HEADS)
             q = tl.load(Q + tok * stride_qt + hs[:, None] * stride_qh + offs_d[None, :])
-            s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]
+            if KEY_FP8:
+                key_scale = scale * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)
+                s = tl.maximum(tl.dot(q, k.to(Q.dtype.element_ty)) * key_scale[None, :], 0.0)
+            else:
+                s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]
             w = tl.load(W + tok * stride_wt + hs)
             logit = tl.sum(s * w[:, None], 0)
             logit = tl.where(l_mask, logit, float("-inf"))
@@ -137,31 +153,43 @@ def _rows_kernels():
 def indexer_logits_rows(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
                         scale: float, plan) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys [slots, D] (the flat
-    cache), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf where a token does not see a key).
-    Chunk rows and decode rows are one launch each."""
-    from stages.kernels import indexer_select
+    cache) or [slots, D + 4] uint8 (FP8 keys, stages/kernels/fp8_indexer.py), weights [Ts, Hi],
+    plan -> [Ts, Lmax] fp32 (-inf where a token does not see a key). Chunk rows and decode rows
+    are one launch each."""
+    from stages.kernels import fp8_indexer, indexer_select
 
     ts, heads, dim = q.shape
     lmax = plan.key_slots.shape[1]
+    fp8 = keys.dtype == torch.uint8
+    if fp8:
+        readable = (q.dtype in (torch.bfloat16, torch.float16)
+                    and keys.shape[-1] == dim + fp8_indexer.SCALE_BYTES)
+    else:
+        readable = keys.dtype == q.dtype
     # decode tiles' MMA rows are the heads: at least 16, a power of two
-    if dim not in (64, 128) or keys.dtype != q.dtype or (
+    if dim not in (64, 128) or not readable or (
             plan.decode_tiles.shape[0] and (heads < 16 or heads & (heads - 1))):
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
     q = q.contiguous()
     weights = weights.float().contiguous()
     out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
     chunk_kernel, decode_kernel = _rows_kernels()
-    args = (q, keys, weights, plan.key_slots, plan.visible)
-    strides = (q.stride(0), q.stride(1), keys.stride(0), weights.stride(0),
+    if fp8:  # the e4m3 values, and each key's scale after them (4-byte aligned: D % 4 == 0)
+        key_scales = keys.view(torch.float32)[:, dim // fp8_indexer.SCALE_BYTES]
+        keys = keys.view(torch.float8_e4m3fn)
+    else:  # unread: the kernel's FP8 branch is compiled out
+        key_scales = keys
+    args = (q, keys, key_scales, weights, plan.key_slots, plan.visible)
+    strides = (q.stride(0), q.stride(1), keys.stride(0), key_scales.stride(0), weights.stride(0),
                plan.key_slots.stride(0), out.stride(0))
     if plan.chunk_tiles.shape[0]:
         grid = (plan.chunk_tiles.shape[0], -(-lmax // BLOCK_L))
         chunk_kernel[grid](*args, plan.chunk_tiles, out, lmax, scale, *strides, HEADS=heads,
-                           HEAD_DIM=dim, BT=indexer_select.CHUNK_TILE, BL=BLOCK_L)
+                           HEAD_DIM=dim, BT=indexer_select.CHUNK_TILE, BL=BLOCK_L, KEY_FP8=fp8)
     if plan.decode_tiles.shape[0]:
         grid = (plan.decode_tiles.shape[0], -(-lmax // DECODE_BLOCK_L))
         decode_kernel[grid](*args, plan.decode_tiles, out, lmax, scale, *strides, HEADS=heads,
-                            HEAD_DIM=dim, BL=DECODE_BLOCK_L)
+                            HEAD_DIM=dim, BL=DECODE_BLOCK_L, KEY_FP8=fp8)
     return out
 
 

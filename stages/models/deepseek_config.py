@@ -203,12 +203,15 @@ def latent_components(args: ModelArgs) -> dict[str, int]:
 # FlashMLA's FP8 latent (stages/kernels/fp8_latent.py): the 512 no-rope values in e4m3, an fp32
 # scale per 128 of them, the 64 rope values in bf16.
 FP8_LATENT_SHAPE = (512, 64)
+# The FP8 indexer key (stages/kernels/fp8_indexer.py): its values in e4m3, then one fp32 scale,
+# DeepSeek's 1 x 128 group: keys up to 128 values wide
+FP8_INDEXER_GROUP = 128
 
 
 def fp8_latent_components(args: ModelArgs) -> dict[str, int]:
-    """Bytes per token per layer of the components an FP8 cache stores packed (V3.2's latent:
-    656); the others (the indexer key) stay in the model's dtype. Raises where it does not
-    apply, saying why."""
+    """Bytes per token per layer of the components an FP8 cache stores packed: V3.2's latent
+    (656) and its indexer key (index_head_dim + 4: 132). Raises where it does not apply,
+    saying why."""
     d: DeepseekArgs = args.family_args
     if d.indexer is None:
         raise ValueError(
@@ -221,8 +224,14 @@ def fp8_latent_components(args: ModelArgs) -> dict[str, int]:
             f"the FP8 latent layout holds kv_lora_rank 512 + rope 64, not "
             f"{d.kv_lora_rank} + {d.qk_rope_head_dim}"
         )
+    key = d.indexer.head_dim
+    if key > FP8_INDEXER_GROUP or key % 4:
+        raise ValueError(
+            f"the FP8 indexer key holds one scale over at most {FP8_INDEXER_GROUP} values (a "
+            f"multiple of 4), not index_head_dim {key}"
+        )
     nope, rope = FP8_LATENT_SHAPE
-    return {LATENT: nope + 4 * (nope // 128) + 2 * rope}
+    return {LATENT: nope + 4 * (nope // 128) + 2 * rope, INDEXER_KEY: key + 4}
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:

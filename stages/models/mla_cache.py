@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_latent, triton_fp8_latent
+from stages.kernels import fp8_indexer, fp8_latent, triton_fp8_latent
 from stages.model_config import ModelArgs
-from stages.models.deepseek_config import LATENT, latent_components
+from stages.models.deepseek_config import INDEXER_KEY, LATENT, latent_components
 from stages.models.families import fp8_components
+
+# An FP8 component's (quantize-on-write into flat pages at slots, dequantize gathered rows)
+FP8_CODECS = {
+    LATENT: (triton_fp8_latent.write, fp8_latent.dequantize),
+    INDEXER_KEY: (triton_fp8_latent.write_indexer_key, fp8_indexer.dequantize),
+}
 
 
 class LatentKVCache:
     """kv_cache_dtype "fp8" (DeepSeek-V3.2): the latent is stored in FlashMLA's 656-byte FP8
-    layout (uint8 pages, quantized as it is written; stages/kernels/fp8_latent.py), the
-    indexer key in `dtype`."""
+    layout (stages/kernels/fp8_latent.py), the indexer key as e4m3 values and a float32 scale
+    (stages/kernels/fp8_indexer.py): uint8 pages, quantized as they are written."""
 
     def __init__(
         self,
@@ -72,7 +78,7 @@ class LatentKVCache:
         """Store values [T, width] at slots [T]."""
         flat = self._flat(local_layer, name)
         if name in self.packed:  # quantized as it is written (one fused kernel on CUDA)
-            triton_fp8_latent.write(flat, values, slot_mapping)
+            FP8_CODECS[name][0](flat, values, slot_mapping)
             return
         flat.index_copy_(0, slot_mapping, values.to(flat.dtype))
 
@@ -82,4 +88,4 @@ class LatentKVCache:
         """[L, width] of a row's prefix: idx its slots, or a slice (consecutive blocks: a view)."""
         flat = self._flat(local_layer, name)
         out = flat[idx] if isinstance(idx, slice) else flat.index_select(0, idx)
-        return fp8_latent.dequantize(out) if name in self.packed else out
+        return FP8_CODECS[name][1](out) if name in self.packed else out

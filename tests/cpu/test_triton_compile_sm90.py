@@ -103,13 +103,16 @@ def test_moe_routing_compiles():
     )
 
 
-def test_indexer_rows_kernels_compile():
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])
+def test_indexer_rows_kernels_compile(fp8):
     from stages.kernels import triton_indexer
 
     chunk, decode = triton_indexer._rows_kernels()
+    strides = ("stride_qt", "stride_qh", "stride_k", "stride_ks", "stride_wt", "stride_sr")
     sig = {
         "Q": "*bf16",
-        "K": "*bf16",
+        "K": "*fp8e4nv" if fp8 else "*bf16",
+        "KS": "*fp32" if fp8 else "*bf16",
         "W": "*fp32",
         "SLOTS": "*i32",
         "VISIBLE": "*i32",
@@ -117,13 +120,29 @@ def test_indexer_rows_kernels_compile():
         "OUT": "*fp32",
         "LMAX": "i32",
         "scale": "fp32",
-        **{
-            s: "i32"
-            for s in ("stride_qt", "stride_qh", "stride_k", "stride_wt", "stride_sr", "stride_ot")
-        },
+        **{s: "i32" for s in (*strides, "stride_ot")},
     }
-    _compile(chunk, sig, {"HEADS": 64, "HEAD_DIM": 128, "BT": 64, "BL": 128}, num_warps=4)
-    _compile(decode, sig, {"HEADS": 64, "HEAD_DIM": 128, "BL": 64}, num_warps=4)
+    shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8}
+    _compile(chunk, sig, {**shape, "BT": 64, "BL": 128}, num_warps=4)
+    _compile(decode, sig, {**shape, "BL": 64}, num_warps=4)
+
+
+@pytest.mark.parametrize("dim", [128, 64, 100])
+def test_fp8_indexer_key_write_compiles(dim):
+    from stages.kernels import fp8_latent, triton_fp8_latent
+
+    _compile(
+        triton_fp8_latent._quantize_write_key,
+        {
+            "k_ptr": "*bf16",
+            "slot_ptr": "*i64",
+            "q_ptr": "*fp8e4nv",
+            "scale_ptr": "*fp32",
+            "stride_k": "i32",
+        },
+        {"DIM": dim, "BLOCK": triton.next_power_of_2(dim), "FP8_MAX": fp8_latent.FP8_MAX},
+        num_warps=1,
+    )
 
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["bf16", "w8a8"])

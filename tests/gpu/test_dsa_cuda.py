@@ -102,3 +102,42 @@ def _logits_bf16(mla_sparse: str, device: str = "cuda") -> torch.Tensor:
 def test_dsa_on_flash_mla_sparse_matches_torch_kernels():
     flash, ref = _logits_bf16("flash-mla"), _logits_bf16("torch")
     assert ((flash - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_fp8_cache_indexer_scores_on_triton_match_the_reference():
+    """A V3.2 stage with the FP8 cache on CUDA (keys quantized on write by the Triton kernel),
+    its indexer on the Triton rows kernel: every call's scores (chunks over up to 384 FP8 keys,
+    then decode rows) against the torch reference on the same pages, through the stage's own
+    plans. 16 index heads: the decode kernel's least."""
+    import dataclasses
+
+    from stages.kernels import triton_indexer
+    from stages.kernels.indexer_select import logits_rows_reference
+
+    calls = []
+
+    def checked(q, keys, weights, scale, plan):
+        out = triton_indexer.indexer_logits_rows(q, keys, weights, scale, plan)
+        ref = logits_rows_reference(q.float(), keys, weights, scale, plan)
+        seen = ref != float("-inf")
+        calls.append((keys.dtype, keys.shape[-1], torch.equal(out == float("-inf"), ~seen),
+                      ((out[seen] - ref[seen]).norm() / ref[seen].norm()).item()))
+        return out
+
+    torch.manual_seed(0)
+    args = ModelArgs.from_hf_dict(dict(FLASH_V32, index_n_heads=16))
+    kernels = select_kernels("cuda", mla_sparse="torch", mla_sparse_fp8="torch")
+    kernels = dataclasses.replace(kernels, indexer_logits_rows=checked)
+    model = build_stage_model(args, None, 0, 1, True, True, kernels, torch.bfloat16, "cuda", 1)
+    kv = make_kv_cache(args, 1, 16, 64, torch.bfloat16, "cuda", "fp8")
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 500, (400,), generator=g).tolist()
+    steps = [(start, 128) for start in range(0, 384, 128)] + [(384, 1), (385, 1)]
+    for start, n in steps:
+        batch = ForwardBatch.build([(start, n, list(range(8)), True)], 64, "cuda")
+        h = model(torch.tensor(ids[start:start + n], device="cuda"), batch, kv)
+        assert torch.isfinite(model.compute_logits(h[batch.sample_indices])).all()
+    assert len(calls) == 4  # the first chunk sees at most index_topk keys: no scores
+    for dtype, width, same_unseen, err in calls:
+        assert dtype == torch.uint8 and width == 132 and same_unseen
+        assert err < 2e-3, err

@@ -1,12 +1,14 @@
 """The Triton lightning-indexer kernel against the torch reference, same bf16 inputs (the
-reference computes in fp32), at DeepSeek-V3.2's index shapes and at ragged tile edges."""
+reference computes in fp32), at DeepSeek-V3.2's index shapes and at ragged tile edges; the same
+with FP8 keys (an FP8 cache's: e4m3 values and a float32 scale per token), whose
+quantize-on-write kernel writes the torch quantizer's bytes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from stages.kernels import torch_ref, triton_indexer
+from stages.kernels import fp8_indexer, torch_ref, triton_fp8_latent, triton_indexer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,13 +36,15 @@ def test_indexer_logits_match_reference(t, heads, dim, length):
             >= ref.topk(top, dim=-1).values[:, -1] - 1e-2 * ref.abs().max()).all()
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])
 @pytest.mark.parametrize("group_rows", [
     [(1, 5000), (1, 3000), (1, 9000)],  # decode rows (one token each, tiles of one)
     [(300, 4000), (1, 2100), (77, 0)],  # chunks (one from position 0) beside a decode row
 ])
-def test_indexer_logits_rows_match_reference(group_rows):
+def test_indexer_logits_rows_match_reference(group_rows, fp8):
     """The batched kernel over a paged cache (shuffled slots) against the row-at-a-time
-    reference, at V3.2's index heads: the same -inf pattern, scores within the bf16 band."""
+    reference, at V3.2's index heads: the same -inf pattern, scores within the bf16 band. FP8
+    keys: the reference dequantizes the same bytes (fp32 math)."""
     from stages.kernels.indexer_select import SelectPlan, logits_rows_reference
 
     g = torch.Generator(device="cuda").manual_seed(len(group_rows))
@@ -54,19 +58,42 @@ def test_indexer_logits_rows_match_reference(group_rows):
     keys = torch.randn(total + 100, 128, generator=g, device="cuda").bfloat16()
     q = torch.randn(off, 64, 128, generator=g, device="cuda").bfloat16()
     w = torch.randn(off, 64, generator=g, device="cuda")
+    if fp8:
+        keys = fp8_indexer.quantize(keys)
+        assert keys.shape == (total + 100, 132) and keys.dtype == torch.uint8
     out = triton_indexer.indexer_logits_rows(q, keys, w, 128 ** -0.5, plan)
-    ref = logits_rows_reference(q.float(), keys.float(), w, 128 ** -0.5, plan)
+    ref = logits_rows_reference(q.float(), keys if fp8 else keys.float(), w, 128 ** -0.5, plan)
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
     seen = ref != float("-inf")
     err = ((out[seen] - ref[seen]).norm() / ref[seen].norm()).item()
     assert err < 2e-3, err
 
 
-def test_batched_selection_equals_the_row_loop_with_ties():
+@pytest.mark.parametrize("dim", [128, 64])
+def test_fp8_key_write_matches_the_torch_quantizer(dim):
+    """The quantize-on-write kernel stores fp8_indexer.quantize's bytes at the given slots of the
+    flat [slots, D + 4] pages and leaves every other slot alone."""
+    g = torch.Generator(device="cuda").manual_seed(dim)
+    keys = (torch.randn(300, dim, generator=g, device="cuda")
+            * torch.logspace(-3, 2, 300, device="cuda")[:, None]).bfloat16()
+    keys[7] = 0  # an all-zero key: the scale's floor
+    slots = torch.randperm(1024, generator=g, device="cuda")[:300]
+    fused = torch.randint(0, 255, (1024, dim + 4), generator=g, device="cuda",
+                          dtype=torch.uint8)
+    ref = fused.clone()
+    triton_fp8_latent.write_indexer_key(fused, keys, slots)
+    ref.index_copy_(0, slots, fp8_indexer.quantize(keys))
+    assert torch.equal(fused, ref)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])
+def test_batched_selection_equals_the_row_loop_with_ties(fp8):
     """On CUDA the batched selection picks exactly the per-row loop's slots (the loop of
     stages/models/dsa.py before the plan: indexer_logits per row, future masked, torch.topk),
     ties included: half the keys score exactly 0 for every query. Chunk rows' scores are the
-    per-row kernel's bit for bit."""
+    per-row kernel's bit for bit. FP8 keys: the batched kernel reads the e4m3 bytes and their
+    scales, the loop the same keys dequantized to bf16 (exact), whose chunk rows' scores are
+    the same up to rounding (the power-of-two scale is applied to the sum, not to each key)."""
     from stages.kernels.indexer_select import SelectPlan, topk_slots
 
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -75,6 +102,9 @@ def test_batched_selection_equals_the_row_loop_with_ties():
     keys = torch.randn(total, 128, generator=g, device="cuda")
     keys[::2] = -keys[::2].abs()
     keys = keys.bfloat16()
+    packed = fp8_indexer.quantize(keys) if fp8 else keys
+    if fp8:
+        keys = fp8_indexer.dequantize(packed).bfloat16()
     perm = torch.randperm(total, generator=g, device="cuda")
     rows, off, used = [], 0, 0
     for n, start in shapes:
@@ -84,15 +114,19 @@ def test_batched_selection_equals_the_row_loop_with_ties():
     w = torch.rand(off, 64, generator=g, device="cuda")
     scale = 128 ** -0.5
     plan = SelectPlan.build(rows, torch.device("cuda"))
-    logits = triton_indexer.indexer_logits_rows(q, keys, w, scale, plan)
+    logits = triton_indexer.indexer_logits_rows(q, packed, w, scale, plan)
     picked = topk_slots(logits, plan, topk)
     for off_r, n, start, slots in rows:
         span = slice(off_r, off_r + n)
         ref = triton_indexer.indexer_logits(q[span], keys[slots], w[span], scale)
         if n > 1:
-            assert torch.equal(logits[span, :start + n].masked_fill(
-                logits[span, :start + n] == float("-inf"), 0),
-                ref.masked_fill(logits[span, :start + n] == float("-inf"), 0))
+            unseen = logits[span, :start + n] == float("-inf")
+            got = logits[span, :start + n].masked_fill(unseen, 0)
+            if fp8:
+                torch.testing.assert_close(got, ref.masked_fill(unseen, 0), rtol=1e-5, atol=1e-5)
+                assert torch.equal(got == 0, ref.masked_fill(unseen, 0) == 0)
+            else:
+                assert torch.equal(got, ref.masked_fill(unseen, 0))
             ref[:, -n:].masked_fill_(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1),
                                      float("-inf"))
         best, pos = ref.topk(topk, dim=-1)

@@ -1,7 +1,8 @@
-"""The V3.2 engine path with --kv-cache-dtype fp8 through Ray on CPU: greedy tokens agree with
-the unquantized cache's on a tiny checkpoint with the FP8 layout's latent (512 + 64), over PP 2 with
-odd chunks and decode; dense MLA (V3) refuses an FP8 cache before Ray starts, saying why. V4's
-FP8 KV through the engine gives the tokens of its stages chained in process."""
+"""The V3.2 engine path with --kv-cache-dtype fp8 through Ray on CPU: on a tiny checkpoint with
+the FP8 layout's latent (512 + 64), over PP 2 with odd chunks and decode, the greedy tokens of its
+stages chained in process with the same FP8 cache; dense MLA (V3) refuses an FP8 cache before Ray
+starts, saying why. V4's FP8 KV through the engine gives the tokens of its stages chained in
+process."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import os
 import pytest
 
 from app import Engine, EngineConfig, SamplingParams
+from app.bench.fp8 import StageChain
+from stages.model_config import load_model_args
 from tests.cpu.test_deepseek_v4_fp8_kv import PROMPT as V4_PROMPT
 from tests.cpu.test_deepseek_v4_fp8_kv import Pipeline as V4Pipeline
 from tests.cpu.test_deepseek_v4_fp8_kv import _chunked_then_decode
@@ -26,10 +29,9 @@ def _greedy(path: str, prompts=PROMPTS, **options) -> list[list[int]]:
         pp_size=2,
         device="cpu",
         chunk_size=7,
-        max_num_seqs=4,
         max_model_len=128,
         stage_num_cpus=0.5,
-        **{"block_size": 4, "num_kv_blocks": 128, **options},
+        **{"max_num_seqs": 4, "block_size": 4, "num_kv_blocks": 128, **options},
     )
     with Engine(cfg) as engine:
         outs = engine.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0))
@@ -37,13 +39,14 @@ def _greedy(path: str, prompts=PROMPTS, **options) -> list[list[int]]:
 
 
 def test_fp8_kv_cache_through_the_engine(ray_cluster, checkpoints):  # noqa: F811
-    want = _greedy(checkpoints["plain"])
-    got = _greedy(checkpoints["plain"], kv_cache_dtype="fp8")
-    # each row's first token, and most later ones: past a few steps the random model's indexer
-    # can pick other keys from slightly different scores, and the paths part
-    assert [g[0] for g in got] == [w[0] for w in want]
-    same = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w))
-    assert same >= 0.8 * sum(len(w) for w in want)
+    # one row at a time, so each row's chunks are the chained stages' (against its own stages,
+    # not the unquantized cache: past index_topk this random model's indexer scores sit close
+    # together, many tied at 0, so the FP8 keys' rounding or other chunk boundaries pick other
+    # keys and the paths part; tests/cpu/test_fp8.py compares the two)
+    got = _greedy(checkpoints["plain"], kv_cache_dtype="fp8", max_num_seqs=1)
+    chained = StageChain(load_model_args(checkpoints["plain"]), checkpoints["plain"],
+                         kv_cache_dtype="fp8", num_blocks=32, block_size=4)
+    assert got == [chained.greedy(p, chunk=7, steps=5) for p in PROMPTS]
 
 
 def test_dense_mla_refuses_an_fp8_cache(tmp_path, checkpoints):  # noqa: F811
