@@ -6,17 +6,17 @@ and by memory traffic in prefill.
 
 - ``_project``: per block of tokens and slice of the streams, the projection's partial sums and
   the sum of squares (the RMS norm's factor is applied after: F.linear(x * r, fn) =
-  r * F.linear(x, fn)). The products run on tensor cores in TF32 at fp32 accuracy: bf16 streams
-  are exact in TF32, and the fp32 weights go in as two TF32 pieces (w = hi + lo). Short batches
-  split the streams' width over more programs (decode rows are few).
+  r * F.linear(x, fn)). The products run on bf16 tensor cores at fp32 accuracy: the streams are
+  bf16, and the fp32 weights go in as three bf16 pieces (w = w1 + w2 + w3, 24 mantissa bits).
+  Short batches split the streams' width over more programs (decode rows are few).
 - ``_finish``: per block of tokens, the partial sums added in a fixed order, then the sigmoids,
   the softmax and the Sinkhorn iterations in registers, and the collapse of the streams by `pre`
   over the hidden size.
 - ``_merge``: post * out + comb^T @ streams per (tokens, hidden) tile, rounded as the torch
   form rounds (each product to the streams' dtype, then their sum).
 
-hc_mult must be a power of two (V4's is 4); other widths, other devices, fp32 streams and empty
-batches take the torch form.
+hc_mult must be a power of two (V4's is 4); other widths, other devices, streams not in bf16 and
+empty batches take the torch form.
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ import torch
 from stages.kernels import hyper_connection
 
 BLOCK_T, BLOCK_K, BLOCK_D = 16, 128, 256
+# how _project multiplies the bf16 streams by the fp32 weights at fp32 accuracy: "ieee" (fp32
+# FMAs), "tf32x2" (two TF32 tensor-core products, the weights split in two) or "bf16x3" (three
+# bf16 ones); all three are tested against the torch form
+PRECISIONS = ("ieee", "tf32x2", "bf16x3")
+PRECISION = "ieee"
 TARGET_PROGRAMS = 264  # two per SM of an H200: enough to fill the chip with short batches
 MAX_SPLIT = 16
 
@@ -41,7 +46,7 @@ def _fits(streams: torch.Tensor) -> bool:
     return (
         triton is not None
         and streams.is_cuda
-        and streams.dtype in (torch.bfloat16, torch.float16)
+        and streams.dtype == torch.bfloat16
         and streams.shape[0] > 0
         and n & (n - 1) == 0
     )
@@ -55,7 +60,10 @@ def mix(
     iters: int,
     eps: float,
     norm_eps: float,
+    precision: str = PRECISION,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {PRECISIONS}")
     if not _fits(streams):
         return hyper_connection.mix(streams, fn, base, scale, iters, eps, norm_eps)
     t, n, d = streams.shape
@@ -73,7 +81,7 @@ def mix(
     _project[(blocks, split)](
         x, w, parts, squares, t, k, m, k_per_split,
         BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, BLOCK_M=triton.next_power_of_2(max(m, 16)),
-        num_warps=4,
+        PRECISION=precision, num_warps=4,
     )  # fmt: skip
     post = torch.empty(t, n, dtype=torch.float32, device=x.device)
     comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
@@ -114,6 +122,7 @@ if triton is not None:
     def _project(
         x_ptr, w_ptr, part_ptr, sq_ptr, T, K, M, K_PER_SPLIT,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+        PRECISION: tl.constexpr,
     ):  # fmt: skip
         """part[s, t, :M] = x[t, ks] @ w[:, ks].T and sq[s, t] = sum(x[t, ks]^2) over split s's
         slice ks of K; x [T, K] bf16, w [M, K] fp32."""
@@ -137,12 +146,19 @@ if triton is not None:
                 mask=col_ok[None, :] & k_ok[:, None],
                 other=0.0,
             )
-            # TF32 keeps 10 mantissa bits: the truncated high part is exact in it, the rest
-            # goes in a second product
-            w_hi = (w.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
             squares += tl.sum(x * x, axis=1)
-            acc = tl.dot(x, w_hi, acc, input_precision="tf32")
-            acc = tl.dot(x, w - w_hi, acc, input_precision="tf32")
+            if PRECISION == "bf16x3":  # three bf16 pieces hold fp32's 24 mantissa bits
+                xb = x.to(tl.bfloat16)
+                for _ in tl.static_range(3):
+                    piece = w.to(tl.bfloat16, fp_downcast_rounding="rtne")
+                    acc = tl.dot(xb, piece, acc)
+                    w = w - piece.to(tl.float32)
+            elif PRECISION == "tf32x2":  # the truncated high part is exact in TF32's 10 bits
+                w_hi = (w.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+                acc = tl.dot(x, w_hi, acc, input_precision="tf32")
+                acc = tl.dot(x, w - w_hi, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(x, w, acc, input_precision="ieee")
         tl.store(
             part_ptr + (split * T + rows[:, None]) * M + cols[None, :],
             acc,

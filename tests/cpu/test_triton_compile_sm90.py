@@ -225,7 +225,8 @@ def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
-def test_hyper_connection_kernels_compile():
+@pytest.mark.parametrize("precision", ["ieee", "tf32x2", "bf16x3"])
+def test_hyper_connection_kernels_compile(precision):
     from stages.kernels import triton_hyper as th
 
     n, bt, bd = 4, th.BLOCK_T, th.BLOCK_D
@@ -233,7 +234,7 @@ def test_hyper_connection_kernels_compile():
         th._project,
         {"x_ptr": "*bf16", "w_ptr": "*fp32", "part_ptr": "*fp32", "sq_ptr": "*fp32", "T": "i32",
          "K": "i32", "M": "i32", "K_PER_SPLIT": "i32"},
-        {"BLOCK_T": bt, "BLOCK_K": th.BLOCK_K, "BLOCK_M": 32},
+        {"BLOCK_T": bt, "BLOCK_K": th.BLOCK_K, "BLOCK_M": 32, "PRECISION": precision},
         num_warps=4,
     )  # fmt: skip
     _compile(
