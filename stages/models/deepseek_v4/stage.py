@@ -120,12 +120,16 @@ class DeepseekV4Stage(Stage):
             h = h.contiguous()
         else:
             h = inputs.to(self.dtype)
-        plan = V4Plan.build(batch, self.a.sliding_window, self.rates, kv.block_size, h.device)
+        plan = self.plan(batch, kv, h.device)
         for local, layer in enumerate(self.layers.values()):
             rotary = self.main_rotary if layer.is_sliding else self.compress_rotary
             h = layer(h, rotary, plan, batch, kv, local, token_ids)
         out: torch.Tensor = h
         return out
+
+    def plan(self, batch: ForwardBatch, kv: V4Cache, device: torch.device) -> V4Plan:
+        """The index arithmetic of the forward, shared by the stage's layers."""
+        return V4Plan.build(batch, self.a.sliding_window, self.rates, kv.block_size, device)
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """hc_head, final norm and LM head on the rows that sample: [R, hc, hidden] -> fp32
