@@ -3,7 +3,8 @@ pattern (its 8 leading layers: types, hash / routed MoE, window, rates, top-k, s
 iterations, experts per token) at tiny widths, so the work that is a GPU kernel on the device
 is small and what remains is mostly the host's: Python and one dispatch per op.
 
-    python -m app.bench.v4_host --rows 512 --context 512 --reps 7 [--out FILE] [--profile FILE]
+    python -m app.bench.v4_host --rows 512 --context 512 [--dtype bfloat16] [--reps 7] \
+        [--out FILE] [--profile FILE]
 
 Per part, the median over reps of its own CPU time in milliseconds (a part's time less the parts
 inside it): ForwardBatch.build, V4Plan.build, each layer's forward, the rest of the stage's
@@ -34,7 +35,7 @@ from app.bench.target import kv_block_size, v4_flash_bench_config
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
-from stages.loader import build_stage_model
+from stages.loader import build_stage_model, resolve_dtype
 from stages.model_config import ModelArgs
 
 # Widths shrunk; every field that sets the step's index arithmetic and op count kept.
@@ -103,8 +104,10 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def build_step(rows: int, context: int, layers: int, parts: Parts) -> Callable[[], None]:
-    """One decode step of `rows` rows at `context` keys, instrumented by `parts`."""
+def build_step(
+    rows: int, context: int, layers: int, dtype: str, parts: Parts
+) -> Callable[[], None]:
+    """One decode step of `rows` rows at about `context` keys, instrumented by `parts`."""
     torch.manual_seed(0)
     config = tiny_flash_config(layers)
     args = ModelArgs.from_hf_dict(config)
@@ -112,18 +115,22 @@ def build_step(rows: int, context: int, layers: int, parts: Parts) -> Callable[[
     base = select_kernels("cpu")
     stand_ins: dict[str, Any] = {op: parts.wrap(KERNEL, getattr(base, op)) for op in KERNEL_OPS}
     kernels = dataclasses.replace(base, **stand_ins)
-    model: Any = build_stage_model(args, None, 0, layers, True, True, kernels, "float32", "cpu")
+    model: Any = build_stage_model(args, None, 0, layers, True, True, kernels, dtype, "cpu")
     for i, layer in enumerate(model.layers.values()):
         label = f"layer {i} ({config['layer_types'][i]}, {config['mlp_layer_types'][i]})"
         layer.forward = parts.wrap(label, layer.forward)
     model.plan = parts.wrap("V4Plan.build", model.plan)
     forward = parts.wrap(REST, model)
     build = parts.wrap("ForwardBatch.build", ForwardBatch.build)
-    per_row = -(-(context + 1) // block)
-    kv = make_kv_cache(args, layers, rows * per_row + 1, block, torch.float32, "cpu")
-    # every row decodes its token `context` on blocks of its own, interleaved with the other
-    # rows' (the engine's tables are not consecutive either)
-    batch_rows = [(context, 1, [r + rows * b for b in range(per_row)], True) for r in range(rows)]
+    # row r decodes its token context + r % max_rate, so the rows complete compression groups
+    # as a steady decode does (a quarter of them CSA groups at rate 4), on blocks of its own
+    # interleaved with the other rows' (the engine's tables are not consecutive either)
+    rate = args.family_args.max_rate
+    per_row = -(-(context + rate) // block)
+    kv = make_kv_cache(args, layers, rows * per_row + 1, block, resolve_dtype(dtype), "cpu")
+    batch_rows = [
+        (context + r % rate, 1, [r + rows * b for b in range(per_row)], True) for r in range(rows)
+    ]
     ids = torch.randint(0, args.vocab_size, (rows,))
     prefixes = args.family.attention_prefixes
 
@@ -134,9 +141,11 @@ def build_step(rows: int, context: int, layers: int, parts: Parts) -> Callable[[
     return step
 
 
-def run(rows: int, context: int, layers: int, reps: int, profile: str | None) -> dict[str, Any]:
+def run(
+    rows: int, context: int, layers: int, dtype: str, reps: int, profile: str | None
+) -> dict[str, Any]:
     parts = Parts()
-    step = build_step(rows, context, layers, parts)
+    step = build_step(rows, context, layers, dtype, parts)
     step()  # warm-up
     samples: dict[str, list[float]] = defaultdict(list)
     for _ in range(reps):
@@ -159,6 +168,7 @@ def run(rows: int, context: int, layers: int, reps: int, profile: str | None) ->
         "rows": rows,
         "context": context,
         "layers": layers,
+        "dtype": dtype,
         "reps": reps,
         "torch": torch.__version__,
         "own_ms": {k: round(statistics.median(v), 2) for k, v in samples.items()},
@@ -169,14 +179,15 @@ def run(rows: int, context: int, layers: int, reps: int, profile: str | None) ->
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=512)
-    p.add_argument("--context", type=int, default=512, help="tokens before each row's new one")
+    p.add_argument("--context", type=int, default=512, help="about the keys of each row")
+    p.add_argument("--dtype", default="bfloat16", help="the model's (the bench shape's: bf16)")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--out", help="write the result as JSON")
     p.add_argument("--profile", help="write cProfile's top functions (by own time) here")
     a = p.parse_args()
     torch.set_num_threads(1)  # the host thread of one stage
-    text = json.dumps(run(a.rows, a.context, a.layers, a.reps, a.profile), indent=1)
+    text = json.dumps(run(a.rows, a.context, a.layers, a.dtype, a.reps, a.profile), indent=1)
     print(text)
     if a.out:
         with open(a.out, "w") as f:

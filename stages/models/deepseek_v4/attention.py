@@ -27,7 +27,13 @@ from stages.models.deepseek_v4.config import (
     SLIDING,
     V4Args,
 )
-from stages.models.deepseek_v4.layers import Rotary, V4RMSNorm, apply_rope, unweighted_rms_norm
+from stages.models.deepseek_v4.layers import (
+    Angles,
+    ForwardAngles,
+    V4RMSNorm,
+    apply_rope,
+    unweighted_rms_norm,
+)
 from stages.models.deepseek_v4.plan import GroupPlan, RatePlan, V4Plan
 from stages.models.layers import Linear
 
@@ -69,7 +75,7 @@ class GroupCompressor(nn.Module):
         local: int,
         inputs_name: str,
         entries_name: str,
-        rotary: Rotary,
+        angles: Angles,
     ) -> None:
         """Compute and store the entries of every group whose last token is in the forward."""
         if not groups.count:
@@ -88,8 +94,7 @@ class GroupCompressor(nn.Module):
         else:
             kv, gate = kv[:, 0], gate[:, 0]
         pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1)
-        cos, sin = rotary(groups.positions, pooled.dtype)
-        entries = apply_rope(self.kv_norm(pooled), cos, sin)
+        entries = apply_rope(self.kv_norm(pooled), angles.cos, angles.sin)
         cache.write(local, entries_name, entries, groups.entry_slots)
 
 
@@ -179,15 +184,14 @@ class V4Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: Rotary,
+        angles: ForwardAngles,
         plan: V4Plan,
         slot_mapping: torch.Tensor,
         cache: V4Cache,
         local: int,
     ) -> torch.Tensor:
         a, t = self.a, x.shape[0]
-        cos, sin = rotary(positions, x.dtype)
+        cos, sin = angles.tokens.cos, angles.tokens.sin
         q_resid = self.q_a_norm(self.q_a_proj(x))
         q = self.q_b_proj(q_resid).view(t, a.num_heads, a.head_dim)
         q = apply_rope(unweighted_rms_norm(q, a.rms_norm_eps), cos, sin)
@@ -195,10 +199,15 @@ class V4Attention(nn.Module):
         if self.compressor is not None:
             groups = plan.rates[self.rate].groups
             cache.write(local, COMP_IN, self.compressor.inputs(x), slot_mapping)
-            self.compressor.complete_groups(groups, cache, local, COMP_IN, COMP, rotary)
             if self.indexer is not None:
                 cache.write(local, INDEX_IN, self.indexer.inputs(x), slot_mapping)
-                self.indexer.complete_groups(groups, cache, local, INDEX_IN, INDEX_KEYS, rotary)
+            if groups.count:
+                group_angles = angles.groups[self.rate]
+                self.compressor.complete_groups(groups, cache, local, COMP_IN, COMP, group_angles)
+                if self.indexer is not None:
+                    self.indexer.complete_groups(
+                        groups, cache, local, INDEX_IN, INDEX_KEYS, group_angles
+                    )
         if cache.fp8:  # the FP8 pages read in place, at the keys' traced addresses
             traced, indices = self._keys(x, q_resid, cos, sin, plan, cache.addresses(), local)
             window, comp = cache.split_addresses(traced, indices)
@@ -210,7 +219,7 @@ class V4Attention(nn.Module):
             pool, indices = self._keys(x, q_resid, cos, sin, plan, cache, local)
             attend = _op(self.kernels.sparse_sink_attention)
             out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
-        out = apply_rope(out, cos, -sin)
+        out = apply_rope(out, angles.inverse.cos, angles.inverse.sin)
         g = a.o_groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)

@@ -4,6 +4,8 @@ hyper-connections (Sinkhorn-mixed residual streams) with the head's final collap
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,6 +52,43 @@ class Rotary(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
+
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> Angles:
+        cos, sin = self(positions, dtype)
+        return Angles(cos.float(), sin.float())
+
+
+@dataclass(frozen=True)
+class Angles:
+    """cos / sin [N, rope_dim / 2] of one rotary at N positions: its model-dtype values in fp32,
+    what apply_rope computes with."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ForwardAngles:
+    """One rotary's angles that a forward's layers share, each computed once per forward."""
+
+    tokens: Angles  # at the tokens' positions
+    inverse: Angles  # the same, rotating back (the attention output's rope channels)
+    groups: dict[int, Angles]  # per rate: at the positions of the groups the forward completes
+
+    @classmethod
+    def build(
+        cls,
+        rotary: Rotary,
+        positions: torch.Tensor,
+        group_positions: dict[int, torch.Tensor],
+        dtype: torch.dtype,
+    ) -> ForwardAngles:
+        tokens = rotary.angles(positions, dtype)
+        return cls(
+            tokens,
+            Angles(tokens.cos, -tokens.sin),
+            {rate: rotary.angles(p, dtype) for rate, p in group_positions.items()},
+        )
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
