@@ -9,8 +9,9 @@ is small and what remains is mostly the host's: Python and one dispatch per op.
 Per part, the median over reps of its own CPU time in milliseconds (a part's time less the parts
 inside it): ForwardBatch.build, V4Plan.build, each layer's forward, the rest of the stage's
 forward, and the kernel-registry ops (on the device one kernel each, on the CPU their torch
-references: reported apart, not host cost); with the aten ops each part dispatches (a proxy
-for its kernel launches on the device). --profile writes cProfile's top functions.
+references: reported apart, not host cost); with the aten ops each part dispatches that
+compute (a proxy for its kernel launches on the device; views and no-op casts left out).
+--profile writes cProfile's top functions.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class Parts:
 
 
 class OpCounter(TorchDispatchMode):
-    """aten ops dispatched, by the innermost part running."""
+    """aten ops that compute (on the device: a kernel each), by the innermost part running;
+    views and no-op casts are not counted."""
 
     def __init__(self, parts: Parts) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -102,8 +104,11 @@ class OpCounter(TorchDispatchMode):
         self.counts: dict[str, int] = defaultdict(int)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.counts[self.parts.current] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        aliased = func.is_view or any(out is a for a in args)  # a view, a cast to its dtype
+        if func._schema.is_mutable or not aliased:
+            self.counts[self.parts.current] += 1
+        return out
 
 
 def build_step(
