@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -44,6 +46,10 @@ def decode_buckets(
     return [g for g in groups if len(g) > 1]
 
 
+# a decode group's host tensors: token index [R], padded prefix slots [R, Lmax], lengths [R]
+GroupHost = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @dataclass
 class ForwardBatch:
     positions: torch.Tensor  # [T] long: position of every token
@@ -55,6 +61,7 @@ class ForwardBatch:
     sample_indices: torch.Tensor  # [R] long: index in T of the last token of each sampling row
     # Per row: KV slots of positions 0..start+n-1, the gather index of its attention prefix; a
     # slice when its blocks are consecutive (a lone long prompt's are), so attention reads in place.
+    # Empty when built without prefixes (a family whose stage plans its own keys).
     prefix_slots: list[torch.Tensor | slice | None]  # None: the row is in a decode group
     decode_groups: list[DecodeGroup] = field(default_factory=list)
 
@@ -68,68 +75,52 @@ class ForwardBatch:
         rows: list[tuple[int, int, list[int], bool]],
         block_size: int,
         device: str | torch.device = "cpu",
+        prefixes: bool = True,
     ) -> "ForwardBatch":
-        """rows: (start, num_tokens, block_table, sample) per row, in token order.
+        """rows: (start, num_tokens, block_table, sample) per row, in token order. prefixes:
+        also each row's prefix slots and the decode groups (the family's `attention_prefixes`).
 
         Index tensors are made on the host with vectorised ops and copied once, pinned and
         non-blocking: a pageable copy per layer would make the host wait for the stream.
         """
         device = torch.device(device)
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
-        prefix: list[torch.Tensor | slice] = []
-        starts: list[int] = []
-        lens: list[int] = []
-        offsets: list[int] = []
-        tables: list[list[int]] = []
-        samples: list[int] = []
-        total = 0
-        for start, n, table, sample in rows:
-            if n < 1:
-                raise ValueError(f"a row needs at least one token, got {n}")
-            end = start + n
-            need = -(-end // block_size)
-            if need > len(table):
-                raise ValueError(
-                    f"row ending at position {end} needs {need} blocks, table has {len(table)}"
-                )
-            all_slots = (
-                torch.tensor(table[:need], dtype=torch.long)[:, None] * block_size
-                + torch.arange(block_size, dtype=torch.long)[None, :]
-            ).reshape(-1)[:end]
-            positions.append(torch.arange(start, end, dtype=torch.long))
-            slots.append(all_slots[start:end])
-            first = table[0]
-            consecutive = list(table[:need]) == list(range(first, first + need))
-            prefix.append(
-                slice(first * block_size, first * block_size + end) if consecutive else all_slots
+        starts = [r[0] for r in rows]
+        lens = [r[1] for r in rows]
+        tables = [list(r[2]) for r in rows]
+        start_np = np.array(starts, dtype=np.int64)
+        len_np = np.array(lens, dtype=np.int64)
+        if rows and len_np.min() < 1:
+            raise ValueError(f"a row needs at least one token, got {int(len_np.min())}")
+        end_np = start_np + len_np
+        need = -(-end_np // block_size)
+        table_lens = np.array([len(t) for t in tables], dtype=np.int64)
+        short = np.flatnonzero(need > table_lens)
+        if short.size:
+            r = int(short[0])
+            raise ValueError(
+                f"row ending at position {int(end_np[r])} needs {int(need[r])} blocks, "
+                f"table has {int(table_lens[r])}"
             )
-            offsets.append(total)
-            total += n
-            starts.append(start)
-            lens.append(n)
-            tables.append(list(table))
-            if sample:
-                samples.append(total - 1)
-        groups = decode_buckets({i: starts[i] + 1 for i, n in enumerate(lens) if n == 1})
-        group_host = []
-        for rows_g in groups:
-            full = [host_slots(prefix[i]) for i in rows_g]
-            group_host.append(
-                (
-                    torch.tensor([offsets[i] for i in rows_g], dtype=torch.long),
-                    torch.nn.utils.rnn.pad_sequence(full, batch_first=True),
-                    torch.tensor([len(f) for f in full], dtype=torch.long),
-                )
-            )
-        # One pinned host buffer and one copy for every index of the batch: a pinned copy per
-        # row (decode batches have dozens of rows) costs more host time than the step itself.
-        host = [torch.cat(positions), torch.cat(slots), torch.tensor(samples, dtype=torch.long)]
-        host += [t.reshape(-1) for g in group_host for t in g]
-        grouped = {i for rows_g in groups for i in rows_g}
-        # a grouped row's prefix is read through its group
-        kept = [None if i in grouped else p for i, p in enumerate(prefix)]
-        host += [p for p in kept if isinstance(p, torch.Tensor)]
+        offset_np = np.cumsum(len_np) - len_np
+        total = int(len_np.sum())
+        token_row = np.repeat(np.arange(len(rows)), len_np)
+        position_np = np.arange(total) - offset_np[token_row] + start_np[token_row]
+        table_start = np.cumsum(table_lens) - table_lens
+        flat_tables = np.fromiter(
+            itertools.chain.from_iterable(tables), dtype=np.int64, count=int(table_lens.sum())
+        )
+        blocks = flat_tables[table_start[token_row] + position_np // block_size]
+        slot_np = blocks * block_size + position_np % block_size
+        sample_np = (offset_np + len_np - 1)[np.array([r[3] for r in rows], dtype=bool)]
+        host = [torch.from_numpy(a) for a in (position_np, slot_np, sample_np)]
+        prefix: list[torch.Tensor | slice | None] = []
+        group_host: list[GroupHost] = []
+        if prefixes:
+            prefix, group_host = _prefixes(starts, lens, offset_np.tolist(), tables, block_size)
+            # One pinned host buffer and one copy for every index of the batch: a pinned copy
+            # per row (decode batches have dozens of rows) costs more host time than the step.
+            host += [t.reshape(-1) for g in group_host for t in g]
+            host += [p for p in prefix if isinstance(p, torch.Tensor)]
         flat = torch.cat(host)
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
@@ -146,12 +137,52 @@ class ForwardBatch:
             slot_mapping=slots_d,
             row_starts=starts,
             row_lens=lens,
-            row_offsets=offsets,
+            row_offsets=offset_np.tolist(),
             block_tables=tables,
             sample_indices=samples_d,
-            prefix_slots=[next(parts) if isinstance(p, torch.Tensor) else p for p in kept],
+            prefix_slots=[next(parts) if isinstance(p, torch.Tensor) else p for p in prefix],
             decode_groups=decode_groups,
         )
+
+
+def _prefixes(
+    starts: list[int],
+    lens: list[int],
+    offsets: list[int],
+    tables: list[list[int]],
+    block_size: int,
+) -> tuple[list[torch.Tensor | slice | None], list[GroupHost]]:
+    """(each row's prefix slots on the host: a slice, a tensor, or None for a row of a decode
+    group; each decode group's (token index, padded slots, lengths) on the host)."""
+    prefix: list[torch.Tensor | slice] = []
+    for start, n, table in zip(starts, lens, tables):
+        end = start + n
+        need = -(-end // block_size)
+        first = table[0]
+        if table[:need] == list(range(first, first + need)):
+            prefix.append(slice(first * block_size, first * block_size + end))
+        else:
+            prefix.append(
+                (
+                    torch.tensor(table[:need], dtype=torch.long)[:, None] * block_size
+                    + torch.arange(block_size, dtype=torch.long)[None, :]
+                ).reshape(-1)[:end]
+            )
+    groups = decode_buckets({i: starts[i] + 1 for i, n in enumerate(lens) if n == 1})
+    group_host = []
+    for rows_g in groups:
+        full = [host_slots(prefix[i]) for i in rows_g]
+        group_host.append(
+            (
+                torch.tensor([offsets[i] for i in rows_g], dtype=torch.long),
+                torch.nn.utils.rnn.pad_sequence(full, batch_first=True),
+                torch.tensor([len(f) for f in full], dtype=torch.long),
+            )
+        )
+    grouped = {i for rows_g in groups for i in rows_g}
+    # a grouped row's prefix is read through its group
+    kept = [None if i in grouped else p for i, p in enumerate(prefix)]
+    return kept, group_host
 
 
 def host_slots(prefix: torch.Tensor | slice) -> torch.Tensor:

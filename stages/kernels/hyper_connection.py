@@ -36,11 +36,13 @@ def mix(
     pre_s, post_s, comb_s = scale.unbind(0)
     pre = torch.sigmoid(pre_w * pre_s + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * post_s + post_b)
-    comb = torch.softmax(comb_w.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1) + eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    comb = torch.softmax(comb_w.view(-1, n, n) * comb_s + comb_b.view(n, n), dim=-1)
+    comb.add_(eps)
+    # Sinkhorn in place (the same ops as out of place): one temporary per normalisation
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
     for _ in range(iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
     collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
     return post, comb, collapsed
 

@@ -13,6 +13,8 @@ A family declares:
   A family whose layers differ (DeepSeek-V4) declares `layer_kv_components` instead: per
   layer, component -> (values per entry, tokens per entry); its cache class then takes the
   stage's layer range, and its block size must be a multiple of `block_multiple`;
+- `attention_prefixes`: whether its attention reads the ForwardBatch's per-row prefix slots
+  and padded decode groups (DeepSeek-V4 plans its own keys, V4Plan): built only if so;
 - `hidden_shape`: the per-token shape of the hidden state one stage sends the next;
 - `token_id_layers`: the layers that read their rows' token ids (hash-routed MoE): a stage
   holding one gets them from stage 0 over the hidden channel;
@@ -138,6 +140,7 @@ class Family:
     layer_kv_components: Callable[[ModelArgs, int], dict[str, tuple[int, int]]] | None = None
     block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
+    attention_prefixes: bool = True
 
     def components_of_layer(self, args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
         """Cache component -> (values per entry, tokens per entry) of one layer."""
@@ -255,6 +258,7 @@ DEEPSEEK_V4 = Family(
     layer_kv_components=v4_layer_components,
     block_multiple=lambda args: args.family_args.max_rate,
     token_id_layers=lambda args: args.family_args.hash_layers,
+    attention_prefixes=False,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

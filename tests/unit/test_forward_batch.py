@@ -49,3 +49,19 @@ def test_build_groups_decode_rows_and_keeps_prefill_rows_alone():
     assert group.slots.tolist() == [[28, 29, 30, 31, 8, 9, 0], [12, 13, 14, 15, 36, 37, 38]]
     assert group.mask.tolist() == [[True] * 6 + [False], [True] * 7]
     assert group.mask.dtype == torch.bool
+
+
+def test_build_without_prefixes_keeps_the_token_indices():
+    """A family whose attention plans its own keys (DeepSeek-V4) gets no prefix slots or decode
+    groups, and the same positions, slots and sampling rows."""
+    from stages.models.families import family_of
+
+    rows = [(0, 6, [0, 1], True), (5, 1, [7, 2], True), (6, 1, [3, 9], False), (1, 3, [5], True)]
+    full, bare = ForwardBatch.build(rows, 4), ForwardBatch.build(rows, 4, prefixes=False)
+    for name in ("positions", "slot_mapping", "sample_indices"):
+        assert torch.equal(getattr(full, name), getattr(bare, name))
+    assert bare.slot_mapping.tolist() == [0, 1, 2, 3, 4, 5, 9, 38, 21, 22, 23]
+    assert bare.sample_indices.tolist() == [5, 6, 10]
+    assert (bare.row_offsets, bare.prefix_slots, bare.decode_groups) == ([0, 6, 7, 8], [], [])
+    assert not family_of("deepseek_v4").attention_prefixes
+    assert family_of("llama").attention_prefixes

@@ -28,7 +28,7 @@ from stages.models.deepseek_v4.config import (
     SLIDING,
     V4Args,
 )
-from stages.models.deepseek_v4.layers import Rotary, V4RMSNorm, apply_rope
+from stages.models.deepseek_v4.layers import Angles, ForwardAngles, V4RMSNorm, apply_rope
 from stages.models.deepseek_v4.plan import GroupPlan, RatePlan, V4Plan
 from stages.models.layers import Linear
 
@@ -70,7 +70,7 @@ class GroupCompressor(nn.Module):
         local: int,
         inputs_name: str,
         entries_name: str,
-        rotary: Rotary,
+        angles: Angles,
     ) -> None:
         """Compute and store the entries of every group whose last token is in the forward."""
         if not groups.count:
@@ -89,8 +89,7 @@ class GroupCompressor(nn.Module):
         else:
             kv, gate = kv[:, 0], gate[:, 0]
         pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1)
-        cos, sin = rotary(groups.positions, pooled.dtype)
-        entries = apply_rope(self.kv_norm(pooled), cos, sin)
+        entries = apply_rope(self.kv_norm(pooled), angles)
         cache.write(local, entries_name, entries, groups.entry_slots)
 
 
@@ -120,8 +119,7 @@ class Indexer(GroupCompressor):
         self,
         x: torch.Tensor,
         q_resid: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        angles: Angles,
         plan: RatePlan,
         cache: V4Cache,
         local: int,
@@ -129,7 +127,7 @@ class Indexer(GroupCompressor):
         """[T, k] entry ids each query attends to (-1: none), k <= index_topk: every token
         scored against its own row's entries, in token tiles of bounded memory."""
         t = x.shape[0]
-        q = apply_rope(self.q_b_proj(q_resid).view(t, self.heads, self.width), cos, sin)
+        q = apply_rope(self.q_b_proj(q_resid).view(t, self.heads, self.width), angles)
         weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
         keys = cache.flat(local, INDEX_KEYS)
         score = _op(self.kernels.indexer_logits_rows)
@@ -180,38 +178,42 @@ class V4Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: Rotary,
+        angles: ForwardAngles,
         plan: V4Plan,
         slot_mapping: torch.Tensor,
         cache: V4Cache,
         local: int,
     ) -> torch.Tensor:
         a, t = self.a, x.shape[0]
-        cos, sin = rotary(positions, x.dtype)
         q_resid = self.q_a_norm(self.q_a_proj(x))
         q = self.q_b_proj(q_resid).view(t, a.num_heads, a.head_dim)
-        q = apply_rope(unweighted_rms_norm(q, a.rms_norm_eps), cos, sin)
-        cache.write(local, KV, apply_rope(self.kv_norm(self.kv_proj(x)), cos, sin), slot_mapping)
+        q = apply_rope(unweighted_rms_norm(q, a.rms_norm_eps), angles.tokens)
+        kv = apply_rope(self.kv_norm(self.kv_proj(x)), angles.tokens)
+        cache.write(local, KV, kv, slot_mapping)
         if self.compressor is not None:
             groups = plan.rates[self.rate].groups
             cache.write(local, COMP_IN, self.compressor.inputs(x), slot_mapping)
-            self.compressor.complete_groups(groups, cache, local, COMP_IN, COMP, rotary)
             if self.indexer is not None:
                 cache.write(local, INDEX_IN, self.indexer.inputs(x), slot_mapping)
-                self.indexer.complete_groups(groups, cache, local, INDEX_IN, INDEX_KEYS, rotary)
+            if groups.count:
+                group_angles = angles.groups[self.rate]
+                self.compressor.complete_groups(groups, cache, local, COMP_IN, COMP, group_angles)
+                if self.indexer is not None:
+                    self.indexer.complete_groups(
+                        groups, cache, local, INDEX_IN, INDEX_KEYS, group_angles
+                    )
         if cache.fp8:  # the FP8 pages read in place, at the keys' traced addresses
-            traced, indices = self._keys(x, q_resid, cos, sin, plan, cache.addresses(), local)
+            traced, indices = self._keys(x, q_resid, angles.tokens, plan, cache.addresses(), local)
             window, comp = cache.split_addresses(traced, indices)
             out = _op(self.kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
                 self.sinks, a.head_dim**-0.5,
             )  # fmt: skip
         else:
-            pool, indices = self._keys(x, q_resid, cos, sin, plan, cache, local)
+            pool, indices = self._keys(x, q_resid, angles.tokens, plan, cache, local)
             attend = _op(self.kernels.sparse_sink_attention)
             out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
-        out = apply_rope(out, cos, -sin)
+        out = apply_rope(out, angles.inverse)
         g = a.o_groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)
@@ -222,8 +224,7 @@ class V4Attention(nn.Module):
         self,
         x: torch.Tensor,
         q_resid: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        angles: Angles,
         plan: V4Plan,
         cache: V4Cache,
         local: int,
@@ -239,7 +240,7 @@ class V4Attention(nn.Module):
             if rp.dense_indices is None:
                 raise RuntimeError("the plan has no dense indices for an HCA layer's rate")
             return pool, rp.dense_indices
-        picked = self.indexer.select(x, q_resid, cos, sin, rp, cache, local)
+        picked = self.indexer.select(x, q_resid, angles, rp, cache, local)
         comp = torch.where(picked < 0, -1, picked + rp.token_base[:, None]).int()
         return pool, torch.cat((plan.window_indices, comp), dim=1)
 

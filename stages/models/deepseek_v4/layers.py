@@ -4,6 +4,8 @@ hyper-connections (Sinkhorn-mixed residual streams) with the head's final collap
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,18 +52,60 @@ class Rotary(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
 
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> Angles:
+        cos, sin = (t.float() for t in self(positions, dtype))
+        return Angles(
+            cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+        )
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the trailing 2 * cos.shape[-1] channels of x [T, ..., D] in interleaved pairs
-    (x0, x1), (x2, x3)... in fp32, layout kept (V4's K is also its V). cos/sin: [T, r/2]."""
-    half = cos.shape[-1]
+
+@dataclass(frozen=True)
+class Angles:
+    """One rotary at N positions as apply_rope takes it, from its model-dtype cos / sin
+    [N, r / 2] in fp32: cos per channel [N, r] (c0, c0, c1, c1, ...) and sin signed per channel
+    (-s0, s0, -s1, s1, ...), so a pair (x0, x1) turns into x * cos + (x1, x0) * sin."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ForwardAngles:
+    """One rotary's angles that a forward's layers share, each computed once per forward."""
+
+    tokens: Angles  # at the tokens' positions
+    inverse: Angles  # the same, rotating back (the attention output's rope channels)
+    groups: dict[int, Angles]  # per rate: at the positions of the groups the forward completes
+
+    @classmethod
+    def build(
+        cls,
+        rotary: Rotary,
+        positions: torch.Tensor,
+        group_positions: dict[int, torch.Tensor],
+        dtype: torch.dtype,
+    ) -> ForwardAngles:
+        tokens = rotary.angles(positions, dtype)
+        return cls(
+            tokens,
+            Angles(tokens.cos, -tokens.sin),
+            {rate: rotary.angles(p, dtype) for rate, p in group_positions.items()},
+        )
+
+
+def apply_rope(x: torch.Tensor, angles: Angles) -> torch.Tensor:
+    """Rotate the trailing r channels of x [T, ..., D] in interleaved pairs (x0, x1), (x2, x3)...
+    in fp32, layout kept (V4's K is also its V): (x0 c - x1 s, x1 c + x0 s) per pair."""
+    cos, sin = angles.cos, angles.sin
     while cos.dim() < x.dim():
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    nope, rope = x[..., : -2 * half], x[..., -2 * half :].float()
-    x1, x2 = rope[..., 0::2], rope[..., 1::2]
-    c, s = cos.float(), sin.float()
-    rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
-    return torch.cat((nope, rotated.to(x.dtype)), dim=-1)
+    width = cos.shape[-1]
+    rope = x[..., -width:].float()
+    swapped = rope.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    rotated = rope * cos + swapped * sin
+    out = x.clone()
+    out[..., -width:] = rotated  # cast to x's dtype by the copy
+    return out
 
 
 class HyperConnection(nn.Module):

@@ -6,7 +6,7 @@ completion of the compression groups whose last token is in the forward, and (CS
 scoring of every token against its own row's entries followed by one top-k.
 
 Everything here is computed on the host from the rows' positions and block tables (host lists
-of the ForwardBatch) with vectorised torch ops and copied to the device in one pinned,
+of the ForwardBatch) with vectorised numpy ops and copied to the device in one pinned,
 non-blocking copy: nothing in a layer waits for the device.
 
 The key pool of a layer is [every row's window latents, then every row's compressed entries];
@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from stages.forward_batch import ForwardBatch
@@ -73,40 +74,49 @@ class V4Plan:
         """rates: rate -> (whether a layer attends to every entry, whether one selects by the
         indexer) among the stage's layers."""
         rows = _Rows(batch)
-        w0 = (rows.starts - window + 1).clamp(min=0)
+        w0 = np.maximum(rows.starts - window + 1, 0)
         win_rows, win_pos = _ragged(w0, rows.ends - w0)
         host = {"window_slots": rows.slots(win_rows, win_pos, block_size)}
         # a query at position p reads window key j (position p - window + 1 + j) at pool index
         # key - w0 + (its row's first window index)
-        win_base = torch.cumsum(rows.ends - w0, 0) - (rows.ends - w0) - w0
+        win_base = np.cumsum(rows.ends - w0) - (rows.ends - w0) - w0
         host["window_offset"] = win_base[rows.token_row]
         host["token_row"] = rows.token_row
-        nw = int(host["window_slots"].numel())
+        nw = int(host["window_slots"].size)
         shapes: dict[int, dict[str, int]] = {}
-        for rate in rates:
+        tiles: dict[int, list[tuple[slice, list[tuple[int, int, int]], int, int]]] = {}
+        for rate, (_, selects) in rates.items():
             per_block = block_size // rate
             counts = rows.ends // rate
-            e_rows, e_ids = _ragged(torch.zeros_like(counts), counts)
-            base = torch.cumsum(counts, 0) - counts + nw
+            most = int(counts.max())
+            e_rows, e_ids = _ragged(np.zeros_like(counts), counts)
+            base = np.cumsum(counts) - counts + nw
             firsts = rows.starts // rate
             g_rows, g_ids = _ragged(firsts, counts - firsts)
-            tokens = (g_ids[:, None] - 1) * rate + torch.arange(2 * rate)[None, :]
-            g_tok_rows = g_rows[:, None].expand_as(tokens)
+            tokens = (g_ids[:, None] - 1) * rate + np.arange(2 * rate)[None, :]
+            g_tok_rows = np.broadcast_to(g_rows[:, None], tokens.shape)
             host |= {
                 f"{rate}.entry_slots": rows.slots(e_rows, e_ids, per_block),
-                f"{rate}.key_dest": e_rows * int(counts.max()) + e_ids,
+                f"{rate}.key_dest": e_rows * most + e_ids,
                 f"{rate}.token_base": base[rows.token_row],
-                f"{rate}.input_slots": rows.slots(g_tok_rows, tokens.clamp(min=0), block_size),
-                f"{rate}.first": (g_ids == 0).long(),
+                f"{rate}.input_slots": rows.slots(g_tok_rows, np.maximum(tokens, 0), block_size),
+                f"{rate}.first": (g_ids == 0).astype(np.int64),
                 f"{rate}.positions": g_ids * rate,
                 f"{rate}.group_slots": rows.slots(g_rows, g_ids, per_block),
             }
-            shapes[rate] = {"groups": int(g_ids.numel()), "max": int(counts.max())}
+            shapes[rate] = {"groups": int(g_ids.size), "max": most}
+            if selects and most:
+                tiles[rate] = []
+                for i, (span, chunk, decode, row_tokens) in enumerate(
+                    rows.select_tiles(most, rate)
+                ):
+                    host[f"{rate}.tile{i}"] = np.concatenate((chunk.ravel(), decode.ravel()))
+                    tiles[rate].append((span, row_tokens, chunk.size, decode.size))
         names = list(host)
-        flat = torch.cat([host[n].reshape(-1) for n in names])
+        flat = torch.from_numpy(np.concatenate([host[n].reshape(-1) for n in names]))
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)
-        parts = dict(zip(names, flat.split([host[n].numel() for n in names])))
+        parts = dict(zip(names, flat.split([host[n].size for n in names])))
         positions = batch.positions
         keys = positions[:, None] - window + 1 + torch.arange(window, device=flat.device)
         window_indices = torch.where(keys < 0, -1, keys + parts["window_offset"][:, None]).int()
@@ -124,9 +134,19 @@ class V4Plan:
             if selects and most:
                 key_slots = torch.zeros(rows.count * most, dtype=torch.int32, device=flat.device)
                 key_slots[parts[f"{rate}.key_dest"]] = parts[f"{rate}.entry_slots"].int()
-                select = rows.select_tiles(
-                    key_slots.view(rows.count, most), parts["token_row"], visible, rate
-                )
+                token_row = parts["token_row"]
+                for i, (span, row_tokens, nc, nd) in enumerate(tiles[rate]):
+                    packed = parts[f"{rate}.tile{i}"].int()
+                    plan = SelectPlan(
+                        token_index=torch.arange(span.start, span.stop, device=flat.device),
+                        token_row=token_row[span],
+                        visible=visible[span].int(),
+                        key_slots=key_slots.view(rows.count, most),
+                        chunk_tiles=packed[:nc].view(-1, 3),
+                        decode_tiles=packed[nc : nc + nd].view(-1, 2),
+                        row_tokens=row_tokens,
+                    )
+                    select.append((span, plan))
             plans[rate] = RatePlan(
                 rate=rate,
                 max_entries=most,
@@ -147,76 +167,69 @@ class V4Plan:
 
 
 class _Rows:
-    """The forward's rows as host tensors."""
+    """The forward's rows as host (numpy) arrays."""
 
     def __init__(self, batch: ForwardBatch):
         self.count = len(batch.row_starts)
-        self.starts = torch.tensor(batch.row_starts, dtype=torch.long)
-        self.lens = torch.tensor(batch.row_lens, dtype=torch.long)
-        self.offsets = torch.tensor(batch.row_offsets, dtype=torch.long)
+        self.starts = np.array(batch.row_starts, dtype=np.int64)
+        self.lens = np.array(batch.row_lens, dtype=np.int64)
+        self.offsets = np.array(batch.row_offsets, dtype=np.int64)
         self.ends = self.starts + self.lens
-        self.token_row = torch.repeat_interleave(torch.arange(self.count), self.lens)
-        lengths = [len(t) for t in batch.block_tables]
-        self.table_start = torch.tensor([0] + lengths[:-1], dtype=torch.long).cumsum(0)
-        self.tables = torch.tensor(
-            list(itertools.chain.from_iterable(batch.block_tables)), dtype=torch.long
+        self.token_row = np.repeat(np.arange(self.count), self.lens)
+        lengths = np.array([len(t) for t in batch.block_tables], dtype=np.int64)
+        self.table_start = np.cumsum(lengths) - lengths
+        self.tables = np.fromiter(
+            itertools.chain.from_iterable(batch.block_tables),
+            dtype=np.int64,
+            count=int(lengths.sum()),
         )
 
-    def slots(self, rows: torch.Tensor, index: torch.Tensor, per_block: int) -> torch.Tensor:
+    def slots(self, rows: np.ndarray, index: np.ndarray, per_block: int) -> np.ndarray:
         """Cache slots of entry `index` of each `rows`' request, blocks of `per_block` entries."""
         blocks = self.tables[self.table_start[rows] + index // per_block]
-        return blocks * per_block + index % per_block
+        slots: np.ndarray = blocks * per_block + index % per_block
+        return slots
 
     def select_tiles(
-        self, key_slots: torch.Tensor, token_row: torch.Tensor, visible: torch.Tensor, rate: int
-    ) -> list[tuple[slice, SelectPlan]]:
-        """The indexer's SelectPlans over token tiles of at most SCORE_TILE_BYTES of scores:
-        each row's entries are its keys, a token sees the entries before its position."""
-        total, most = int(self.lens.sum()), key_slots.shape[1]
+        self, most: int, rate: int
+    ) -> list[tuple[slice, np.ndarray, np.ndarray, list[tuple[int, int, int]]]]:
+        """The indexer's token tiles of at most SCORE_TILE_BYTES of scores against `most`
+        entries per row: (tokens, chunk tiles [n, 3], decode tiles [m, 2], row_tokens) each,
+        the host parts of its SelectPlan (each row's entries are its keys, a token sees the
+        entries before its position)."""
+        total = int(self.lens.sum())
         step = max(1, SCORE_TILE_BYTES // (4 * most))
         step = max(CHUNK_TILE, step - step % CHUNK_TILE) if step >= CHUNK_TILE else step
-        device = key_slots.device
         counts = (self.ends // rate).tolist()
-        offsets, lens = self.offsets.tolist(), self.lens.tolist()
+        row_ids = np.arange(self.count)
         tiles = []
         for a in range(0, total, step):
             b = min(total, a + step)
-            chunk: list[int] = []
-            decode: list[int] = []
-            row_tokens = []
-            for r, (off, n) in enumerate(zip(offsets, lens)):
-                lo, hi = max(a, off), min(b, off + n)
-                row_tokens.append((lo - a, max(0, hi - lo), counts[r]))
-                if hi <= lo:
-                    continue
-                if n == 1:
-                    decode += (r, lo - a)
-                else:
-                    for t0 in range(lo, hi, CHUNK_TILE):
-                        chunk += (r, t0 - a, min(CHUNK_TILE, hi - t0))
-            host = torch.tensor(chunk + decode, dtype=torch.int32)
-            if device.type == "cuda":
-                host = host.pin_memory().to(device, non_blocking=True)
-            token_index = torch.arange(a, b, device=device)
-            tiles.append(
+            lo = np.maximum(a, self.offsets)
+            hi = np.minimum(b, self.offsets + self.lens)
+            inside = hi > lo
+            one = inside & (self.lens == 1)
+            decode = np.stack((row_ids[one], lo[one] - a), axis=1)
+            many = inside & (self.lens > 1)
+            # each chunk row's tokens in the tile, in CHUNK_TILE pieces
+            pieces = -(-(hi[many] - lo[many]) // CHUNK_TILE)
+            piece_rows, piece_ids = _ragged(np.zeros_like(pieces), pieces)
+            t0 = lo[many][piece_rows] + piece_ids * CHUNK_TILE
+            chunk = np.stack(
                 (
-                    slice(a, b),
-                    SelectPlan(
-                        token_index=token_index,
-                        token_row=token_row[a:b],
-                        visible=visible[a:b].int(),
-                        key_slots=key_slots,
-                        chunk_tiles=host[: len(chunk)].view(-1, 3),
-                        decode_tiles=host[len(chunk) :].view(-1, 2),
-                        row_tokens=row_tokens,
-                    ),
-                )
+                    row_ids[many][piece_rows],
+                    t0 - a,
+                    np.minimum(CHUNK_TILE, hi[many][piece_rows] - t0),
+                ),
+                axis=1,
             )
+            row_tokens = list(zip((lo - a).tolist(), np.maximum(0, hi - lo).tolist(), counts))
+            tiles.append((slice(a, b), chunk, decode, row_tokens))
         return tiles
 
 
-def _ragged(first: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _ragged(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(row, value) of values first[r] .. first[r] + count[r] - 1 of every row r, concatenated."""
-    rows = torch.repeat_interleave(torch.arange(count.numel()), count)
-    starts = torch.cumsum(count, 0) - count
-    return rows, torch.arange(rows.numel()) - starts[rows] + first[rows]
+    rows = np.repeat(np.arange(count.size), count)
+    starts = np.cumsum(count) - count
+    return rows, np.arange(rows.size) - starts[rows] + first[rows]

@@ -14,7 +14,13 @@ from stages.model_config import ModelArgs
 from stages.models.deepseek_v4.attention import V4Attention
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import CSA, SLIDING, V4Args
-from stages.models.deepseek_v4.layers import HyperConnection, HyperHead, Rotary, V4RMSNorm
+from stages.models.deepseek_v4.layers import (
+    ForwardAngles,
+    HyperConnection,
+    HyperHead,
+    Rotary,
+    V4RMSNorm,
+)
 from stages.models.deepseek_v4.moe import v4_moe
 from stages.models.deepseek_v4.names import checkpoint_pieces
 from stages.models.deepseek_v4.plan import V4Plan
@@ -38,7 +44,7 @@ class V4DecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,
-        rotary: Rotary,
+        angles: ForwardAngles,
         plan: V4Plan,
         batch: ForwardBatch,
         cache: V4Cache,
@@ -47,7 +53,7 @@ class V4DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         post, comb, x = self.attn_hc(h)
         out = self.self_attn(
-            self.input_layernorm(x), batch.positions, rotary, plan, batch.slot_mapping, cache, local
+            self.input_layernorm(x), angles, plan, batch.slot_mapping, cache, local
         )
         h = self.attn_hc.merge(h, out, post, comb)
         post, comb, x = self.ffn_hc(h)
@@ -120,12 +126,29 @@ class DeepseekV4Stage(Stage):
             h = h.contiguous()
         else:
             h = inputs.to(self.dtype)
-        plan = V4Plan.build(batch, self.a.sliding_window, self.rates, kv.block_size, h.device)
+        plan = self.plan(batch, kv, h.device)
+        angles: dict[bool, ForwardAngles] = {}  # per rotary (sliding or not), once per forward
         for local, layer in enumerate(self.layers.values()):
-            rotary = self.main_rotary if layer.is_sliding else self.compress_rotary
-            h = layer(h, rotary, plan, batch, kv, local, token_ids)
+            sliding = bool(layer.is_sliding)
+            if sliding not in angles:
+                angles[sliding] = self.angles(sliding, batch.positions, plan, h.dtype)
+            h = layer(h, angles[sliding], plan, batch, kv, local, token_ids)
         out: torch.Tensor = h
         return out
+
+    def plan(self, batch: ForwardBatch, kv: V4Cache, device: torch.device) -> V4Plan:
+        """The index arithmetic of the forward, shared by the stage's layers."""
+        return V4Plan.build(batch, self.a.sliding_window, self.rates, kv.block_size, device)
+
+    def angles(
+        self, sliding: bool, positions: torch.Tensor, plan: V4Plan, dtype: torch.dtype
+    ) -> ForwardAngles:
+        """The main rotary's angles (sliding layers) or the compress rotary's (compressed
+        layers: also at the groups the forward completes)."""
+        if sliding:
+            return ForwardAngles.build(self.main_rotary, positions, {}, dtype)
+        groups = {rate: p.groups.positions for rate, p in plan.rates.items() if p.groups.count}
+        return ForwardAngles.build(self.compress_rotary, positions, groups, dtype)
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """hc_head, final norm and LM head on the rows that sample: [R, hc, hidden] -> fp32
