@@ -149,7 +149,31 @@ def fp8_cases(g: torch.Generator) -> dict[str, Case]:
     return cases
 
 
+def hyper_cases(g: torch.Generator) -> dict[str, Case]:
+    """V4-Flash's hyper-connections (4 streams of 4096, 20 Sinkhorn iterations) on Triton: the
+    mix with each projection precision, and the merge, for an 8K chunk and 512 decode rows."""
+    from stages.kernels import triton_hyper
+
+    cases: dict[str, Case] = {}
+    n, d = 4, 4096
+    fn = torch.randn((2 + n) * n, n * d, generator=g, device="cuda") * (n * d) ** -0.5
+    base = torch.randn((2 + n) * n, generator=g, device="cuda") * 0.1
+    scale = torch.rand(3, generator=g, device="cuda") + 0.5
+    for rows in (8192, 512):
+        streams = _randn(rows, n, d, g=g)
+        for precision in triton_hyper.PRECISIONS:
+            cases[f"V4 hyper-connection mix, {rows} tokens, {precision}"] = functools.partial(
+                triton_hyper.mix, streams, fn, base, scale, 20, 1e-6, 1e-6, precision
+            )
+        post, comb, out = triton_hyper.mix(streams, fn, base, scale, 20, 1e-6, 1e-6)
+        cases[f"V4 hyper-connection merge, {rows} tokens"] = functools.partial(
+            triton_hyper.merge, streams, out, post, comb
+        )
+    return cases
+
+
 GROUPS: dict[str, Callable[[torch.Generator], dict[str, Case]]] = {
+    "hyper": hyper_cases,
     "v4": v4_cases,
     "mla": mla_cases,
     "fp8": fp8_cases,
