@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One H200, session 5, last call: the hyper-connection GPU tests with bf16x3 as the default
+# projection, then the V4-Flash shape's PP=1 TTFT at 64K and 128K on it. Carry .gpu, .wt/lead.
+set -uo pipefail
+mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wt/lead/whl/*.whl \
+    2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+timeout 45 python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_triton_hyper.py \
+    2>&1 | tail -4 | tee "$OUT/gpu_tests_hyper_bf16x3.log"
+timeout 110 python3 -m app.bench.engine --model-shape deepseek-v4-flash --pp 1 --linear auto \
+    --runs 65536:8192,131072:8192 --modes auto --reps 1 \
+    --out "$OUT/deepseek_v4_flash_pp1_hc.json" 2>&1 | grep "TTFT\|loaded" | tail -4
