@@ -6,19 +6,8 @@
 # Carry .gpu (Ray) and .wt/lead (sgl-flash-mla). Results are packed into one archive after
 # every step (at most 8 files come back from $OUT).
 set -uo pipefail
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wt/lead/whl/*.whl \
-    2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RES=/tmp/res; mkdir -p "$RES"
-BUDGET=${BUDGET:-560}
-LOG="$OUT/session5_bench.log"
-left() {  # seconds for a step: its cap, or what is left of BUDGET
-    local l=$((BUDGET - SECONDS)); [ "$l" -lt "$1" ] && echo $((l > 5 ? l : 5)) || echo "$1"
-}
-step() { echo "=== [$SECONDS s] $*" | tee -a "$LOG"; }
-quiet() { grep -v "^(raylet)\|WARNING\|INFO worker" | tail -"$1" | tee -a "$LOG"; }
-pack() { tar -C "$RES" -czf "$OUT/session5_results.tar.gz" .; }
+NAME=session5 BUDGET=${BUDGET:-560}
+. docs/bench/scripts/session_steps.sh
 
 step kernels alone and under the stand-in
 timeout "$(left 100)" python3 -m app.bench.standin_kernels --out "$RES/standin_kernels.json" \

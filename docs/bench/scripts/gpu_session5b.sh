@@ -6,19 +6,8 @@
 # warm-up, and V2-Lite decode at 512 rows run long enough to be decode-bound. Each step's limit is
 # cut to what is left of one call (BUDGET seconds). Carry .gpu (Ray) and .wt/lead.
 set -uo pipefail
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wt/lead/whl/*.whl \
-    2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RES=/tmp/res; mkdir -p "$RES"
-BUDGET=${BUDGET:-560}
-LOG="$OUT/session5b_bench.log"
-left() {  # seconds for a step: its cap, or what is left of BUDGET
-    local l=$((BUDGET - SECONDS)); [ "$l" -lt "$1" ] && echo $((l > 5 ? l : 5)) || echo "$1"
-}
-step() { echo "=== [$SECONDS s] $*" | tee -a "$LOG"; }
-quiet() { grep -v "^(raylet)\|WARNING\|INFO worker" | tail -"$1" | tee -a "$LOG"; }
-pack() { tar -C "$RES" -czf "$OUT/session5b_results.tar.gz" .; }
+NAME=session5b BUDGET=${BUDGET:-560}
+. docs/bench/scripts/session_steps.sh
 
 step gpu tests: hyper-connections, V4 on CUDA
 timeout "$(left 60)" python3 -m pytest -q -m gpu -p no:cacheprovider -rf \

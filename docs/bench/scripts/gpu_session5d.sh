@@ -5,19 +5,8 @@
 # stand-in; V4-Flash decode at 512 rows; V3.2-bench FP8 TTFT (fused quantizer, FP8 indexer keys)
 # and FP8 decode at 512 rows graphed with the FP8 indexer keys. Carry .gpu and .wt/lead.
 set -uo pipefail
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wt/lead/whl/*.whl \
-    2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; RES=/tmp/res; mkdir -p "$RES"
-BUDGET=${BUDGET:-450}
-LOG="$OUT/session5d_bench.log"
-left() {  # seconds for a step: its cap, or what is left of BUDGET
-    local l=$((BUDGET - SECONDS)); [ "$l" -lt "$1" ] && echo $((l > 5 ? l : 5)) || echo "$1"
-}
-step() { echo "=== [$SECONDS s] $*" | tee -a "$LOG"; }
-quiet() { grep -v "^(raylet)\|WARNING\|INFO worker" | tail -"$1" | tee -a "$LOG"; }
-pack() { tar -C "$RES" -czf "$OUT/session5d_results.tar.gz" .; }
+NAME=session5d BUDGET=${BUDGET:-450}
+. docs/bench/scripts/session_steps.sh
 
 step gpu tests: hyper-connections, V4 on CUDA
 timeout "$(left 70)" python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
