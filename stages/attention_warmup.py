@@ -12,36 +12,35 @@ from typing import Any
 import torch
 
 from stages.kernels.cudnn_attention import diagonal_sizes
+from stages.models.families import ChunkAttentionDims
 
 
 @torch.inference_mode()
 def build_chunk_attention_graphs(
     attention: Callable[..., Any],
-    dims: tuple[int, int, int, int],
+    dims: ChunkAttentionDims,
     chunks: list[tuple[int, int]],
     dtype: torch.dtype,
     device: torch.device,
 ) -> dict[str, float]:
-    """dims: (query heads, K/V heads, q/k width, v width); chunks: (prefix, tokens) pairs. Shapes
-    with more keys than a quarter of the free memory holds are left to the first request."""
+    """chunks: (prefix, tokens) pairs. V has the model's strides (cuDNN's graphs are per shape
+    and stride). Shapes with more keys than a quarter of the free memory holds are left to the
+    first request."""
     if not chunks:
         return {"shapes": 0, "seconds": 0.0}
     t0 = time.perf_counter()
-    heads, kv_heads, qk_dim, v_dim = dims
     longest = max(n for _, n in chunks)
     shapes = {(n, p + n) for p, n in chunks}
     shapes |= {(s, s) for s in diagonal_sizes(longest)}  # a square: the diagonal alone
     free, _total = torch.cuda.mem_get_info(device)
-    per_key = kv_heads * (qk_dim + v_dim) * dtype.itemsize
+    per_key = dims.kv_heads * (dims.qk_dim + dims.v_row) * dtype.itemsize
     max_keys = min(max(length for _, length in shapes), free // 4 // per_key)
     to_build = sorted((n, length) for n, length in shapes if length <= max_keys)
     if not to_build:
         return {"shapes": 0, "skipped": len(shapes), "seconds": 0.0}
-    q = torch.zeros(max(n for n, _ in to_build), heads, qk_dim, dtype=dtype, device=device)
-    k = torch.zeros(max_keys, kv_heads, qk_dim, dtype=dtype, device=device)
-    v = torch.zeros(max_keys, kv_heads, v_dim, dtype=dtype, device=device)
+    q, k, v = zero_qkv(dims, max(n for n, _ in to_build), max_keys, dtype, device)
     for n, length in to_build:
-        attention(q[:n], k[:length], v[:length], qk_dim**-0.5)
+        attention(q[:n], k[:length], v[:length], dims.qk_dim**-0.5)
     torch.cuda.synchronize(device)
     del q, k, v
     torch.cuda.empty_cache()
@@ -50,3 +49,15 @@ def build_chunk_attention_graphs(
         "skipped": len(shapes) - len(to_build),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def zero_qkv(
+    dims: ChunkAttentionDims, rows: int, keys: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Zero q [rows, heads, qk], k [keys, kv_heads, qk] and v [keys, kv_heads, v] laid out as
+    the family's attention receives them (v the tail of rows v_row wide)."""
+    d = dims
+    q = torch.zeros(rows, d.heads, d.qk_dim, dtype=dtype, device=device)
+    k = torch.zeros(keys, d.kv_heads, d.qk_dim, dtype=dtype, device=device)
+    v = torch.zeros(keys, d.kv_heads, d.v_row, dtype=dtype, device=device)[..., -d.v_dim :]
+    return q, k, v

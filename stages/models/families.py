@@ -21,8 +21,8 @@ A family declares:
 - capabilities the runner asks about: `paged_decode_graphs`, whether its decode-only
   microbatches capture as CUDA graphs under the chosen kernels (every op of the decode step
   sync-free and static-shaped on them), block size and cache dtype; and `chunk_attention_dims`,
-  the (query heads, K/V heads, q/k width, v width) of its prefill chunks' dense attention, which
-  the startup warm-up builds cuDNN's per-shape graphs for (None: no such attention).
+  the heads and widths of its prefill chunks' dense attention, which the startup warm-up builds
+  cuDNN's per-shape graphs for (None: no such attention).
 """
 
 from __future__ import annotations
@@ -99,22 +99,38 @@ def _token_hidden(args: ModelArgs) -> tuple[int, ...]:
     return (args.hidden_size,)
 
 
-def _no_dims(_args: ModelArgs) -> tuple[int, int, int, int] | None:
+@dataclass(frozen=True)
+class ChunkAttentionDims:
+    """The widths of a family's dense prefill-chunk attention as its kernels see them: V is
+    the last v_dim values of rows v_row wide (MLA splits it off its K/V projection), and
+    cuDNN builds a graph per shape and stride."""
+
+    heads: int
+    kv_heads: int
+    qk_dim: int
+    v_dim: int
+    v_row: int
+
+
+def _no_dims(_args: ModelArgs) -> ChunkAttentionDims | None:
     return None
 
 
-def _gqa_dims(args: ModelArgs) -> tuple[int, int, int, int] | None:
+def _gqa_dims(args: ModelArgs) -> ChunkAttentionDims | None:
     a = args
-    return (a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.head_dim)
+    return ChunkAttentionDims(
+        a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.head_dim, a.head_dim
+    )
 
 
-def _mla_dims(args: ModelArgs) -> tuple[int, int, int, int] | None:
+def _mla_dims(args: ModelArgs) -> ChunkAttentionDims | None:
     """Dense MLA's prefill expands the latent to every head (V3.2's sparse layers do not)."""
     d = args.family_args
     if d.indexer is not None:
         return None
-    heads = args.num_attention_heads
-    return (heads, heads, d.qk_nope_head_dim + d.qk_rope_head_dim, d.v_head_dim)
+    h = args.num_attention_heads
+    qk = d.qk_nope_head_dim + d.qk_rope_head_dim
+    return ChunkAttentionDims(h, h, qk, d.v_head_dim, d.qk_nope_head_dim + d.v_head_dim)
 
 
 def _key_value(args: ModelArgs) -> dict[str, int]:
@@ -136,7 +152,7 @@ class Family:
     fp8_block_bytes: Callable[[int, int], int] = lambda entry_bytes, entries: entry_bytes * entries
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     paged_decode_graphs: Callable[[GraphSetting], bool] = _never
-    chunk_attention_dims: Callable[[ModelArgs], tuple[int, int, int, int] | None] = _no_dims
+    chunk_attention_dims: Callable[[ModelArgs], ChunkAttentionDims | None] = _no_dims
     layer_kv_components: Callable[[ModelArgs, int], dict[str, tuple[int, int]]] | None = None
     block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
