@@ -27,10 +27,10 @@ from stages.kernels import hyper_connection
 
 BLOCK_T, BLOCK_K, BLOCK_D = 16, 128, 256
 # how _project multiplies the bf16 streams by the fp32 weights at fp32 accuracy: "ieee" (fp32
-# FMAs) or "bf16x3" (three bf16 tensor-core products, the weights split in three); both are
-# tested against the torch form (two TF32 pieces were tried: off by 1.5e-4 on one value)
+# FMAs) or "bf16x3" (three bf16 tensor-core products, the weights split in three: as accurate,
+# and faster, docs/PERFORMANCE.md); both are tested against the torch form
 PRECISIONS = ("ieee", "bf16x3")
-PRECISION = "bf16x3"  # as accurate as ieee on the H200 and 3.3x faster on an 8K chunk
+PRECISION = "bf16x3"
 TARGET_PROGRAMS = 264  # two per SM of an H200: enough to fill the chip with short batches
 MAX_SPLIT = 16
 
