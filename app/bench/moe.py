@@ -54,7 +54,8 @@ def timed(
     inner: int = 1,
 ) -> float:
     """Median ms per call (app.bench.standin.median_ms); with the stand-in, a 400 ms spin."""
-    return float(median_ms(fn, standin, 400, reps, inner)["ms"])
+    pre = None if standin is None else (lambda: standin.post(400))
+    return float(median_ms(fn, pre, reps, inner)["ms"])
 
 
 def inputs(

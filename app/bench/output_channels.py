@@ -33,39 +33,11 @@ from typing import Any
 
 import torch
 
-from app.bench.standin import PendingRecvStandin
+from app.bench.standin import PendingRecvStandin, median_ms
 from app.bench.target import environment
 
 SPIN_MS = 40  # outlasts every timed kernel
 PENDING_COPY_BYTES = 2 << 30  # ~40 ms at PCIe speed: the copy channel's wait stays pending
-
-
-def _timed(
-    fn: Callable[[], object], pre: Callable[[], torch.cuda.Event] | None, reps: int
-) -> dict[str, Any]:
-    """Median ms of fn() on the current stream, pre() queued just before each launch; and
-    whether pre's pending event was still incomplete when fn finished (others not blocked)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times: list[float] = []
-    overlapped: list[bool] = []
-    for _ in range(reps):
-        pending = pre() if pre else None
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        if pending is not None:
-            overlapped.append(not pending.query())
-        times.append(a.elapsed_time(b))
-        torch.cuda.synchronize()
-    row: dict[str, Any] = {"ms": round(statistics.median(times), 4)}
-    if overlapped:
-        row["finished_while_pending"] = sum(overlapped)
-        row["reps"] = reps
-    return row
 
 
 class _Pending:
@@ -139,10 +111,10 @@ def contention(reps: int) -> list[dict[str, Any]]:
     pending = _Pending()
     rows: list[dict[str, Any]] = []
     for name, fn in _kernels().items():
-        alone = _timed(fn, None, reps)
-        spin = _timed(fn, pending.spin, reps)
-        copy = _timed(fn, pending.copy_wait, reps)
-        engine = _timed(fn, pending.copy_engine_only, reps)
+        alone = median_ms(fn, None, reps)
+        spin = median_ms(fn, pending.spin, reps)
+        copy = median_ms(fn, pending.copy_wait, reps)
+        engine = median_ms(fn, pending.copy_engine_only, reps)
         row = {
             "kernel": name,
             "alone_ms": alone["ms"],
@@ -150,7 +122,7 @@ def contention(reps: int) -> list[dict[str, Any]]:
             "one_cta_spin_x": round(spin["ms"] / alone["ms"], 3),
             "copy_wait_ms": copy["ms"],
             "copy_wait_x": round(copy["ms"] / alone["ms"], 3),
-            "copy_wait_finished_while_pending": f"{copy['finished_while_pending']}/{reps}",
+            "copy_wait_finished_while_pending": copy["covered"],
             "copy_engine_only_ms": engine["ms"],
             "copy_engine_only_x": round(engine["ms"] / alone["ms"], 3),
             "host_ms": alone["ms"],

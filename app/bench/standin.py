@@ -36,21 +36,22 @@ class PendingRecvStandin:
 
 def median_ms(
     fn: Callable[[], object],
-    standin: PendingRecvStandin | None = None,
-    spin_ms: float = 0.0,
+    pre: Callable[[], torch.cuda.Event] | None = None,
     reps: int = 15,
     inner: int = 1,
 ) -> dict[str, Any]:
     """Median ms per call of `inner` back-to-back calls, over `reps` CUDA-event timings after 3
-    warm-ups; with a stand-in, the spin (spin_ms long) is posted just before each timing and the
-    result counts the timings it outlasted (`covered`: the others are not contended throughout)."""
+    warm-ups. `pre` leaves a wait pending on another stream just before each timing (the
+    stand-in's spin, a copy channel's wait) and returns the event it ends with; the result
+    then counts the timings it outlasted (`covered`: the others were not contended
+    throughout)."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     times: list[float] = []
     covered = 0
     for _ in range(reps):
-        pending = standin.post(spin_ms) if standin is not None else None
+        pending = pre() if pre is not None else None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(inner):
@@ -62,7 +63,7 @@ def median_ms(
         times.append(start.elapsed_time(end) / inner)
         torch.cuda.synchronize()
     row: dict[str, Any] = {"ms": round(statistics.median(times), 4)}
-    if standin is not None:
+    if pre is not None:
         row["covered"] = f"{covered}/{reps}"
     return row
 
@@ -73,7 +74,8 @@ def alone_and_contended(
     """fn alone, then under the spin (sized to 2x the alone time + 20 ms): both medians, the
     ratio, and how many contended timings the spin covered."""
     alone = median_ms(fn, reps=reps, inner=inner)
-    busy = median_ms(fn, standin, 2 * alone["ms"] * inner + 20, reps, inner)
+    spin_ms = 2 * alone["ms"] * inner + 20
+    busy = median_ms(fn, lambda: standin.post(spin_ms), reps, inner)
     return {
         "alone_ms": alone["ms"],
         "standin_ms": busy["ms"],

@@ -55,7 +55,3 @@ def merge(
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(
         comb.to(dtype).transpose(-1, -2), streams
     )
-
-
-def is_available(device: str) -> bool:
-    return True

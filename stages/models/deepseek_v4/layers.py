@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.kernels import hyper_connection
 from stages.kernels.hyper_connection import unweighted_rms_norm
 from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.config import RopeArgs, V4Args
@@ -123,8 +122,9 @@ class HyperConnection(nn.Module):
             a.hc_eps,
             a.rms_norm_eps,
         )
-        self._mix = kernels.hc_mix or hyper_connection.mix
-        self._merge = kernels.hc_merge or hyper_connection.merge
+        if kernels.hc_mix is None or kernels.hc_merge is None:
+            raise RuntimeError("DeepSeek-V4 layers need kernels.hc_mix and hc_merge, unset here")
+        self._mix, self._merge = kernels.hc_mix, kernels.hc_merge
         self.fn = nn.Parameter(
             torch.empty((2 + n) * n, n * a.hidden_size, dtype=torch.float32, device=device)
         )
