@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from stages import protocol
 from stages.kernels import fp8_ref, mxfp4
+from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.protocol import QUANTIZATIONS
@@ -70,16 +71,6 @@ def dequantize_fp8(
     """Block-scaled FP8 [N, K] (one fp32 scale per block[0] x block[1] tile) -> fp32."""
     return fp8_ref.dequantize_weight(weight, scale_inv, block)
 
-
-SCALE_SUFFIX = "_scale_inv"  # a kept-FP8 parameter's scales: `<parameter>_scale_inv`
-
-
-def _scale_index(index: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A weight piece's index -> its scales' (rows in slices are counted in 128-row blocks)."""
-    return tuple(
-        slice(i.start // fp8_ref.BLOCK, i.stop // fp8_ref.BLOCK) if isinstance(i, slice) else i
-        for i in index
-    )
 
 
 def _read(files: dict[str, str], name: str) -> torch.Tensor:
@@ -169,7 +160,7 @@ def load_stage_weights(
                         if n + SCALE_SUFFIX not in derived:
                             raise ValueError(f"{n}: FP8 weights without {n + SCALE_SUFFIX}")
                         t, scale = fp8_ref.quantize_weight(t)
-                        params[p + SCALE_SUFFIX][_scale_index(index)].copy_(scale)
+                        params[p + SCALE_SUFFIX][fp8_ref.scale_index(index)].copy_(scale)
                         counts["quantized"] += 1
                     elif target.dtype == fp8_ref.FP8:
                         counts["kept"] += 1

@@ -70,6 +70,45 @@ SMALL_V32: dict[str, Any] = {
 }
 
 
+# A small model with V4's attention widths (head dim 512 = the 584-byte FP8 layout's 448 + 64,
+# window 128, CSA 4 with the indexer, HCA 128, four streams) and 128-aligned widths; a hash layer.
+SMALL_V4: dict[str, Any] = {
+    "model_type": "deepseek_v4",
+    "vocab_size": 2048,
+    "hidden_size": 1024,
+    "moe_intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "head_dim": 512,
+    "partial_rotary_factor": 0.125,
+    "q_lora_rank": 512,
+    "num_experts_per_tok": 4,
+    "n_routed_experts": 16,
+    "routed_scaling_factor": 1.5,
+    "layer_types": [
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+    ],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+    "hc_mult": 4,
+    "sliding_window": 128,
+    "o_groups": 2,
+    "o_lora_rank": 256,
+    "index_n_heads": 16,
+    "index_head_dim": 128,
+    "index_topk": 64,
+    "swiglu_limit": 10.0,
+    "max_position_embeddings": 4096,
+    "compress_rope_theta": 160000.0,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+SMALL_MODELS = {"v32": SMALL_V32, "v4": SMALL_V4}
+
+
 class StageChain:
     """One model's stages chained in one process, each with its own cache (no Ray)."""
 
@@ -141,15 +180,20 @@ def accuracy(
     prompts: int = 4,
     device: str = "cuda",
     base_dtype: torch.dtype = torch.bfloat16,
+    model: str = "v32",
 ) -> dict[str, Any]:
-    """FP8 against bf16 on SMALL_V32 (same random draws; FP8 weights are them quantized): the
-    logits' relative error along the bf16 model's greedy path, and the fraction of its steps
-    whose argmax the FP8 model shares. base_dtype float32 with nothing in FP8 gives the yardstick:
-    bf16 itself against fp32."""
-    args = ModelArgs.from_hf_dict(SMALL_V32)
-    blocks = -(-(prompt_len + steps) // 64) + 1
+    """FP8 against bf16 on SMALL_MODELS[model] (same random draws; FP8 weights are them
+    quantized): the logits' relative error along the bf16 model's greedy path, and the fraction
+    of its steps whose argmax the FP8 model shares. base_dtype float32 with nothing in FP8 gives
+    the yardstick: bf16 itself against fp32."""
+    from app.bench.target import kv_block_size
+
+    args = ModelArgs.from_hf_dict(SMALL_MODELS[model])
+    block = kv_block_size(SMALL_MODELS[model])
+    blocks = -(-(prompt_len + steps) // block) + 1
     base = StageChain(
-        args, None, num_stages=1, num_blocks=blocks, block_size=64, dtype=base_dtype, device=device
+        args, None, num_stages=1, num_blocks=blocks, block_size=block, dtype=base_dtype,
+        device=device,
     )
     test = StageChain(
         args,
@@ -158,7 +202,7 @@ def accuracy(
         "fp8" if kv_fp8 else "auto",
         num_stages=1,
         num_blocks=blocks,
-        block_size=64,
+        block_size=block,
         dtype=torch.bfloat16,
         device=device,
     )
@@ -172,6 +216,7 @@ def accuracy(
         errs.append(((got - want).norm() / want.norm()).item())
         agree.append((got.argmax(-1) == want.argmax(-1)).float().mean().item())
     return {
+        "model": model,
         "weights": "fp8" if weights_fp8 else "bf16",
         "kv": "fp8" if kv_fp8 else "bf16",
         "against": str(base_dtype).removeprefix("torch."),
@@ -267,21 +312,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
     p.add_argument("--skip-gemm", action="store_true")
+    p.add_argument("--models", default="v32", help="comma-separated: " + ", ".join(SMALL_MODELS))
+    p.add_argument("--prompt-len", type=int, default=256)
     a = p.parse_args(argv)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if not a.skip_gemm:
         result["gemm"] = gemm_rows()
         result["moe"] = moe_rows()
     result["accuracy"] = []
-    for wf, kf, base in (
+    settings = (
         (False, False, torch.float32),
         (True, False, torch.bfloat16),
         (False, True, torch.bfloat16),
         (True, True, torch.bfloat16),
-    ):
-        row = accuracy(wf, kf, base_dtype=base)
-        print(json.dumps(row), flush=True)
-        result["accuracy"].append(row)
+    )
+    for model in a.models.split(","):
+        for wf, kf, base in settings:
+            row = accuracy(wf, kf, a.prompt_len, base_dtype=base, model=model)
+            print(json.dumps(row), flush=True)
+            result["accuracy"].append(row)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -8,7 +8,7 @@ every GPU backend (stages/kernels/fp8_gemm.py) is tested against and what CPU ru
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,14 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 BLOCK = 128  # the weight tile and activation group the W8A8 kernels support
 MIN_SCALE = 1e-12  # an all-zero tile or group keeps a finite scale
+SCALE_SUFFIX = "_scale_inv"  # a kept-FP8 parameter's scales: `<parameter>_scale_inv`
+
+
+def scale_index(index: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A weight piece's index -> its scales' (row slices counted in 128-row tiles)."""
+    return tuple(
+        slice(i.start // BLOCK, i.stop // BLOCK) if isinstance(i, slice) else i for i in index
+    )
 
 
 def is_available(device: str) -> bool:
@@ -96,12 +104,14 @@ def moe_experts(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     fp8_linear: Callable[..., torch.Tensor] = linear,
+    limit: float | None = None,
 ) -> torch.Tensor:
     """Routed experts with FP8 weights (gate_up [E, 2I, H], down [E, H, I], their 128 x 128
-    scales [E, ...]): torch_ref.moe_experts with each expert's GEMMs on `fp8_linear` (W8A8)."""
+    scales [E, ...]): torch_ref.moe_experts with each expert's GEMMs on `fp8_linear` (W8A8);
+    limit: DeepSeek-V4's swiglu clamp, as torch_ref.swiglu."""
 
     def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
         gate, up = fp8_linear(rows, gate_up[e], gate_up_scale[e]).chunk(2, dim=-1)
-        return fp8_linear(F.silu(gate) * up, down[e], down_scale[e])
+        return fp8_linear(torch_ref.swiglu(gate, up, limit), down[e], down_scale[e])
 
     return torch_ref.per_expert(x, topk_ids, topk_weights, gate_up.shape[0], expert)

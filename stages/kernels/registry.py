@@ -161,7 +161,8 @@ class Kernels:
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
-    # moe_experts with FP8 weights and their scales (fp8_ref.moe_experts's arguments)
+    # moe_experts with FP8 weights and their scales (fp8_ref.moe_experts's arguments, limit
+    # included)
     moe_experts_fp8: Callable[..., Any] | None = None
     # (q [T,H,576], pages [blocks,B,1,656] uint8, indices [T,topk] int32, dv, scale, state)
     # -> [T,H,dv]: set only for an FP8 latent cache

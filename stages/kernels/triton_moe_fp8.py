@@ -8,8 +8,10 @@ contiguous one, built on the device with no host sync): the tokens are quantized
 tiles (the count stays on the device) with a grid of SMs, or SMs - 1 leaving an SM to a waiting
 NCCL recv, so a call is sync-free with fixed grids (CUDA graphs capture it). The K loop is
 stages.kernels.triton_gemm's block-scaled one: each 128-wide K tile is one activation group and
-one weight block. The down GEMM scales each row by its routing weight and stores it at its
-(token, k) slot, as triton_moe's does; the k slots of a token are summed.
+one weight block. Between the two the gate/up product goes through torch_ref.swiglu (with
+DeepSeek-V4's clamp where given) and is quantized again. The down GEMM scales each row by its
+routing weight and stores it at its (token, k) slot, as triton_moe's does; the k slots of a
+token are summed.
 
 Anything not on CUDA goes to fp8_ref.moe_experts.
 """
@@ -19,9 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from stages.kernels import fp8_ref, triton_fp8_act
+from stages.kernels import fp8_ref, torch_ref, triton_fp8_act
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
 
@@ -36,14 +37,16 @@ def is_available(device: str = "cuda") -> bool:
 
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gu_scale: torch.Tensor,
                 down: torch.Tensor, d_scale: torch.Tensor, topk_ids: torch.Tensor,
-                topk_weights: torch.Tensor, fp8_linear: Any = None) -> torch.Tensor:
-    return _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, sm_margin=0)
+                topk_weights: torch.Tensor, fp8_linear: Any = None,
+                limit: float | None = None) -> torch.Tensor:
+    return _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_margin=0)
 
 
 def moe_experts_sm1(x: torch.Tensor, gate_up: torch.Tensor, gu_scale: torch.Tensor,
                     down: torch.Tensor, d_scale: torch.Tensor, topk_ids: torch.Tensor,
-                    topk_weights: torch.Tensor, fp8_linear: Any = None) -> torch.Tensor:
-    return _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, sm_margin=1)
+                    topk_weights: torch.Tensor, fp8_linear: Any = None,
+                    limit: float | None = None) -> torch.Tensor:
+    return _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_margin=1)
 
 
 def grouped_gemm(
@@ -74,9 +77,10 @@ def grouped_gemm(
     return c
 
 
-def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, sm_margin: int):
+def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_margin: int):
     if triton is None or not x.is_cuda or x.shape[0] == 0:
-        return fp8_ref.moe_experts(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights)
+        return fp8_ref.moe_experts(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights,
+                                   limit=limit)
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
     xq, xs = triton_fp8_act.quantize_act(x)
@@ -87,7 +91,7 @@ def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, sm_margin:
     a_scale = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
     gate, up = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid,
                             x.dtype).chunk(2, dim=-1)
-    hq, hs = triton_fp8_act.quantize_act(F.silu(gate) * up)
+    hq, hs = triton_fp8_act.quantize_act(torch_ref.swiglu(gate, up, limit))
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
 

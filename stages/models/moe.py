@@ -100,9 +100,8 @@ class MoE(nn.Module):
         else:
             weights, ids = self.gate(x)
         ex = self.experts
+        limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
         if ex.fp8:
-            if self.swiglu_limit is not None:
-                raise ValueError("FP8 experts with a swiglu_limit (DeepSeek-V4) are not supported")
             fp8 = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_fp8)
             out = fp8(
                 x,
@@ -113,10 +112,10 @@ class MoE(nn.Module):
                 ids,
                 weights,
                 self.kernels.fp8_linear,
+                **limit,
             )
         else:
             run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # see __init__
-            limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
             out = run(x, ex.gate_up_proj, ex.down_proj, ids, weights, **limit)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)

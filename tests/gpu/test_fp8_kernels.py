@@ -3,7 +3,8 @@ inputs, so only accumulation order and the bf16 output differ): the W8A8 linears
 block-wise scales, which hands (K / 128) % 4 != 0 to Triton: torch 2.11 refuses those scales;
 the persistent Triton GEMM and its SMs - 1 grid), the FP8 experts, FlashMLA's sparse FP8 kernel
 for prefill rows as well as decode rows, and a V3.2-shaped stage with FP8 weights and an FP8
-latent cache against its bf16 twin; the fused 1 x 128 activation quantizer against
+latent cache against its bf16 twin, and a V4-shaped one likewise (FP8 experts under the swiglu
+clamp, the 584-byte cache); the fused 1 x 128 activation quantizer against
 fp8_ref.quantize_act, bit for bit.
 """
 
@@ -77,7 +78,9 @@ def test_w8a8_linear_matches_reference(backend, m, n, k):
 
 
 @pytest.mark.skipif(not fp8_gemm.is_available("cuda"), reason="needs triton on SM90+")
-def test_fp8_experts_match_reference():
+@pytest.mark.parametrize("limit", [None, 0.05], ids=["plain", "swiglu-limit"])
+def test_fp8_experts_match_reference(limit):
+    """limit: DeepSeek-V4's swiglu clamp, small enough here to clamp most gate and up values."""
     g = torch.Generator(device="cuda").manual_seed(5)
     e, h, inter, t, k = 8, 1024, 512, 300, 3
     gate_up, gu_s = fp8_ref.quantize_weight(
@@ -87,11 +90,14 @@ def test_fp8_experts_match_reference():
     x = torch.randn(t, h, generator=g, device="cuda").bfloat16()
     ids = torch.rand(t, e, generator=g, device="cuda").topk(k, dim=-1).indices
     weights = torch.rand(t, k, generator=g, device="cuda")
-    ref = fp8_ref.moe_experts(x.float(), gate_up, gu_s, down, d_s, ids, weights)
-    looped = fp8_ref.moe_experts(x, gate_up, gu_s, down, d_s, ids, weights, fp8_gemm.linear)
+    args = (gate_up, gu_s, down, d_s, ids, weights)
+    ref = fp8_ref.moe_experts(x.float(), *args, limit=limit)
+    if limit is not None:  # the clamp matters at these values
+        assert rel_err(fp8_ref.moe_experts(x.float(), *args), ref) > 0.1
+    looped = fp8_ref.moe_experts(x, *args, fp8_gemm.linear, limit=limit)
     assert rel_err(looped, ref) < 2 * TOL  # the gate/up product is requantized in bf16 first
     for grouped in (triton_moe_fp8.moe_experts, triton_moe_fp8.moe_experts_sm1):
-        assert rel_err(grouped(x, gate_up, gu_s, down, d_s, ids, weights), ref) < 2 * TOL
+        assert rel_err(grouped(x, *args, limit=limit), ref) < 2 * TOL
 
 
 @pytest.mark.skipif(triton_fp8_act.triton is None, reason="needs triton")
@@ -170,5 +176,17 @@ def test_v32_stage_fp8_against_bf16():
     # prompts within index_topk (dense attention); bf16 itself is about 0.07 off fp32 on this
     # random model (app.bench.fp8's yardstick row), FP8 a few times that
     row = accuracy(weights_fp8=True, kv_fp8=True, prompt_len=48, steps=8, prompts=2)
+    assert row["logits_rel_err"] < 0.4
+    assert row["greedy_agreement"] >= 0.5
+
+
+@pytest.mark.skipif(not fp8_gemm.is_available("cuda"), reason="needs triton on SM90+")
+def test_v4_stage_fp8_against_bf16():
+    """A V4-shaped random model (head dim 512, CSA 4 with top-64 past 256 tokens, HCA 128, a
+    hash layer) on CUDA: FP8 weights (W8A8 linears and experts, the swiglu clamp) and the
+    584-byte FP8 cache on FlashMLA's sparse FP8 kernel against bf16."""
+    from app.bench.fp8 import accuracy
+
+    row = accuracy(weights_fp8=True, kv_fp8=True, prompt_len=320, steps=8, prompts=2, model="v4")
     assert row["logits_rel_err"] < 0.4
     assert row["greedy_agreement"] >= 0.5

@@ -113,7 +113,10 @@ class Indexer(GroupCompressor):
         self.q_b_proj = Linear(
             a.q_lora_rank, a.index_n_heads * a.index_head_dim, False, kernels, dtype, device
         )
-        self.scorer = Scorer(Linear(a.hidden_size, a.index_n_heads, False, kernels, dtype, device))
+        # the head weights stay in dtype, as DeepSeek's code and V3.2's indexer keep them
+        self.scorer = Scorer(
+            Linear(a.hidden_size, a.index_n_heads, False, kernels, dtype, device, fp8=False)
+        )
 
     def select(
         self,
@@ -157,9 +160,16 @@ class V4Attention(nn.Module):
         self.q_b_proj = Linear(a.q_lora_rank, heads * d, False, kernels, dtype, device)
         self.kv_proj = Linear(h, d, False, kernels, dtype, device)
         self.kv_norm = V4RMSNorm(d, a.rms_norm_eps, device)
-        # grouped output projection: o_groups blocks of heads * d / o_groups -> o_lora_rank
+        # grouped output projection: o_groups blocks of heads * d / o_groups -> o_lora_rank, one
+        # batched matmul over the groups, so held in dtype (an FP8 checkpoint's is dequantized)
         self.o_a_proj = Linear(
-            heads * d // a.o_groups, a.o_groups * a.o_lora_rank, False, kernels, dtype, device
+            heads * d // a.o_groups,
+            a.o_groups * a.o_lora_rank,
+            False,
+            kernels,
+            dtype,
+            device,
+            fp8=False,
         )
         self.o_b_proj = Linear(a.o_groups * a.o_lora_rank, h, False, kernels, dtype, device)
         self.sinks = nn.Parameter(torch.empty(heads, dtype=torch.float32, device=device))

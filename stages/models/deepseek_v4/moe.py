@@ -63,7 +63,7 @@ def v4_moe(a: V4Args, layer: int, kernels: Kernels, dtype: torch.dtype, device: 
     h, i = a.hidden_size, a.moe_intermediate_size
     return MoE(
         V4Router(a, a.is_hash(layer), dtype, device),
-        Experts(a.n_routed_experts, h, i, dtype, device),
+        Experts(a.n_routed_experts, h, i, dtype, device, fp8=kernels.fp8_linear is not None),
         SwiGLU(h, i, a.mlp_bias, kernels, dtype, device, limit=a.swiglu_limit),
         kernels,
         swiglu_limit=a.swiglu_limit,

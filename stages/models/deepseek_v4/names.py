@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from stages.kernels.fp8_ref import SCALE_SUFFIX, scale_index
+
 # module name (with `model.`) -> checkpoint name; applied in order, each to the previous result
 _RENAMES = (
     (r"\.compressor\.indexer\.scorer\.weights_proj\.", ".indexer.weights_proj."),
@@ -46,7 +48,14 @@ def checkpoint_tensor(param: str) -> str:
 
 
 def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, tuple[Any, ...]]]:
-    """(checkpoint tensor, index into the parameter) of each piece of `param`."""
+    """(checkpoint tensor, index into the parameter) of each piece of `param`. A kept-FP8
+    weight's scales (`<weight>_scale_inv`, one per 128 x 128 tile) come in the weight's pieces,
+    their row slices counted in tiles."""
+    if param.endswith(SCALE_SUFFIX):
+        return [
+            (name + SCALE_SUFFIX, scale_index(index))
+            for name, index in checkpoint_pieces(param.removesuffix(SCALE_SUFFIX), experts, inter)
+        ]
     owner = checkpoint_tensor(param).rsplit(".", 1)[0]
     if ".shared_experts.gate_up_proj." in param:  # w1 (gate) rows, then w3 (up)
         prefix, leaf = owner.rsplit(".", 1)[0], param.rsplit(".", 1)[1]
@@ -66,3 +75,4 @@ def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, t
     if param.endswith("experts.down_proj"):
         return [(f"{owner}.{e}.w2.weight", (e,)) for e in range(experts)]
     return [(checkpoint_tensor(param), ())]
+
