@@ -72,7 +72,6 @@ def dequantize_fp8(
     return fp8_ref.dequantize_weight(weight, scale_inv, block)
 
 
-
 def _read(files: dict[str, str], name: str) -> torch.Tensor:
     with safe_open(files[name], framework="pt", device="cpu") as f:
         t: torch.Tensor = f.get_tensor(name)

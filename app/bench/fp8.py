@@ -192,7 +192,12 @@ def accuracy(
     block = kv_block_size(SMALL_MODELS[model])
     blocks = -(-(prompt_len + steps) // block) + 1
     base = StageChain(
-        args, None, num_stages=1, num_blocks=blocks, block_size=block, dtype=base_dtype,
+        args,
+        None,
+        num_stages=1,
+        num_blocks=blocks,
+        block_size=block,
+        dtype=base_dtype,
         device=device,
     )
     test = StageChain(

@@ -27,8 +27,9 @@ from safetensors.torch import save_file
 
 from app.bench.target import MODEL_SHAPES, add_model_args, shape_config
 from stages.kernels import fp8_ref
+from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import select_kernels
-from stages.loader import SCALE_SUFFIX, random_init, tensor_sources
+from stages.loader import random_init, tensor_sources
 from stages.model_config import ModelArgs
 
 QUANTIZATION_CONFIG = {

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from app.bench.fp8 import StageChain
 from stages.kernels import fp8_ref
-from stages.loader import SCALE_SUFFIX
+from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.model_config import load_model_args
 from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
 

@@ -75,4 +75,3 @@ def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, t
     if param.endswith("experts.down_proj"):
         return [(f"{owner}.{e}.w2.weight", (e,)) for e in range(experts)]
     return [(checkpoint_tensor(param), ())]
-
