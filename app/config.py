@@ -257,6 +257,15 @@ class EngineConfig:
         "bfloat16: FlashMLA's dense FP8 decode is not among its SM90 kernels.",
         choices=KV_CACHE_DTYPES,
     )
+    fp8_prefill_attention: str = option(
+        "auto",
+        "How prefill chunks read an FP8 latent cache (DeepSeek-V3.2): flash-mla-bf16 = the "
+        "batch's keys dequantized to bf16 for FlashMLA's sparse prefill kernel (auto on CUDA); "
+        "flash-mla = every query a row of FlashMLA's sparse FP8 decode kernel (SGLang's "
+        "flashmla_kv prefill); torch = the reference (CPU). Decode rows always take the FP8 "
+        "kernel.",
+        choices=("auto", *BACKENDS["mla_prefill_fp8"]),
+    )
     placement_strategy: str = option(
         "PACK",
         "Ray placement group strategy for a pipeline's stages.",
@@ -383,6 +392,7 @@ class EngineConfig:
             enforce_eager=self.enforce_eager,
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
+            fp8_prefill_attention=self.fp8_prefill_attention,
         )
 
     @classmethod

@@ -193,6 +193,7 @@ class StageSpec:
     enforce_eager: bool  # decode-only microbatches run the paged path without graphs
     quantization: str  # FP8 weights: auto (the checkpoint's), none, fp8 (loader.py)
     kv_cache_dtype: str  # auto / bfloat16: the model's dtype; fp8 (kv_cache.py)
+    fp8_prefill_attention: str = "auto"  # mla_prefill_fp8's backend (registry.py)
 
     @property
     def is_first(self) -> bool:

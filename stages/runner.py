@@ -131,6 +131,7 @@ class StageRunner:
             mla_decode,
             moe_backend_for(linear),
             fp8_linear=fp8_backend_for(linear) if self.fp8_weights else None,
+            mla_prefill_fp8=self.spec.fp8_prefill_attention,
         )
 
     @property

@@ -61,6 +61,8 @@ V4_KERNEL_OPS = (
 GROUPS = [
     ("_gate_up_silu", "moe gate/up"),
     ("_down_scatter", "moe down"),
+    ("_grouped_w8a8", "moe (FP8)"),
+    ("_quantize_1x128", "fp8 activation quantizer"),
     ("_scatter", "moe routing"),
     ("_count", "moe routing"),
     ("_plan", "moe routing"),
@@ -227,6 +229,7 @@ class Setting:
     fp8_weights: bool = False
     kv_cache_dtype: str = "auto"
     standin: bool = False
+    fp8_prefill_attention: str = "auto"
 
 
 def run(
@@ -248,6 +251,7 @@ def run(
         setting.linear,
         moe_experts=moe_backend_for(setting.linear),
         fp8_linear=fp8_backend_for(setting.linear) if setting.fp8_weights else None,
+        mla_prefill_fp8=setting.fp8_prefill_attention,
     )
     standin = PendingRecvStandin() if setting.standin else None
     model = build_stage_model(
@@ -324,8 +328,11 @@ def main() -> None:
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none", help="auto: none")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--standin", action="store_true", help="also profile under the stand-in")
+    p.add_argument("--fp8-prefill-attention", default="auto")
     a = p.parse_args()
-    setting = Setting(a.linear, a.quantization == "fp8", a.kv_cache_dtype, a.standin)
+    setting = Setting(
+        a.linear, a.quantization == "fp8", a.kv_cache_dtype, a.standin, a.fp8_prefill_attention
+    )
     results: list[dict[str, Any]] = []
     for case in a.cases.split(","):
         shape, *nums = case.split(":")

@@ -239,7 +239,13 @@ def main(argv: list[str] | None = None) -> int:
                         model,
                     )
                     rows += [
-                        dict(r, quantization=a.quantization, kv_cache_dtype=a.kv_cache_dtype, **kv)
+                        dict(
+                            r,
+                            quantization=a.quantization,
+                            kv_cache_dtype=a.kv_cache_dtype,
+                            fp8_prefill_attention=a.fp8_prefill_attention,
+                            **kv,
+                        )
                         for r in config_rows
                     ]
                     # after every config: a killed run keeps what it measured

@@ -147,6 +147,11 @@ def add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument(
+        "--fp8-prefill-attention",
+        default="auto",
+        help="how prefill chunks read an FP8 latent (--fp8-prefill-attention of ppserve serve)",
+    )
+    p.add_argument(
         "--kv-blocks",
         choices=("fit", "memory"),
         default="fit",
@@ -161,6 +166,7 @@ def memory_options(a: argparse.Namespace, fitted_blocks: int) -> dict[str, Any]:
     return dict(
         quantization=a.quantization,
         kv_cache_dtype=a.kv_cache_dtype,
+        fp8_prefill_attention=a.fp8_prefill_attention,
         num_kv_blocks=fitted_blocks if a.kv_blocks == "fit" else None,
     )
 

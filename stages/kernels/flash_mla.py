@@ -185,3 +185,27 @@ def mla_sparse_fp8(
     key = ("flash_mla_sparse", q.shape[0])  # the plan depends on the number of rows
     plan: dict[str, Any] = state.setdefault(key, {})
     return mla_sparse_fp8_decode(q, pages, indices, dv, scale, plan)
+
+
+PREFIX_KEYS = "prefix_keys"  # state key: (slots [S], position [cache slots] int32, -1 = none)
+
+
+def mla_sparse_fp8_via_bf16(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    indices: torch.Tensor,
+    dv: int,
+    scale: float,
+    state: dict[Any, Any],
+) -> torch.Tensor:
+    """fp8_latent.mla_sparse for a forward holding a prefill chunk: the keys of the batch's
+    prefixes (state[PREFIX_KEYS], set by the DSA layer) dequantized to bf16, the indices mapped
+    onto them, then FlashMLA's bf16 sparse prefill kernel (`mla_sparse`), as SGLang's default
+    V3.2 prefill over an FP8 cache does. Without that plan: mla_sparse_fp8."""
+    plan = state.get(PREFIX_KEYS)
+    if plan is None:
+        return mla_sparse_fp8(q, pages, indices, dv, scale, state)
+    slots, position = plan
+    kv = fp8_latent.dequantize(pages.view(-1, fp8_latent.BYTES).index_select(0, slots))
+    local = torch.where(indices >= 0, position[indices.clamp(min=0).long()], -1)
+    return mla_sparse(q, kv.to(q.dtype).view(-1, 1, LATENT_DIM), local, dv, scale)

@@ -101,6 +101,15 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.fp8_latent:mla_sparse",
         "flash-mla": "stages.kernels.flash_mla:mla_sparse_fp8",
     },
+    # The same contract for forwards holding a prefill chunk: the batch's prefix keys
+    # dequantized to bf16 for FlashMLA's sparse prefill kernel (flash-mla-bf16), or every query
+    # a row of the FP8 decode kernel (flash-mla: SGLang's flashmla_kv prefill; that kernel slows
+    # ~1.9x beside a waiting recv, the bf16 prefill kernel not: docs/PERFORMANCE.md).
+    "mla_prefill_fp8": {
+        "torch": "stages.kernels.fp8_latent:mla_sparse",
+        "flash-mla-bf16": "stages.kernels.flash_mla:mla_sparse_fp8_via_bf16",
+        "flash-mla": "stages.kernels.flash_mla:mla_sparse_fp8",
+    },
 }
 
 # "auto" takes the first available; torch (cuBLAS) stays first for linear until a backend beats it;
@@ -122,6 +131,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
+    "mla_prefill_fp8": ("flash-mla-bf16", "flash-mla", "torch"),
 }
 
 
@@ -167,6 +177,9 @@ class Kernels:
     # (q [T,H,576], pages [blocks,B,1,656] uint8, indices [T,topk] int32, dv, scale, state)
     # -> [T,H,dv]: set only for an FP8 latent cache
     mla_sparse_fp8: Callable[..., Any] | None = None
+    # mla_sparse_fp8's contract, for forwards holding a prefill chunk (the dequantizing backend
+    # reads the batch's prefix keys from state: dsa.PREFIX_KEYS)
+    mla_prefill_fp8: Callable[..., Any] | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
@@ -214,6 +227,7 @@ def select_kernels(
     indexer_logits: str = "auto",
     fp8_linear: str | None = None,
     mla_sparse_fp8: str = "auto",
+    mla_prefill_fp8: str = "auto",
 ) -> Kernels:
     """Pick one backend per op for `device`; an explicit name that cannot run is an error.
     fp8_linear is chosen only where FP8 weights stay FP8 (None leaves it unset, and Linear
@@ -221,6 +235,7 @@ def select_kernels(
     optional = {
         "fp8_linear": fp8_linear,
         "mla_sparse_fp8": mla_sparse_fp8,
+        "mla_prefill_fp8": mla_prefill_fp8,
         "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear),
     }
     chosen = {

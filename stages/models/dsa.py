@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.forward_batch import ForwardBatch, PagedDecodeBatch
+from stages.kernels.flash_mla import PREFIX_KEYS
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
@@ -38,6 +39,18 @@ class SparseRows:
     state: dict[Any, Any] = field(
         default_factory=dict
     )  # a kernel's per-batch plan, shared by layers
+    # each row's prefix slots (what its queries may select), and whether a row is a chunk
+    prefixes: list[torch.Tensor] = field(default_factory=list)
+    chunked: bool = False
+
+    def prefix_keys(self, cache_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rows' prefix slots concatenated [S], position [cache_slots] int32 of each slot
+        among them, -1 elsewhere): what a kernel dequantizing only the batch's keys needs. Rows
+        sharing a slot (a cached prefix) share its key, so any of its positions serves."""
+        slots = torch.cat([p.long() for p in self.prefixes])
+        position = torch.full((cache_slots,), -1, dtype=torch.int32, device=slots.device)
+        position[slots] = torch.arange(slots.numel(), dtype=torch.int32, device=slots.device)
+        return slots, position
 
     @classmethod
     def build(
@@ -58,7 +71,7 @@ class SparseRows:
                 flat = flat.pin_memory().to(device, non_blocking=True)
             built = dict(zip(missing, flat.split([h.numel() for h in host])))
         dense = torch.full((batch.num_tokens, topk), -1, dtype=torch.int32, device=device)
-        selecting = []
+        selecting, prefixes = [], []
         for i, (start, n, off) in enumerate(
             zip(batch.row_starts, batch.row_lens, batch.row_offsets)
         ):
@@ -70,6 +83,7 @@ class SparseRows:
                 slots = torch.arange(prefix.start, prefix.stop, device=device)
             else:
                 slots = prefix
+            prefixes.append(slots)
             if length <= topk:
                 row = slots[None, :].repeat(n, 1)
                 if n > 1:  # keys of the chunk after the query
@@ -78,7 +92,9 @@ class SparseRows:
                 dense[off : off + n, :length] = row.int()
             else:
                 selecting.append((off, n, start, slots))
-        return cls(dense, SelectPlan.build(selecting, device) if selecting else None)
+        plan = SelectPlan.build(selecting, device) if selecting else None
+        chunked = any(n > 1 for n in batch.row_lens)
+        return cls(dense, plan, prefixes=prefixes, chunked=chunked)
 
     @classmethod
     def paged(cls, batch: PagedDecodeBatch, topk: int) -> "SparseRows":
@@ -193,13 +209,17 @@ class DSAttention(MLAttention):
         indices = self._select(x, q_resid, cos, sin, rows, kv, local_layer)
         pages = kv.pages(local_layer)
         q = self.absorbed_query(q_nope, q_pe)
-        if kv.fp8:  # decode rows and prefill chunks alike on the FP8 sparse kernel
-            mla_sparse_fp8 = self.kernels.mla_sparse_fp8
-            if mla_sparse_fp8 is None:
+        if kv.fp8:  # a forward with a chunk on mla_prefill_fp8, decode rows alone on the FP8 kernel
+            fp8_attention = self.kernels.mla_sparse_fp8
+            if rows.chunked and self.kernels.mla_prefill_fp8 is not None:
+                fp8_attention = self.kernels.mla_prefill_fp8
+                if PREFIX_KEYS not in rows.state:
+                    rows.state[PREFIX_KEYS] = rows.prefix_keys(pages.shape[0] * pages.shape[1])
+            if fp8_attention is None:
                 raise RuntimeError(
                     "an FP8 latent cache needs kernels.mla_sparse_fp8, which is unset"
                 )
-            out = mla_sparse_fp8(q, pages, indices, d.kv_lora_rank, self.scale, rows.state)
+            out = fp8_attention(q, pages, indices, d.kv_lora_rank, self.scale, rows.state)
         else:
             mla_sparse = self.kernels.mla_sparse
             if mla_sparse is None:

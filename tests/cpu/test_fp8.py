@@ -341,3 +341,33 @@ def test_memory_table_counts_mxfp4_experts_of_a_v4_checkpoint():
     assert [line.split(" | ")[:2] for line in lines[2:4]] == [["| 2", "bf16"], ["| 2", "FP8"]]
     assert lines[-1].startswith("Routed experts:") and "dequantized at load" in lines[-1]
     assert memory.MXFP4_BYTES_PER_VALUE == 17 / 32
+
+
+def test_prefill_over_dequantized_prefix_keys_matches_the_fp8_reference():
+    """mla_prefill_fp8's dequantizing backend (flash_mla.mla_sparse_fp8_via_bf16: the batch's
+    prefix keys dequantized, the indices mapped onto them; its bf16 kernel is torch_ref's for
+    fp32 queries) == fp8_latent.mla_sparse over the pages, for a chunk beside a decode row whose
+    tables share a block (a cached prefix)."""
+    from stages.kernels import flash_mla, fp8_latent
+    from stages.kernels.flash_mla import PREFIX_KEYS
+
+    g = torch.Generator().manual_seed(4)
+    blocks, topk = 12, 8
+    pages = fp8_latent.quantize(torch.randn(blocks * BLOCK, 576, generator=g) * 3)
+    pages = pages.view(blocks, BLOCK, 1, fp8_latent.BYTES)
+    rows = [(40, 12, [3, 0, 7, 9, 1, 4, 11, 2, 5, 6, 8, 10, 0], True), (9, 1, [3, 10, 6], True)]
+    batch = ForwardBatch.build(rows, BLOCK, "cpu")
+    sparse = SparseRows.build(batch, BLOCK, topk, torch.device("cpu"))
+    assert sparse.chunked and len(sparse.prefixes) == 2
+    picks = []
+    for (start, n, _, _), prefix in zip(rows, sparse.prefixes):
+        for i in range(n):
+            visible = prefix[: start + i + 1]
+            chosen = visible[torch.randperm(visible.numel(), generator=g)[:topk]]
+            picks.append(torch.nn.functional.pad(chosen, (0, topk - chosen.numel()), value=-1))
+    indices = torch.stack(picks).int()
+    q = torch.randn(batch.num_tokens, 4, 576, generator=g)
+    state = {PREFIX_KEYS: sparse.prefix_keys(blocks * BLOCK)}
+    got = flash_mla.mla_sparse_fp8_via_bf16(q, pages, indices, 512, 0.1, state)
+    want = fp8_latent.mla_sparse(q, pages, indices, 512, 0.1, {})
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

@@ -164,6 +164,14 @@ def test_sparse_fp8_kernel_on_prefill_rows(heads):
     assert out.shape == (t, heads, 512)
     assert rel_err(out, ref) < TOL
     assert torch.equal(flash_mla.mla_sparse_fp8(q, pages, indices, 512, 192**-0.5, state), out)
+    # the dequantizing prefill backend: the prefix's keys (slots 0..6023, here in a shuffled
+    # order) dequantized, FlashMLA's bf16 sparse prefill kernel over them
+    slots = torch.randperm(6024, generator=g, device="cuda")
+    position = torch.full((blocks * 64,), -1, dtype=torch.int32, device="cuda")
+    position[slots] = torch.arange(6024, dtype=torch.int32, device="cuda")
+    plan = {flash_mla.PREFIX_KEYS: (slots, position)}
+    via_bf16 = flash_mla.mla_sparse_fp8_via_bf16(q, pages, indices, 512, 192**-0.5, plan)
+    assert via_bf16.shape == (t, heads, 512) and rel_err(via_bf16, ref) < TOL
 
 
 @pytest.mark.skipif(not fp8_gemm.is_available("cuda"), reason="needs triton on SM90+")

@@ -162,15 +162,8 @@ class V4Attention(nn.Module):
         self.kv_norm = V4RMSNorm(d, a.rms_norm_eps, device)
         # grouped output projection: o_groups blocks of heads * d / o_groups -> o_lora_rank, one
         # batched matmul over the groups, so held in dtype (an FP8 checkpoint's is dequantized)
-        self.o_a_proj = Linear(
-            heads * d // a.o_groups,
-            a.o_groups * a.o_lora_rank,
-            False,
-            kernels,
-            dtype,
-            device,
-            fp8=False,
-        )
+        o_in, o_out = heads * d // a.o_groups, a.o_groups * a.o_lora_rank
+        self.o_a_proj = Linear(o_in, o_out, False, kernels, dtype, device, fp8=False)
         self.o_b_proj = Linear(a.o_groups * a.o_lora_rank, h, False, kernels, dtype, device)
         self.sinks = nn.Parameter(torch.empty(heads, dtype=torch.float32, device=device))
         self.compressor: GroupCompressor | None = None
