@@ -104,7 +104,8 @@ BACKENDS: dict[str, dict[str, str]] = {
     # The same contract for forwards holding a prefill chunk: the batch's prefix keys
     # dequantized to bf16 for FlashMLA's sparse prefill kernel (flash-mla-bf16), or every query
     # a row of the FP8 decode kernel (flash-mla: SGLang's flashmla_kv prefill; that kernel slows
-    # ~1.9x beside a waiting recv, the bf16 prefill kernel not: docs/PERFORMANCE.md).
+    # ~1.9x beside a waiting recv, the bf16 prefill kernel not: docs/PERFORMANCE.md). V4 follows
+    # the choice (fp8_prefill_in_place).
     "mla_prefill_fp8": {
         "torch": "stages.kernels.fp8_latent:mla_sparse",
         "flash-mla-bf16": "stages.kernels.flash_mla:mla_sparse_fp8_via_bf16",
@@ -271,3 +272,10 @@ def moe_backend_for(linear: str) -> str:
     """The MoE expert GEMMs follow the linear backend where one of the same name exists (the
     persistent Triton grids), else "auto"."""
     return linear if linear in BACKENDS["moe_experts"] else "auto"
+
+
+def fp8_prefill_in_place(kernels: Kernels) -> bool:
+    """Whether forwards holding a prefill chunk read an FP8 KV cache in place on FlashMLA's FP8
+    decode kernel (--fp8-prefill-attention flash-mla), rather than its keys dequantized for the
+    bf16 sparse prefill kernel: DeepSeek-V4 follows V3.2's mla_prefill_fp8 choice."""
+    return kernels.names.get("mla_prefill_fp8") == "flash-mla"

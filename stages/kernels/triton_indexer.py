@@ -13,8 +13,9 @@ tokens of a row x a block of its keys, the arithmetic of ``indexer_logits``) and
 decode rows (a program: one token's index heads as the MMA's rows x a block of its keys).
 Under an FP8 cache the keys are e4m3 with a float32 scale per token
 (stages/kernels/fp8_indexer.py): both kernels load the e4m3 bytes, widen them to q's dtype for
-the MMA (exact) and multiply each key's column of products by its scale before the ReLU (a
-positive power of two: the score over the dequantized key).
+the MMA (exact) and multiply each key's column of scores by its scale once, after the ReLU
+and the head sum (a positive power of two: relu(s x) = s relu(x), and scaling by it is exact,
+so the score over the dequantized key to the bit, with the bf16 kernel's inner loop).
 
 Imports cleanly without triton or CUDA: triton is imported lazily.
 """
@@ -102,17 +103,15 @@ def _rows_kernels():
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
             if KEY_FP8:
                 k = k.to(Q.dtype.element_ty)
-                key_scale = scale * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)
             acc = tl.zeros([BT, BL], tl.float32)
             for h in range(HEADS):
                 q = tl.load(Q + offs_t[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
                             mask=t_mask[:, None], other=0.0)  # [BT, D]
-                if KEY_FP8:
-                    s = tl.maximum(tl.dot(q, k) * key_scale[None, :], 0.0)
-                else:
-                    s = tl.maximum(tl.dot(q, k) * scale, 0.0)
+                s = tl.maximum(tl.dot(q, k) * scale, 0.0)
                 w = tl.load(W + offs_t * stride_wt + h, mask=t_mask, other=0.0)
                 acc += s * w[:, None]
+            if KEY_FP8:  # a positive power of two: relu and the head sum commute with it
+                acc = acc * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)[None, :]
             acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
             tl.store(out_ptrs, acc, mask=store_mask)
 
@@ -138,12 +137,12 @@ def _rows_kernels():
             hs = tl.arange(0, HEADS)
             q = tl.load(Q + tok * stride_qt + hs[:, None] * stride_qh + offs_d[None, :])
             if KEY_FP8:
-                key_scale = scale * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)
-                s = tl.maximum(tl.dot(q, k.to(Q.dtype.element_ty)) * key_scale[None, :], 0.0)
-            else:
-                s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]
+                k = k.to(Q.dtype.element_ty)
+            s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]
             w = tl.load(W + tok * stride_wt + hs)
             logit = tl.sum(s * w[:, None], 0)
+            if KEY_FP8:  # as in chunk_kernel: each key's scale after the head sum
+                logit = logit * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)
             logit = tl.where(l_mask, logit, float("-inf"))
             tl.store(out_ptrs, logit, mask=offs_l < LMAX)
 

@@ -6,6 +6,8 @@ addresses the kernel would, then dequantizes)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -87,9 +89,11 @@ def test_bytes_per_block_and_refusals(checkpoint):
 class Pipeline:
     """Stages of one checkpoint chained in process (PP=2), each with its own paged cache."""
 
-    def __init__(self, path: str, kv_cache_dtype: str):
+    def __init__(self, path: str, kv_cache_dtype: str, prefill_in_place: bool = False):
         args = load_model_args(path)
         kernels = select_kernels("cpu")
+        if prefill_in_place:  # chunks on the FP8 attention too (--fp8-prefill-attention flash-mla)
+            kernels = replace(kernels, names={**kernels.names, "mla_prefill_fp8": "flash-mla"})
         self.stages, self.caches = [], []
         for s, (a, b) in enumerate(layer_ranges(args.num_hidden_layers, 2)):
             self.stages.append(
@@ -123,12 +127,14 @@ def _chunked_then_decode(pipe: Pipeline) -> tuple[torch.Tensor, list[int]]:
     return torch.cat(outs), tokens
 
 
-def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch):
+@pytest.mark.parametrize("in_place", [False, True], ids=["chunks-dequantized", "chunks-in-place"])
+def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, in_place):
     """Chunked prefill and decode on FP8 pages against the unquantized cache: logits within
     quantization tolerance; and against the unquantized cache fed the values the FP8 pages
     hold (each kv / comp value rounded through pack and unpack), where only the reading
-    differs (addresses traced, pages read in place): equal to fp32 noise."""
-    fp8 = Pipeline(checkpoint, "fp8")
+    differs: equal to fp32 noise. Chunks read their keys dequantized (the bf16 prefill
+    kernel's path) or, in_place, the pages at the keys' traced addresses as decode rows do."""
+    fp8 = Pipeline(checkpoint, "fp8", in_place)
     assert fp8.caches[0].fp8 and fp8.caches[0].pages(0, "kv").shape[-1] == ENTRY_BYTES
     got, _tokens = _chunked_then_decode(fp8)
     want, _tokens = _chunked_then_decode(Pipeline(checkpoint, "auto"))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from stages.kernels.hyper_connection import unweighted_rms_norm
-from stages.kernels.registry import Kernels
+from stages.kernels.registry import Kernels, fp8_prefill_in_place
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
     COMP,
@@ -205,7 +205,9 @@ class V4Attention(nn.Module):
                     self.indexer.complete_groups(
                         groups, cache, local, INDEX_IN, INDEX_KEYS, group_angles
                     )
-        if cache.fp8:  # the FP8 pages read in place, at the keys' traced addresses
+        # the FP8 pages read in place, at the keys' traced addresses; a forward holding a chunk
+        # gathers its keys dequantized for the bf16 prefill kernel unless told otherwise
+        if cache.fp8 and (not plan.chunked or fp8_prefill_in_place(self.kernels)):
             traced, indices = self._keys(x, q_resid, angles.tokens, plan, cache.addresses(), local)
             window, comp = cache.split_addresses(traced, indices)
             out = _op(self.kernels.sparse_sink_attention_fp8)(

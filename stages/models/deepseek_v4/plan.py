@@ -61,6 +61,7 @@ class V4Plan:
     window_slots: torch.Tensor  # [Nw] long: KV slots of each row's window, rows concatenated
     window_indices: torch.Tensor  # [T, window] int32: pool index of each query's window keys
     rates: dict[int, RatePlan]
+    chunked: bool = False  # some row is a prefill chunk (more than one token)
 
     @classmethod
     def build(
@@ -163,7 +164,8 @@ class V4Plan:
                 dense_indices=dense_indices,
                 select=select,
             )
-        return cls(parts["window_slots"], window_indices, plans)
+        chunked = any(n > 1 for n in batch.row_lens)
+        return cls(parts["window_slots"], window_indices, plans, chunked)
 
 
 class _Rows:
