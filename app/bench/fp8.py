@@ -313,13 +313,73 @@ def moe_rows(tokens: int = 4096, experts: int = 32, k: int = 8) -> list[dict[str
     return rows
 
 
+# (name, tokens, experts, top-k, hidden, width): V4-Flash's routed experts at an 8K chunk and
+# V3.2-bench's (V2-Lite's) at a 4K one
+MOE_TILE_SHAPES = [("v4-flash", 8192, 256, 6, 4096, 2048), ("v32-bench", 4096, 64, 6, 2048, 1408)]
+
+
+def moe_tile_rows() -> list[dict[str, Any]]:
+    """The grouped FP8 GEMMs (gate/up, then down) per tile configuration: BLOCK_M (the routing
+    layout's), warps and pipeline stages; BLOCK_N and BLOCK_K are the 128 x 128 scale blocks."""
+    import triton.testing
+
+    from stages.kernels import triton_fp8_act, triton_moe_fp8
+    from stages.kernels.moe_routing import route_and_gather
+    from stages.kernels.triton_gemm import num_sms
+
+    rows = []
+    for name, t, e, k, h, inter in MOE_TILE_SHAPES:
+        gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
+        dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
+        x = torch.randn(t, h, device="cuda").bfloat16()
+        ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
+        w = torch.rand(t, k, device="cuda")
+        xq, xs = triton_fp8_act.quantize_act(x)
+        for block_m in (64, 128):
+            r, a = route_and_gather(xq.view(torch.uint8), ids, w, e, block_m)
+            a = a.view(fp8_ref.FP8)
+            a_s = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
+            h_in, h_s = triton_fp8_act.quantize_act(
+                torch.randn(a.shape[0], inter, device="cuda").bfloat16()
+            )
+            for warps in (4, 8):
+                for stages in (3, 4):
+                    cfg = dict(num_warps=warps, num_stages=stages)
+                    grid = num_sms(x.device)
+                    try:
+                        gu = triton.testing.do_bench(
+                            lambda: triton_moe_fp8.grouped_gemm(
+                                a, a_s, gq, gs, r, grid, x.dtype, **cfg
+                            )
+                        )
+                        dn = triton.testing.do_bench(
+                            lambda: triton_moe_fp8.grouped_gemm(
+                                h_in, h_s, dq, ds, r, grid, x.dtype, pairs=t * k, **cfg
+                            )
+                        )
+                        row = {"gate_up_ms": round(gu, 3), "down_ms": round(dn, 3)}
+                    except Exception as err:  # a configuration that does not compile
+                        row = {"error": f"{type(err).__name__}: {err}"[:160]}
+                    row = {"shape": name, "block_m": block_m, **cfg, **row}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
     p.add_argument("--skip-gemm", action="store_true")
     p.add_argument("--models", default="v32", help="comma-separated: " + ", ".join(SMALL_MODELS))
     p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--moe-tiles", action="store_true", help="only the FP8 MoE tile sweep")
     a = p.parse_args(argv)
+    if a.moe_tiles:
+        rows = moe_tile_rows()
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "moe_tiles": rows}, f, indent=1)
+        return 0
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if not a.skip_gemm:
         result["gemm"] = gemm_rows()
