@@ -26,9 +26,18 @@ from stages.kernels import fp8_ref, torch_ref, triton_fp8_act
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
 
-# 128-row tiles on 8 warps, 4 stages: 27-30 % faster than 64 on 4 warps at V4-Flash's and
-# V3.2-bench's expert shapes (`python -m app.bench.fp8 --moe-tiles`, docs/PERFORMANCE.md)
-BLOCK_M, BLOCK, NUM_WARPS, NUM_STAGES = 128, fp8_ref.BLOCK, 8, 4
+BLOCK = fp8_ref.BLOCK
+# (BLOCK_M, warps, stages). Prefill (at least 128 rows an expert on average): 128-row tiles on
+# 8 warps, 4 stages, 27-30 % faster than 64 on 4 warps at V4-Flash's 8K and V3.2-bench's 4K
+# chunks (`python -m app.bench.fp8 --moe-tiles`, docs/PERFORMANCE.md). Fewer rows (decode)
+# keep the 64-row tiles measured before, which pad less.
+PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 3)
+
+
+def tiles_for(pairs: int, experts: int) -> tuple[int, int, int]:
+    """The tile configuration for `pairs` (token, expert) rows over `experts` (a shape, known
+    on the host: a CUDA graph's is fixed)."""
+    return PREFILL_TILES if pairs >= PREFILL_TILES[0] * experts else DECODE_TILES
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -60,8 +69,8 @@ def grouped_gemm(
     grid: int,
     dtype: torch.dtype,
     pairs: int | None = None,
-    num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES,
+    num_warps: int = DECODE_TILES[1],
+    num_stages: int = DECODE_TILES[2],
 ) -> torch.Tensor:
     """W8A8 of the layout's rows with their tiles' experts: q [rows, K] fp8 with q_scale
     [rows, K / 128], w [E, N, K] fp8 with w_scale [E, N / 128, K / 128]. Returns c [rows, N]; or,
@@ -87,16 +96,18 @@ def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_
                                    limit=limit)
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
+    block_m, warps, stages = tiles_for(t * k, gate_up.shape[0])
+    cfg = dict(num_warps=warps, num_stages=stages)
     xq, xs = triton_fp8_act.quantize_act(x)
     # the FP8 rows travel as bytes (the gather copies them unchanged); padding rows stay
     # unwritten and take token 0's scales: their results are never stored at a pair's slot
     r, a = route_and_gather(xq.view(torch.uint8), topk_ids, topk_weights, gate_up.shape[0],
-                            BLOCK_M)
+                            block_m)
     a_scale = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
     gate, up = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid,
-                            x.dtype).chunk(2, dim=-1)
+                            x.dtype, **cfg).chunk(2, dim=-1)
     hq, hs = triton_fp8_act.quantize_act(torch_ref.swiglu(gate, up, limit))
-    y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k)
+    y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k, **cfg)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 

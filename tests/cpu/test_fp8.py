@@ -371,3 +371,12 @@ def test_prefill_over_dequantized_prefix_keys_matches_the_fp8_reference():
     got = flash_mla.mla_sparse_fp8_via_bf16(q, pages, indices, 512, 0.1, state)
     want = fp8_latent.mla_sparse(q, pages, indices, 512, 0.1, {})
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_fp8_moe_tiles_follow_the_rows_an_expert_gets():
+    """Prefill chunks (at least 128 rows an expert on average) take the sweep's 128-row tiles;
+    decode batches keep the 64-row ones, which pad less."""
+    from stages.kernels import triton_moe_fp8 as moe
+
+    assert moe.tiles_for(8192 * 6, 256) == moe.tiles_for(4096 * 6, 64) == moe.PREFILL_TILES
+    assert moe.tiles_for(512 * 6, 256) == moe.tiles_for(512 * 6, 64) == moe.DECODE_TILES
