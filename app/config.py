@@ -259,7 +259,7 @@ class EngineConfig:
     )
     fp8_prefill_attention: str = option(
         "auto",
-        "How prefill chunks read an FP8 latent cache (DeepSeek-V3.2): flash-mla-bf16 = the "
+        "How prefill chunks read an FP8 KV cache (DeepSeek-V3.2 and V4): flash-mla-bf16 = the "
         "batch's keys dequantized to bf16 for FlashMLA's sparse prefill kernel (auto on CUDA); "
         "flash-mla = every query a row of FlashMLA's sparse FP8 decode kernel (SGLang's "
         "flashmla_kv prefill); torch = the reference (CPU). Decode rows always take the FP8 "
