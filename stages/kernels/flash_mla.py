@@ -198,10 +198,10 @@ def mla_sparse_fp8_via_bf16(
     scale: float,
     state: dict[Any, Any],
 ) -> torch.Tensor:
-    """fp8_latent.mla_sparse for a forward holding a prefill chunk: the keys of the batch's
-    prefixes (state[PREFIX_KEYS], set by the DSA layer) dequantized to bf16, the indices mapped
-    onto them, then FlashMLA's bf16 sparse prefill kernel (`mla_sparse`), as SGLang's default
-    V3.2 prefill over an FP8 cache does. Without that plan: mla_sparse_fp8."""
+    """fp8_latent.mla_sparse for prefill chunks' queries: the keys of the chunks' prefixes
+    (state[PREFIX_KEYS], set by the DSA layer) dequantized to bf16, the indices mapped onto
+    them, then FlashMLA's bf16 sparse prefill kernel (`mla_sparse`), as SGLang's default V3.2
+    prefill over an FP8 cache does. Without that plan: mla_sparse_fp8."""
     plan = state.get(PREFIX_KEYS)
     if plan is None:
         return mla_sparse_fp8(q, pages, indices, dv, scale, state)

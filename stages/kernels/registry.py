@@ -179,7 +179,7 @@ class Kernels:
     # -> [T,H,dv]: set only for an FP8 latent cache
     mla_sparse_fp8: Callable[..., Any] | None = None
     # mla_sparse_fp8's contract, for forwards holding a prefill chunk (the dequantizing backend
-    # reads the batch's prefix keys from state: dsa.PREFIX_KEYS)
+    # reads the chunks' prefix keys from state: flash_mla.PREFIX_KEYS)
     mla_prefill_fp8: Callable[..., Any] | None = None
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 

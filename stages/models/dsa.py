@@ -12,7 +12,7 @@ is a second component of the latent cache, under the same block ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,14 +39,19 @@ class SparseRows:
     state: dict[Any, Any] = field(
         default_factory=dict
     )  # a kernel's per-batch plan, shared by layers
-    # each row's prefix slots (what its queries may select), and whether a row is a chunk
+    # the prefill chunks' rows (more than one token): each one's prefix slots (what its
+    # queries may select) and, beside decode rows, the chunks' and the decode rows' tokens
     prefixes: list[torch.Tensor] = field(default_factory=list)
-    chunked: bool = False
+    split: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def chunked(self) -> bool:
+        return bool(self.prefixes)
 
     def prefix_keys(self, cache_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the rows' prefix slots concatenated [S], position [cache_slots] int32 of each slot
-        among them, -1 elsewhere): what a kernel dequantizing only the batch's keys needs. Rows
-        sharing a slot (a cached prefix) share its key, so any of its positions serves."""
+        """(the chunks' prefix slots concatenated [S], position [cache_slots] int32 of each slot
+        among them, -1 elsewhere): what a kernel dequantizing only the chunks' keys needs.
+        Chunks sharing a slot (a cached prefix) share its key, so any of its positions serves."""
         slots = torch.cat([p.long() for p in self.prefixes])
         position = torch.full((cache_slots,), -1, dtype=torch.int32, device=slots.device)
         position[slots] = torch.arange(slots.numel(), dtype=torch.int32, device=slots.device)
@@ -83,7 +88,8 @@ class SparseRows:
                 slots = torch.arange(prefix.start, prefix.stop, device=device)
             else:
                 slots = prefix
-            prefixes.append(slots)
+            if n > 1:
+                prefixes.append(slots)
             if length <= topk:
                 row = slots[None, :].repeat(n, 1)
                 if n > 1:  # keys of the chunk after the query
@@ -93,8 +99,14 @@ class SparseRows:
             else:
                 selecting.append((off, n, start, slots))
         plan = SelectPlan.build(selecting, device) if selecting else None
-        chunked = any(n > 1 for n in batch.row_lens)
-        return cls(dense, plan, prefixes=prefixes, chunked=chunked)
+        split = None
+        if prefixes and len(prefixes) < len(batch.row_lens):
+            chunk = torch.zeros(batch.num_tokens, dtype=torch.bool)
+            for off, n in zip(batch.row_offsets, batch.row_lens):
+                chunk[off : off + n] = n > 1
+            tokens = torch.arange(batch.num_tokens)
+            split = (tokens[chunk].to(device), tokens[~chunk].to(device))
+        return cls(dense, plan, prefixes=prefixes, split=split)
 
     @classmethod
     def paged(cls, batch: PagedDecodeBatch, topk: int) -> "SparseRows":
@@ -209,17 +221,8 @@ class DSAttention(MLAttention):
         indices = self._select(x, q_resid, cos, sin, rows, kv, local_layer)
         pages = kv.pages(local_layer)
         q = self.absorbed_query(q_nope, q_pe)
-        if kv.fp8:  # a forward with a chunk on mla_prefill_fp8, decode rows alone on the FP8 kernel
-            fp8_attention = self.kernels.mla_sparse_fp8
-            if rows.chunked and self.kernels.mla_prefill_fp8 is not None:
-                fp8_attention = self.kernels.mla_prefill_fp8
-                if PREFIX_KEYS not in rows.state:
-                    rows.state[PREFIX_KEYS] = rows.prefix_keys(pages.shape[0] * pages.shape[1])
-            if fp8_attention is None:
-                raise RuntimeError(
-                    "an FP8 latent cache needs kernels.mla_sparse_fp8, which is unset"
-                )
-            out = fp8_attention(q, pages, indices, d.kv_lora_rank, self.scale, rows.state)
+        if kv.fp8:
+            out = self._fp8_attention(q, pages, indices, rows)
         else:
             mla_sparse = self.kernels.mla_sparse
             if mla_sparse is None:
@@ -228,6 +231,27 @@ class DSAttention(MLAttention):
                 q, pages.view(-1, 1, pages.shape[-1]), indices, d.kv_lora_rank, self.scale
             )
         return self._project_out(self.unabsorb(out, x.dtype), t)
+
+    def _fp8_attention(
+        self, q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, rows: SparseRows
+    ) -> torch.Tensor:
+        """Over the FP8 latent pages: prefill chunks' tokens on mla_prefill_fp8 (their prefix
+        keys in rows.state), decode rows' on mla_sparse_fp8, split where a batch holds both."""
+        decode, prefill = self.kernels.mla_sparse_fp8, self.kernels.mla_prefill_fp8
+        if decode is None:
+            raise RuntimeError("an FP8 latent cache needs kernels.mla_sparse_fp8, which is unset")
+        dv, state = self.d.kv_lora_rank, rows.state
+        if not rows.chunked or prefill is None:
+            return cast(torch.Tensor, decode(q, pages, indices, dv, self.scale, state))
+        if PREFIX_KEYS not in state:
+            state[PREFIX_KEYS] = rows.prefix_keys(pages.shape[0] * pages.shape[1])
+        if rows.split is None:
+            return cast(torch.Tensor, prefill(q, pages, indices, dv, self.scale, state))
+        chunk, single = rows.split
+        out = q.new_empty(q.shape[0], q.shape[1], dv)
+        out[chunk] = prefill(q[chunk], pages, indices[chunk], dv, self.scale, state)
+        out[single] = decode(q[single], pages, indices[single], dv, self.scale, state)
+        return out
 
     def _select(
         self,

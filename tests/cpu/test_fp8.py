@@ -343,33 +343,48 @@ def test_memory_table_counts_mxfp4_experts_of_a_v4_checkpoint():
     assert memory.MXFP4_BYTES_PER_VALUE == 17 / 32
 
 
-def test_prefill_over_dequantized_prefix_keys_matches_the_fp8_reference():
-    """mla_prefill_fp8's dequantizing backend (flash_mla.mla_sparse_fp8_via_bf16: the batch's
-    prefix keys dequantized, the indices mapped onto them; its bf16 kernel is torch_ref's for
-    fp32 queries) == fp8_latent.mla_sparse over the pages, for a chunk beside a decode row whose
-    tables share a block (a cached prefix)."""
+def test_prefill_over_dequantized_prefix_keys_matches_the_fp8_reference(checkpoints):
+    """A DSA layer over FP8 pages with mla_prefill_fp8's dequantizing backend
+    (flash_mla.mla_sparse_fp8_via_bf16: the chunks' prefix keys dequantized, the indices mapped
+    onto them; its bf16 kernel is torch_ref's for fp32 queries), for two chunks beside a decode
+    row, their tables sharing a block (a cached prefix): the chunks' tokens go to it, the
+    decode row's to mla_sparse_fp8, and together they equal fp8_latent.mla_sparse over the
+    pages. Only the chunks' prefixes are dequantized."""
     from stages.kernels import flash_mla, fp8_latent
-    from stages.kernels.flash_mla import PREFIX_KEYS
 
     g = torch.Generator().manual_seed(4)
-    blocks, topk = 12, 8
+    blocks, topk = 24, 8
     pages = fp8_latent.quantize(torch.randn(blocks * BLOCK, 576, generator=g) * 3)
     pages = pages.view(blocks, BLOCK, 1, fp8_latent.BYTES)
-    rows = [(40, 12, [3, 0, 7, 9, 1, 4, 11, 2, 5, 6, 8, 10, 0], True), (9, 1, [3, 10, 6], True)]
+    rows = [
+        (40, 12, [3, 0, 7, 9, 1, 4, 11, 2, 5, 6, 8, 10, 12], True),
+        (9, 1, [3, 20, 21], True),
+        (0, 6, [3, 13], True),
+    ]
     batch = ForwardBatch.build(rows, BLOCK, "cpu")
     sparse = SparseRows.build(batch, BLOCK, topk, torch.device("cpu"))
-    assert sparse.chunked and len(sparse.prefixes) == 2
+    assert len(sparse.prefixes) == 2 and sparse.split is not None
+    assert sparse.split[1].tolist() == [12]  # the decode row's one token
     picks = []
-    for (start, n, _, _), prefix in zip(rows, sparse.prefixes):
+    for start, n, table, _ in rows:
+        prefix = torch.tensor([b * BLOCK + o for b in table for o in range(BLOCK)])
         for i in range(n):
             visible = prefix[: start + i + 1]
             chosen = visible[torch.randperm(visible.numel(), generator=g)[:topk]]
             picks.append(torch.nn.functional.pad(chosen, (0, topk - chosen.numel()), value=-1))
     indices = torch.stack(picks).int()
     q = torch.randn(batch.num_tokens, 4, 576, generator=g)
-    state = {PREFIX_KEYS: sparse.prefix_keys(blocks * BLOCK)}
-    got = flash_mla.mla_sparse_fp8_via_bf16(q, pages, indices, 512, 0.1, state)
-    want = fp8_latent.mla_sparse(q, pages, indices, 512, 0.1, {})
+    attn = Pipeline(checkpoints["plain"], kv_cache_dtype="fp8").stages[0].layers["0"].self_attn
+    kernels = attn.kernels
+    attn.kernels = replace(kernels, mla_prefill_fp8=flash_mla.mla_sparse_fp8_via_bf16)
+    try:
+        got = attn._fp8_attention(q, pages, indices, sparse)
+    finally:
+        attn.kernels = kernels
+    slots, position = sparse.state[flash_mla.PREFIX_KEYS]
+    # the chunks' 52 and 6 positions; 4 of the second's are the first's (block 3)
+    assert slots.numel() == 52 + 6 and (position >= 0).sum() == 52 + 2
+    want = fp8_latent.mla_sparse(q, pages, indices, 512, attn.scale, {})
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 

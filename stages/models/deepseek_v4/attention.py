@@ -205,9 +205,9 @@ class V4Attention(nn.Module):
                     self.indexer.complete_groups(
                         groups, cache, local, INDEX_IN, INDEX_KEYS, group_angles
                     )
-        # the FP8 pages read in place, at the keys' traced addresses; a forward holding a chunk
-        # gathers its keys dequantized for the bf16 prefill kernel unless told otherwise
-        if cache.fp8 and (not plan.chunked or fp8_prefill_in_place(self.kernels)):
+        # the FP8 pages read in place, at the keys' traced addresses; a forward of prefill chunks
+        # only gathers its keys dequantized for the bf16 prefill kernel unless told otherwise
+        if cache.fp8 and (not plan.chunks_only or fp8_prefill_in_place(self.kernels)):
             traced, indices = self._keys(x, q_resid, angles.tokens, plan, cache.addresses(), local)
             window, comp = cache.split_addresses(traced, indices)
             out = _op(self.kernels.sparse_sink_attention_fp8)(

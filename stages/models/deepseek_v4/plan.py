@@ -61,7 +61,9 @@ class V4Plan:
     window_slots: torch.Tensor  # [Nw] long: KV slots of each row's window, rows concatenated
     window_indices: torch.Tensor  # [T, window] int32: pool index of each query's window keys
     rates: dict[int, RatePlan]
-    chunked: bool = False  # some row is a prefill chunk (more than one token)
+    # every row is a prefill chunk (more than one token): its keys may be gathered as a pool
+    # (decode rows' pools would hold all their compressed entries)
+    chunks_only: bool = False
 
     @classmethod
     def build(
@@ -164,8 +166,8 @@ class V4Plan:
                 dense_indices=dense_indices,
                 select=select,
             )
-        chunked = any(n > 1 for n in batch.row_lens)
-        return cls(parts["window_slots"], window_indices, plans, chunked)
+        chunks_only = all(n > 1 for n in batch.row_lens)
+        return cls(parts["window_slots"], window_indices, plans, chunks_only)
 
 
 class _Rows:
