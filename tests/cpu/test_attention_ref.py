@@ -49,7 +49,8 @@ def test_registry_auto_and_explicit():
                           "moe_experts": "torch", "mla_sparse": "torch",
                           "indexer_logits": "torch", "indexer_logits_rows": "torch",
                           "sparse_sink_attention": "torch", "sparse_sink_attention_fp8": "torch",
-                          "hc_mix": "torch", "hc_merge": "torch", "mla_sparse_fp8": "torch"}
+                          "hc_mix": "torch", "hc_merge": "torch", "mla_sparse_fp8": "torch",
+                          "mla_prefill_fp8": "torch"}
     with pytest.raises(ValueError, match="not available"):
         select_kernels("cpu", linear="triton-persistent")
     with pytest.raises(ValueError, match="unknown"):
