@@ -105,7 +105,11 @@ class SparseRows:
             for off, n in zip(batch.row_offsets, batch.row_lens):
                 chunk[off : off + n] = n > 1
             tokens = torch.arange(batch.num_tokens)
-            split = (tokens[chunk].to(device), tokens[~chunk].to(device))
+            both = torch.cat((tokens[chunk], tokens[~chunk]))
+            if device.type == "cuda":  # one transfer the host does not wait for, as above
+                both = both.pin_memory().to(device, non_blocking=True)
+            n_chunk = int(chunk.sum())
+            split = (both[:n_chunk], both[n_chunk:])
         return cls(dense, plan, prefixes=prefixes, split=split)
 
     @classmethod
