@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 # Every layer type (sliding, CSA at rate 4 with top-3, HCA at rate 8), two hash layers then
-# routed ones, a window of 8: a 40-token prompt spans five windows and ten CSA groups. Eight
-# indexer heads in both: with few, a query often scores several entries exactly 0 (every head's
-# ReLU off), and which of the tied entries top-k keeps is up to the implementation.
+# routed ones, a window of 8: a 40-token prompt spans five windows and ten CSA groups. Two
+# indexer heads: a query often scores several entries exactly 0 (both heads' ReLU off), so the
+# tie rule (stages.kernels.indexer_select.top_k_positions) decides which of them it keeps.
 TINY_V4 = dict(
     vocab_size=128,
     hidden_size=64,
@@ -34,7 +34,7 @@ TINY_V4 = dict(
     sliding_window=8,
     o_groups=2,
     o_lora_rank=8,
-    index_n_heads=8,
+    index_n_heads=2,
     index_head_dim=16,
     index_topk=3,
     swiglu_limit=0.5,

@@ -4,7 +4,8 @@ checks. The tiny checkpoints are tests/cpu/conftest.py's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -89,3 +90,45 @@ def bf16_reference(
             refs.append((out.sequences[0, len(p) :].tolist(), [s[0].float() for s in out.scores]))
     del model
     return refs
+
+
+# -- the sparse-attention tie rule ---------------------------------------------------------------
+def _stable_topk(
+    self: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+) -> Any:
+    """Tensor.topk by a stable sort: among equal values the lower index first (the rule of
+    stages.kernels.indexer_select.top_k_positions, written here independently of it)."""
+    if not largest:
+        raise NotImplementedError("the indexers only ask for the largest")
+    idx = torch.sort(self, dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
+    return torch.return_types.topk((self.gather(dim, idx), idx))
+
+
+@contextlib.contextmanager
+def stable_indexer_topk() -> Iterator[None]:
+    """transformers' DeepSeek-V3.2 and V4 indexers select their keys with a stable sort while
+    this is open: their `index_scores.topk` leaves the choice among tied scores (common: the
+    ReLU zeros) to torch, which ppserve does not, so the oracle is made to keep ppserve's rule."""
+    import transformers.models.deepseek_v4.modeling_deepseek_v4 as v4
+    import transformers.models.deepseek_v32.modeling_deepseek_v32 as v32
+
+    originals = {cls: cls.forward for cls in (v32.DeepseekV32Indexer, v4.DeepseekV4Indexer)}
+
+    def stable(forward: Any) -> Any:
+        def forward_with_stable_topk(*args: Any, **kwargs: Any) -> Any:
+            topk = torch.Tensor.topk
+            torch.Tensor.topk = _stable_topk  # type: ignore[method-assign,assignment]
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                torch.Tensor.topk = topk  # type: ignore[method-assign]
+
+        return forward_with_stable_topk
+
+    for cls, forward in originals.items():
+        cls.forward = stable(forward)
+    try:
+        yield
+    finally:
+        for cls, forward in originals.items():
+            cls.forward = forward

@@ -6,13 +6,12 @@ scores all the plan's tokens against their own rows' keys in one call of the
 future of its chunk, other rows' padding) are -inf, and ``topk_slots`` picks each token's top-k
 in one batched top-k. No Python loop per row in a layer.
 
-Ties: many keys score exactly 0 (the ReLU), so the k-th best score is often shared. A row's
-scores are the first columns of its tokens' lines and the padding after them is -inf, so a
-top-k over the padded line meets the same candidates as the per-row top-k did; CUDA's top-k
-takes tied values in index order (its radix select gathers the values equal to the k-th in
-order), so the chosen set is the same. The chunk rows' scores are computed exactly as the
-per-row kernel (stages.kernels.triton_indexer.indexer_logits) computed them; decode rows sum
-the heads in another order (bit-level differences only; exact zeros stay exact).
+Ties: many keys score exactly 0 (the ReLU), so the k-th best score is often shared. Every
+path selects by one rule, `top_k_positions`: the k highest scores, among equal ones the lower
+position. A row's positions are the first columns of its tokens' lines and the padding after
+them is -inf, so the batched selection is each row's own. The chunk rows' scores are computed
+exactly as the per-row kernel (stages.kernels.triton_indexer.indexer_logits) computed them;
+decode rows sum the heads in another order (bit-level differences only; exact zeros stay exact).
 """
 
 from __future__ import annotations
@@ -105,6 +104,23 @@ def logits_rows_reference(
 
 def topk_slots(logits: torch.Tensor, plan: SelectPlan, k: int) -> torch.Tensor:
     """[Ts, k] int32 cache slots of each token's top k keys; -1 where a token sees fewer."""
-    best, pos = logits.topk(k, dim=-1)
+    pos = top_k_positions(logits, k)
     slots = plan.key_slots[plan.token_row[:, None], pos]
-    return slots.masked_fill(best == float("-inf"), -1).int()
+    return slots.masked_fill(logits.gather(1, pos) == float("-inf"), -1).int()
+
+
+def top_k_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., k] long: the positions (last dim) of each line's k highest scores, among equal
+    scores the lower position first -- what a stable descending sort keeps, and the one rule of
+    every selection path (DSA, CSA; CPU, CUDA; batched or alone). torch leaves the choice among
+    tied values to the implementation (CPU's depends on the line's width: padding a row to the
+    batch's longest changed it), and the indexer's ReLU makes exact ties common. So each score
+    becomes a distinct int64 key: its float order in the high 32 bits, the position reversed in
+    the low ones; any top-k over distinct keys is one answer, in one order."""
+    ordered = (scores.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 ties with 0.0, as floats
+    # two's-complement order of IEEE floats: negative ones have their magnitude bits flipped
+    ordered = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).long()
+    width = scores.shape[-1]
+    reversed_position = (width - 1) - torch.arange(width, device=scores.device)
+    keys = (ordered << 32) | reversed_position
+    return keys.topk(k, dim=-1).indices

@@ -55,11 +55,13 @@ def deepseek_config(arch: str):
                                    first_k_dense_replace=0, n_group=1, topk_group=1,
                                    norm_topk_prob=False, routed_scaling_factor=1.5,
                                    rope_interleave=False, rope_theta=10000.0)
-    if arch == "ds_v32_sparse":  # keeps 8 keys per query; YaRN (the indexer shares its rope)
+    # keeps 8 keys per query; YaRN (the indexer shares its rope); two index heads, so a query
+    # often scores several keys exactly 0 (both ReLUs off) and the tie rule decides
+    if arch == "ds_v32_sparse":
         return tf.DeepseekV32Config(**_DEEPSEEK, q_lora_rank=24, n_shared_experts=1,
                                     first_k_dense_replace=1, n_group=4, topk_group=2,
                                     routed_scaling_factor=2.5, rope_parameters=dict(_YARN),
-                                    index_topk=DSA_SPARSE_TOPK, index_n_heads=8,
+                                    index_topk=DSA_SPARSE_TOPK, index_n_heads=2,
                                     index_head_dim=16)
     if arch == "ds_v32_dense":  # index_topk beyond every test prompt: attends densely
         return tf.DeepseekV32Config(**_DEEPSEEK, q_lora_rank=24, n_shared_experts=2,

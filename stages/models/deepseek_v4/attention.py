@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from stages.kernels.hyper_connection import unweighted_rms_norm
+from stages.kernels.indexer_select import top_k_positions
 from stages.kernels.registry import Kernels, fp8_prefill_in_place
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
@@ -138,7 +139,7 @@ class Indexer(GroupCompressor):
         picked = torch.empty(t, k, dtype=torch.long, device=x.device)
         for tokens, select in plan.select:
             scores = score(q[tokens], keys, weights[tokens], self.width**-0.5, select)
-            picked[tokens] = scores.topk(k, dim=-1).indices
+            picked[tokens] = top_k_positions(scores, k)
         return picked.masked_fill(picked >= plan.visible[:, None], -1)
 
 
