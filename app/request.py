@@ -143,12 +143,6 @@ class SamplingParams:
             )
         if any(not s for s in self.stop):
             bad("stop strings must be non-empty.", "stop")
-        for token_id, bias in self.logit_bias:
-            if not -100.0 <= bias <= 100.0:
-                bad(
-                    f"logit_bias: the bias of token {token_id} must be in [-100, 100], got {bias}.",
-                    "logit_bias",
-                )
         if any(not w.strip() for w in self.bad_words):
             bad("bad_words must be non-empty words.", "bad_words")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
@@ -162,11 +156,12 @@ class SamplingParams:
             "allowed_token_ids": self.allowed_token_ids or (),
         }
         for name, ids in fields.items():
-            bad = [t for t in ids if not 0 <= t < vocab_size]
-            if bad:
+            bad = list(dict.fromkeys(t for t in ids if not 0 <= t < vocab_size))
+            if bad:  # every one named, not just the first
+                listed = ", ".join(map(str, bad))
+                what = f"token id {listed} is" if len(bad) == 1 else f"token ids {listed} are"
                 raise InvalidRequest(
-                    f"{name}: token id {bad[0]} is out of range for a vocabulary of {vocab_size}.",
-                    param=name,
+                    f"{name}: {what} out of range for a vocabulary of {vocab_size}.", param=name
                 )
 
     def to_spec(
@@ -199,27 +194,28 @@ def _bias_pairs(
     bias: Mapping[object, object] | Iterable[tuple[object, object]] | None,
 ) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, from a mapping (JSON: string keys) or
-    pairs; a key that is no token id is refused by name."""
+    pairs. Every key that is no token id and every bias that is no number in [-100, 100] is
+    named in one message, so that a client fixes them all at once."""
     items = bias.items() if isinstance(bias, Mapping) else (bias or ())
     pairs: dict[int, float] = {}
+    problems: list[str] = []
     for key, value in items:
         if isinstance(key, bool) or not (
             isinstance(key, int) or (isinstance(key, str) and key.strip().lstrip("-").isdecimal())
         ):
-            raise InvalidRequest(
-                f"logit_bias: key {key!r} is not a token id (an integer).", param="logit_bias"
-            )
-        token_id = int(key)
-        if (
+            problems.append(f"key {key!r} is not a token id (an integer)")
+        elif (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
             or not math.isfinite(value)
         ):
-            raise InvalidRequest(
-                f"logit_bias: the bias of token {key!r} must be a number, got {value!r}.",
-                param="logit_bias",
-            )
-        pairs[token_id] = float(value)
+            problems.append(f"the bias of token {key!r} must be a number, got {value!r}")
+        elif not -100.0 <= value <= 100.0:
+            problems.append(f"the bias of token {key!r} must be in [-100, 100], got {value}")
+        else:
+            pairs[int(key)] = float(value)
+    if problems:
+        raise InvalidRequest(f"logit_bias: {'; '.join(problems)}.", param="logit_bias")
     return tuple(sorted(pairs.items()))
 
 

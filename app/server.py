@@ -88,6 +88,8 @@ class PipelineServer:
         if not scored:
             return Delta(out, index=index)
         ids = {t.token_id for t in scored} | {i for t in scored for i, _ in t.top}
+        if out.prompt_logprobs is not None and out.prompt_token_ids:
+            ids.add(out.prompt_token_ids[0])  # unscored, yet echoed by name
         return Delta(out, {i: self.tokenizer.id_to_piece(i) for i in ids}, index)
 
     def _add_choice(
@@ -130,8 +132,11 @@ class PipelineServer:
                 return
             echo = None
             if req.echo and req.prompt is not None:  # echo is a completions option
+                # token ids as the tokenizer decodes them, special tokens included (vLLM)
                 echo = (
-                    req.prompt if isinstance(req.prompt, str) else self.tokenizer.decode(req.prompt)
+                    req.prompt
+                    if isinstance(req.prompt, str)
+                    else self.tokenizer.decode(req.prompt, skip_special_tokens=False)
                 )
             chat = chat_format(self.tokenizer, prompt_ids) if req.messages is not None else {}
             yield Accepted(echo, prompt_tokens=len(prompt_ids), **chat)

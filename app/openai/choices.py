@@ -22,22 +22,22 @@ from app.openai.responses import (
     ResponseBuilder,
     chat_logprobs,
     completion_logprobs,
-    echoed_prompt_logprobs,
     error_body,
     error_response,
     sse,
     usage,
     vllm_prompt_logprobs,
 )
-from app.request import RequestOutput
+from app.request import RequestOutput, TokenLogprob
 
 
 class _Choice:
     def __init__(self, prompt: int, echo_text: str | None):
         self.prompt = prompt  # which prompt of the request
-        self.echo_text = echo_text or ""
-        self.offset = len(self.echo_text)  # text_offset of the next completion logprob
-        self.text = [self.echo_text]
+        self.echo = echo_text is not None  # completions' echo: the prompt comes first
+        self.unsent_echo = echo_text or ""  # streamed with the choice's first token
+        self.offset = 0  # text_offset of the next logprob: the length of the tokens before it
+        self.text = [echo_text or ""]
         self.logprobs: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.completion_tokens = 0
@@ -54,8 +54,12 @@ class Choices:
         n: int,
         include_usage: bool = False,
         continuous_usage: bool = False,
+        prompt_logprobs: bool = False,
     ):
         self.b = builder
+        # The client asked for vLLM's prompt_logprobs (echo with logprobs computes them too,
+        # and a stream then carries them as the prompt's logprobs only)
+        self.prompt_logprobs = prompt_logprobs
         self.prompt_tokens = [a.prompt_tokens for a in accepted]
         self.choices = [_Choice(p, a.echo_text) for p, a in enumerate(accepted) for _ in range(n)]
         self.include_usage = include_usage
@@ -79,12 +83,13 @@ class Choices:
             return None
         if self.b.chat:
             return chat_logprobs(out.logprobs, pieces)
-        lp = completion_logprobs(out.logprobs, pieces, c.offset)
+        ids: list[int] = [t.token_id for t in out.logprobs]
+        lps: list[TokenLogprob | None] = list(out.logprobs)
+        # echo: the prompt's logprobs come first, with the first token's (the same chunk)
+        if c.echo and out.prompt_logprobs is not None and out.prompt_token_ids is not None:
+            ids, lps = out.prompt_token_ids + ids, out.prompt_logprobs + lps
+        lp = completion_logprobs(ids, lps, pieces, c.offset)
         c.offset += sum(len(t) for t in lp["tokens"])
-        # echo: the prompt's logprobs come first
-        if c.echo_text and out.prompt_logprobs is not None and out.prompt_token_ids is not None:
-            prompt = echoed_prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, pieces)
-            lp = {k: prompt[k] + lp[k] for k in lp}
         return lp
 
     def add_prompt_logprobs(self, body: dict[str, Any], index: int, c: _Choice) -> dict[str, Any]:
@@ -149,13 +154,12 @@ def _chat_chunks(
 
 async def stream(calls: PipelineCalls, choices: Choices) -> AsyncIterator[str]:
     """SSE frames: each chat choice opens with its role, each echoing completion with its
-    prompt; the usage chunk (include_usage) comes last, before [DONE]."""
+    prompt and first token (as vLLM and SGLang send them: one chunk whose logprobs, when
+    asked, cover both); the usage chunk (include_usage) comes last, before [DONE]."""
     b = choices.b
-    for i, c in enumerate(choices.choices):
-        if b.chat:
+    if b.chat:
+        for i, c in enumerate(choices.choices):
             yield sse(b.chunk("", None, None, first=True, index=i, usage_=choices.choice_usage(c)))
-        elif c.echo_text:
-            yield sse(b.chunk(c.echo_text, None, None, index=i, usage_=choices.choice_usage(c)))
     async with aclosing(calls.replies()) as replies:
         async for index, reply in replies:
             if isinstance(reply, Failure):
@@ -163,16 +167,17 @@ async def stream(calls: PipelineCalls, choices: Choices) -> AsyncIterator[str]:
                 break
             c, lp = choices.take(index, reply)
             out = reply.out
-            if out.prompt_logprobs is not None:  # the first delta: a chunk of its own
-                chunk = b.chunk("", None, None, index=index)
+            if out.prompt_logprobs is not None and choices.prompt_logprobs:
+                chunk = b.chunk("", None, None, index=index)  # the first delta: its own chunk
                 yield sse(choices.add_prompt_logprobs(chunk, index, c))
+            text, c.unsent_echo = c.unsent_echo + out.text, ""
             if c.chat_output is not None:
                 for frame in _chat_chunks(choices, index, c, out, lp):
                     yield frame
-            elif out.text or out.finished or lp is not None:
+            elif text or out.finished or lp is not None:
                 yield sse(
                     b.chunk(
-                        out.text,
+                        text,
                         lp,
                         out.finish_reason if out.finished else None,
                         index=index,

@@ -167,6 +167,7 @@ def make_ingress(
                     req.n,
                     req.include_usage,
                     req.continuous_usage,
+                    prompt_logprobs=req.prompt_logprobs is not None,
                 )
                 if kind == "chat":  # tool calls / reasoning to split off, choice by choice
                     for c in choices.choices:

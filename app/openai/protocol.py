@@ -211,7 +211,8 @@ _CONTENT_OR_TOOL_CALLS: JsonDict = {
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(**_STRICT, json_schema_extra=_CONTENT_OR_TOOL_CALLS)
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Any role, as vLLM takes: the chat template decides (one that raises on it is a 400)
+    role: Text
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: Text | None = None
     name: Text | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from itertools import accumulate
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -94,38 +95,20 @@ def chat_logprobs(lps: list[TokenLogprob], pieces: dict[int, str]) -> dict[str, 
 
 
 def completion_logprobs(
-    lps: list[TokenLogprob], pieces: dict[int, str], text_offset: int
+    token_ids: list[int],
+    lps: list[TokenLogprob | None],
+    pieces: dict[int, str],
+    text_offset: int,
 ) -> dict[str, Any]:
-    """Legacy completions shape: parallel lists tokens / token_logprobs / top_logprobs."""
-    tokens: list[str] = []
-    offsets: list[int] = []
-    offset = text_offset
-    for t in lps:
-        piece = pieces.get(t.token_id, "")
-        tokens.append(piece)
-        offsets.append(offset)
-        offset += len(piece)
-    # logprobs 0: the sampled token's own entry (vLLM's behaviour)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [max(t.logprob, -9999.0) for t in lps],
-        "top_logprobs": [
-            {pieces.get(i, ""): max(v, -9999.0) for i, v in (t.top or [(t.token_id, t.logprob)])}
-            for t in lps
-        ],
-        "text_offset": offsets,
-    }
-
-
-def echoed_prompt_logprobs(
-    prompt_ids: list[int], lps: list[TokenLogprob | None], pieces: dict[int, str]
-) -> dict[str, Any]:
-    """The legacy completions shape for an echoed prompt: the first token has no logprob."""
-    tokens = [pieces.get(t, "") for t in prompt_ids]
-    offsets = [sum(len(p) for p in tokens[:i]) for i in range(len(tokens))]
+    """Legacy completions shape: parallel lists tokens / token_logprobs / top_logprobs /
+    text_offset. Each token's offset is `text_offset` plus the length of the tokens before it;
+    an echoed prompt's first token has no logprob (None)."""
+    tokens = [pieces.get(t, "") for t in token_ids]
+    offsets = list(accumulate((len(p) for p in tokens), initial=text_offset))[:-1]
     return {
         "tokens": tokens,
         "token_logprobs": [None if t is None else max(t.logprob, -9999.0) for t in lps],
+        # logprobs 0: the sampled token's own entry (vLLM's behaviour)
         "top_logprobs": [
             None
             if t is None

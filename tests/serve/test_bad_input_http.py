@@ -32,7 +32,8 @@ CASES = [
     # chat messages
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages.content"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "messages.content"),
-    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.role"),
+    (CHAT, {"messages": [{"role": 5, "content": "x"}]}, 400, "messages.role"),
+    (CHAT, {"messages": [{"content": "x"}]}, 400, "messages.role"),
     (CHAT, {"messages": "hello"}, 400, "messages"),
     (CHAT, {"messages": []}, 400, "messages"),
     # wrong types

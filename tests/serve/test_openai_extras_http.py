@@ -100,6 +100,23 @@ def test_bad_logit_bias(client, bias, named):
     assert e.body["param"].startswith("logit_bias") and named in e.body["message"]
 
 
+def test_every_bad_logit_bias_entry_named(client):
+    bad = {"x1": 5, "65": 101, "66": "big", "y": 1, "67": -2}
+    for call, kw in [
+        (client.completions.create, {"prompt": "x"}),
+        (client.chat.completions.create, {"messages": MESSAGES, "stream": True}),
+    ]:
+        e = refused(call, logit_bias=bad, **kw)
+        message = e.body["message"]
+        assert e.body["param"] == "logit_bias"
+        assert all(named in message for named in ("'x1'", "'y'", "101", "'66'", "'big'"))
+        assert "67" not in message  # a good entry
+    # out of the vocabulary (320 ids): known to the pipeline only, every one named there
+    e = refused(client.completions.create, prompt="x", logit_bias={"320": 1, "65": 1, "999": -1})
+    assert e.body["param"] == "logit_bias"
+    assert "token ids 320, 999 are out of range for a vocabulary of 320" in e.body["message"]
+
+
 def test_json_schema_output_validates(client):
     r = sampled_chat(
         client,
@@ -357,7 +374,8 @@ def test_echo_prompt_logprobs_agree_with_sampled_logprobs(client):
     )
     lp, n = r.choices[0].logprobs, len(prompt)
     assert r.usage.prompt_tokens == n > 256 and len(lp.tokens) == n + 2
-    assert r.choices[0].text.startswith("The stages")
+    echoed = "<bos>" + bytes(prompt[1:]).decode()  # the echo keeps special tokens
+    assert r.choices[0].text.startswith(echoed) and "".join(lp.tokens[:n]) == echoed
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(v <= 0 for v in lp.token_logprobs[1:])
     assert lp.tokens[n - 1] == "A"

@@ -1,9 +1,13 @@
 """The real tokenizer paths over real HTTP with the official openai client, on SmolLM2-135M-
 Instruct: BPE merges, the ChatML template, special tokens in text, multi-byte UTF-8 characters
-split across tokens, stop strings across a token boundary, logprobs; transformers is the oracle."""
+split across tokens, stop strings across a token boundary, logprobs, echo with special tokens,
+chat roles a template takes or refuses; transformers is the oracle."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import openai
 import pytest
 
 from tests.serve.conftest import start_cluster, stop_cluster
@@ -14,15 +18,40 @@ CHINESE = "你好，世界！你好，"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+# ChatML that refuses roles it does not know, as the Llama 2 / Mistral / Gemma templates do
+STRICT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def strict_copy(smollm2_dir: str, root: Path) -> str:
+    """SmolLM2 with STRICT_TEMPLATE as its chat template (the other files linked)."""
+    for f in Path(smollm2_dir).iterdir():
+        if f.name != "chat_template.jinja":
+            (root / f.name).symlink_to(f)
+    (root / "chat_template.jinja").write_text(STRICT_TEMPLATE)
+    return str(root)
+
+
 @pytest.fixture(scope="module")
-def client(smollm2_dir):
+def served(smollm2_dir, tmp_path_factory):
     args = {"model": smollm2_dir, "served_model_name": SERVED_NAME, "pp": 2, "chunk_size": 8,
             "max_model_len": 512, "block_size": 16, "num_kv_blocks": 96, "max_num_seqs": 8,
             "channel_check": True}
+    strict = {**args, "pp": 1,
+              "model": strict_copy(smollm2_dir, tmp_path_factory.mktemp("strict_template"))}
     try:
-        yield start_cluster({"smollm2": ("/", args)}).client()
+        yield start_cluster({"smollm2": ("/", args), "strict": ("/strict", strict)})
     finally:
         stop_cluster()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served.client()
 
 
 def complete(client, prompt, **kw):
@@ -190,3 +219,114 @@ def test_logprobs_match_transformers(client, smollm2_hf):
         best = ref[i].topk(3)
         got = sorted(lp.top_logprobs[i].values(), reverse=True)
         assert got == pytest.approx(best.values.tolist(), abs=1e-4)
+
+
+# -- echo: the prompt as the tokenizer decodes it (special tokens included), then the completion;
+# with logprobs, the prompt's tokens first (the first without a logprob), by their real text
+
+ECHO_PROMPTS = {
+    "special token ids": lambda tok: [0] * 5,  # <|endoftext|> x 5: vLLM's own test
+    "text": lambda tok: "Hello, my name is",
+    "template ids": lambda tok: chat_ids(tok, QUESTION),  # <|im_start|> ... mid-prompt
+    "template text": lambda tok: tok.apply_chat_template(QUESTION, add_generation_prompt=True,
+                                                         tokenize=False),
+}
+
+
+def echo_case(tok, model, name: str, max_tokens: int = 5):
+    """(prompt, its ids, the echoed text, the greedy completion's ids)."""
+    prompt = ECHO_PROMPTS[name](tok)
+    ids = prompt if isinstance(prompt, list) else tok.encode(prompt)
+    echoed = prompt if isinstance(prompt, str) else tok.decode(ids, skip_special_tokens=False)
+    want = hf_greedy(model, ids, max_tokens)
+    assert EOS not in want  # every generated token is in the text
+    return prompt, ids, echoed, want
+
+
+def joined_logprobs(chunks) -> dict[str, list]:
+    """The streamed logprobs of one choice, each chunk's checked to spell that chunk's text."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for c in chunks:
+        if c.logprobs is None:
+            assert c.text == ""
+            continue
+        assert "".join(c.logprobs.tokens) == c.text
+        for k in out:
+            out[k] += getattr(c.logprobs, k)
+    return out
+
+
+@pytest.mark.parametrize("name", list(ECHO_PROMPTS))
+def test_echo_with_logprobs_streamed_and_not(client, smollm2_hf, name):
+    model, tok = smollm2_hf
+    prompt, ids, echoed, want = echo_case(tok, model, name)
+    if name == "special token ids":
+        assert echoed == "<|endoftext|>" * 5
+    elif "template" in name:
+        assert echoed.startswith("<|im_start|>system\n") and echoed.count("<|im_end|>") == 2
+    pieces = [tok.decode([t]) for t in ids + want]
+    ref = hf_logprobs(model, ids[:1], ids[1:] + want)
+    text = echoed + tok.decode(want, skip_special_tokens=True)
+    r = complete(client, prompt, max_tokens=5, echo=True, logprobs=1)
+    choice, lp = r.choices[0], r.choices[0].logprobs
+    assert choice.text == text and "".join(pieces) == text
+    assert lp.tokens == pieces  # the first one by its text too
+    assert lp.text_offset == [len("".join(pieces[:i])) for i in range(len(pieces))]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(
+        [ref[i, t].item() for i, t in enumerate(ids[1:] + want)], abs=1e-4)
+    # streamed: the prompt and the first token in one chunk, whose logprobs cover both
+    chunks = [c.choices[0] for c in complete(client, prompt, max_tokens=5, echo=True,
+                                             logprobs=1, stream=True) if c.choices]
+    assert len(chunks) == len(want)
+    assert chunks[0].text == echoed + pieces[len(ids)]
+    assert chunks[0].logprobs.tokens == pieces[:len(ids) + 1]
+    assert not any("prompt_logprobs" in (c.model_extra or {}) for c in chunks)  # not asked
+    assert "".join(c.text for c in chunks) == text
+    streamed = joined_logprobs(chunks)
+    assert streamed["tokens"] == lp.tokens and streamed["text_offset"] == lp.text_offset
+    assert streamed["token_logprobs"][0] is None
+    assert streamed["token_logprobs"][1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["special token ids", "text"])
+def test_echo_without_logprobs_streamed_and_not(client, smollm2_hf, name):
+    model, tok = smollm2_hf
+    prompt, ids, echoed, want = echo_case(tok, model, name, max_tokens=3)
+    text = echoed + tok.decode(want, skip_special_tokens=True)
+    r = complete(client, prompt, max_tokens=3, echo=True)
+    assert r.choices[0].text == text and r.choices[0].logprobs is None
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 3
+    deltas = streamed_texts(client, prompt, max_tokens=3, echo=True)
+    assert deltas == [echoed + tok.decode(want[:1]), *[tok.decode([t]) for t in want[1:]]]
+
+
+# -- chat roles: any role reaches the chat template, which alone may refuse it
+
+NARRATED = [{"role": "narrator", "content": "The story is set in France."}, *QUESTION]
+
+
+def test_any_role_reaches_the_chat_template(client, smollm2_hf):
+    model, tok = smollm2_hf
+    ids = chat_ids(tok, NARRATED)
+    assert "<|im_start|>narrator\nThe story" in tok.decode(ids)
+    want = hf_greedy(model, ids, 8)
+    kw = {"model": SERVED_NAME, "messages": NARRATED, "max_tokens": 8, "temperature": 0}
+    r = client.chat.completions.create(**kw)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
+    chunks = client.chat.completions.create(**kw, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        r.choices[0].message.content)
+
+
+def test_a_role_the_chat_template_refuses_is_a_400(served):
+    strict = served.client(prefix="/strict")
+    kw = {"model": SERVED_NAME, "max_tokens": 4, "temperature": 0}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            strict.chat.completions.create(messages=NARRATED, stream=stream, **kw)
+        err = e.value.body
+        assert err["param"] == "messages" and err["type"] == "invalid_request_error"
+        assert "chat template" in err["message"] and "Unknown role: narrator" in err["message"]
+    assert strict.chat.completions.create(messages=QUESTION, **kw).choices[0].message.content

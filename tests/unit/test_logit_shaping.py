@@ -104,3 +104,12 @@ def test_bad_words_ban_the_completing_token():
     assert two.needs_history  # the last stage keeps the output it matches against
     with pytest.raises(InvalidRequest):
         SamplingParams(bad_words=[" "])
+
+
+def test_every_bad_logit_bias_entry_named_at_once():
+    with pytest.raises(InvalidRequest) as e:
+        SamplingParams(logit_bias={"a": 1, "5": 200, "6": None, "7": 1, "b": 2})
+    message = str(e.value)
+    assert all(named in message for named in ("'a'", "'b'", "200", "None")) and "'7'" not in message
+    with pytest.raises(InvalidRequest, match="token ids 320, 400 are out of range"):
+        SamplingParams(logit_bias={"320": 1, "1": 1, "400": 2}).check_vocab(320)
