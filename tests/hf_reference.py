@@ -5,6 +5,7 @@ checks. The tiny checkpoints are tests/cpu/conftest.py's."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -109,10 +110,16 @@ def stable_indexer_topk() -> Iterator[None]:
     """transformers' DeepSeek-V3.2 and V4 indexers select their keys with a stable sort while
     this is open: their `index_scores.topk` leaves the choice among tied scores (common: the
     ReLU zeros) to torch, which ppserve does not, so the oracle is made to keep ppserve's rule."""
-    import transformers.models.deepseek_v4.modeling_deepseek_v4 as v4
-    import transformers.models.deepseek_v32.modeling_deepseek_v32 as v32
-
-    originals = {cls: cls.forward for cls in (v32.DeepseekV32Indexer, v4.DeepseekV4Indexer)}
+    indexers = []
+    for module, name in (
+        ("transformers.models.deepseek_v32.modeling_deepseek_v32", "DeepseekV32Indexer"),
+        ("transformers.models.deepseek_v4.modeling_deepseek_v4", "DeepseekV4Indexer"),
+    ):
+        try:
+            indexers.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):  # no transformers, or one without that model
+            continue
+    originals = {cls: cls.forward for cls in indexers}
 
     def stable(forward: Any) -> Any:
         def forward_with_stable_topk(*args: Any, **kwargs: Any) -> Any:

@@ -119,6 +119,11 @@ def sparse_sink_attention(
         pools.append(read(pages, slots).to(q.dtype))
         parts.append(remapped)
         base += len(slots)
-    return torch_ref.sparse_sink_attention(
-        q, torch.cat(pools), torch.cat(parts, dim=1), sinks, scale
-    )
+    indices = torch.cat(parts, dim=1)
+    if len(parts) == 2 and parts[0].shape == parts[1].shape:
+        # V4's traced addresses name each column's key in one of the two (the other -1): one
+        # column each, the gathered pool's width and order, so the same arithmetic as over it
+        both = (parts[0] >= 0) & (parts[1] >= 0)
+        if not bool(both.any()):
+            indices = torch.where(parts[0] >= 0, parts[0], parts[1])
+    return torch_ref.sparse_sink_attention(q, torch.cat(pools), indices, sinks, scale)

@@ -109,18 +109,33 @@ def topk_slots(logits: torch.Tensor, plan: SelectPlan, k: int) -> torch.Tensor:
     return slots.masked_fill(logits.gather(1, pos) == float("-inf"), -1).int()
 
 
+
 def top_k_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     """[..., k] long: the positions (last dim) of each line's k highest scores, among equal
-    scores the lower position first -- what a stable descending sort keeps, and the one rule of
-    every selection path (DSA, CSA; CPU, CUDA; batched or alone). torch leaves the choice among
-    tied values to the implementation (CPU's depends on the line's width: padding a row to the
-    batch's longest changed it), and the indexer's ReLU makes exact ties common. So each score
-    becomes a distinct int64 key: its float order in the high 32 bits, the position reversed in
-    the low ones; any top-k over distinct keys is one answer, in one order."""
-    ordered = (scores.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 ties with 0.0, as floats
-    # two's-complement order of IEEE floats: negative ones have their magnitude bits flipped
-    ordered = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).long()
+    scores the lower position first, in that order -- what a stable descending sort keeps, and
+    the one rule of every selection path (DSA, CSA; CPU, CUDA; batched or alone). torch leaves
+    the choice among tied values to the implementation (on CPU it changed with the line's
+    width, i.e. with the batch's padding), and the indexer's ReLU makes exact ties common.
+
+    The scores' -0.0 become 0.0 in place (equal as floats, not as radix keys). On CPU every
+    score becomes a distinct int64 key (`_rule_keys`) and any top-k over distinct keys is one
+    answer. On CUDA torch's radix-select top-k already keeps the rule's set -- it gathers the
+    values equal to the k-th in position order (tests/gpu/test_indexer_kernel.py checks it on
+    one-block and multi-block lines) -- at a third of the int64 keys' cost; the k chosen are
+    then put in the rule's order by the same keys."""
+    scores = scores.add_(0.0)
+    if scores.is_cuda:
+        values, pos = scores.topk(k, dim=-1, sorted=False)
+        order = _rule_keys(values, pos, scores.shape[-1]).sort(dim=-1, descending=True).indices
+        return pos.gather(-1, order)
     width = scores.shape[-1]
-    reversed_position = (width - 1) - torch.arange(width, device=scores.device)
-    keys = (ordered << 32) | reversed_position
-    return keys.topk(k, dim=-1).indices
+    return _rule_keys(scores, torch.arange(width, device=scores.device), width).topk(k).indices
+
+
+def _rule_keys(values: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
+    """int64 keys ordered as the rule orders (value, then lower position): the float's order
+    in the high 32 bits (two's-complement order of IEEE floats: negative ones have their
+    magnitude bits flipped), the position reversed in the low ones."""
+    ordered = values.float().view(torch.int32)
+    ordered = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).long()
+    return (ordered << 32) | ((width - 1) - positions)

@@ -29,10 +29,9 @@ FP8_V4 = dict(TINY_V4, head_dim=512, partial_rotary_factor=0.125, index_head_dim
 PROMPT = torch.randint(2, 96, (45,), generator=torch.Generator().manual_seed(7)).tolist()
 # K = V in e4m3 under power-of-two scales per 64 values: each value within 1/16 of itself. This
 # random tiny checkpoint amplifies that through its 4 layers to about 12 % on the logits
-# (measured), so 0.2 bounds quantization; the wiring itself is checked exactly (1e-4) against
-# the unquantized cache holding the same rounded values.
+# (measured), so 0.2 bounds quantization; the wiring itself is checked exactly against the
+# unquantized cache holding the same rounded values (the same operations in the same order).
 LOGITS_TOL = 0.2
-WIRING_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +131,11 @@ def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, i
     """Chunked prefill and decode on FP8 pages against the unquantized cache: logits within
     quantization tolerance; and against the unquantized cache fed the values the FP8 pages
     hold (each kv / comp value rounded through pack and unpack), where only the reading
-    differs: equal to fp32 noise. Chunks read their keys dequantized (the bf16 prefill
-    kernel's path) or, in_place, the pages at the keys' traced addresses as decode rows do."""
+    differs: equal to the bit. Chunks read their keys dequantized (the bf16 prefill kernel's
+    path) or, in_place, the pages at the keys' traced addresses as decode rows do, whose
+    torch reference attends over the gathered pool's columns in its order: a bound on fp32
+    noise would not hold on every CPU (an AVX2 EPYC measured 2.9e-4, and a score near the
+    indexer's ReLU edge turns noise into another selection)."""
     fp8 = Pipeline(checkpoint, "fp8", in_place)
     assert fp8.caches[0].fp8 and fp8.caches[0].pages(0, "kv").shape[-1] == ENTRY_BYTES
     got, _tokens = _chunked_then_decode(fp8)
@@ -150,7 +152,7 @@ def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, i
 
     monkeypatch.setattr(V4Cache, "write", write_rounded)
     rounded, _tokens = _chunked_then_decode(Pipeline(checkpoint, "auto"))
-    assert ((got - rounded).norm() / rounded.norm()).item() < WIRING_TOL
+    assert torch.equal(got, rounded)
 
 
 def test_flash_backends_fall_back_to_the_reference_saying_why_once(caplog):

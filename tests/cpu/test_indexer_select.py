@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from stages.forward_batch import ForwardBatch
 from stages.kernels import torch_ref
 from stages.kernels.indexer_select import (
     SelectPlan,
     logits_rows_reference,
     topk_slots,
 )
+from stages.models.dsa import SparseRows
 
 HEADS, DIM, TOPK, SLOTS = 4, 16, 8, 400
 
@@ -98,3 +102,78 @@ def test_interpreted_kernel_matches_reference(triton_interpreter):
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
     seen = ref != float("-inf")
     torch.testing.assert_close(out[seen], ref[seen], rtol=1e-3, atol=1e-3)
+
+
+# -- the tie rule, as a property of every batch ----------------------------------------------
+def _row_rule(q, keys, weights, scale, slots, start, n, k):
+    """One row alone, by the rule's definition: its tokens' scores over its own keys (the
+    chunk's future -inf), a stable descending sort's first k; slots, -1 past the visible."""
+    logits = torch_ref.indexer_logits(q, keys[slots], weights, scale)
+    visible = torch.arange(start + 1, start + n + 1)
+    logits.masked_fill_(torch.arange(start + n)[None, :] >= visible[:, None], float("-inf"))
+    pos = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
+    unseen = logits.gather(1, pos) == float("-inf")
+    picked = slots[pos].masked_fill(unseen, -1).int()
+    return torch.nn.functional.pad(picked, (0, k - picked.shape[1]), value=-1)
+
+
+@st.composite
+def _batches(draw):
+    """Rows of a forward: (start, tokens, block table), block size 4, a flat cache of 64
+    blocks. Decode rows (one token) and chunks at any position, rows shorter and longer than
+    top-k, and prefix hits: a row may reuse another row's leading blocks."""
+    k = draw(st.integers(1, 12))
+    rows, free = [], list(range(64))
+    for _ in range(draw(st.integers(1, 6))):
+        n = draw(st.integers(1, 9))
+        start = draw(st.integers(0, 30))
+        blocks = -(-(start + n) // 4)
+        shared = []
+        if rows and draw(st.booleans()):  # a prefix hit: another row's full leading blocks
+            other = draw(st.sampled_from(rows))[2]
+            shared = other[: min(len(other), start // 4, blocks)]
+        table = shared + [free.pop() for _ in range(blocks - len(shared))]
+        rows.append((start, n, table))
+    return k, rows, draw(st.integers(1, 3)), draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_batches())
+def test_batched_selection_is_each_rows_stable_sort_selection(batch):
+    """The batched plan (every selecting row padded to the batch's widest, one top-k) selects
+    for each token exactly the slots its row alone selects by the rule, in the same order.
+    Scores on a grid of small integers with one to three index heads: exact arithmetic and
+    many exact ties (zeros and equal sums)."""
+    k, rows, heads, seed = batch
+    g = torch.Generator().manual_seed(seed)
+    t = sum(n for _, n, _ in rows)
+    q = torch.randint(-1, 2, (t, heads, 4), generator=g).float()
+    keys = torch.randint(-1, 2, (256, 4), generator=g).float()
+    weights = torch.randint(1, 3, (t, heads), generator=g).float()
+    fb = ForwardBatch.build([(s, n, tab, True) for s, n, tab in rows], 4)
+    sparse = SparseRows.build(fb, 4, k, torch.device("cpu"))
+    picked = sparse.dense.clone()
+    if sparse.plan is not None:
+        logits = logits_rows_reference(
+            q[sparse.plan.token_index], keys, weights[sparse.plan.token_index], 1.0, sparse.plan
+        )
+        picked[sparse.plan.token_index] = topk_slots(logits, sparse.plan, k)
+    off = 0
+    for start, n, table in rows:
+        pos = torch.arange(start + n)
+        slots = torch.tensor(table)[pos // 4] * 4 + pos % 4
+        span = slice(off, off + n)
+        want = _row_rule(q[span], keys, weights[span], 1.0, slots, start, n, k)
+        if start + n <= k:  # attends densely: every visible key, in position order
+            assert torch.equal(picked[span].sort(dim=-1).values, want.sort(dim=-1).values)
+        else:
+            assert torch.equal(picked[span], want)
+        off += n
+
+
+def test_rule_is_a_stable_descending_sort_with_signed_zeros():
+    from stages.kernels.indexer_select import top_k_positions
+
+    scores = torch.tensor([[0.0, -0.0, 1.0, float("-inf"), 0.0, -0.0, 1.0, -2.0]])
+    assert top_k_positions(scores, 5).tolist() == [[2, 6, 0, 1, 4]]
+    assert top_k_positions(scores, 8).tolist() == [[2, 6, 0, 1, 4, 5, 7, 3]]

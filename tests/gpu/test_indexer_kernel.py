@@ -89,8 +89,9 @@ def test_fp8_key_write_matches_the_torch_quantizer(dim):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])
 def test_batched_selection_equals_the_row_loop_with_ties(fp8):
     """On CUDA the batched selection picks exactly the per-row loop's slots (the loop of
-    stages/models/dsa.py before the plan: indexer_logits per row, future masked, torch.topk),
-    ties included: half the keys score exactly 0 for every query. Chunk rows' scores are the
+    stages/models/dsa.py before the plan: indexer_logits per row, future masked, then the tie
+    rule as a stable sort defines it), ties included: half the keys score exactly 0 for every
+    query. Chunk rows' scores are the
     per-row kernel's bit for bit. FP8 keys: the batched kernel reads the e4m3 bytes and their
     scales, the loop the same keys dequantized to bf16 (exact), whose chunk rows' scores are
     the same up to rounding (the power-of-two scale is applied to the sum, not to each key)."""
@@ -129,6 +130,21 @@ def test_batched_selection_equals_the_row_loop_with_ties(fp8):
                 assert torch.equal(got, ref.masked_fill(unseen, 0))
             ref[:, -n:].masked_fill_(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1),
                                      float("-inf"))
-        best, pos = ref.topk(topk, dim=-1)
-        want = slots[pos].masked_fill(best == float("-inf"), -1)
+        pos = torch.sort(ref, dim=-1, descending=True, stable=True).indices[:, :topk]
+        want = slots[pos].masked_fill(ref.gather(1, pos) == float("-inf"), -1)
         assert torch.equal(picked[span].sort(dim=-1).values, want.int().sort(dim=-1).values)
+
+
+@pytest.mark.parametrize("tokens,width,k", [(64, 300, 16), (512, 65536, 2048), (8, 400000, 512)])
+def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k):
+    """top_k_positions on CUDA (one-block and multi-block top-k alike) keeps a stable
+    descending sort's first k, in its order, on lines full of exact ties and of -0.0 beside
+    0.0; torch's float top-k is checked beside it for the record only."""
+    from stages.kernels.indexer_select import top_k_positions
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    scores = torch.randn(tokens, width, generator=g, device="cuda").relu().round()
+    scores[:, ::3] = -scores[:, ::3]  # -0.0 where the value was 0
+    scores[:, -5:] = float("-inf")
+    want = torch.sort(scores + 0.0, dim=-1, descending=True, stable=True).indices[:, :k]
+    assert torch.equal(top_k_positions(scores, k), want)
