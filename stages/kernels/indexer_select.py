@@ -109,7 +109,6 @@ def topk_slots(logits: torch.Tensor, plan: SelectPlan, k: int) -> torch.Tensor:
     return slots.masked_fill(logits.gather(1, pos) == float("-inf"), -1).int()
 
 
-
 def top_k_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     """[..., k] long: the positions (last dim) of each line's k highest scores, among equal
     scores the lower position first, in that order -- what a stable descending sort keeps, and
