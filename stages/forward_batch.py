@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,6 +58,9 @@ class ForwardBatch:
     row_starts: list[int]  # position of each row's first new token
     row_lens: list[int]  # new tokens per row
     row_offsets: list[int]  # where each row's tokens begin in T
+    # a decode step (one token after the prompt), not a prefill chunk: a chunk of one token is
+    # attended and scored as the chunk it would be part of in another batch
+    row_decode: list[bool]
     block_tables: list[list[int]]
     sample_indices: torch.Tensor  # [R] long: index in T of the last token of each sampling row
     # Per row: KV slots of positions 0..start+n-1, the gather index of its attention prefix; a
@@ -76,9 +80,12 @@ class ForwardBatch:
         block_size: int,
         device: str | torch.device = "cpu",
         prefixes: bool = True,
+        decode: Sequence[bool] | None = None,
     ) -> "ForwardBatch":
         """rows: (start, num_tokens, block_table, sample) per row, in token order. prefixes:
         also each row's prefix slots and the decode groups (the family's `attention_prefixes`).
+        decode: which rows are decode steps (the plan's `not is_prefill`); by default every
+        row of one token.
 
         Index tensors are made on the host with vectorised ops and copied once, pinned and
         non-blocking: a pageable copy per layer would make the host wait for the stream.
@@ -91,6 +98,9 @@ class ForwardBatch:
         len_np = np.array(lens, dtype=np.int64)
         if rows and len_np.min() < 1:
             raise ValueError(f"a row needs at least one token, got {int(len_np.min())}")
+        row_decode = [n == 1 for n in lens] if decode is None else list(decode)
+        if len(row_decode) != len(rows) or any(d and n != 1 for d, n in zip(row_decode, lens)):
+            raise ValueError("decode flags: one per row, and a decode row has one token")
         end_np = start_np + len_np
         need = -(-end_np // block_size)
         table_lens = np.array([len(t) for t in tables], dtype=np.int64)
@@ -116,7 +126,9 @@ class ForwardBatch:
         prefix: list[torch.Tensor | slice | None] = []
         group_host: list[GroupHost] = []
         if prefixes:
-            prefix, group_host = _prefixes(starts, lens, offset_np.tolist(), tables, block_size)
+            prefix, group_host = _prefixes(
+                starts, row_decode, offset_np.tolist(), tables, lens, block_size
+            )
             # One pinned host buffer and one copy for every index of the batch: a pinned copy
             # per row (decode batches have dozens of rows) costs more host time than the step.
             host += [t.reshape(-1) for g in group_host for t in g]
@@ -138,6 +150,7 @@ class ForwardBatch:
             row_starts=starts,
             row_lens=lens,
             row_offsets=offset_np.tolist(),
+            row_decode=row_decode,
             block_tables=tables,
             sample_indices=samples_d,
             prefix_slots=[next(parts) if isinstance(p, torch.Tensor) else p for p in prefix],
@@ -147,9 +160,10 @@ class ForwardBatch:
 
 def _prefixes(
     starts: list[int],
-    lens: list[int],
+    decode: list[bool],
     offsets: list[int],
     tables: list[list[int]],
+    lens: list[int],
     block_size: int,
 ) -> tuple[list[torch.Tensor | slice | None], list[GroupHost]]:
     """(each row's prefix slots on the host: a slice, a tensor, or None for a row of a decode
@@ -168,7 +182,7 @@ def _prefixes(
                     + torch.arange(block_size, dtype=torch.long)[None, :]
                 ).reshape(-1)[:end]
             )
-    groups = decode_buckets({i: starts[i] + 1 for i, n in enumerate(lens) if n == 1})
+    groups = decode_buckets({i: starts[i] + 1 for i, d in enumerate(decode) if d})
     group_host = []
     for rows_g in groups:
         full = [host_slots(prefix[i]) for i in rows_g]

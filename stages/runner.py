@@ -283,7 +283,8 @@ class StageRunner:
                 (r.start, r.num_tokens, self.block_tables[r.req_id], r.sample) for r in plan.rows
             ]
             prefixes = self.family.attention_prefixes  # what the family's attention reads
-            batch = ForwardBatch.build(rows, self.spec.block_size, self.device, prefixes)
+            decode = [not r.is_prefill for r in plan.rows]
+            batch = ForwardBatch.build(rows, self.spec.block_size, self.device, prefixes, decode)
         token_ids: torch.Tensor | None
         if self.spec.is_first:
             inputs = token_ids = self.output_slots.input_ids(plan)

@@ -11,14 +11,14 @@ rule   — top_k_positions (the rule: highest score, then lower position, over d
          prefill chunk and a decode step; and, on scores full of exact ties, whether each equals
          a stable descending sort's first k (the rule's definition).
 kernels — each kernel of the DeepSeek path on the registry's CUDA choices: a row's output bits
-         alone (8 rows) against inside a batch of 600; the indexer's one-token rows against
-         the same token in a chunk.
+         alone (8 rows) against inside a batch of 600; the indexer's score of a token in a chunk
+         against the same token as a one-token prefill chunk and as a decode row.
 engine — a fixed prompt set (lengths around index_topk, the window, the block and chunk size)
          served alone, all at once, and with staggered arrivals, greedy, random weights of the
          shape: per prompt, the first step where the batched tokens leave the lone ones. The
          selection is exact whatever the batch; what may still differ is arithmetic that is not
          batch-invariant by construction (FlashMLA's split-KV decode, whose splits follow the
-         batch; the Triton indexer's one-token rows, which sum the heads in another order).
+         batch; the MoE's tiles, chosen by the token count).
 """
 
 from __future__ import annotations
@@ -121,21 +121,22 @@ def kernels(a: argparse.Namespace) -> dict[str, Any]:
         }
         row["max_abs_diff"] = float((alone.float() - batched.float()).abs().max())
         rows.append(row)
-    # the indexer: a token alone in its row (the decode kernel) or the last of a 2-token chunk
+    # the indexer: the last token of a 2-token chunk, against the same token as a one-token
+    # prefill chunk (scored as a chunk) and as a decode row (heads as the MMA's rows)
     iq, ik, iw = rand(2, 64, 128), rand(5000, 128), torch.rand(2, 64, generator=g, device="cuda")
     slots = torch.arange(4000, device="cuda")
-    one = SelectPlan.build([(0, 1, 3999, slots)], torch.device("cuda"))
-    two = SelectPlan.build([(0, 2, 3998, slots)], torch.device("cuda"))
-    score_rows = ks.indexer_logits_rows
-    if score_rows is not None:
-        s1 = score_rows(iq[1:], ik, iw[1:], 0.088, one)[0]
-        s2 = score_rows(iq, ik, iw, 0.088, two)[1]
+    two = SelectPlan.build([(0, 2, 3998, slots, False)], torch.device("cuda"))
+    score = ks.indexer_logits_rows
+    in_chunk = score(iq, ik, iw, 0.088, two)[1]
+    for kind, decode in (("one-token prefill chunk", False), ("decode row", True)):
+        one = SelectPlan.build([(0, 1, 3999, slots, decode)], torch.device("cuda"))
+        alone = score(iq[1:], ik, iw[1:], 0.088, one)[0]
         rows.append(
             {
-                "op": "indexer_logits_rows (one-token row vs chunk)",
+                "op": f"indexer_logits_rows ({kind} vs in a chunk)",
                 "backend": ks.names.get("indexer_logits", "?"),
-                "bit_equal": bool(torch.equal(s1, s2)),
-                "max_abs_diff": float((s1 - s2).abs().max()),
+                "bit_equal": bool(torch.equal(alone, in_chunk)),
+                "max_abs_diff": float((alone - in_chunk).abs().max()),
             }
         )
     for r in rows:

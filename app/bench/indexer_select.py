@@ -57,7 +57,7 @@ def main() -> None:
         ]
         q = torch.randn(count * n, HEADS, DIM, generator=g, device="cuda").bfloat16()
         w = torch.randn(count * n, HEADS, generator=g, device="cuda")
-        plan = SelectPlan.build(rows, torch.device("cuda"))
+        plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cuda"))
         scale = DIM**-0.5
 
         def batched() -> torch.Tensor:

@@ -34,15 +34,17 @@ class SelectPlan:
     visible: torch.Tensor  # [Ts] int32: keys each token sees (its row's prefix up to itself)
     key_slots: torch.Tensor  # [R, Lmax] int32: cache slot of each row position (0 padded)
     chunk_tiles: torch.Tensor  # [n, 3] int32: (row, first token in Ts, tokens <= CHUNK_TILE)
-    decode_tiles: torch.Tensor  # [m, 2] int32: (row, token in Ts) of each one-token row
+    decode_tiles: torch.Tensor  # [m, 2] int32: (row, token in Ts) of each decode row
     row_tokens: list[tuple[int, int, int]]  # host copy: (first token in Ts, tokens, keys)
 
     @classmethod
     def build(
-        cls, rows: list[tuple[int, int, int, torch.Tensor]], device: torch.device
+        cls, rows: list[tuple[int, int, int, torch.Tensor, bool]], device: torch.device
     ) -> "SelectPlan":
-        """rows: (offset in the batch, tokens, first token's position, slots [start + n])."""
-        lmax = max(start + n for _, n, start, _ in rows)
+        """rows: (offset in the batch, tokens, first token's position, slots [start + n],
+        whether it is a decode row). A prefill chunk of one token is scored as a chunk: its
+        scores are then the bits it would get inside a longer chunk of another batch."""
+        lmax = max(start + n for _, n, start, _, _ in rows)
         token_index: list[int] = []
         token_row: list[int] = []
         visible: list[int] = []
@@ -51,11 +53,11 @@ class SelectPlan:
         chunk: list[tuple[int, int, int]] = []
         decode: list[tuple[int, int]] = []
         first = 0
-        for r, (off, n, start, _slots) in enumerate(rows):
+        for r, (off, n, start, _slots, decode_row) in enumerate(rows):
             token_index += range(off, off + n)
             token_row += [r] * n
             visible += range(start + 1, start + n + 1)
-            if n == 1:
+            if decode_row:
                 decode.append((r, first))
             else:
                 chunk += [
@@ -71,7 +73,7 @@ class SelectPlan:
         ts, nc, nd = len(token_index), len(chunk), len(decode)
         t0 = 3 * ts
         key_slots = torch.zeros(len(rows) * lmax, dtype=torch.int32, device=device)
-        key_slots[host[t0 + len(tiles) :]] = torch.cat([s for *_, s in rows]).int()
+        key_slots[host[t0 + len(tiles) :]] = torch.cat([r[3] for r in rows]).int()
         return cls(
             host[:ts],
             host[ts : 2 * ts],

@@ -39,7 +39,7 @@ class SparseRows:
     state: dict[Any, Any] = field(
         default_factory=dict
     )  # a kernel's per-batch plan, shared by layers
-    # the prefill chunks' rows (more than one token): each one's prefix slots (what its
+    # the prefill chunks' rows (any number of tokens): each one's prefix slots (what its
     # queries may select) and, beside decode rows, the chunks' and the decode rows' tokens
     prefixes: list[torch.Tensor] = field(default_factory=list)
     split: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -77,8 +77,8 @@ class SparseRows:
             built = dict(zip(missing, flat.split([h.numel() for h in host])))
         dense = torch.full((batch.num_tokens, topk), -1, dtype=torch.int32, device=device)
         selecting, prefixes = [], []
-        for i, (start, n, off) in enumerate(
-            zip(batch.row_starts, batch.row_lens, batch.row_offsets)
+        for i, (start, n, off, one) in enumerate(
+            zip(batch.row_starts, batch.row_lens, batch.row_offsets, batch.row_decode)
         ):
             length = start + n
             prefix = batch.prefix_slots[i]
@@ -88,7 +88,7 @@ class SparseRows:
                 slots = torch.arange(prefix.start, prefix.stop, device=device)
             else:
                 slots = prefix
-            if n > 1:
+            if not one:  # a prefill chunk, of one token too
                 prefixes.append(slots)
             if length <= topk:
                 row = slots[None, :].repeat(n, 1)
@@ -97,13 +97,13 @@ class SparseRows:
                     row[:, start:] = row[:, start:].masked_fill(future, -1)
                 dense[off : off + n, :length] = row.int()
             else:
-                selecting.append((off, n, start, slots))
+                selecting.append((off, n, start, slots, one))
         plan = SelectPlan.build(selecting, device) if selecting else None
         split = None
         if prefixes and len(prefixes) < len(batch.row_lens):
             chunk = torch.zeros(batch.num_tokens, dtype=torch.bool)
-            for off, n in zip(batch.row_offsets, batch.row_lens):
-                chunk[off : off + n] = n > 1
+            for off, n, one in zip(batch.row_offsets, batch.row_lens, batch.row_decode):
+                chunk[off : off + n] = not one
             tokens = torch.arange(batch.num_tokens)
             both = torch.cat((tokens[chunk], tokens[~chunk]))
             if device.type == "cuda":  # one transfer the host does not wait for, as above

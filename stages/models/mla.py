@@ -68,7 +68,8 @@ def rope_tables(args: ModelArgs) -> tuple[torch.Tensor, float]:
 
 @dataclass
 class MLADecodeRows:
-    """The batch's one-token rows, attended in the absorbed form in one kernel call per layer."""
+    """The batch's decode rows, attended in the absorbed form in one kernel call per layer (a
+    prefill chunk of one token is attended as the chunk it would be part of in another batch)."""
 
     token_index: torch.Tensor  # [R] long: each row's token in T
     block_table: torch.Tensor  # [R, max_blocks] int32, padded with block 0
@@ -79,7 +80,7 @@ class MLADecodeRows:
 
     @classmethod
     def build(cls, batch: ForwardBatch, device: torch.device) -> "MLADecodeRows | None":
-        rows = [i for i, n in enumerate(batch.row_lens) if n == 1]
+        rows = [i for i, d in enumerate(batch.row_decode) if d]
         if not rows:
             return None
         width = max(len(batch.block_tables[i]) for i in rows)
@@ -204,8 +205,10 @@ class MLAttention(nn.Module):
             out = self._decode(q_nope[idx], q_pe[idx], decode, kv, local_layer)
             o[idx] = self.unabsorb(out, x.dtype)
         q = None  # the chunk rows' queries with their rope dims rotated, built if needed
-        for n, off, prefix in zip(batch.row_lens, batch.row_offsets, batch.prefix_slots):
-            if n == 1:  # attended above
+        for n, off, prefix, one in zip(
+            batch.row_lens, batch.row_offsets, batch.prefix_slots, batch.row_decode
+        ):
+            if one:  # a decode row: attended above
                 continue
             if prefix is None:
                 raise ValueError("a prefill chunk row has no prefix slots")

@@ -66,7 +66,7 @@ def _inputs(seed: int, ties: bool):
 def test_batched_selection_matches_the_row_loop(ties):
     q, keys, weights, g = _inputs(7, ties)
     rows, t = _rows(g)
-    plan = SelectPlan.build(rows, torch.device("cpu"))
+    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cpu"))
     assert plan.token_index.tolist() == list(range(t))
     logits = logits_rows_reference(q[:t], keys, weights[:t], 0.25, plan)
     picked = topk_slots(logits, plan, TOPK)
@@ -90,7 +90,7 @@ def test_interpreted_kernel_matches_reference(triton_interpreter):
 
     q, keys, weights, g = _inputs(3, ties=True)
     rows, t = _rows(g)
-    plan = SelectPlan.build(rows, torch.device("cpu"))
+    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cpu"))
     q, weights = q[:t], weights[:t]
     # fp16: the interpreter's bf16 dot is wrong (raw bits); the GPU tests cover bf16
     q16, k16 = q.half(), keys.half()
@@ -177,3 +177,14 @@ def test_rule_is_a_stable_descending_sort_with_signed_zeros():
     scores = torch.tensor([[0.0, -0.0, 1.0, float("-inf"), 0.0, -0.0, 1.0, -2.0]])
     assert top_k_positions(scores, 5).tolist() == [[2, 6, 0, 1, 4]]
     assert top_k_positions(scores, 8).tolist() == [[2, 6, 0, 1, 4, 5, 7, 3]]
+
+
+def test_one_token_prefill_chunk_is_scored_as_a_chunk():
+    """The Triton scorer sums a decode row's heads in another order than a chunk's: a prefill
+    chunk of one token takes a chunk tile, so its scores are those it gets inside a longer
+    chunk of another batch; a decode row takes a decode tile."""
+    slots = torch.arange(12)
+    rows = [(0, 1, 9, slots[:10], False), (1, 1, 11, slots, True)]
+    plan = SelectPlan.build(rows, torch.device("cpu"))
+    assert plan.chunk_tiles.tolist() == [[0, 0, 1]]
+    assert plan.decode_tiles.tolist() == [[1, 1]]

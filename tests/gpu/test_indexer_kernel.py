@@ -54,7 +54,7 @@ def test_indexer_logits_rows_match_reference(group_rows, fp8):
     for n, start in group_rows:
         rows.append((off, n, start, perm[used:used + start + n]))
         off, used = off + n, used + start + n
-    plan = SelectPlan.build(rows, torch.device("cuda"))
+    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cuda"))
     keys = torch.randn(total + 100, 128, generator=g, device="cuda").bfloat16()
     q = torch.randn(off, 64, 128, generator=g, device="cuda").bfloat16()
     w = torch.randn(off, 64, generator=g, device="cuda")
@@ -114,7 +114,7 @@ def test_batched_selection_equals_the_row_loop_with_ties(fp8):
     q = torch.randn(off, 64, 128, generator=g, device="cuda").abs().bfloat16()
     w = torch.rand(off, 64, generator=g, device="cuda")
     scale = 128 ** -0.5
-    plan = SelectPlan.build(rows, torch.device("cuda"))
+    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cuda"))
     logits = triton_indexer.indexer_logits_rows(q, packed, w, scale, plan)
     picked = topk_slots(logits, plan, topk)
     for off_r, n, start, slots in rows:

@@ -1,5 +1,6 @@
 """ForwardBatch.build: the index tensors the model reads, and how decode rows are grouped."""
 
+import pytest
 import torch
 
 from stages.forward_batch import ForwardBatch, decode_buckets
@@ -65,3 +66,18 @@ def test_build_without_prefixes_keeps_the_token_indices():
     assert (bare.row_offsets, bare.prefix_slots, bare.decode_groups) == ([0, 6, 7, 8], [], [])
     assert not family_of("deepseek_v4").attention_prefixes
     assert family_of("llama").attention_prefixes
+
+
+def test_decode_flags_decide_the_decode_groups_not_the_token_count():
+    """A prefill chunk of one token (the token budget leaves one token of room) is no decode
+    row: it keeps its prefix and is attended as a chunk, as it would be inside a longer one;
+    a decode row of more than one token is refused."""
+    rows = [(5, 1, [0, 1], True), (6, 1, [2, 3], True), (0, 3, [5], False)]
+    flagged = ForwardBatch.build(rows, 4, decode=[True, False, False])
+    assert flagged.row_decode == [True, False, False]
+    assert flagged.prefix_slots[1] is not None and flagged.prefix_slots[2] is not None
+    by_length = ForwardBatch.build(rows, 4)
+    assert by_length.row_decode == [True, True, False]
+    assert by_length.prefix_slots[:2] == [None, None]  # one decode group of both
+    with pytest.raises(ValueError, match="a decode row has one token"):
+        ForwardBatch.build(rows, 4, decode=[True, False, True])

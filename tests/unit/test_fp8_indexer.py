@@ -58,7 +58,7 @@ def test_scores_over_fp8_keys_match_and_select_the_same_keys():
     for n, start in shapes:
         rows.append((off, n, start, slots[used : used + start + n]))
         off, used = off + n, used + start + n
-    plan = SelectPlan.build(rows, torch.device("cpu"))
+    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cpu"))
     q = (u + 0.1 * torch.randn(off, heads, dim, generator=g)).bfloat16()
     w = torch.rand(off, heads, generator=g) + 0.5
     packed = fp8_indexer.quantize(keys)

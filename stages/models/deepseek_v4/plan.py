@@ -166,7 +166,7 @@ class V4Plan:
                 dense_indices=dense_indices,
                 select=select,
             )
-        chunks_only = all(n > 1 for n in batch.row_lens)
+        chunks_only = not any(batch.row_decode)
         return cls(parts["window_slots"], window_indices, plans, chunks_only)
 
 
@@ -177,6 +177,7 @@ class _Rows:
         self.count = len(batch.row_starts)
         self.starts = np.array(batch.row_starts, dtype=np.int64)
         self.lens = np.array(batch.row_lens, dtype=np.int64)
+        self.decode = np.array(batch.row_decode, dtype=bool)
         self.offsets = np.array(batch.row_offsets, dtype=np.int64)
         self.ends = self.starts + self.lens
         self.token_row = np.repeat(np.arange(self.count), self.lens)
@@ -212,9 +213,9 @@ class _Rows:
             lo = np.maximum(a, self.offsets)
             hi = np.minimum(b, self.offsets + self.lens)
             inside = hi > lo
-            one = inside & (self.lens == 1)
+            one = inside & self.decode  # a prefill chunk of one token is scored as a chunk
             decode = np.stack((row_ids[one], lo[one] - a), axis=1)
-            many = inside & (self.lens > 1)
+            many = inside & ~self.decode
             # each chunk row's tokens in the tile, in CHUNK_TILE pieces
             pieces = -(-(hi[many] - lo[many]) // CHUNK_TILE)
             piece_rows, piece_ids = _ragged(np.zeros_like(pieces), pieces)
