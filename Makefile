@@ -52,7 +52,7 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	stages/kernels/mxfp4.py stages/kernels/flash_mla.py stages/models/deepseek.py \
 	stages/models/mla.py stages/models/dsa.py stages/loader.py \
 	stages/runner.py stages/output_slots.py stages/attention_warmup.py \
-	stages/kernels/hyper_connection.py
+	stages/kernels/hyper_connection.py app/options.py app/server_config.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
 	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
@@ -75,7 +75,7 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	stages/kernels/mxfp4.py stages/kernels/flash_mla.py stages/models/deepseek.py \
 	stages/models/mla.py stages/models/dsa.py stages/loader.py \
 	stages/runner.py stages/output_slots.py stages/attention_warmup.py \
-	stages/kernels/hyper_connection.py
+	stages/kernels/hyper_connection.py app/options.py app/server_config.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests
