@@ -17,6 +17,7 @@ from app.options import Options, option
 from app.scheduler.chunking import ChunkCost
 from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
 from stages.kernels.registry import BACKENDS
+from stages.models.families import FLASH_MLA_PAGE
 from stages.protocol import (
     DEVICES,
     DTYPES,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from stages.model_config import ModelArgs
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-DEFAULT_BLOCK_SIZE = 64  # FlashMLA's page size
+DEFAULT_BLOCK_SIZE = FLASH_MLA_PAGE  # the DeepSeek families' decode kernels need it
 
 
 @dataclass(frozen=True)
