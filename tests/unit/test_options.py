@@ -19,8 +19,14 @@ from app.server_config import ServerConfig
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = dataclasses.fields(EngineConfig)
 WITH_CHOICES = [f for f in FIELDS if f.metadata["choices"]]
-JSON_TYPE = {bool: "boolean", int: "integer", float: "number", str: "string", tuple: "array",
-             dict: "object"}
+JSON_TYPE = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    tuple: "array",
+    dict: "object",
+}
 
 
 def test_readme_flag_table_is_generated_from_the_options():
@@ -31,9 +37,13 @@ def test_readme_flag_table_is_generated_from_the_options():
 
 
 # A CLI string for the flag and the value it stands for, per option type.
-SAMPLES = {int: ("3", 3), float: ("0.5", 0.5), str: ("x", "x"),
-           tuple: ("https://a.test, https://b.test", ("https://a.test", "https://b.test")),
-           dict: ('{"min_replicas": 1}', {"min_replicas": 1})}
+SAMPLES = {
+    int: ("3", 3),
+    float: ("0.5", 0.5),
+    str: ("x", "x"),
+    tuple: ("https://a.test, https://b.test", ("https://a.test", "https://b.test")),
+    dict: ('{"min_replicas": 1}', {"min_replicas": 1}),
+}
 
 
 @pytest.mark.parametrize("cls", [EngineConfig, ServerConfig])
@@ -61,11 +71,17 @@ def test_server_options_default_as_before():
     """The flags `ppserve serve` had before ServerConfig, with the same defaults."""
     s = ServerConfig()
     assert (s.host, s.port, s.metrics_port, s.api_key, s.num_replicas) == (
-        "127.0.0.1", 8000, 8080, None, 1)
+        "127.0.0.1",
+        8000,
+        8080,
+        None,
+        1,
+    )
     assert (s.max_request_bytes, s.allowed_origins, s.ingress_num_cpus) == (32 << 20, (), 0.1)
     assert s.prefix_routing_max_queue is s.num_cpus is s.address is s.autoscaling_config is None
     assert ServerConfig.from_dict({"allowed_origins": ["https://a.test"]}).allowed_origins == (
-        "https://a.test",)
+        "https://a.test",
+    )
     with pytest.raises(ValueError, match="not_an_option"):
         ServerConfig.from_dict({"not_an_option": 1})
 
@@ -121,8 +137,12 @@ def test_helm_values_schema_matches_the_options():
 
 # Where the chart's values hold a ServerConfig option under another name; the others of its
 # build_app options are `serve.<name>`, and the rest reach build_app through serve.extraArgs.
-HELM_NAMES = {"api_key": ("apiKey", "value"), "port": ("serve", "port"),
-              "metrics_port": ("metricsPort",), "autoscaling_config": ("serve", "autoscaling")}
+HELM_NAMES = {
+    "api_key": ("apiKey", "value"),
+    "port": ("serve", "port"),
+    "metrics_port": ("metricsPort",),
+    "autoscaling_config": ("serve", "autoscaling"),
+}
 
 
 def _check_schema(schema: dict, cls: type, name: str, prop: dict) -> None:
@@ -159,8 +179,12 @@ def test_helm_values_schema_matches_the_server_options():
 
 @pytest.mark.parametrize(
     "cls,f",
-    [(c, f) for c in (EngineConfig, ServerConfig) for f in dataclasses.fields(c)
-     if f.metadata["bounds"]],
+    [
+        (c, f)
+        for c in (EngineConfig, ServerConfig)
+        for f in dataclasses.fields(c)
+        if f.metadata["bounds"]
+    ],
     ids=lambda x: getattr(x, "name", getattr(x, "__name__", "")),
 )
 def test_bounds_are_enforced_by_config(cls, f):
