@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from app.config import EngineConfig
 from app.models_cache import DEFAULT_MODEL, MODELS
-from app.options import Options, option_type
+from app.options import Options, option_fields, option_type
 from app.server_config import APP_KEYS, LAUNCH_KEYS, ServerConfig
 
 
@@ -37,7 +37,7 @@ def _add_option_flags(
 ) -> None:
     """One flag per option of `cls` in `names`, from its field: name, type, choices, help,
     default (None: the option's own default applies in the config)."""
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in option_fields(cls):
         if f.name not in names:
             continue
         help_ = f"{f.metadata['help']} (default: {_doc_default(f)})"
@@ -75,17 +75,19 @@ CLUSTER_KEYS = ("num_cpus", "address")
 
 
 def add_server_flags(
-    p: argparse.ArgumentParser, names: tuple[str, ...] = APP_KEYS + LAUNCH_KEYS
+    p: argparse.ArgumentParser,
+    names: tuple[str, ...] = APP_KEYS + LAUNCH_KEYS,
+    title: str = "server",
 ) -> None:
     """One flag per ServerConfig option in `names` (all of them for `ppserve serve`)."""
-    _add_option_flags(p.add_argument_group("server"), ServerConfig, names)
+    _add_option_flags(p.add_argument_group(title), ServerConfig, names)
 
 
 def options_args(a: argparse.Namespace, cls: type[Options]) -> dict[str, Any]:
     """The options of `cls` given on the command line."""
     return {
         f.name: getattr(a, f.name)
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        for f in option_fields(cls)
         if getattr(a, f.name, None) is not None
     }
 
@@ -112,7 +114,7 @@ def flag_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _init_ray(a: argparse.Namespace, server: ServerConfig, metrics_port: int | None = None) -> None:
+def _init_ray(a: argparse.Namespace, server: ServerConfig) -> None:
     import ray
 
     if server.address:
@@ -126,7 +128,7 @@ def _init_ray(a: argparse.Namespace, server: ServerConfig, metrics_port: int | N
         address="local",
         num_cpus=server.num_cpus or max(os.cpu_count() or 1, need),
         include_dashboard=False,
-        _metrics_export_port=metrics_port,
+        _metrics_export_port=server.metrics_port,
     )
 
 
@@ -187,7 +189,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not server.address:  # a local cluster reads the model here: check it before anything starts
         _check_model(args.get("model"))
     app = build_app({**args, **server.app_args()})  # validates the flags before anything starts
-    _init_ray(a, server, server.metrics_port)
+    _init_ray(a, server)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.
     # SIGINT too: a shell that backgrounds the process would otherwise leave it ignored.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -267,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="Generate once from a prompt, without a server.")
     gen.add_argument("prompt")
     add_engine_flags(gen, exclude=("seed",))  # --seed below is the request's sampling seed
-    add_server_flags(gen, CLUSTER_KEYS)
+    add_server_flags(gen, CLUSTER_KEYS, title="ray cluster")
     g = gen.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=64, help="Tokens to generate.")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy.")

@@ -52,7 +52,7 @@ class Options:
 
     def __post_init__(self) -> None:
         """The one validation of every option: its type, choices and bounds (from option())."""
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+        for f in option_fields(type(self)):
             check_option(type(self), f, getattr(self, f.name))
 
     @classmethod
@@ -60,12 +60,13 @@ class Options:
         """From CLI/Serve args: accepts dashes or underscores and any flag name of an option
         (pp, pipeline_parallel_size...), rejects unknown keys."""
         names = option_names(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        fields = {f.name: f for f in option_fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in d.items():
             name = names.get(key.lstrip("-").replace("-", "_"))
             if name is None:
-                raise ValueError(f"unknown {cls.__name__} option {key!r}")
+                kind = cls.__name__.removesuffix("Config").lower()  # engine, server
+                raise ValueError(f"unknown {kind} option {key!r}")
             parse = fields[name].metadata["parse"]
             kwargs[name] = parse(value) if parse and value is not None else value
         return cls(**kwargs)
@@ -74,10 +75,15 @@ class Options:
         return dataclasses.asdict(self)  # type: ignore[call-overload,no-any-return]
 
 
+def option_fields(cls: type[Options]) -> tuple[dataclasses.Field[Any], ...]:
+    """The option() fields of a dataclass deriving from Options."""
+    return dataclasses.fields(cls)  # type: ignore[arg-type]
+
+
 def option_names(cls: type[Options]) -> dict[str, str]:
     """Every accepted key (field names and flag names, underscored) -> its field name."""
     names = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in option_fields(cls):
         names[f.name] = f.name
         for flag in f.metadata["flags"]:
             names[flag.lstrip("-").replace("-", "_")] = f.name
