@@ -235,3 +235,19 @@ def test_each_tuple_of_choices_is_written_once():
             if choices in lits or ("auto", *choices) in lits
         ]
         assert len(where) <= 1, f"{f.name}'s choices are written in {where}"
+
+
+def test_build_app_splits_its_args_and_refuses_the_launch_options():
+    """build_app takes the engine's options and ServerConfig's app_arg ones; host, port and the
+    other options `ppserve serve` reads itself are an error there, not silently ignored."""
+    from app.server import split_args
+
+    engine, server = split_args({"pp": 1, "num-replicas": 2, "allowed_origins": ["https://a.test"]})
+    assert (engine.pp_size, server.num_replicas, server.allowed_origins) == (
+        1,
+        2,
+        ("https://a.test",),
+    )
+    for key in ("host", "port", "metrics_port", "num_cpus", "address"):
+        with pytest.raises(ValueError, match=key):
+            split_args({key: 1})
