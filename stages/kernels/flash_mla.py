@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from stages.kernels import fp8_latent, torch_ref
+from stages.models.families import FLASH_MLA_PAGE
 
-PAGE = 64  # FlashMLA's page size
 MODULES = ("flash_mla", "sgl_flash_mla")
 
 
@@ -51,7 +51,11 @@ def mla_decode(
     state: dict[str, Any],
 ) -> torch.Tensor:
     """q [R, H, 576] bf16, pages [blocks, 64, 1, 576] bf16 -> [R, H, dv]."""
-    if q.dtype != torch.bfloat16 or pages.dtype != torch.bfloat16 or pages.shape[1] != PAGE:
+    if (
+        q.dtype != torch.bfloat16
+        or pages.dtype != torch.bfloat16
+        or pages.shape[1] != FLASH_MLA_PAGE
+    ):
         return torch_ref.mla_decode(q, pages, block_table, seqlens, dv, scale, state)
     fm = wheel()
     meta = state.get("flash_mla")
@@ -179,7 +183,7 @@ def mla_sparse_fp8(
         q.dtype != torch.bfloat16
         or q.shape[-1] != LATENT_DIM
         or dv != 512
-        or pages.shape[1] != PAGE
+        or pages.shape[1] != FLASH_MLA_PAGE
     ):
         return fp8_latent.mla_sparse(q, pages, indices, dv, scale, state)
     key = ("flash_mla_sparse", q.shape[0])  # the plan depends on the number of rows

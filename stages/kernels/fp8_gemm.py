@@ -25,8 +25,9 @@ from stages.kernels.triton_gemm import GemmConfig, num_sms
 
 BLOCK = fp8_ref.BLOCK
 # 64 rows per tile (decode batches are short); N and K tiles are the scales' 128 blocks
-TILES = GemmConfig(block_m=64, block_n=BLOCK, block_k=BLOCK, group_m=8, num_stages=3,
-                   num_warps=4, tma=False)
+TILES = GemmConfig(
+    block_m=64, block_n=BLOCK, block_k=BLOCK, group_m=8, num_stages=3, num_warps=4, tma=False
+)
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -39,15 +40,21 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-def linear(x, weight, scale_inv, bias=None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     return _triton_linear(x, weight, scale_inv, bias, sm_margin=0)
 
 
-def linear_sm1(x, weight, scale_inv, bias=None) -> torch.Tensor:
+def linear_sm1(
+    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     return _triton_linear(x, weight, scale_inv, bias, sm_margin=1)
 
 
-def linear_scaled_mm(x, weight, scale_inv, bias=None) -> torch.Tensor:
+def linear_scaled_mm(
+    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     n, k = weight.shape
     if not x.is_cuda or k % BLOCK or n % BLOCK or (k // BLOCK) % 4:
         return linear(x, weight, scale_inv, bias)
@@ -76,15 +83,22 @@ def linear_scaled_mm(x, weight, scale_inv, bias=None) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], n)
 
 
-def _triton_linear(x, weight, scale_inv, bias, sm_margin: int) -> torch.Tensor:
+def _triton_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    bias: torch.Tensor | None,
+    sm_margin: int,
+) -> torch.Tensor:
     if triton is None or not x.is_cuda:
         return fp8_ref.linear(x, weight, scale_inv, bias)
     n, k = weight.shape
     q, s = triton_fp8_act.quantize_act(_flat(x))
     out = torch.empty(q.shape[0], n, dtype=x.dtype, device=x.device)
     grid = num_sms(x.device) - sm_margin
-    triton_gemm.launch_ptr(q, weight.contiguous(), bias, out, grid, TILES, s,
-                           scale_inv.float().contiguous())
+    triton_gemm.launch_ptr(
+        q, weight.contiguous(), bias, out, grid, TILES, s, scale_inv.float().contiguous()
+    )
     return out.view(*x.shape[:-1], n)
 
 

@@ -122,15 +122,15 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
 
-    @triton.jit
-    def _count(ids_ptr, counts_ptr, N, BLOCK: tl.constexpr):
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _count(ids_ptr, counts_ptr, N, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         keep = offs < N
         expert = tl.load(ids_ptr + offs, mask=keep, other=0)
         tl.atomic_add(counts_ptr + expert, 1, mask=keep)
 
-    @triton.jit
-    def _plan(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _plan(  # type: ignore[no-untyped-def]
         counts_ptr,
         tile_start_ptr,
         tile_expert_ptr,
@@ -155,8 +155,8 @@ if triton is not None:
             expert = tl.minimum(tl.sum(before.to(tl.int32), 1), E - 1)
             tl.store(tile_expert_ptr + ms, expert, mask=ms < MAX_TILES)
 
-    @triton.jit
-    def _scatter(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _scatter(  # type: ignore[no-untyped-def]
         x_ptr,
         ids_ptr,
         w_ptr,

@@ -80,8 +80,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
 
-    @triton.jit
-    def _quantize_1x128(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _quantize_1x128(  # type: ignore[no-untyped-def]
         x_ptr,
         q_ptr,
         s_ptr,

@@ -101,8 +101,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
 
-    @triton.jit
-    def _pow2_scale(x, FP8_MAX: tl.constexpr):
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _pow2_scale(x, FP8_MAX: tl.constexpr):  # type: ignore[no-untyped-def]
         """(scale, its float32 exponent field): the least power of two >= max(|x|) / FP8_MAX
         (floored at 1e-4 / FP8_MAX), from its bits (exact, as fp8_latent.pow2_scale)."""
         amax = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-4) / FP8_MAX
@@ -110,8 +110,8 @@ if triton is not None:
         exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         return (exponent << 23).to(tl.float32, bitcast=True), exponent
 
-    @triton.jit
-    def _quantize_write(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _quantize_write(  # type: ignore[no-untyped-def]
         v_ptr,
         slot_ptr,
         q_ptr,
@@ -137,8 +137,8 @@ if triton is not None:
         rope = tl.load(v_ptr + t * stride_v + NOPE + r).to(tl.bfloat16)
         tl.store(rope_ptr + slot * (row_bytes // 2) + (NOPE + 4 * tiles) // 2 + r, rope)
 
-    @triton.jit
-    def _quantize_write_key(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _quantize_write_key(  # type: ignore[no-untyped-def]
         k_ptr,
         slot_ptr,
         q_ptr,
@@ -158,8 +158,8 @@ if triton is not None:
         tl.store(q_ptr + slot * row_bytes + offs, (x / scale).to(tl.float8e4nv), mask=mask)
         tl.store(scale_ptr + slot * (row_bytes // 4) + DIM // 4, scale)
 
-    @triton.jit
-    def _quantize_write_v4(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _quantize_write_v4(  # type: ignore[no-untyped-def]
         v_ptr,
         slot_ptr,
         q_ptr,

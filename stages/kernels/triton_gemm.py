@@ -22,6 +22,7 @@ import functools
 import json
 import os
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ class GemmConfig:
     warp_specialize: bool = False
     tma: bool = True  # TMA descriptors when the shapes allow; False forces pointer loads
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -82,14 +83,24 @@ def is_available(device: str = "cuda") -> bool:
     return True
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``x @ weight.T + bias`` on a persistent grid of one program per SM."""
     return _linear(x, weight, bias, out, sm_margin=0)
 
 
-def linear_sm1(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+def linear_sm1(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Same as ``linear`` with a grid of SMs - 1: one SM stays free for a waiting comm kernel."""
     return _linear(x, weight, bias, out, sm_margin=1)
 
@@ -130,14 +141,27 @@ def _tuning_table(path: str) -> dict[tuple[int, int, int], GemmConfig]:
     return table
 
 
-def _linear(x, weight, bias, out, sm_margin: int) -> torch.Tensor:
+def _linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    sm_margin: int,
+) -> torch.Tensor:
     k = x.shape[-1]
     n = weight.shape[0]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    usable = (triton is not None and x.is_cuda and x.dtype == torch.bfloat16
-              and weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.shape[1] == k
-              and m >= MIN_M and (bias is None or bias.shape == (n,)))
+    usable = (
+        triton is not None
+        and x.is_cuda
+        and x.dtype == torch.bfloat16
+        and weight.dtype == torch.bfloat16
+        and weight.dim() == 2
+        and weight.shape[1] == k
+        and m >= MIN_M
+        and (bias is None or bias.shape == (n,))
+    )
     if not usable:
         result = torch.nn.functional.linear(x, weight, bias)
         if out is not None:
@@ -150,22 +174,40 @@ def _linear(x, weight, bias, out, sm_margin: int) -> torch.Tensor:
         out2 = out.view(m, n)
     cfg = pick_config(m, n, k)
     grid = num_sms(x.device) - sm_margin
-    launch(x2.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(),
-           out2, grid, cfg)
+    launch(
+        x2.contiguous(),
+        weight.contiguous(),
+        None if bias is None else bias.contiguous(),
+        out2,
+        grid,
+        cfg,
+    )
     return out2.view(*x.shape[:-1], n) if out is None else out
 
 
-def launch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor,
-           grid: int, cfg: GemmConfig) -> None:
+def launch(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    c: torch.Tensor,
+    grid: int,
+    cfg: GemmConfig,
+) -> None:
     """Run the kernel on contiguous a [M, K], w [N, K] into c [M, N] with ``grid`` programs."""
     m, k = a.shape
     n = w.shape[0]
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     progs = max(1, min(grid, tiles))
     bias_arg = bias if bias is not None else c
-    common = dict(HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
+    common = dict(
+        HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     if cfg.tma and _tma_ok(a, w, c):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -173,15 +215,33 @@ def launch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch
         a_desc = TensorDescriptor(a, [m, k], [k, 1], [cfg.block_m, cfg.block_k])
         w_desc = TensorDescriptor(w, [n, k], [k, 1], [cfg.block_n, cfg.block_k])
         c_desc = TensorDescriptor(c, [m, n], [n, 1], [cfg.block_m, store_n])
-        _gemm_tma[(progs,)](a_desc, w_desc, c_desc, bias_arg, m, n, k, progs,
-                            SUBTILE=cfg.subtile, WARP_SPECIALIZE=cfg.warp_specialize, **common)
+        _gemm_tma[(progs,)](
+            a_desc,
+            w_desc,
+            c_desc,
+            bias_arg,
+            m,
+            n,
+            k,
+            progs,
+            SUBTILE=cfg.subtile,
+            WARP_SPECIALIZE=cfg.warp_specialize,
+            **common,
+        )
     else:
         launch_ptr(a, w, bias, c, grid, cfg)
 
 
-def launch_ptr(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor,
-               grid: int, cfg: GemmConfig, a_scale: torch.Tensor | None = None,
-               w_scale: torch.Tensor | None = None) -> None:
+def launch_ptr(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    c: torch.Tensor,
+    grid: int,
+    cfg: GemmConfig,
+    a_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+) -> None:
     """The pointer-load kernel on a [M, K], w [N, K] (rows of unit stride) into c [M, N]. With
     ``a_scale`` [M, K / block_k] and ``w_scale`` [N / block_n, K / block_k] the operands are
     block-scaled FP8 (W8A8, stages.kernels.fp8_gemm): block_k is the activation group and the
@@ -192,12 +252,31 @@ def launch_ptr(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, c: t
     scaled = a_scale is not None and w_scale is not None
     as_arg = a_scale if a_scale is not None else c
     ws_arg = w_scale if w_scale is not None else c
-    _gemm_ptr[(progs,)](a, w, c, bias if bias is not None else c, as_arg, ws_arg, m, n, k,
-                        progs, a.stride(0), w.stride(0), c.stride(0),
-                        as_arg.stride(0) if scaled else 0, ws_arg.stride(0) if scaled else 0,
-                        HAS_BIAS=bias is not None, BLOCK_SCALED=scaled, BLOCK_M=cfg.block_m,
-                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _gemm_ptr[(progs,)](
+        a,
+        w,
+        c,
+        bias if bias is not None else c,
+        as_arg,
+        ws_arg,
+        m,
+        n,
+        k,
+        progs,
+        a.stride(0),
+        w.stride(0),
+        c.stride(0),
+        as_arg.stride(0) if scaled else 0,
+        ws_arg.stride(0) if scaled else 0,
+        HAS_BIAS=bias is not None,
+        BLOCK_SCALED=scaled,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
 
 
 def _tma_ok(a: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> bool:
@@ -215,18 +294,20 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
-
-    @triton.jit
-    def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):  # type: ignore[no-untyped-def]
         in_group = GROUP_M * num_pid_n
         first_m = (tile_id // in_group) * GROUP_M
         group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
         pid_m = first_m + (tile_id % group_size)
         pid_n = (tile_id % in_group) // group_size
         return pid_m, pid_n
+    # fmt: on
 
-    @triton.jit
-    def _gemm_tma(a_desc, w_desc, c_desc, bias_ptr, M, N, K, num_progs,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _gemm_tma(a_desc, w_desc, c_desc, bias_ptr, M, N, K, num_progs,  # type: ignore[no-untyped-def]
                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SUBTILE: tl.constexpr,
                   WARP_SPECIALIZE: tl.constexpr):
@@ -264,9 +345,11 @@ if triton is not None:
                 c_desc.store([off_cm, off_cn + BLOCK_N // 2], acc1.to(tl.bfloat16))
             else:
                 c_desc.store([off_cm, off_cn], acc.to(tl.bfloat16))
+    # fmt: on
 
-    @triton.jit
-    def dot_rows(a_ptr, w_ptr, as_ptr, ws_ptr, rows, cols, K, stride_am, stride_wn, stride_as,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def dot_rows(a_ptr, w_ptr, as_ptr, ws_ptr, rows, cols, K, stride_am, stride_wn, stride_as,  # type: ignore[no-untyped-def]
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  BLOCK_SCALED: tl.constexpr):
         """a[rows] @ w[cols].T over all of K with pointer loads (rows, cols: int64, in range).
@@ -285,9 +368,11 @@ if triton is not None:
             else:
                 acc = tl.dot(a, w.T, acc)
         return acc
+    # fmt: on
 
-    @triton.jit
-    def _gemm_ptr(a_ptr, w_ptr, c_ptr, bias_ptr, as_ptr, ws_ptr, M, N, K, num_progs,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _gemm_ptr(a_ptr, w_ptr, c_ptr, bias_ptr, as_ptr, ws_ptr, M, N, K, num_progs,  # type: ignore[no-untyped-def]
                   stride_am, stride_wn, stride_cm, stride_as, stride_ws,
                   HAS_BIAS: tl.constexpr, BLOCK_SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -310,3 +395,4 @@ if triton is not None:
             mask = (rows[:, None] < M) & (cols[None, :] < N)
             c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    # fmt: on

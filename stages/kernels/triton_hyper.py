@@ -118,8 +118,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
 
-    @triton.jit
-    def _project(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _project(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, part_ptr, sq_ptr, T, K, M, K_PER_SPLIT,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
         PRECISION: tl.constexpr,
@@ -162,8 +162,8 @@ if triton is not None:
         )
         tl.store(sq_ptr + split * T + rows, squares, mask=row_ok)
 
-    @triton.jit
-    def _finish(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _finish(  # type: ignore[no-untyped-def]
         part_ptr, sq_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, SPLIT,
         iters, eps, norm_eps, N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
@@ -221,8 +221,8 @@ if triton is not None:
                 mask=row_ok[:, None] & (ds < D)[None, :],
             )
 
-    @triton.jit
-    def _merge(
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _merge(  # type: ignore[no-untyped-def]
         x_ptr, o_ptr, post_ptr, comb_ptr, y_ptr, T, D,
         N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip

@@ -23,6 +23,7 @@ Imports cleanly without triton or CUDA: triton is imported lazily.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -36,12 +37,13 @@ def is_available(device: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel():
+def _kernel() -> Any:  # a Triton JITFunction (untyped)
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def logits_kernel(Q, K, W, OUT, T, L, scale, stride_qt, stride_qh, stride_kl, stride_wt,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def logits_kernel(Q, K, W, OUT, T, L, scale, stride_qt, stride_qh, stride_kl, stride_wt,  # type: ignore[no-untyped-def]
                       stride_ot, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BT: tl.constexpr, BL: tl.constexpr):
         t0 = tl.program_id(0) * BT
@@ -62,6 +64,7 @@ def _kernel():
             acc += s * w[:, None]
         tl.store(OUT + offs_t[:, None] * stride_ot + offs_l[None, :], acc,
                  mask=t_mask[:, None] & l_mask[None, :])
+    # fmt: on
 
     return logits_kernel
 
@@ -70,12 +73,13 @@ DECODE_BLOCK_L = 64
 
 
 @functools.lru_cache(maxsize=None)
-def _rows_kernels():
+def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,  # type: ignore[no-untyped-def]
                      stride_k, stride_ks, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
                      HEAD_DIM: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
                      KEY_FP8: tl.constexpr):
@@ -114,9 +118,11 @@ def _rows_kernels():
                 acc = acc * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)[None, :]
             acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
             tl.store(out_ptrs, acc, mask=store_mask)
+    # fmt: on
 
-    @triton.jit
-    def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,  # type: ignore[no-untyped-def]
                       stride_k, stride_ks, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
                       HEAD_DIM: tl.constexpr, BL: tl.constexpr, KEY_FP8: tl.constexpr):
         """One token (a decode row) x BL of its keys; the index heads are the MMA's rows."""
@@ -145,12 +151,14 @@ def _rows_kernels():
                 logit = logit * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)
             logit = tl.where(l_mask, logit, float("-inf"))
             tl.store(out_ptrs, logit, mask=offs_l < LMAX)
+    # fmt: on
 
     return chunk_kernel, decode_kernel
 
 
-def indexer_logits_rows(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor,
-                        scale: float, plan) -> torch.Tensor:
+def indexer_logits_rows(
+    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, scale: float, plan: Any
+) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys [slots, D] (the flat
     cache) or [slots, D + 4] uint8 (FP8 keys, stages/kernels/fp8_indexer.py), weights [Ts, Hi],
     plan -> [Ts, Lmax] fp32 (-inf where a token does not see a key). Chunk rows and decode rows
@@ -161,13 +169,18 @@ def indexer_logits_rows(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tens
     lmax = plan.key_slots.shape[1]
     fp8 = keys.dtype == torch.uint8
     if fp8:
-        readable = (q.dtype in (torch.bfloat16, torch.float16)
-                    and keys.shape[-1] == dim + fp8_indexer.SCALE_BYTES)
+        readable = (
+            q.dtype in (torch.bfloat16, torch.float16)
+            and keys.shape[-1] == dim + fp8_indexer.SCALE_BYTES
+        )
     else:
         readable = keys.dtype == q.dtype
     # decode tiles' MMA rows are the heads: at least 16, a power of two
-    if dim not in (64, 128) or not readable or (
-            plan.decode_tiles.shape[0] and (heads < 16 or heads & (heads - 1))):
+    if (
+        dim not in (64, 128)
+        or not readable
+        or (plan.decode_tiles.shape[0] and (heads < 16 or heads & (heads - 1)))
+    ):
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
     q = q.contiguous()
     weights = weights.float().contiguous()
@@ -179,21 +192,50 @@ def indexer_logits_rows(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tens
     else:  # unread: the kernel's FP8 branch is compiled out
         key_scales = keys
     args = (q, keys, key_scales, weights, plan.key_slots, plan.visible)
-    strides = (q.stride(0), q.stride(1), keys.stride(0), key_scales.stride(0), weights.stride(0),
-               plan.key_slots.stride(0), out.stride(0))
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        keys.stride(0),
+        key_scales.stride(0),
+        weights.stride(0),
+        plan.key_slots.stride(0),
+        out.stride(0),
+    )
     if plan.chunk_tiles.shape[0]:
         grid = (plan.chunk_tiles.shape[0], -(-lmax // BLOCK_L))
-        chunk_kernel[grid](*args, plan.chunk_tiles, out, lmax, scale, *strides, HEADS=heads,
-                           HEAD_DIM=dim, BT=indexer_select.CHUNK_TILE, BL=BLOCK_L, KEY_FP8=fp8)
+        chunk_kernel[grid](
+            *args,
+            plan.chunk_tiles,
+            out,
+            lmax,
+            scale,
+            *strides,
+            HEADS=heads,
+            HEAD_DIM=dim,
+            BT=indexer_select.CHUNK_TILE,
+            BL=BLOCK_L,
+            KEY_FP8=fp8,
+        )
     if plan.decode_tiles.shape[0]:
         grid = (plan.decode_tiles.shape[0], -(-lmax // DECODE_BLOCK_L))
-        decode_kernel[grid](*args, plan.decode_tiles, out, lmax, scale, *strides, HEADS=heads,
-                            HEAD_DIM=dim, BL=DECODE_BLOCK_L, KEY_FP8=fp8)
+        decode_kernel[grid](
+            *args,
+            plan.decode_tiles,
+            out,
+            lmax,
+            scale,
+            *strides,
+            HEADS=heads,
+            HEAD_DIM=dim,
+            BL=DECODE_BLOCK_L,
+            KEY_FP8=fp8,
+        )
     return out
 
 
-def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
-                   scale: float) -> torch.Tensor:
+def indexer_logits(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q [T, Hi, D], k [L, D], weights [T, Hi] fp32 -> [T, L] fp32 (no causal mask)."""
     t, heads, dim = q.shape
     length = k.shape[0]
@@ -205,7 +247,22 @@ def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
     weights = weights.float().contiguous()
     out = torch.empty(t, length, dtype=torch.float32, device=q.device)
     grid = (-(-t // BLOCK_T), -(-length // BLOCK_L))
-    _kernel()[grid](q, k, weights, out, t, length, scale, q.stride(0), q.stride(1),
-                    k.stride(0), weights.stride(0), out.stride(0), HEADS=heads,
-                    HEAD_DIM=dim, BT=BLOCK_T, BL=BLOCK_L)
+    _kernel()[grid](
+        q,
+        k,
+        weights,
+        out,
+        t,
+        length,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        weights.stride(0),
+        out.stride(0),
+        HEADS=heads,
+        HEAD_DIM=dim,
+        BT=BLOCK_T,
+        BL=BLOCK_L,
+    )
     return out

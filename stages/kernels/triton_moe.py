@@ -33,14 +33,25 @@ def is_available(device: str = "cuda") -> bool:
     return triton is not None and torch.cuda.get_device_capability()[0] >= 9
 
 
-def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_ids: torch.Tensor,
-                topk_weights: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    limit: float | None = None,
+) -> torch.Tensor:
     return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=0)
 
 
-def moe_experts_sm1(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                    topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                    limit: float | None = None) -> torch.Tensor:
+def moe_experts_sm1(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    limit: float | None = None,
+) -> torch.Tensor:
     return _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin=1)
 
 
@@ -49,21 +60,51 @@ def _tma_ok(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     return hidden % 8 == 0 and inter % 8 == 0 and gate_up.shape[1] == 2 * inter
 
 
-def _moe(x, gate_up, down, topk_ids, topk_weights, limit, sm_margin: int) -> torch.Tensor:
-    usable = (triton is not None and x.is_cuda and x.dtype == torch.bfloat16
-              and gate_up.dtype == torch.bfloat16 and down.dtype == torch.bfloat16
-              and x.shape[0] > 0 and _tma_ok(x, gate_up, down))
+def _moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    limit: float | None,
+    sm_margin: int,
+) -> torch.Tensor:
+    usable = (
+        triton is not None
+        and x.is_cuda
+        and x.dtype == torch.bfloat16
+        and gate_up.dtype == torch.bfloat16
+        and down.dtype == torch.bfloat16
+        and x.shape[0] > 0
+        and _tma_ok(x, gate_up, down)
+    )
     if not usable:
         return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights, limit)
     t, k = topk_ids.shape
     experts, hidden, inter = down.shape
     cfg = pick_moe_config(t, k, experts, hidden, inter)
-    return run_moe(x, gate_up.contiguous(), down.contiguous(), topk_ids, topk_weights,
-                   num_sms(x.device) - sm_margin, cfg, limit)
+    return run_moe(
+        x,
+        gate_up.contiguous(),
+        down.contiguous(),
+        topk_ids,
+        topk_weights,
+        num_sms(x.device) - sm_margin,
+        cfg,
+        limit,
+    )
 
 
-def run_moe(x, gate_up, down, topk_ids, topk_weights, grid: int, cfg: MoeConfig,
-            limit: float | None = None) -> torch.Tensor:
+def run_moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    grid: int,
+    cfg: MoeConfig,
+    limit: float | None = None,
+) -> torch.Tensor:
     """Routing, the two grouped GEMMs and the sum over k, on contiguous bf16 weights with
     ``grid`` persistent programs (limit: DeepSeek-V4's swiglu clamp, as torch_ref.swiglu)."""
     t, k = topk_ids.shape
@@ -73,8 +114,14 @@ def run_moe(x, gate_up, down, topk_ids, topk_weights, grid: int, cfg: MoeConfig,
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 
-def gate_up_silu(a: torch.Tensor, gate_up: torch.Tensor, r: Routing, grid: int,
-                 g: TileConfig, limit: float | None = None) -> torch.Tensor:
+def gate_up_silu(
+    a: torch.Tensor,
+    gate_up: torch.Tensor,
+    r: Routing,
+    grid: int,
+    g: TileConfig,
+    limit: float | None = None,
+) -> torch.Tensor:
     """h [rows, I] = silu(a @ gate[e].T) * (a @ up[e].T), e the expert of each row's tile."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -84,21 +131,40 @@ def gate_up_silu(a: torch.Tensor, gate_up: torch.Tensor, r: Routing, grid: int,
     a_desc = TensorDescriptor(a, [rows, hidden], [hidden, 1], [r.block_m, g.block_k])
     # gate_up [E, 2I, H] as [2E, I, H]: gate of expert e is slice 2e, up is 2e + 1, so a tile
     # past I reads zeros instead of the other half
-    w_desc = TensorDescriptor(gate_up, [2 * experts, inter, hidden], [inter * hidden, hidden, 1],
-                              [1, g.block_n, g.block_k])
+    w_desc = TensorDescriptor(
+        gate_up,
+        [2 * experts, inter, hidden],
+        [inter * hidden, hidden, 1],
+        [1, g.block_n, g.block_k],
+    )
     h_desc = TensorDescriptor(h, [rows, inter], [inter, 1], [r.block_m, g.block_n])
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(inter, g.block_n)))
-    _gate_up_silu[(progs,)](a_desc, w_desc, h_desc, r.tile_expert, r.num_tiles, inter, hidden,
-                            progs, 0.0 if limit is None else float(limit),
-                            HAS_LIMIT=limit is not None, BLOCK_M=r.block_m,
-                            BLOCK_N=g.block_n, BLOCK_K=g.block_k, GROUP_M=g.group_m,
-                            FLATTEN=g.flatten, WARP_SPECIALIZE=g.warp_specialize,
-                            num_warps=g.num_warps, num_stages=g.num_stages)
+    _gate_up_silu[(progs,)](
+        a_desc,
+        w_desc,
+        h_desc,
+        r.tile_expert,
+        r.num_tiles,
+        inter,
+        hidden,
+        progs,
+        0.0 if limit is None else float(limit),
+        HAS_LIMIT=limit is not None,
+        BLOCK_M=r.block_m,
+        BLOCK_N=g.block_n,
+        BLOCK_K=g.block_k,
+        GROUP_M=g.group_m,
+        FLATTEN=g.flatten,
+        WARP_SPECIALIZE=g.warp_specialize,
+        num_warps=g.num_warps,
+        num_stages=g.num_stages,
+    )
     return h
 
 
-def down_scatter(h: torch.Tensor, down: torch.Tensor, r: Routing, pairs: int, grid: int,
-                 d: TileConfig) -> torch.Tensor:
+def down_scatter(
+    h: torch.Tensor, down: torch.Tensor, r: Routing, pairs: int, grid: int, d: TileConfig
+) -> torch.Tensor:
     """y [pairs, H]: each row's (h @ down[e].T) times its routing weight, at its pair's slot."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -106,14 +172,30 @@ def down_scatter(h: torch.Tensor, down: torch.Tensor, r: Routing, pairs: int, gr
     experts, hidden = down.shape[0], down.shape[1]
     y = torch.empty(pairs, hidden, dtype=h.dtype, device=h.device)
     h_desc = TensorDescriptor(h, [rows, inter], [inter, 1], [r.block_m, d.block_k])
-    d_desc = TensorDescriptor(down, [experts, hidden, inter], [hidden * inter, inter, 1],
-                              [1, d.block_n, d.block_k])
+    d_desc = TensorDescriptor(
+        down, [experts, hidden, inter], [hidden * inter, inter, 1], [1, d.block_n, d.block_k]
+    )
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(hidden, d.block_n)))
-    _down_scatter[(progs,)](h_desc, d_desc, y, r.pair_of_row, r.row_weight, r.tile_expert,
-                            r.num_tiles, hidden, inter, progs, BLOCK_M=r.block_m,
-                            BLOCK_N=d.block_n, BLOCK_K=d.block_k, GROUP_M=d.group_m,
-                            FLATTEN=d.flatten, WARP_SPECIALIZE=d.warp_specialize,
-                            num_warps=d.num_warps, num_stages=d.num_stages)
+    _down_scatter[(progs,)](
+        h_desc,
+        d_desc,
+        y,
+        r.pair_of_row,
+        r.row_weight,
+        r.tile_expert,
+        r.num_tiles,
+        hidden,
+        inter,
+        progs,
+        BLOCK_M=r.block_m,
+        BLOCK_N=d.block_n,
+        BLOCK_K=d.block_k,
+        GROUP_M=d.group_m,
+        FLATTEN=d.flatten,
+        WARP_SPECIALIZE=d.warp_specialize,
+        num_warps=d.num_warps,
+        num_stages=d.num_stages,
+    )
     return y
 
 
@@ -126,8 +208,9 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
     from stages.kernels.triton_gemm import _tile_coords
 
-    @triton.jit
-    def _gate_up_silu(a_desc, w_desc, h_desc, tile_expert_ptr, num_tiles_ptr, INTER, H,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _gate_up_silu(a_desc, w_desc, h_desc, tile_expert_ptr, num_tiles_ptr, INTER, H,  # type: ignore[no-untyped-def]
                       num_progs, LIMIT, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
@@ -160,9 +243,11 @@ if triton is not None:
             tile_c += num_progs
             pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
             h_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], act.to(h_desc.dtype))
+    # fmt: on
 
-    @triton.jit
-    def _down_scatter(h_desc, d_desc, y_ptr, pair_ptr, weight_ptr, tile_expert_ptr,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _down_scatter(h_desc, d_desc, y_ptr, pair_ptr, weight_ptr, tile_expert_ptr,  # type: ignore[no-untyped-def]
                       num_tiles_ptr, H, INTER, num_progs, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                       FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
@@ -196,3 +281,4 @@ if triton is not None:
             ptrs = y_ptr + pair.to(tl.int64)[:, None] * H + cols[None, :]
             keep = (pair[:, None] >= 0) & (cols[None, :] < H)
             tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=keep)
+    # fmt: on

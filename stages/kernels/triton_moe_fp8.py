@@ -46,17 +46,31 @@ def is_available(device: str = "cuda") -> bool:
     return triton is not None and torch.cuda.get_device_capability()[0] >= 9
 
 
-def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gu_scale: torch.Tensor,
-                down: torch.Tensor, d_scale: torch.Tensor, topk_ids: torch.Tensor,
-                topk_weights: torch.Tensor, fp8_linear: Any = None,
-                limit: float | None = None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gu_scale: torch.Tensor,
+    down: torch.Tensor,
+    d_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    fp8_linear: Any = None,
+    limit: float | None = None,
+) -> torch.Tensor:
     return _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_margin=0)
 
 
-def moe_experts_sm1(x: torch.Tensor, gate_up: torch.Tensor, gu_scale: torch.Tensor,
-                    down: torch.Tensor, d_scale: torch.Tensor, topk_ids: torch.Tensor,
-                    topk_weights: torch.Tensor, fp8_linear: Any = None,
-                    limit: float | None = None) -> torch.Tensor:
+def moe_experts_sm1(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gu_scale: torch.Tensor,
+    down: torch.Tensor,
+    d_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    fp8_linear: Any = None,
+    limit: float | None = None,
+) -> torch.Tensor:
     return _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_margin=1)
 
 
@@ -82,18 +96,51 @@ def grouped_gemm(
     ws = w_scale.float().contiguous()
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, BLOCK)))
     _grouped_w8a8[(progs,)](
-        q, q_scale, w, ws, c, r.tile_expert, r.num_tiles, r.pair_of_row, r.row_weight,
-        n, k, progs, q.stride(0), q_scale.stride(0), w.stride(0), w.stride(1), ws.stride(0),
-        ws.stride(1), c.stride(0), SCATTER=pairs is not None, BLOCK_M=r.block_m,
-        BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8, num_warps=num_warps, num_stages=num_stages,
+        q,
+        q_scale,
+        w,
+        ws,
+        c,
+        r.tile_expert,
+        r.num_tiles,
+        r.pair_of_row,
+        r.row_weight,
+        n,
+        k,
+        progs,
+        q.stride(0),
+        q_scale.stride(0),
+        w.stride(0),
+        w.stride(1),
+        ws.stride(0),
+        ws.stride(1),
+        c.stride(0),
+        SCATTER=pairs is not None,
+        BLOCK_M=r.block_m,
+        BLOCK_N=BLOCK,
+        BLOCK_K=BLOCK,
+        GROUP_M=8,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return c
 
 
-def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_margin: int):
+def _moe(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gu_scale: torch.Tensor,
+    down: torch.Tensor,
+    d_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    limit: float | None,
+    sm_margin: int,
+) -> torch.Tensor:
     if triton is None or not x.is_cuda or x.shape[0] == 0:
-        return fp8_ref.moe_experts(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights,
-                                   limit=limit)
+        return fp8_ref.moe_experts(
+            x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit=limit
+        )
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
     block_m, warps, stages = tiles_for(t * k, gate_up.shape[0])
@@ -101,11 +148,11 @@ def _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_
     xq, xs = triton_fp8_act.quantize_act(x)
     # the FP8 rows travel as bytes (the gather copies them unchanged); padding rows stay
     # unwritten and take token 0's scales: their results are never stored at a pair's slot
-    r, a = route_and_gather(xq.view(torch.uint8), topk_ids, topk_weights, gate_up.shape[0],
-                            block_m)
+    r, a = route_and_gather(xq.view(torch.uint8), topk_ids, topk_weights, gate_up.shape[0], block_m)
     a_scale = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
-    gate, up = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid,
-                            x.dtype, **cfg).chunk(2, dim=-1)
+    gate, up = grouped_gemm(
+        a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid, x.dtype, **cfg
+    ).chunk(2, dim=-1)
     hq, hs = triton_fp8_act.quantize_act(torch_ref.swiglu(gate, up, limit))
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k, **cfg)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
@@ -120,8 +167,9 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
     from stages.kernels.triton_gemm import _tile_coords, dot_rows
 
-    @triton.jit
-    def _grouped_w8a8(
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _grouped_w8a8(  # type: ignore[no-untyped-def]
         a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr,
         weight_ptr, N, K, num_progs, stride_am, stride_as, stride_we, stride_wn, stride_wse,
         stride_wsn, stride_cm, SCATTER: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -149,3 +197,4 @@ if triton is not None:
                 keep = cols[None, :] < N
             c_ptrs = c_ptr + dest[:, None] * stride_cm + cols[None, :]
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=keep)
+    # fmt: on

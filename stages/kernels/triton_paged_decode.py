@@ -12,6 +12,7 @@ Imports cleanly without triton or CUDA: triton is imported lazily.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -27,12 +28,13 @@ def is_available(device: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels():
+def _kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def split_kernel(Q, K, V, TABLES, TABLE_ROWS, LENS, O_PART, LSE_PART, scale,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def split_kernel(Q, K, V, TABLES, TABLE_ROWS, LENS, O_PART, LSE_PART, scale,  # type: ignore[no-untyped-def]
                      stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                      stride_tb, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -90,9 +92,11 @@ def _kernels():
                  + offs_d[None, :])
         tl.store(o_ptr, out, mask=g_mask[:, None] & d_mask[None, :])
         tl.store(LSE_PART + row * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+    # fmt: on
 
-    @triton.jit
-    def merge_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_os, stride_lb,
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def merge_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_os, stride_lb,  # type: ignore[no-untyped-def]
                      stride_lh, stride_out_b, stride_out_h, HEAD_DIM: tl.constexpr,
                      BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
                      BLOCK_S: tl.constexpr):
@@ -113,6 +117,7 @@ def _kernels():
         out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
         tl.store(OUT + row * stride_out_b + head * stride_out_h + offs_d,
                  out.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    # fmt: on
 
     return split_kernel, merge_kernel
 
@@ -129,10 +134,17 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, table_rows: torch.Tensor,
-                           lengths: torch.Tensor, scale: float, block_size: int,
-                           num_splits: int | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    table_rows: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    block_size: int,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """q [R, Hq, D] (one token per row); k/v_cache [slots, Hkv, D] (a layer of the paged cache,
     slot = block * block_size + offset); block_tables [N, max_blocks] (int32/64) with row r's
     table at block_tables[table_rows[r]]; lengths [R]: keys row r attends to (0: output 0).
@@ -153,16 +165,52 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     out = torch.empty_like(q)
     block_d = _next_pow2(d)
     split_kernel[(rows, hkv, splits)](
-        q, k_cache, v_cache, block_tables, table_rows, lengths, o_part, lse_part, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-        v_cache.stride(1), block_tables.stride(0), o_part.stride(0), o_part.stride(1),
-        o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
-        GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d,
-        PAGE=block_size, NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
-        num_warps=4, num_stages=2)
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        table_rows,
+        lengths,
+        o_part,
+        lse_part,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        block_tables.stride(0),
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        lse_part.stride(0),
+        lse_part.stride(1),
+        GROUP=group,
+        BLOCK_G=max(16, _next_pow2(group)),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        PAGE=block_size,
+        NUM_SPLITS=splits,
+        IEEE=q.dtype == torch.float32,
+        num_warps=4,
+        num_stages=2,
+    )
     merge_kernel[(rows, hq)](
-        o_part, lse_part, out, o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1), out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=_next_pow2(splits),
-        num_warps=4)
+        o_part,
+        lse_part,
+        out,
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        lse_part.stride(0),
+        lse_part.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        NUM_SPLITS=splits,
+        BLOCK_S=_next_pow2(splits),
+        num_warps=4,
+    )
     return out

@@ -50,47 +50,90 @@ def test_gpu_serve_config_has_the_charts_defaults():
     AutoscalingConfig(**args["autoscaling_config"])
 
 
-# What each deployment file sets on purpose; every other engine option it names must carry
-# EngineConfig's default (or null: the default), so no default is kept by hand in two places.
+# What each deployment file sets on purpose; every other engine or server option it names must
+# carry EngineConfig's or ServerConfig's default (or null: the default), so no default is kept by
+# hand in two places.
 DEPLOYED_CHOICES = {
     "serve_config.yaml": {"stage_num_cpus": 0.5},  # fits a 2-core laptop
-    "serve_config_gpu.yaml": {"device": "cuda"},
-    "values.yaml": {"device": "cuda"},
+    "serve_config_gpu.yaml": {"device": "cuda", "host": "0.0.0.0", "autoscaling_config": ...},
+    "values.yaml": {"device": "cuda", "host": "0.0.0.0", "autoscaling_config": ...},
 }
 
 
-def _engine_options(name: str) -> dict:
+def _options(name: str) -> dict:
+    """The engine and server options a deployment file names (http_options' host and port, the
+    chart's serve.* and port, metricsPort and apiKey.value, under ServerConfig's names)."""
     if name == "values.yaml":
-        return VALUES["engine"]
-    from app.server import SERVER_KEYS
-
-    return {k: v for k, v in yaml.safe_load((DEPLOY / name).read_text())["applications"][0][
-        "args"].items() if k not in SERVER_KEYS}
+        serve = VALUES["serve"]
+        scaling = {k: v for k, v in serve["autoscaling"].items() if k != "enabled"}
+        chart = {k: v for k, v in serve.items()
+                 if k not in ("autoscaling", "runtimeEnv", "extraArgs")}
+        return {**VALUES["engine"], **chart, "host": "0.0.0.0",
+                "metrics_port": VALUES["metricsPort"], "api_key": VALUES["apiKey"]["value"] or None,
+                "autoscaling_config": scaling if serve["autoscaling"]["enabled"] else None}
+    config = yaml.safe_load((DEPLOY / name).read_text())
+    return {**config["applications"][0]["args"], **config["http_options"]}
 
 
 @pytest.mark.parametrize("name", sorted(DEPLOYED_CHOICES))
-def test_deployed_options_are_engine_options_with_its_defaults(name):
-    from app.config import EngineConfig, option_names
+def test_deployed_options_are_options_with_their_defaults(name):
+    from app.config import EngineConfig
+    from app.options import option_names
+    from app.server_config import ServerConfig
 
-    names, default = option_names(), EngineConfig()
-    options = _engine_options(name)
-    unknown = set(options) - set(names)
-    assert not unknown, f"{name} names no such engine option: {sorted(unknown)}"
+    options = _options(name)
     chosen = DEPLOYED_CHOICES[name]
+    split: dict = {EngineConfig: {}, ServerConfig: {}}
     for key, value in options.items():
+        cls = next((c for c in split if key in option_names(c)), None)
+        assert cls is not None, f"{name} names no such option: {key}"
+        split[cls][key] = value
         if key in chosen:
-            assert value == chosen[key], (name, key)
+            assert chosen[key] is ... or value == chosen[key], (name, key)
         elif value is not None:
-            want = getattr(default, names[key])
-            assert value == want, f"{name}: {key} is {value!r}, EngineConfig's default {want!r}"
-    EngineConfig.from_dict({k: v for k, v in options.items() if v is not None})
+            f = option_names(cls)[key]
+            want = getattr(cls(), f)
+            value = cls.from_dict({key: value}).__getattribute__(f)  # as build_app reads it
+            assert value == want, f"{name}: {key} is {value!r}, {cls.__name__}'s default {want!r}"
+    for cls, given in split.items():
+        cls.from_dict({k: v for k, v in given.items() if v is not None})
+
+
+def test_serve_config_and_ppserve_serve_start_the_same_app():
+    """`serve run deploy/serve_config.yaml` and `ppserve serve` with the same options build the
+    same deployments, and the file's http_options are the CLI's defaults."""
+    from app.cli import build_parser, engine_args, server_config
+    from app.server import build_app
+
+    args = _app_args("serve_config.yaml")
+    http = yaml.safe_load((DEPLOY / "serve_config.yaml").read_text())["http_options"]
+    argv = ["serve"] + [f"--{k.replace('_', '-')}={v}" for k, v in args.items()]
+    a = build_parser().parse_args(argv)
+    server = server_config(a)
+    assert {"host": server.host, "port": server.port} == http
+    from_cli = build_app({**engine_args(a), **server.app_args()})  # as cmd_serve calls it
+    assert _deployments(from_cli) == _deployments(build_app(copy.deepcopy(args)))
+
+
+def _deployments(app) -> list:
+    """Each deployment of an application: its name, config, actor options and init args."""
+    out, seen = [], [app]
+    while seen:
+        bound = seen.pop()._bound_deployment
+        d = bound._deployment_config.model_dump()
+        apps = [x for x in bound.init_args if hasattr(x, "_bound_deployment")]
+        args = [x for x in bound.init_args if x not in apps]  # PipelineServer's EngineConfig
+        out.append((bound.name, d, bound.ray_actor_options, args, bound.init_kwargs))
+        seen += apps
+    return out
 
 
 def test_values_comments_list_each_options_choices():
-    from app.config import EngineConfig, option_names
+    from app.config import EngineConfig
+    from app.options import option_names
 
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    names = option_names()
+    names = option_names(EngineConfig)
     listed = re.findall(r"^  (\w+): .*#\s*([\w-]+(?: \| [\w-]+)+)\s*$",
                         (ROOT / "charts" / "ppserve" / "values.yaml").read_text(), re.M)
     assert listed, "values.yaml lists some choices in its comments"

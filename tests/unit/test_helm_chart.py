@@ -27,6 +27,7 @@ OVERRIDE = {
                "gpu_memory_utilization": 0.85, "pp_output_skip": "sglang"},
     "apiKey": {"secretName": "ppserve-key"},
     "serve": {"autoscaling": {"enabled": False}, "num_replicas": 2, "max_ongoing_requests": 256,
+              "prefix_routing_max_queue": 0, "allowed_origins": ["https://app.test"],
               "extraArgs": {"block_size": 32}},
     "workerGroups": [
         {"name": "h200", "gpusPerPod": 8, "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
@@ -120,6 +121,7 @@ def test_serve_config(rendered):
 
     from app.config import EngineConfig
     from app.server import build_app
+    from app.server_config import APP_KEYS
 
     name, kinds = rendered
     config = yaml.safe_load(kinds["RayService"]["spec"]["serveConfigV2"])
@@ -138,8 +140,9 @@ def test_serve_config(rendered):
         assert args["pp"] == 4 and args["num_replicas"] == 2 and args["block_size"] == 32
         assert args["model"] == "/models/llama" and args["max_model_len"] == 131072
         assert "autoscaling_config" not in args and "api_key" not in args
-    assert set(args) - {"pp", "autoscaling_config", "num_replicas", "max_ongoing_requests",
-                        "api_key"} <= {f.name for f in dataclasses.fields(EngineConfig)}
+        assert args["prefix_routing_max_queue"] == 0  # a 0 is set, not dropped as unset
+        assert args["allowed_origins"] == ["https://app.test"]
+    assert set(args) - {"pp", *APP_KEYS} <= {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def test_cluster_shape(rendered):

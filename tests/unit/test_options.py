@@ -1,5 +1,6 @@
-"""Every engine option is declared once, on EngineConfig: the CLI flags come from it, and the
-README's flag table and the Helm values schema are checked against it here."""
+"""Every engine option is declared once, on EngineConfig, and every server option on ServerConfig:
+the CLI flags come from them, and the README's flag table and the Helm values schema are checked
+against them here."""
 
 from __future__ import annotations
 
@@ -10,12 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import add_engine_flags, build_parser, engine_args, flag_table
-from app.config import EngineConfig, option_names, option_type
+from app.cli import add_engine_flags, build_parser, engine_args, flag_table, options_args
+from app.config import EngineConfig
+from app.options import option_names, option_type
+from app.server_config import ServerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = dataclasses.fields(EngineConfig)
 WITH_CHOICES = [f for f in FIELDS if f.metadata["choices"]]
+JSON_TYPE = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    tuple: "array",
+    dict: "object",
+}
 
 
 def test_readme_flag_table_is_generated_from_the_options():
@@ -25,22 +36,61 @@ def test_readme_flag_table_is_generated_from_the_options():
     )
 
 
-def test_every_option_has_help_and_a_cli_flag_of_its_type():
+# A CLI string for the flag and the value it stands for, per option type.
+SAMPLES = {
+    int: ("3", 3),
+    float: ("0.5", 0.5),
+    str: ("x", "x"),
+    tuple: ("https://a.test, https://b.test", ("https://a.test", "https://b.test")),
+    dict: ('{"min_replicas": 1}', {"min_replicas": 1}),
+}
+
+
+@pytest.mark.parametrize("cls", [EngineConfig, ServerConfig])
+def test_every_option_has_help_and_a_cli_flag_of_its_type(cls):
     parser = build_parser()
-    for f in FIELDS:
+    for f in dataclasses.fields(cls):
         assert f.metadata["help"].endswith("."), f.name
         flag = "--" + f.name.replace("_", "-")
-        typ = option_type(f)
+        typ = option_type(cls, f)
         if typ is bool:
             argv = ["serve", flag]
             want = True
+        elif f.metadata["choices"]:
+            want = f.metadata["choices"][-1]
+            argv = ["serve", flag, want]
         else:
-            sample = {int: 3, float: 0.5, str: "x"}[typ]
-            want = f.metadata["choices"][-1] if f.metadata["choices"] else sample
-            argv = ["serve", flag, str(want)]
-        got = engine_args(parser.parse_args(argv))
+            text, want = SAMPLES[typ]
+            argv = ["serve", flag, text]
+        got = options_args(parser.parse_args(argv), cls)
         assert got == {f.name: want}, (f.name, got)
-        EngineConfig.from_dict(got)
+        cls.from_dict(got)
+
+
+def test_server_options_default_as_before():
+    """The flags `ppserve serve` had before ServerConfig, with the same defaults."""
+    s = ServerConfig()
+    assert (s.host, s.port, s.metrics_port, s.api_key, s.num_replicas) == (
+        "127.0.0.1",
+        8000,
+        8080,
+        None,
+        1,
+    )
+    assert (s.max_request_bytes, s.allowed_origins, s.ingress_num_cpus) == (32 << 20, (), 0.1)
+    assert s.prefix_routing_max_queue is s.num_cpus is s.address is s.autoscaling_config is None
+    assert ServerConfig.from_dict({"allowed_origins": ["https://a.test"]}).allowed_origins == (
+        "https://a.test",
+    )
+    with pytest.raises(ValueError, match="not_an_option"):
+        ServerConfig.from_dict({"not_an_option": 1})
+
+
+def test_generate_takes_only_the_cluster_options():
+    a = build_parser().parse_args(["generate", "hi", "--num-cpus", "4", "--address", "auto"])
+    assert options_args(a, ServerConfig) == {"num_cpus": 4, "address": "auto"}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "hi", "--port", "1"])
 
 
 @pytest.mark.parametrize(
@@ -78,25 +128,66 @@ def test_choices_are_enforced_by_config_and_cli(f):
 def test_helm_values_schema_matches_the_options():
     schema = json.loads((ROOT / "charts" / "ppserve" / "values.schema.json").read_text())
     engine = schema["properties"]["engine"]["properties"]
-    names = option_names()
+    names = option_names(EngineConfig)
     assert {names[k] for k in engine} == {f.name for f in FIELDS}
     assert len(engine) == len(FIELDS), "one key per option"
-    defs = schema["definitions"]
     for key, prop in engine.items():
-        f = next(f for f in FIELDS if f.name == names[key])
-        prop = defs[prop["$ref"].split("/")[-1]] if "$ref" in prop else prop
-        if f.metadata["choices"]:
-            assert set(prop["enum"]) - {None} == set(f.metadata["choices"]), key
-            continue
-        types = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
-        json_type = {bool: "boolean", int: "integer", float: "number", str: "string"}
-        assert json_type[option_type(f)] in types, key
-        bounds = {k: prop[k] for k in ("minimum", "exclusiveMinimum", "maximum") if k in prop}
-        assert bounds == f.metadata["bounds"], key
+        _check_schema(schema, EngineConfig, names[key], prop)
 
 
-@pytest.mark.parametrize("f", [f for f in FIELDS if f.metadata["bounds"]], ids=lambda f: f.name)
-def test_bounds_are_enforced_by_config(f):
+# Where the chart's values hold a ServerConfig option under another name; the others of its
+# build_app options are `serve.<name>`, and the rest reach build_app through serve.extraArgs.
+HELM_NAMES = {
+    "api_key": ("apiKey", "value"),
+    "port": ("serve", "port"),
+    "metrics_port": ("metricsPort",),
+    "autoscaling_config": ("serve", "autoscaling"),
+}
+
+
+def _check_schema(schema: dict, cls: type, name: str, prop: dict) -> None:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    prop = schema["definitions"][prop["$ref"].split("/")[-1]] if "$ref" in prop else prop
+    if f.metadata["choices"]:
+        assert set(prop["enum"]) - {None} == set(f.metadata["choices"]), name
+        return
+    types = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+    assert JSON_TYPE[option_type(cls, f)] in types, name
+    bounds = {k: prop[k] for k in ("minimum", "exclusiveMinimum", "maximum") if k in prop}
+    assert bounds == f.metadata["bounds"], name
+
+
+def test_helm_values_schema_matches_the_server_options():
+    from app.server_config import APP_KEYS
+
+    schema = json.loads((ROOT / "charts" / "ppserve" / "values.schema.json").read_text())
+    serve = schema["properties"]["serve"]["properties"]
+    chart_only = {"runtimeEnv", "extraArgs"}
+    in_serve = set(serve) - chart_only - {"autoscaling", "port"}
+    assert in_serve <= set(APP_KEYS), "serve.* keys are build_app's server options"
+    for name in in_serve:
+        _check_schema(schema, ServerConfig, name, serve[name])
+    for name, path in HELM_NAMES.items():
+        prop = schema
+        for key in path:
+            prop = prop["properties"][key]
+        if name == "autoscaling_config":
+            assert prop["type"] == "object"
+        else:
+            _check_schema(schema, ServerConfig, name, prop)
+
+
+@pytest.mark.parametrize(
+    "cls,f",
+    [
+        (c, f)
+        for c in (EngineConfig, ServerConfig)
+        for f in dataclasses.fields(c)
+        if f.metadata["bounds"]
+    ],
+    ids=lambda x: getattr(x, "name", getattr(x, "__name__", "")),
+)
+def test_bounds_are_enforced_by_config(cls, f):
     bounds = f.metadata["bounds"]
     bad = []
     if "minimum" in bounds:
@@ -107,7 +198,7 @@ def test_bounds_are_enforced_by_config(f):
         bad.append(bounds["maximum"] + 1)
     for value in bad:
         with pytest.raises(ValueError, match=f.name):
-            EngineConfig(**{f.name: value})
+            cls(**{f.name: value})
 
 
 @pytest.mark.parametrize(
@@ -144,3 +235,19 @@ def test_each_tuple_of_choices_is_written_once():
             if choices in lits or ("auto", *choices) in lits
         ]
         assert len(where) <= 1, f"{f.name}'s choices are written in {where}"
+
+
+def test_build_app_splits_its_args_and_refuses_the_launch_options():
+    """build_app takes the engine's options and ServerConfig's app_arg ones; host, port and the
+    other options `ppserve serve` reads itself are an error there, not silently ignored."""
+    from app.server import split_args
+
+    engine, server = split_args({"pp": 1, "num-replicas": 2, "allowed_origins": ["https://a.test"]})
+    assert (engine.pp_size, server.num_replicas, server.allowed_origins) == (
+        1,
+        2,
+        ("https://a.test",),
+    )
+    for key in ("host", "port", "metrics_port", "num_cpus", "address"):
+        with pytest.raises(ValueError, match=key):
+            split_args({key: 1})

@@ -29,20 +29,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end }}
 
-{{/* build_app's args: the set engine options, the server options, then serve.extraArgs. */}}
+{{/* build_app's args: the set engine options, the set server options (serve.* but the chart's
+own keys), then serve.extraArgs. Unset: null, "" or an empty list. */}}
 {{- define "ppserve.serveArgs" -}}
 {{- $args := dict }}
-{{- range $k, $v := .Values.engine }}
-{{- if not (or (kindIs "invalid" $v) (eq (toString $v) "")) }}{{ $_ := set $args $k $v }}{{ end }}
-{{- end }}
 {{- $s := .Values.serve }}
+{{- $server := omit $s "autoscaling" "num_replicas" "port" "runtimeEnv" "extraArgs" }}
+{{- range $k, $v := merge (deepCopy .Values.engine) $server }}
+{{- if not (or (kindIs "invalid" $v) (eq (toString $v) "") (and (kindIs "slice" $v) (empty $v))) }}{{ $_ := set $args $k $v }}{{ end }}
+{{- end }}
 {{- if $s.autoscaling.enabled }}
 {{- $_ := set $args "autoscaling_config" (omit $s.autoscaling "enabled") }}
 {{- else }}
 {{- $_ := set $args "num_replicas" $s.num_replicas }}
 {{- end }}
-{{- if $s.max_ongoing_requests }}{{ $_ := set $args "max_ongoing_requests" $s.max_ongoing_requests }}{{ end }}
-{{- if $s.allowed_origins }}{{ $_ := set $args "allowed_origins" $s.allowed_origins }}{{ end }}
 {{- if .Values.apiKey.value }}{{ $_ := set $args "api_key" .Values.apiKey.value }}{{ end }}
 {{- toYaml (mergeOverwrite $args $s.extraArgs) }}
 {{- end }}
