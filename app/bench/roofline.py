@@ -4,8 +4,9 @@ bf16 and FP8 GEMM rates, decode bytes per step against its HBM bandwidth.
 FLOPs come from the scheduler's own chunk cost (app.scheduler.chunking.ChunkCost: 2 per weight
 per token, 4 * heads * head_dim per query-key pair), fed the active MLP width of MoE layers.
 For MLA (DeepSeek) shapes this is an estimate: attention is counted as GQA of the config's
-heads and head_dim, V3.2/V4's indexer as dense pairs of its own heads, sparse attention at
-index_topk keys a query. Good enough to say how far a row is from the chip, not to 1 %.
+heads and head_dim, V3.2's indexer as dense pairs of its own heads, sparse attention at
+index_topk keys a query, V4's compressed keys at their compression rate beside its window.
+Good enough to say how far a row is from the chip, not to 1 %.
 """
 
 from __future__ import annotations
@@ -52,31 +53,48 @@ def _layer_cost(cfg: dict[str, Any], width: float) -> ChunkCost:
     )
 
 
+def _pairs(cfg: dict[str, Any], layer: int, prefix: int, n: int) -> tuple[float, float]:
+    """(query-key pairs attended, pairs the indexer scores) of one chunk in one layer."""
+    causal = prefix * n + n * (n + 1) / 2
+    topk = int(cfg.get("index_topk") or 0)
+    if cfg.get("model_type") == "deepseek_v4":
+        # every query: its sliding window, plus compressed keys (CSA: top-k of them, chosen by
+        # the indexer over all; HCA: all of them)
+        kind = cfg["layer_types"][layer]
+        compressed = causal / cfg["compress_rates"][kind]
+        window = n * (cfg.get("sliding_window") or 0)
+        if kind == "compressed_sparse_attention":
+            return window + min(compressed, n * topk), compressed
+        return window + compressed, 0.0
+    if topk:  # V3.2: top-k keys a query, the indexer over every pair
+        return min(causal, n * topk), causal
+    return causal, 0.0
+
+
 def prefill_flops(cfg: dict[str, Any], chunks: list[int]) -> float:
     """FLOPs of a lone prompt cut into `chunks` (the last token's logits included)."""
     _, top_k, _ = _experts(cfg)
-    topk_keys = cfg.get("index_topk")
     index_pair = 2.0 * (cfg.get("index_n_heads") or 0) * (cfg.get("index_head_dim") or 0)
     total = 0.0
-    for width in _mlp_widths(cfg, float(top_k)):
+    for layer, width in enumerate(_mlp_widths(cfg, float(top_k))):
         cost = _layer_cost(cfg, width)
         prefix = 0
         for n in chunks:
-            pairs = prefix * n + n * (n + 1) / 2
-            # each query attends to at most index_topk keys; the indexer scores every pair
-            attended = min(pairs, n * topk_keys) if topk_keys else pairs
-            total += cost.token_cost * n + cost.pair_cost * attended + index_pair * pairs
+            attended, indexed = _pairs(cfg, layer, prefix, n)
+            total += cost.token_cost * n + cost.pair_cost * attended + index_pair * indexed
             prefix += n
     return float(total + 2.0 * cfg["hidden_size"] * cfg["vocab_size"])
 
 
-def prefill_distance(cfg: dict[str, Any], chunks: list[int], seconds: float) -> dict[str, float]:
-    """Achieved TFLOP/s and its fraction of the chip's bf16 and FP8 rates."""
+def prefill_distance(
+    cfg: dict[str, Any], chunks: list[int], seconds: float, chips: int = 1
+) -> dict[str, float]:
+    """Achieved TFLOP/s (all chips) and its fraction of the chips' bf16 and FP8 rates."""
     tflops = prefill_flops(cfg, chunks) / seconds / 1e12
     return {
         "tflops": round(tflops, 1),
-        "of_bf16": round(tflops / H200_BF16_TFLOPS, 3),
-        "of_fp8": round(tflops / H200_FP8_TFLOPS, 3),
+        "of_bf16": round(tflops / (chips * H200_BF16_TFLOPS), 3),
+        "of_fp8": round(tflops / (chips * H200_FP8_TFLOPS), 3),
     }
 
 

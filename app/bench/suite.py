@@ -11,6 +11,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,16 +55,20 @@ def ttft_figures(raw: dict[str, Any]) -> list[Figure]:
         length = f"{n // 1024}K" if n >= 1024 else str(n)
         label = (
             f"TTFT {length} pp{r['pp']} {r['mode']} {r['linear']}"
-            f"{'' if r['chunking'] == 'fixed' else ' ' + r['chunking']}{_quant(r)}"
+            f"{'' if r.get('chunking', 'fixed') == 'fixed' else ' ' + r['chunking']}{_quant(r)}"
         )
         t = r["ttft_median_s"]
+        # files from before chunking was recorded cut fixed chunks
+        chunks = r.get("chunks") or [r["chunk"]] * (n // r["chunk"]) + [n % r["chunk"]] * (
+            n % r["chunk"] > 0
+        )
         figures.append(
             {
                 "label": label,
                 "value": t,
                 "unit": "s",
                 "higher_is_better": False,
-                "distance": prefill_distance(raw["model"], r["chunks"], t),
+                "distance": prefill_distance(raw["model"], chunks, t, r["pp"]),
             }
         )
     return figures
@@ -76,7 +81,7 @@ def decode_figures(raw: dict[str, Any]) -> list[Figure]:
     fp8_kv = engine.get("kv_cache_dtype") == "fp8"
     tag = (" fp8" if fp8_w or fp8_kv else "") + f" {d['concurrency']} rows"
     figures: list[Figure] = []
-    for mode, s in d["summary"].items():
+    for mode, s in (d.get("summary") or _summary(d["runs"])).items():
         step = s.get("stage_forward_s")
         # the context a step reads, on average over the run
         context = d["short_len"] + d["decode_tokens"] // 2
@@ -112,6 +117,19 @@ def decode_figures(raw: dict[str, Any]) -> list[Figure]:
             }
         )
     return figures
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Medians per mode, for load files from before the bench wrote its summary."""
+    modes = {r["mode"] for r in runs}
+    return {
+        m: {
+            k: statistics.median(r[k] for r in runs if r["mode"] == m and r.get(k))
+            for k in ("tokens_per_s", "stage_forward_s")
+            if any(r.get(k) for r in runs if r["mode"] == m)
+        }
+        for m in sorted(modes)
+    }
 
 
 def figures(row: Row, raw: dict[str, Any]) -> list[Figure]:
