@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,14 @@ def test_report_table_one_line_per_figure_in_manifest_order(tmp_path, capsys):
     assert "6,654 tok/s" in table[3] and "38% of HBM" in table[3]
     assert suite.main(["--report", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip().splitlines() == table
+
+
+def test_performance_doc_opens_with_the_generated_table():
+    # the headline table is `ppserve bench suite --report docs/bench/latest`, never hand-edited
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "PERFORMANCE.md").read_text()
+    begin, end = "<!-- suite report: begin -->\n", "\n<!-- suite report: end -->"
+    table = doc[doc.index(begin) + len(begin) : doc.index(end)]
+    results = suite.load_results([str(root / "docs" / "bench" / "latest")])
+    assert {r["row"] for r in results} <= {r.name for r in ROWS}
+    assert table == suite.report(results)
