@@ -15,9 +15,9 @@ from typing import Any
 
 from app.scheduler.chunking import ChunkCost
 
-H200_BF16_TFLOPS = 790.0  # dense bf16 GEMM, measured (docs/bench/CONTENTION.md)
-H200_FP8_TFLOPS = 1580.0  # twice bf16, the FP8 tensor cores' ratio
-H200_HBM_TBS = 4.8
+H200_BF16_TFLOPS = 790.0  # dense bf16 GEMMs alone: 752-793 TF/s (docs/bench/CONTENTION.md)
+H200_FP8_TFLOPS = 1580.0  # twice bf16, the FP8 tensor cores' ratio (not measured here)
+H200_HBM_TBS = 4.8  # the data sheet's
 
 
 def _experts(cfg: dict[str, Any]) -> tuple[int, int, int]:
