@@ -38,7 +38,8 @@ def compare(
             mark = "  << REGRESSION"
             flagged.append(f"{key[0]}: {key[1]}")
         lines.append(
-            f"{key[0]} | {key[1]} | {value_text(o[key])} | {value_text(n[key])} | {-w:+.1%}{mark}"
+            f"{key[0]} | {key[1]} | {value_text(o[key])} | {value_text(n[key])} | "
+            f"{(-w or 0.0):+.1%}{mark}"
         )
     for key in sorted(set(o) ^ set(n)):
         lines.append(f"{key[0]} | {key[1]} | only in {'OLD' if key in o else 'NEW'}")
