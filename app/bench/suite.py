@@ -25,6 +25,8 @@ Figure = dict[str, Any]  # label, value, unit, higher_is_better, distance
 
 
 def commit() -> str:
+    if os.environ.get("PPSERVE_COMMIT"):  # a GPU host given the tree without .git
+        return os.environ["PPSERVE_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],

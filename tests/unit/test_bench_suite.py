@@ -131,3 +131,10 @@ def test_performance_doc_opens_with_the_generated_table():
     results = suite.load_results([str(root / "docs" / "bench" / "latest")])
     assert {r["row"] for r in results} <= {r.name for r in ROWS}
     assert table == suite.report(results)
+
+
+def test_commit_from_the_environment_where_git_is_missing(monkeypatch):
+    monkeypatch.setenv("PPSERVE_COMMIT", "deadbeef")
+    assert suite.commit() == "deadbeef"
+    monkeypatch.delenv("PPSERVE_COMMIT")
+    assert suite.commit() != "deadbeef"
