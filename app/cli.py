@@ -299,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="'bench serve': load a running endpoint; "
         "'bench engine' (the default), 'bench contention', 'bench load', "
-        "'bench attention', 'bench prefix': GPU benches. "
+        "'bench attention', 'bench prefix': GPU benches; 'bench suite': the headline rows "
+        "(app/bench/suite_rows.py), 'bench compare OLD NEW': the regression guard. "
         "'ppserve bench serve --help' etc. for their flags.",
     )
     return p
@@ -307,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_bench(rest: list[str]) -> int:
     """serve: load a running endpoint; engine / contention (GPU benches); else the engine."""
-    benches = ("serve", "engine", "contention", "load", "attention", "prefix")
+    benches = ("serve", "engine", "contention", "load", "attention", "prefix", "suite", "compare")
     which = rest[0] if rest and rest[0] in benches else "engine"
     if rest and rest[0] == which:
         rest = rest[1:]

@@ -1,0 +1,262 @@
+"""`ppserve bench suite`: run rows of the benchmark manifest (app/bench/suite_rows.py), one
+subprocess of its bench module each, and write one JSON a row: the commit, the environment,
+the exact command, the bench's raw output and the figures read from it, each with its distance
+to the hardware (app/bench/roofline.py). `--report DIR` prints the markdown table that opens
+docs/PERFORMANCE.md from such files; `ppserve bench compare` guards against regressions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from app.bench.roofline import decode_distance, prefill_distance
+from app.bench.suite_rows import ROWS, Row, select
+
+Figure = dict[str, Any]  # label, value, unit, higher_is_better, distance
+
+
+def commit() -> str:
+    if os.environ.get("PPSERVE_COMMIT"):  # a GPU host given the tree without .git
+        return os.environ["PPSERVE_COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"  # the GPU host may get the tree without .git
+
+
+def command(row: Row, out: str) -> list[str]:
+    return [sys.executable, "-m", f"app.bench.{row.module}", *row.args, "--out", out]
+
+
+def _quant(r: dict[str, Any]) -> str:
+    fp8 = r.get("quantization") == "fp8" or r.get("kv_cache_dtype") == "fp8"
+    return " fp8" if fp8 else ""
+
+
+def ttft_figures(raw: dict[str, Any]) -> list[Figure]:
+    """One figure per (PP, linear, prompt, chunking, mode) of an engine bench's output."""
+    figures = []
+    for r in raw["results"]:
+        n = r["prompt_len"]
+        length = f"{n // 1024}K" if n >= 1024 else str(n)
+        label = (
+            f"TTFT {length} pp{r['pp']} {r['mode']} {r['linear']}"
+            f"{'' if r.get('chunking', 'fixed') == 'fixed' else ' ' + r['chunking']}{_quant(r)}"
+        )
+        t = r["ttft_median_s"]
+        # files from before chunking was recorded cut fixed chunks
+        chunks = r.get("chunks") or [r["chunk"]] * (n // r["chunk"]) + [n % r["chunk"]] * (
+            n % r["chunk"] > 0
+        )
+        figures.append(
+            {
+                "label": label,
+                "value": t,
+                "unit": "s",
+                "higher_is_better": False,
+                "distance": prefill_distance(raw["model"], chunks, t, r["pp"]),
+            }
+        )
+    return figures
+
+
+def decode_figures(raw: dict[str, Any]) -> list[Figure]:
+    """tok/s per skip mode of a load bench's decode part, and the KV capacity."""
+    d, engine = raw["decode"], raw.get("engine", {})
+    fp8_w = engine.get("quantization") == "fp8"
+    fp8_kv = engine.get("kv_cache_dtype") == "fp8"
+    tag = (" fp8" if fp8_w or fp8_kv else "") + f" {d['concurrency']} rows"
+    figures: list[Figure] = []
+    for mode, s in (d.get("summary") or _summary(d["runs"])).items():
+        step = s.get("stage_forward_s")
+        # the context a step reads, on average over the run
+        context = d["short_len"] + d["decode_tokens"] // 2
+        dist = (
+            decode_distance(
+                raw["model"],
+                d["concurrency"],
+                context,
+                step,
+                1.0 if fp8_w else 2.0,
+                1.0 if fp8_kv else 2.0,
+            )
+            if step
+            else {}
+        )
+        figures.append(
+            {
+                "label": f"decode {mode}{tag}",
+                "value": s["tokens_per_s"],
+                "unit": "tok/s",
+                "higher_is_better": True,
+                "distance": dict(dist, step_ms=round(step * 1e3, 3)) if step else dist,
+            }
+        )
+    if engine.get("kv_capacity_tokens") and raw.get("command", "").count("--kv-blocks memory"):
+        figures.append(
+            {
+                "label": f"KV capacity{' fp8' if fp8_kv else ''}",
+                "value": engine["kv_capacity_tokens"],
+                "unit": "tokens",
+                "higher_is_better": True,
+                "distance": {},
+            }
+        )
+    return figures
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Medians per mode, for load files from before the bench wrote its summary."""
+    modes = {r["mode"] for r in runs}
+    return {
+        m: {
+            k: statistics.median(r[k] for r in runs if r["mode"] == m and r.get(k))
+            for k in ("tokens_per_s", "stage_forward_s")
+            if any(r.get(k) for r in runs if r["mode"] == m)
+        }
+        for m in sorted(modes)
+    }
+
+
+def figures(row: Row, raw: dict[str, Any]) -> list[Figure]:
+    return ttft_figures(raw) if row.kind == "ttft" else decode_figures(raw)
+
+
+def run_row(row: Row, out_dir: str, timeout: float | None = None) -> dict[str, Any]:
+    """Run one row; its result (also written to OUT_DIR/NAME.json), failed or not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw_path = os.path.join(tmp, "raw.json")
+        cmd = command(row, raw_path)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-4000:]
+        except subprocess.TimeoutExpired as e:
+            rc, tail = 124, f"timed out after {e.timeout} s"
+        raw = json.load(open(raw_path)) if os.path.exists(raw_path) else None
+    result: dict[str, Any] = {
+        "row": row.name,
+        "shape": row.shape,
+        "hardware": row.hardware,
+        "target": row.target,
+        "date": datetime.date.today().isoformat(),
+        "commit": commit(),
+        "environment": _environment(),
+        "command": f"python -m app.bench.{row.module} " + " ".join(row.args),
+        "returncode": rc,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "figures": [],
+        "raw": raw,
+    }
+    try:
+        result["figures"] = figures(row, raw) if raw else []
+    except (KeyError, TypeError, ZeroDivisionError) as e:  # a killed run's partial output
+        result["error"] = f"could not read the figures: {e!r}"
+    if rc:
+        result["output_tail"] = tail
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{row.name}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+def _environment() -> dict[str, Any]:
+    from app.bench.target import environment
+
+    return environment()
+
+
+def distance_text(d: dict[str, Any]) -> str:
+    if "tflops" in d:
+        return f"{d['tflops']} TFLOP/s: {d['of_bf16']:.0%} of bf16, {d['of_fp8']:.0%} of FP8"
+    if "of_hbm" in d:
+        return (
+            f"{d['weights_gb']} GB weights + {d['kv_gb']} GB KV a step "
+            f"({d['step_ms']} ms): {d['of_hbm']:.0%} of HBM"
+        )
+    return ""
+
+
+def value_text(f: Figure) -> str:
+    v = f["value"]
+    return f"{v:.3f} s" if f["unit"] == "s" else f"{v:,.0f} {f['unit']}"
+
+
+def load_results(paths: list[str]) -> list[dict[str, Any]]:
+    """Suite results from files and directories (every *.json in them), in manifest order."""
+    files: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            files += sorted(os.path.join(p, n) for n in os.listdir(p) if n.endswith(".json"))
+        else:
+            files.append(p)
+    results = [json.load(open(f)) for f in files]
+    order = {r.name: i for i, r in enumerate(ROWS)}
+    return sorted(results, key=lambda r: order.get(r.get("row", ""), len(order)))
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    """The markdown table of figures, one line each, with date, commit, hardware and row."""
+    lines = [
+        "| figure | value | distance to the hardware | date | commit | hardware | suite row |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        for f in r["figures"]:
+            lines.append(
+                f"| {f['label']} | {value_text(f)} | {distance_text(f['distance'])} | "
+                f"{r['date']} | {r['commit']} | {r['hardware']} | `{r['row']}` |"
+            )
+        if r.get("returncode"):
+            lines.append(f"| `{r['row']}` failed (exit {r['returncode']}) | | | {r['date']} | "
+                         f"{r['commit']} | {r['hardware']} | `{r['row']}` |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ppserve bench suite", description=__doc__)
+    p.add_argument("--only", default=None, help="comma-separated row or subset names")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="keep these rows")
+    p.add_argument("--out", default="bench_suite", help="directory of the rows' JSON files")
+    p.add_argument("--list", action="store_true", help="print the rows and exit")
+    p.add_argument("--timeout", type=float, default=None, help="seconds a row may run")
+    p.add_argument("--report", nargs="+", metavar="PATH", help="table of these results")
+    a = p.parse_args(argv)
+    if a.report:
+        print(report(load_results(a.report)))
+        return 0
+    rows = select(a.only.split(",") if a.only else None, a.device)
+    if a.list:
+        for r in rows:
+            print(f"{r.name:26s} {r.hardware:7s} {','.join(r.subsets):20s} {r.target}")
+        return 0
+    results = []
+    for row in rows:
+        print(f"suite: {row.name} ({row.hardware}) ...", flush=True)
+        results.append(run_row(row, a.out, a.timeout))
+        print(report(results[-1:]).splitlines()[-1], flush=True)
+    print(report(results))
+    failed = [r["row"] for r in results if r["returncode"] or not r["figures"]]
+    if failed:
+        print(f"suite: failed {failed}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The benchmark manifest (app/bench/suite_rows.py), its report and the regression guard."""
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from app.bench import compare, suite
+from app.bench.suite_rows import HARDWARE, KINDS, ROWS, select
+
+
+class Parsed(Exception):
+    """Raised right after a bench's own parser accepted the row's arguments."""
+
+
+def test_row_names_unique_and_fields_known():
+    names = [r.name for r in ROWS]
+    assert len(names) == len(set(names))
+    subsets = {s for r in ROWS for s in r.subsets}
+    assert not subsets & set(names), "a subset may not share a row's name"
+    for r in ROWS:
+        assert r.hardware in HARDWARE and r.kind in KINDS, r
+        assert "--out" not in r.args, f"{r.name}: the suite picks --out"
+    assert {"smoke", "h200-headline", "h200", "h200x2"} <= subsets
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
+def test_every_row_parses_with_its_bench_parser(row, monkeypatch):
+    # main() builds its parser inside: stop it right after parse_args, before any work
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        ns = real(self, args, namespace)
+        raise Parsed(ns)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    main = importlib.import_module(f"app.bench.{row.module}").main
+    with pytest.raises(Parsed) as got:
+        main(suite.command(row, "/nonexistent/out.json")[3:])
+    ns = got.value.args[0]
+    assert ns.out == "/nonexistent/out.json"
+    assert ns.model_shape == row.shape
+    pp = {"cpu": 1, "1xH200": 1, "2xH200": 2}[row.hardware]
+    assert ns.pp == pp, f"{row.name}: pp {ns.pp} on {row.hardware}"
+    assert (ns.device == "cpu") == (row.hardware == "cpu")
+
+
+def test_select_by_subset_name_and_device():
+    assert [r.name for r in select(["smoke"], None)] == ["smoke-ttft", "smoke-decode"]
+    assert all(r.hardware == "1xH200" for r in select(["h200"], "cuda"))
+    assert select(["h200-headline"], "cpu") == []
+    assert {r.hardware for r in select(None, "cuda")} == {"1xH200", "2xH200"}
+    with pytest.raises(ValueError, match="nope"):
+        select(["nope"], None)
+
+
+def result(row, figures, **extra):
+    return dict(
+        row=row, date="2026-12-03", commit="abc123", hardware="1xH200", figures=figures, **extra
+    )
+
+
+def fig(label, value, unit="s", **distance):
+    return {
+        "label": label,
+        "value": value,
+        "unit": unit,
+        "higher_is_better": unit != "s",
+        "distance": distance,
+    }
+
+
+OLD = [
+    result("ttft-llama8b", [fig("TTFT 128K", 10.0), fig("TTFT 64K", 3.0)]),
+    result("decode-llama8b-64", [fig("decode auto 64 rows", 6000.0, "tok/s")]),
+]
+NEW = [
+    result("ttft-llama8b", [fig("TTFT 128K", 10.4), fig("TTFT 64K", 3.3)]),  # +4 %, +10 %
+    result("decode-llama8b-64", [fig("decode auto 64 rows", 5000.0, "tok/s")]),  # -17 %
+]
+
+
+def test_compare_flags_only_rows_past_the_threshold():
+    lines, flagged = compare.compare(OLD, NEW, 0.05)
+    assert flagged == ["ttft-llama8b: TTFT 64K", "decode-llama8b-64: decode auto 64 rows"]
+    assert sum("REGRESSION" in ln for ln in lines) == 2
+    assert compare.compare(OLD, NEW, 0.2)[1] == []
+    assert compare.compare(NEW, OLD, 0.05)[1] == []  # faster is never flagged
+
+
+def test_compare_exit_code_over_files_and_dirs(tmp_path, capsys):
+    for name, results in (("old", OLD), ("new", NEW)):
+        (tmp_path / name).mkdir()
+        for r in results:
+            (tmp_path / name / f"{r['row']}.json").write_text(json.dumps(r))
+    old, new = str(tmp_path / "old"), str(tmp_path / "new")
+    assert compare.main([old, new]) == 1
+    assert compare.main([old, new, "--threshold", "0.2"]) == 0
+    one = str(tmp_path / "old" / "ttft-llama8b.json")
+    assert compare.main([one, one]) == 0
+    assert "REGRESSION" in capsys.readouterr().out
+
+
+def test_report_table_one_line_per_figure_in_manifest_order(tmp_path, capsys):
+    ttft = fig("TTFT 128K pp1 auto torch", 11.57, tflops=547.4, of_bf16=0.693, of_fp8=0.346)
+    dec = fig(
+        "decode auto 64 rows", 6654.0, "tok/s", weights_gb=16.06, kv_gb=1.68, step_ms=9.6,
+        of_hbm=0.385,
+    )  # fmt: skip
+    (tmp_path / "b.json").write_text(json.dumps(result("decode-llama8b-64", [dec])))
+    (tmp_path / "a.json").write_text(json.dumps(result("ttft-llama8b", [ttft])))
+    table = suite.report(suite.load_results([str(tmp_path)])).splitlines()
+    assert table[0].startswith("| figure | value | distance")
+    assert table[2] == (
+        "| TTFT 128K pp1 auto torch | 11.570 s | 547.4 TFLOP/s: 69% of bf16, 35% of FP8 | "
+        "2026-12-03 | abc123 | 1xH200 | `ttft-llama8b` |"
+    )
+    assert "6,654 tok/s" in table[3] and "38% of HBM" in table[3]
+    assert suite.main(["--report", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == table
+
+
+def test_performance_doc_opens_with_the_generated_table():
+    # the headline table is `ppserve bench suite --report docs/bench/latest`, never hand-edited
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "PERFORMANCE.md").read_text()
+    begin, end = "<!-- suite report: begin -->\n", "\n<!-- suite report: end -->"
+    table = doc[doc.index(begin) + len(begin) : doc.index(end)]
+    results = suite.load_results([str(root / "docs" / "bench" / "latest")])
+    assert {r["row"] for r in results} <= {r.name for r in ROWS}
+    assert table == suite.report(results)
+
+
+def test_commit_from_the_environment_where_git_is_missing(monkeypatch):
+    monkeypatch.setenv("PPSERVE_COMMIT", "deadbeef")
+    assert suite.commit() == "deadbeef"
+    monkeypatch.delenv("PPSERVE_COMMIT")
+    assert suite.commit() != "deadbeef"
