@@ -4,7 +4,7 @@ module and arguments that measure it, its hardware and the target it is read aga
 `ppserve bench suite` runs rows as subprocesses (`python -m app.bench.MODULE ARGS --out F`).
 A row's args never hold --out: the suite picks the file. Subsets name groups of rows:
 `smoke` (tiny shapes on CPU, run by `make test`), `h200-headline` (meant for one 8-minute
-device call on one H200: about 7 minutes, estimated from the rows' earlier runs), `h200`
+device call on one H200: 505 s at 8eda428), `h200`
 (every 1 x H200 row), `h200x2` (the PP=2 rows). Each row's JSON is written when it ends, so a
 call cut short keeps the rows it finished.
 """
