@@ -40,7 +40,9 @@ _META = 4  # positions, slot mapping, lengths, block-table rows
 class GraphedModel(Protocol):
     """A stage's model as the graphs use it (stages.models.stage.Stage)."""
 
-    def __call__(self, inputs: torch.Tensor, batch: PagedDecodeBatch, kv: Any) -> torch.Tensor: ...
+    def __call__(
+        self, inputs: torch.Tensor, batch: PagedDecodeBatch, kv: Any, *token_ids: torch.Tensor
+    ) -> torch.Tensor: ...
 
     def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]: ...
 
@@ -71,7 +73,10 @@ class DecodeGraphs:
         is_first: bool,
         max_rows: int,
         eager: bool,
+        token_ids: bool = False,
     ):
+        """token_ids: the stage's layers read their rows' token ids beside its hidden inputs (a
+        later stage holding hash-routed layers): a static buffer for them too."""
         self.model, self.kv = model, kv
         self.block_size = kv.block_size
         self.max_model_len = max_model_len
@@ -87,6 +92,11 @@ class DecodeGraphs:
             self.inputs = torch.zeros(top, dtype=torch.long, device=device)
         else:
             self.inputs = torch.zeros(top, *hidden_shape, dtype=dtype, device=device)
+        self.token_ids = (
+            torch.zeros(top, dtype=torch.long, device=device)
+            if token_ids and not is_first
+            else None
+        )
         # (bucket, select width) per graph: one shape per bucket unless the model's attention
         # changes form with the rows' lengths (Stage.decode_graph_variants)
         self.variants = model.decode_graph_variants(max_model_len)
@@ -108,6 +118,7 @@ class DecodeGraphs:
                     block_size=self.block_size,
                     num_splits=num_splits_for(b, kv_heads, sms),
                     select_width=width,
+                    scratch_slot=scratch_slot,
                 )
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -124,16 +135,14 @@ class DecodeGraphs:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for key, batch in self.batches.items():
-                self.model(self.inputs[: key[0]], batch, self.kv)
+                self._forward(key)
         torch.cuda.current_stream(self.device).wait_stream(side)
         pool = None
         if not self.eager:
             for key in sorted(self.batches, reverse=True):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[key] = self.model(
-                        self.inputs[: key[0]], self.batches[key], self.kv
-                    )
+                    self.outputs[key] = self._forward(key)
                 pool = graph.pool()
                 self.graphs[key] = graph
         torch.cuda.synchronize(self.device)
@@ -146,6 +155,10 @@ class DecodeGraphs:
         }
         log.info("decode graphs: %s", info)
         return info
+
+    def _forward(self, key: tuple[int, int]) -> torch.Tensor:
+        extra = () if self.token_ids is None else (self.token_ids[: key[0]],)
+        return self.model(self.inputs[: key[0]], self.batches[key], self.kv, *extra)
 
     def update_tables(self, updates: list[tuple[int, int, tuple[int, ...]]]) -> None:
         """(slot, index of the first new block, new block ids) per request: one copy."""
@@ -189,9 +202,10 @@ class DecodeGraphs:
         rows: tuple[Row, ...],
         inputs: torch.Tensor,
         block_tables: dict[str, list[int]],
+        token_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """key: bucket_for's. inputs: [R] token ids (stage 0) or [R, hidden]. Returns hidden
-        [R, hidden]."""
+        """key: bucket_for's. inputs: [R] token ids (stage 0) or [R, hidden]; token_ids [R]
+        where the graphs hold a buffer for them. Returns hidden [R, hidden]."""
         bucket = key[0]
         n, bs = len(rows), self.block_size
         pad = bucket - n
@@ -205,9 +219,13 @@ class DecodeGraphs:
         host = self._pinned(torch.tensor(meta, dtype=torch.long))
         self.meta[bucket].copy_(host, non_blocking=True)
         self.inputs[:n].copy_(inputs)
+        if self.token_ids is not None:
+            if token_ids is None:
+                raise ValueError("this stage's decode graphs read the rows' token ids")
+            self.token_ids[:n].copy_(token_ids)
         out: torch.Tensor
         if self.eager:
-            out = self.model(self.inputs[:bucket], self.batches[key], self.kv)
+            out = self._forward(key)
         else:
             self.graphs[key].replay()
             out = self.outputs[key]

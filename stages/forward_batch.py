@@ -220,8 +220,10 @@ class PagedDecodeBatch:
     block_size: int
     num_splits: int  # fixed per captured shape: the kernel's grid must not change on replay
     # DSA: keys per row its indexer scores when some row has more than it keeps (a static
-    # width, max_model_len rounded up); 0 when every row attends to its whole prefix
+    # width, max_model_len rounded up); 0 when every row attends to its whole prefix.
+    # DeepSeek-V4: the longest row the shape serves (its compressed entries' widths)
     select_width: int = 0
+    scratch_slot: int = 0  # where padding rows write (DeepSeek-V4: also incomplete groups)
 
     @property
     def num_tokens(self) -> int:

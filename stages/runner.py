@@ -229,6 +229,7 @@ class StageRunner:
             is_first=self.spec.is_first,
             max_rows=self.spec.max_running,
             eager=self.spec.enforce_eager,
+            token_ids=self.receives_token_ids,
         )
         for req_id, table in self.block_tables.items():  # a recapture keeps live requests
             self.decode_graphs.update_tables([(self.req_slots[req_id], 0, tuple(table))])
@@ -301,7 +302,7 @@ class StageRunner:
         graphed = False
         if graphs is not None and bucket is not None:  # every row samples: all hidden rows do
             graphed = not graphs.eager
-            hidden = graphs.run(bucket, plan.rows, inputs, self.block_tables)
+            hidden = graphs.run(bucket, plan.rows, inputs, self.block_tables, token_ids)
         else:
             hidden = (
                 self.model(inputs, batch, self.kv, token_ids)

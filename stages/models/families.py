@@ -95,6 +95,20 @@ def _deepseek_graphs(s: GraphSetting) -> bool:
     )
 
 
+def _deepseek_v4_graphs(s: GraphSetting) -> bool:
+    """FlashMLA's V4 attention (bf16 sparse prefill kernel over the gathered keys, or the
+    sparse FP8 decode kernel over the pages in place), the Triton indexer, MoE and
+    hyper-connections; FP8 weights on the W8A8 GEMMs and the grouped FP8 MoE. The torch
+    references of these ops loop or gather on the host: not captured."""
+    attention = (
+        "sparse_sink_attention_fp8" if s.kv_cache_dtype == "fp8" else "sparse_sink_attention"
+    )
+    ops = [attention, "indexer_logits_rows", "moe_experts", "hc_mix", "hc_merge"]
+    if "fp8_linear" in s.kernels:
+        ops += ["fp8_linear", "moe_experts_fp8"]
+    return all(s.kernels.get(op, "torch") != "torch" for op in ops) and s.dtype == "bfloat16"
+
+
 def _token_hidden(args: ModelArgs) -> tuple[int, ...]:
     return (args.hidden_size,)
 
@@ -275,6 +289,7 @@ DEEPSEEK_V4 = Family(
     block_multiple=lambda args: args.family_args.max_rate,
     token_id_layers=lambda args: args.family_args.hash_layers,
     attention_prefixes=False,
+    paged_decode_graphs=_deepseek_v4_graphs,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

@@ -54,7 +54,7 @@ def decode_case(
     prompts = [torch.randint(3, args.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
     def general(tokens: list[int], rows: list[tuple[int, int, list[int], bool]]) -> torch.Tensor:
-        batch = ForwardBatch.build(rows, block_size, device)
+        batch = ForwardBatch.build(rows, block_size, device, args.family.attention_prefixes)
         h = model(torch.tensor(tokens, device=device), batch, kv)
         logits: torch.Tensor = model.compute_logits(h[batch.sample_indices])
         return logits
@@ -72,7 +72,7 @@ def decode_case(
                 num_slots=len(lengths),
                 max_model_len=max_model_len,
                 scratch_slot=(num_blocks - 1) * block_size,
-                hidden_shape=(args.hidden_size,),
+                hidden_shape=args.family.hidden_shape(args),
                 kv_heads=args.num_key_value_heads,
                 dtype=dtype,
                 device=torch.device(device),

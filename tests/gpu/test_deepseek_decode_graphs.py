@@ -122,12 +122,14 @@ def ray_gpu():
     ray.shutdown()
 
 
-def _graphed_and_eager_tokens(tmp_path, **formats) -> dict[bool, list[list[int]]]:
-    """Greedy tokens of the V3.2 engine graphed and --enforce-eager (keyed by eager), after
-    checking that the graphed one replayed its decode steps in both shapes."""
+def graphed_and_eager_tokens(
+    tmp_path, model=FLASH_V32, block_size=64, widths=(0, 512), **formats
+) -> dict[bool, list[list[int]]]:
+    """Greedy tokens of the engine (V3.2 by default) graphed and --enforce-eager (keyed by
+    eager), after checking that the graphed one replayed its decode steps in every shape."""
     from app import Engine, EngineConfig, SamplingParams
 
-    (tmp_path / "config.json").write_text(json.dumps(FLASH_V32))
+    (tmp_path / "config.json").write_text(json.dumps(model))
     rng = random.Random(4)
     prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (5, 150, 64, 1, 30, 129)]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -139,7 +141,7 @@ def _graphed_and_eager_tokens(tmp_path, **formats) -> dict[bool, list[list[int]]
             pp_size=1,
             device="cuda",
             dtype="bfloat16",
-            block_size=64,
+            block_size=block_size,
             max_model_len=512,
             max_num_seqs=8,
             chunk_size=128,
@@ -153,16 +155,16 @@ def _graphed_and_eager_tokens(tmp_path, **formats) -> dict[bool, list[list[int]]
         if eager:
             assert stats["decode_graph_steps"] == [0]
         else:
-            assert stages[0]["decode_graphs"]["select_widths"] == [0, 512]
+            assert stages[0]["decode_graphs"]["select_widths"] == list(widths)
             assert stats["decode_graph_steps"][0] >= 4
     return outs
 
 
 def test_engine_graphs_deepseek_decode(ray_gpu, tmp_path):
-    outs = _graphed_and_eager_tokens(tmp_path)
+    outs = graphed_and_eager_tokens(tmp_path)
     assert outs[False] == outs[True]
 
 
 def test_engine_graphs_fp8_deepseek_decode(ray_gpu, tmp_path):
-    outs = _graphed_and_eager_tokens(tmp_path, quantization="fp8", kv_cache_dtype="fp8")
+    outs = graphed_and_eager_tokens(tmp_path, quantization="fp8", kv_cache_dtype="fp8")
     assert outs[False] == outs[True]

@@ -241,13 +241,21 @@ class V4Attention(nn.Module):
         rp = plan.rates.get(self.rate)
         if rp is None or not rp.max_entries:
             return window, plan.window_indices
-        pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
         if self.indexer is None:
             if rp.dense_indices is None:
                 raise RuntimeError("the plan has no dense indices for an HCA layer's rate")
+            pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
             return pool, rp.dense_indices
         picked = self.indexer.select(x, q_resid, angles, rp, cache, local)
-        comp = torch.where(picked < 0, -1, picked + rp.token_base[:, None]).int()
+        if rp.entry_table is not None:  # decode rows: only the picked entries join the pool
+            t, k = picked.shape
+            chosen = rp.entry_table.gather(1, picked.clamp(min=0))
+            pool = torch.cat((window, cache.read(local, COMP, chosen.reshape(-1))))
+            own = window.shape[0] + torch.arange(t * k, device=picked.device).view(t, k)
+            comp = torch.where(picked < 0, -1, own).int()
+        else:
+            pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
+            comp = torch.where(picked < 0, -1, picked + rp.token_base[:, None]).int()
         return pool, torch.cat((plan.window_indices, comp), dim=1)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.indexer_select import CHUNK_TILE, SelectPlan
 
 # Bytes of indexer scores ([tokens, entries] fp32) one call computes: a long prompt's chunk
@@ -54,6 +54,9 @@ class RatePlan:
     dense_indices: torch.Tensor | None
     # the indexer's scoring (CSA layers): token tiles with their SelectPlan, or empty
     select: list[tuple[slice, SelectPlan]]
+    # a decode-only microbatch's [B, max_entries] entry slots (V4Plan.paged): a CSA layer then
+    # gathers only the entries its indexer picked, not every row's entries
+    entry_table: torch.Tensor | None = None
 
 
 @dataclass
@@ -168,6 +171,86 @@ class V4Plan:
             )
         chunks_only = not any(batch.row_decode)
         return cls(parts["window_slots"], window_indices, plans, chunks_only)
+
+    @classmethod
+    def paged(
+        cls,
+        batch: PagedDecodeBatch,
+        window: int,
+        rates: dict[int, tuple[bool, bool]],
+    ) -> "V4Plan":
+        """A decode-only microbatch from its static buffers with device ops only (what a CUDA
+        graph replays), every width fixed: the window padded to `window` keys, each rate's
+        entries to what a row of batch.select_width tokens has, one compression group per row
+        and rate (written to the scratch block unless the row's token completes it). Padding
+        rows (length 0) see no key; their outputs are dropped."""
+        bs, n = batch.block_size, batch.num_tokens
+        positions = batch.positions
+        live = batch.lengths > 0
+        tables = batch.block_tables.index_select(0, batch.table_rows).long()
+
+        def slots(index: torch.Tensor, per_block: int) -> torch.Tensor:
+            """Slots of entry `index` [B, k] >= 0 of every row (past its table: its last block,
+            for the caller to mask)."""
+            cols = (index // per_block).clamp(max=tables.shape[1] - 1)
+            found: torch.Tensor = tables.gather(1, cols) * per_block + index % per_block
+            return found
+
+        dev = positions.device
+        keys = positions[:, None] - window + 1 + torch.arange(window, device=dev)
+        seen = (keys >= 0) & live[:, None]
+        own = torch.arange(n * window, device=dev).view(n, window)
+        window_indices = torch.where(seen, own, -1).int()
+        pool_window = n * window
+        scratch_block = batch.scratch_slot // bs
+        plans = {}
+        for rate, (dense, selects) in rates.items():
+            per_block = bs // rate
+            most = -(-batch.select_width // rate)
+            entries = torch.arange(most, device=dev).expand(n, most)
+            table = slots(entries, per_block)
+            visible = torch.where(live, (positions + 1) // rate, 0)
+            base = pool_window + torch.arange(n, device=dev) * most
+            group = torch.where(live, positions // rate, 0)
+            completes = live & ((positions + 1) % rate == 0)
+            tokens = (group[:, None] - 1) * rate + torch.arange(2 * rate, device=dev)
+            entry = slots(group[:, None], per_block)[:, 0]
+            dense_indices = None
+            if dense:
+                comp = torch.where(entries < visible[:, None], entries + base[:, None], -1)
+                dense_indices = torch.cat((window_indices, comp.int()), dim=1)
+            select: list[tuple[slice, SelectPlan]] = []
+            if selects:
+                rows = torch.arange(n, device=dev)
+                plan = SelectPlan(
+                    token_index=rows,
+                    token_row=rows,
+                    visible=visible.int(),
+                    key_slots=table.int(),
+                    chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=dev),
+                    decode_tiles=torch.stack((rows, rows), dim=1).int(),
+                    row_tokens=[(r, 1, most) for r in range(n)],
+                )
+                select.append((slice(0, n), plan))
+            plans[rate] = RatePlan(
+                rate=rate,
+                max_entries=most,
+                entry_slots=table.reshape(-1),
+                token_base=base,
+                visible=visible,
+                groups=GroupPlan(
+                    n,
+                    slots(tokens.clamp(min=0), bs),
+                    group == 0,
+                    group * rate,
+                    torch.where(completes, entry, scratch_block * per_block),
+                ),
+                dense_indices=dense_indices,
+                select=select,
+                entry_table=table if selects else None,
+            )
+        window_slots = slots(keys.clamp(min=0), bs).reshape(-1)
+        return cls(window_slots, window_indices, plans)
 
 
 class _Rows:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stages.forward_batch import ForwardBatch
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_v4.attention import V4Attention
@@ -26,6 +26,15 @@ from stages.models.deepseek_v4.names import checkpoint_pieces
 from stages.models.deepseek_v4.plan import V4Plan
 from stages.models.layers import Device, Sources
 from stages.models.stage import Stage
+
+# The longest rows a decode graph shape serves, as far as max_model_len allows: the indexer
+# scores, and HCA layers attend to, a static number of compressed entries per row, so a short
+# row's step is not sized for the longest context.
+GRAPH_LENGTHS = (4096, 32768, 262144)
+# Bytes of the decode graphs' temporaries per row and per token of its longest shape: the
+# indexer's scores, top-k scratch and slot tables at rate 4 (16 bytes an entry), and an HCA
+# layer's gathered entries and their concatenation (2 x 1 KiB at rate 128)
+GRAPH_BYTES_PER_TOKEN = 20
 
 
 class V4DecoderLayer(nn.Module):
@@ -46,7 +55,7 @@ class V4DecoderLayer(nn.Module):
         h: torch.Tensor,
         angles: ForwardAngles,
         plan: V4Plan,
-        batch: ForwardBatch,
+        batch: ForwardBatch | PagedDecodeBatch,
         cache: V4Cache,
         local: int,
         token_ids: torch.Tensor | None,
@@ -115,7 +124,7 @@ class DeepseekV4Stage(Stage):
     def forward(
         self,
         inputs: torch.Tensor,
-        batch: ForwardBatch,
+        batch: ForwardBatch | PagedDecodeBatch,
         kv: V4Cache,
         token_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -136,9 +145,23 @@ class DeepseekV4Stage(Stage):
         out: torch.Tensor = h
         return out
 
-    def plan(self, batch: ForwardBatch, kv: V4Cache, device: torch.device) -> V4Plan:
-        """The index arithmetic of the forward, shared by the stage's layers."""
+    def plan(
+        self, batch: ForwardBatch | PagedDecodeBatch, kv: V4Cache, device: torch.device
+    ) -> V4Plan:
+        """The index arithmetic of the forward, shared by the stage's layers (a decode-only
+        microbatch's from its static buffers: what a CUDA graph replays)."""
+        if isinstance(batch, PagedDecodeBatch):
+            return V4Plan.paged(batch, self.a.sliding_window, self.rates)
         return V4Plan.build(batch, self.a.sliding_window, self.rates, kv.block_size, device)
+
+    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
+        """One shape per bound on the rows' length (the PagedDecodeBatch's select_width: the
+        compressed entries' widths), up to max_model_len."""
+        bounds = sorted({min(n, max_model_len) for n in (*GRAPH_LENGTHS, max_model_len)})
+        return tuple((n, n) for n in bounds)
+
+    def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int:
+        return max_rows * max_model_len * GRAPH_BYTES_PER_TOKEN
 
     def angles(
         self, sliding: bool, positions: torch.Tensor, plan: V4Plan, dtype: torch.dtype

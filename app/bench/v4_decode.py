@@ -1,0 +1,165 @@
+"""DeepSeek-V4 decode steps on one GPU at the stage: the deepseek-v4-flash bench shape's stage
+(its leading layers, random weights), rows of one token at a context, the general eager path
+(ForwardBatch + V4Plan.build, what every V4 decode ran before its graphs) against the decode
+CUDA graphs (DecodeGraphs' replay of V4Plan.paged), per number of rows.
+
+    python -m app.bench.v4_decode --rows 1,16,64,256,512 --context 512 \
+        [--quantization fp8 --kv-cache-dtype fp8] [--out FILE]
+
+Per rows: milliseconds per step (host and device: N steps back to back, synchronized at the
+ends), tokens/s of the stage, and for one step of each path the profiled CUDA kernels' sum and
+launch count (the step against its own kernels) with the top kernels. The cache is not
+prefilled (its content does not change the time: every width is static in the graph). No
+sampling: the stage's forward only, which is the step of PP=1 less the LM head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+
+from app.bench.deepseek_breakdown import profiled
+from app.bench.target import kv_block_size, v4_flash_bench_config
+from stages.decode_graphs import DecodeGraphs
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import fp8_backend_for, moe_backend_for, select_kernels
+from stages.kv_cache import make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import ModelArgs
+from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS, Row
+
+
+def _ms_per_step(step: Callable[[], object], steps: int, reps: int) -> float:
+    """Median over reps of the mean wall time of `steps` back-to-back steps."""
+    step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / steps * 1e3)
+    return round(statistics.median(times), 3)
+
+
+def run(
+    rows_list: list[int],
+    context: int,
+    fp8_weights: bool,
+    kv_cache_dtype: str,
+    steps: int,
+    reps: int,
+) -> dict[str, Any]:
+    config = v4_flash_bench_config()
+    args = ModelArgs.from_hf_dict(config)
+    layers = args.num_hidden_layers
+    block = kv_block_size(config)
+    kernels = select_kernels(
+        "cuda",
+        "auto",
+        moe_experts=moe_backend_for("auto"),
+        fp8_linear=fp8_backend_for("auto") if fp8_weights else None,
+    )
+    model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cuda")
+    max_rows = max(rows_list)
+    max_model_len = context + 64
+    per_row = -(-max_model_len // block)
+    num_blocks = max_rows * per_row + 1  # the last: the graphs' scratch block
+    kv = make_kv_cache(
+        args, range(layers), num_blocks, block, torch.bfloat16, "cuda", kv_cache_dtype
+    )
+    tables = {str(r): list(range(r * per_row, (r + 1) * per_row)) for r in range(max_rows)}
+    graphs = DecodeGraphs(
+        cast(Any, model),
+        kv,
+        num_slots=max_rows,
+        max_model_len=max_model_len,
+        scratch_slot=(num_blocks - 1) * block,
+        hidden_shape=args.family.hidden_shape(args),
+        kv_heads=args.num_key_value_heads,
+        dtype=torch.bfloat16,
+        device=torch.device("cuda"),
+        is_first=True,
+        max_rows=max_rows,
+        eager=False,
+    )
+    graphs.update_tables([(r, 0, tuple(tables[str(r)])) for r in range(max_rows)])
+    capture = graphs.capture()
+    out: dict[str, Any] = {
+        "shape": "deepseek-v4-flash",
+        "layers": layers,
+        "context": context,
+        "fp8_weights": fp8_weights,
+        "kv_cache_dtype": kv_cache_dtype,
+        "kernels": kernels.names,
+        "capture": capture,
+        "rows": {},
+    }
+    ids = torch.randint(3, args.vocab_size, (max_rows,), device="cuda")
+    with torch.inference_mode():
+        for n in rows_list:
+            rows = tuple(
+                Row(str(r), r, context, 1, None, sample=True, is_prefill=False) for r in range(n)
+            )
+            key = graphs.bucket_for(rows)
+            if key is None:
+                raise RuntimeError(f"no decode graph for {n} rows")
+            general_rows = [(context, 1, tables[str(r)], True) for r in range(n)]
+
+            def eager(n: int = n, general_rows: list[Any] = general_rows) -> object:
+                batch = ForwardBatch.build(general_rows, block, "cuda", False)
+                return model(ids[:n], batch, kv)
+
+            def graphed(n: int = n, rows: tuple[Row, ...] = rows, key: Any = key) -> object:
+                return graphs.run(key, rows, ids[:n], tables)
+
+            result: dict[str, Any] = {"bucket": list(key)}
+            for name, step in (("eager", eager), ("graph", graphed)):
+                ms = _ms_per_step(step, steps, reps)
+                prof = profiled(step)
+                result[name] = {
+                    "ms_per_step": ms,
+                    "tok_per_s": round(n / ms * 1e3, 1),
+                    "kernels_ms": prof["total_ms"],
+                    "kernel_launches": prof["kernel_launches"],
+                    "step_over_kernels": round(ms / max(prof["total_ms"], 1e-9), 2),
+                    "groups_ms": prof["groups_ms"],
+                    "top_kernels_ms": prof["top_kernels_ms"][:12],
+                }
+            out["rows"][str(n)] = result
+            print(json.dumps({"rows": n, **{k: v for k, v in result.items()}})[:600], flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="ppserve bench v4-decode", description=__doc__)
+    p.add_argument("--rows", default="1,16,64,256,512")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    p.add_argument("--steps", type=int, default=10, help="steps timed back to back")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    out = run(
+        [int(x) for x in a.rows.split(",")],
+        a.context,
+        a.quantization == "fp8",
+        a.kv_cache_dtype,
+        a.steps,
+        a.reps,
+    )
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

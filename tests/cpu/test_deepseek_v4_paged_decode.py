@@ -1,0 +1,82 @@
+"""DeepSeek-V4's decode-only microbatches on the static buffers its CUDA graphs replay
+(V4Plan.paged: the window padded to its width, every rate's entries to the shape's longest row,
+one compression group per row and rate) == the general path (V4Plan.build), on the torch
+references: rows on both sides of the window, of each compression rate's group boundary and of
+the indexer's top-k, over non-consecutive blocks, a bucket padded with rows of length 0; also
+with FP8 weights and with the FP8 KV pages. tests/gpu/test_deepseek_decode_graphs.py captures
+the same cases on FlashMLA and the Triton kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.forward_batch import PagedDecodeBatch
+from stages.kernels.registry import select_kernels
+from stages.model_config import ModelArgs, load_model_args
+from stages.models.deepseek_v4.plan import V4Plan
+from tests.cpu.test_deepseek_paged_decode import decode_case
+from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
+
+# window 8, rates 4 and 8, index_topk 3: over 10 steps rows cross the window, complete groups
+# of both rates and pass three rate-4 entries (the indexer selects)
+LENGTHS = (1, 7, 15, 3, 22)
+STEPS = 10
+FP8_KV_V4 = dict(TINY_V4, head_dim=512, partial_rotary_factor=0.125, index_head_dim=64)
+FP8_WEIGHTS_V4 = dict(TINY_V4, hidden_size=128, moe_intermediate_size=128)
+
+
+def _args(tmp_path, config: dict) -> ModelArgs:
+    return load_model_args(write_checkpoint(str(tmp_path / "v4"), config))
+
+
+@pytest.mark.parametrize(
+    "config,fp8_weights,kv_cache_dtype",
+    [(TINY_V4, False, "auto"), (FP8_WEIGHTS_V4, True, "auto"), (FP8_KV_V4, False, "fp8")],
+    ids=["bf16_layout", "fp8_weights", "fp8_kv"],
+)
+def test_v4_paged_decode_matches_the_general_path(tmp_path, config, fp8_weights, kv_cache_dtype):
+    args = _args(tmp_path, config)
+    kernels = select_kernels(
+        "cpu", linear="torch", attention="torch", fp8_linear="torch" if fp8_weights else None
+    )
+    steps = decode_case(
+        args, kernels, torch.float32, "cpu", 8, 64, LENGTHS, STEPS, False, kv_cache_dtype
+    )
+    # The paged shape's wider -1 padding changes the attention's summation order (bits); W8A8
+    # activation rounding can turn that into one e4m3 step of a value: a looser bound there.
+    bound = 5e-2 if fp8_weights else 1e-4
+    for key, ref, paged, _ in steps:
+        assert key == (8, 64)
+        assert (paged - ref).abs().max().item() <= bound * max(1.0, ref.abs().max().item()), key
+        assert torch.equal(paged.argmax(-1), ref.argmax(-1)), key
+
+
+def test_paged_plan_groups_and_padding():
+    """Per row and rate one group: its entry slot where the row's token completes it, else the
+    scratch block's first entry; a padding row (length 0) sees no key."""
+    args = ModelArgs.from_hf_dict(dict(TINY_V4, model_type="deepseek_v4"))
+    window, bs = args.family_args.sliding_window, 8
+    tables = torch.tensor([[3, 1, 0], [2, 0, 0]], dtype=torch.int32)
+    lengths = torch.tensor([8, 0, 12])  # positions 7 (completes both rates), pad, 11 (rate 4)
+    batch = PagedDecodeBatch(
+        positions=(lengths - 1).clamp(min=0),
+        slot_mapping=torch.zeros(3, dtype=torch.long),
+        lengths=lengths,
+        table_rows=torch.tensor([0, 1, 1]),
+        block_tables=tables,
+        block_size=bs,
+        num_splits=1,
+        select_width=24,
+        scratch_slot=5 * bs,
+    )
+    plan = V4Plan.paged(batch, window, {4: (False, True), 8: (True, False)})
+    assert plan.window_indices[1].tolist() == [-1] * window
+    assert plan.window_indices[0].tolist() == list(range(window))
+    r4, r8 = plan.rates[4], plan.rates[8]
+    # 2 entries per block at rate 4: row 2 completes entry 2, its table row's second block (0)
+    assert r4.groups.entry_slots.tolist() == [3 * 2 + 1, 5 * 2, 0]
+    assert r8.groups.entry_slots.tolist() == [3 * 1 + 0, 5, 5]
+    assert r4.visible.tolist() == [2, 0, 3] and r4.max_entries == 6
+    assert r8.dense_indices is not None and r8.dense_indices.shape == (3, window + 3)
+    assert r8.dense_indices[1].tolist() == [-1] * (window + 3)
