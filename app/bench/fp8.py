@@ -233,7 +233,21 @@ def accuracy(
     }
 
 
-def gemm_rows() -> list[dict[str, Any]]:
+# DeepSeek-V4-Flash's FP8 linears of a decode step (N, K), at decode batch sizes
+V4_DECODE_LINEARS = [
+    ("q_a", 1024, 4096),
+    ("q_b", 32768, 1024),
+    ("kv", 512, 4096),
+    ("o_b", 4096, 8192),
+    ("shared gate_up", 4096, 4096),
+    ("shared down", 4096, 2048),
+]
+DECODE_ROWS = (1, 16, 64, 512)
+
+
+def gemm_rows(
+    rows_list: tuple[int, ...] = ROWS, linears: list[tuple[str, int, int]] = V32_LINEARS
+) -> list[dict[str, Any]]:
     import triton.testing
 
     from stages.kernels import fp8_gemm
@@ -244,8 +258,8 @@ def gemm_rows() -> list[dict[str, Any]]:
         "triton-persistent-sm1": fp8_gemm.linear_sm1,
     }
     rows = []
-    for m in ROWS:
-        for name, n, k in V32_LINEARS:
+    for m in rows_list:
+        for name, n, k in linears:
             x = torch.randn(m, k, device="cuda").bfloat16()
             w = torch.randn(n, k, device="cuda") / 30
             wq, ws = fp8_ref.quantize_weight(w)
@@ -259,13 +273,18 @@ def gemm_rows() -> list[dict[str, Any]]:
                 "N": n,
                 "K": k,
                 "cublas_bf16_tflops": round(flops / ms / 1e9, 1),
+                "cublas_bf16_us": round(ms * 1e3, 1),
             }
             for b, fn in backends.items():
                 try:
                     out = fn(x, wq, ws)
                     err = ((out.float() - ref).norm() / ref.norm()).item()
                     ms = triton.testing.do_bench(lambda fn=fn: fn(x, wq, ws))
-                    row[b] = {"tflops": round(flops / ms / 1e9, 1), "rel_err": round(err, 5)}
+                    row[b] = {
+                        "tflops": round(flops / ms / 1e9, 1),
+                        "us": round(ms * 1e3, 1),
+                        "rel_err": round(err, 5),
+                    }
                 except Exception as e:  # a backend that refuses a shape is a result too
                     row[b] = {"error": f"{type(e).__name__}: {e}"[:200]}
             print(json.dumps(row), flush=True)
@@ -318,9 +337,22 @@ def moe_rows(tokens: int = 4096, experts: int = 32, k: int = 8) -> list[dict[str
 MOE_TILE_SHAPES = [("v4-flash", 8192, 256, 6, 4096, 2048), ("v32-bench", 4096, 64, 6, 2048, 1408)]
 
 
-def moe_tile_rows() -> list[dict[str, Any]]:
+# decode batches: V4-Flash's experts at 64 and 512 rows (the weights' read is the floor)
+MOE_DECODE_SHAPES = [
+    ("v4-flash-512", 512, 256, 6, 4096, 2048),
+    ("v4-flash-64", 64, 256, 6, 4096, 2048),
+]
+DECODE_TILE_SWEEP = ((16, 32, 64), (4, 8), (3, 4, 5, 6))
+PREFILL_TILE_SWEEP = ((64, 128), (4, 8), (3, 4))
+
+
+def moe_tile_rows(
+    shapes: list[tuple[str, int, int, int, int, int]] = MOE_TILE_SHAPES,
+    sweep: tuple[tuple[int, ...], ...] = PREFILL_TILE_SWEEP,
+) -> list[dict[str, Any]]:
     """The grouped FP8 GEMMs (gate/up, then down) per tile configuration: BLOCK_M (the routing
-    layout's), warps and pipeline stages; BLOCK_N and BLOCK_K are the 128 x 128 scale blocks."""
+    layout's), warps and pipeline stages; BLOCK_N and BLOCK_K are the 128 x 128 scale blocks.
+    Each row also gives the expert weights' read rate (the experts the tokens touch, FP8)."""
     import triton.testing
 
     from stages.kernels import triton_fp8_act, triton_moe_fp8
@@ -328,22 +360,25 @@ def moe_tile_rows() -> list[dict[str, Any]]:
     from stages.kernels.triton_gemm import num_sms
 
     rows = []
-    for name, t, e, k, h, inter in MOE_TILE_SHAPES:
+    block_ms, warps_list, stages_list = sweep
+    for name, t, e, k, h, inter in shapes:
         gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
         dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
         x = torch.randn(t, h, device="cuda").bfloat16()
         ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
         w = torch.rand(t, k, device="cuda")
         xq, xs = triton_fp8_act.quantize_act(x)
-        for block_m in (64, 128):
+        touched = int(ids.unique().numel())
+        gate_bytes, down_bytes = touched * 2 * inter * h, touched * h * inter
+        for block_m in block_ms:
             r, a = route_and_gather(xq.view(torch.uint8), ids, w, e, block_m)
             a = a.view(fp8_ref.FP8)
             a_s = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
             h_in, h_s = triton_fp8_act.quantize_act(
                 torch.randn(a.shape[0], inter, device="cuda").bfloat16()
             )
-            for warps in (4, 8):
-                for stages in (3, 4):
+            for warps in warps_list:
+                for stages in stages_list:
                     cfg = dict(num_warps=warps, num_stages=stages)
                     grid = num_sms(x.device)
                     try:
@@ -357,7 +392,12 @@ def moe_tile_rows() -> list[dict[str, Any]]:
                                 h_in, h_s, dq, ds, r, grid, x.dtype, pairs=t * k, **cfg
                             )
                         )
-                        row = {"gate_up_ms": round(gu, 3), "down_ms": round(dn, 3)}
+                        row = {
+                            "gate_up_ms": round(gu, 3),
+                            "down_ms": round(dn, 3),
+                            "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
+                            "down_tb_s": round(down_bytes / dn / 1e9, 2),
+                        }
                     except Exception as err:  # a configuration that does not compile
                         row = {"error": f"{type(err).__name__}: {err}"[:160]}
                     row = {"shape": name, "block_m": block_m, **cfg, **row}
@@ -373,9 +413,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="v32", help="comma-separated: " + ", ".join(SMALL_MODELS))
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--moe-tiles", action="store_true", help="only the FP8 MoE tile sweep")
+    p.add_argument(
+        "--moe-decode-tiles", action="store_true", help="only the sweep at decode batches"
+    )
+    p.add_argument(
+        "--decode-linears", action="store_true", help="only V4's FP8 linears at decode rows"
+    )
     a = p.parse_args(argv)
-    if a.moe_tiles:
-        rows = moe_tile_rows()
+    if a.decode_linears:
+        gemms = gemm_rows(DECODE_ROWS, V4_DECODE_LINEARS)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "gemm": gemms}, f, indent=1)
+        return 0
+    if a.moe_tiles or a.moe_decode_tiles:
+        rows = (
+            moe_tile_rows(MOE_DECODE_SHAPES, DECODE_TILE_SWEEP)
+            if a.moe_decode_tiles
+            else moe_tile_rows()
+        )
         if a.out:
             with open(a.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "moe_tiles": rows}, f, indent=1)
