@@ -30,7 +30,8 @@ serve: install
 # parameters (a targeted type: ignore: Triton reads a kernel's annotations).
 FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
-	app/models_cache.py app/openai/availability.py app/openai/calls.py app/pipeline.py \
+	app/model_cost.py app/models_cache.py app/openai/availability.py app/openai/calls.py \
+	app/pipeline.py \
 	app/prefix_router.py app/prefix_routing.py app/scheduler stages/__init__.py stages/actor.py \
 	stages/channels.py stages/copy_channel.py stages/decode_graphs.py stages/forward_batch.py \
 	stages/kernels/__init__.py stages/kernels/cudnn_attention.py stages/kernels/indexer_select.py \
@@ -63,7 +64,8 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	stages/kernels/triton_paged_decode.py stages/shared_counters.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
-	app/models_cache.py app/pipeline.py app/prefix_router.py app/prefix_routing.py \
+	app/model_cost.py app/models_cache.py app/pipeline.py app/prefix_router.py \
+	app/prefix_routing.py \
 	app/request.py app/scheduler app/tokenizer.py stages/__init__.py stages/actor.py \
 	stages/channels.py stages/copy_channel.py stages/decode_graphs.py stages/forward_batch.py \
 	stages/kernels/__init__.py stages/kernels/cudnn_attention.py stages/kernels/indexer_select.py \

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.model_cost import H200_BF16_TFLOPS, H200_FP8_TFLOPS, H200_HBM_TBS, PeakRates
 from app.options import Options, option
 from app.scheduler.chunking import ChunkCost
 from app.scheduler.config import KV_ADMISSIONS, SKIP_MODES, SchedulerConfig
@@ -238,6 +239,29 @@ class EngineConfig(Options):
         "kernel.",
         choices=("auto", *BACKENDS["mla_prefill_fp8"]),
     )
+    peak_bf16_tflops: float = option(
+        H200_BF16_TFLOPS,
+        "One GPU's dense bf16 matmul rate in TFLOP/s, exported as "
+        'ray_ppserve_hardware_peak_flops_per_second{dtype="bf16"}: the dashboard\'s prefill '
+        "fraction of peak divides by it.",
+        doc_default=f"{H200_BF16_TFLOPS:g} (an H200's, measured)",
+        exclusive_minimum=0,
+    )
+    peak_fp8_tflops: float = option(
+        H200_FP8_TFLOPS,
+        "One GPU's FP8 matmul rate in TFLOP/s, exported as "
+        'ray_ppserve_hardware_peak_flops_per_second{dtype="fp8"}.',
+        doc_default=f"{H200_FP8_TFLOPS:g} (an H200's: twice bf16)",
+        exclusive_minimum=0,
+    )
+    peak_memory_tbs: float = option(
+        H200_HBM_TBS,
+        "One GPU's memory bandwidth in TB/s, exported as "
+        "ray_ppserve_hardware_peak_memory_bytes_per_second: the dashboard's decode fraction of "
+        "bandwidth divides by it.",
+        doc_default=f"{H200_HBM_TBS:g} (an H200's HBM3e)",
+        exclusive_minimum=0,
+    )
     placement_strategy: str = option(
         "PACK",
         "Ray placement group strategy for a pipeline's stages.",
@@ -286,6 +310,10 @@ class EngineConfig(Options):
     @property
     def resolved_run_ahead(self) -> bool:
         return self.device == "cuda" if self.run_ahead is None else self.run_ahead
+
+    @property
+    def peak_rates(self) -> PeakRates:
+        return PeakRates.of(self.peak_bf16_tflops, self.peak_fp8_tflops, self.peak_memory_tbs)
 
     @property
     def model_name(self) -> str:

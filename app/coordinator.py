@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from app.config import EngineConfig
+from app.model_cost import ModelCost
 from app.pipeline import PUBLIC_ERRORS, Pipeline
 from app.request import InvalidRequest, Overloaded, RequestOutput, SamplingParams
 from app.request_stream import RequestStream
@@ -63,6 +64,7 @@ class Coordinator:
         self.grammars = Grammars(self.tokenizer, self.args.vocab_size, self.eos_token_ids)
         # dynamic chunking's cost model: the model's FLOPs per layer
         self.chunk_cost = ChunkCost.for_model(self.args)
+        self.model_cost = ModelCost.for_engine(config, self.args.fp8_block is not None)
         self.scheduler: Scheduler | None = None
         self._streams: dict[str, RequestStream] = {}
         # (plan, asyncio.Future of all stages' results)
@@ -347,6 +349,9 @@ class Coordinator:
             self._graph_steps[r.stage] += r.graphed
             if self.metrics:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
+        if self.metrics and self.model_cost:  # distance to the hardware: work / busy time
+            busy = sum(r.forward_s for r in results)
+            self.metrics.model_work(self.model_cost.step(plan.rows), busy)
         self._channel_sends = max(self._channel_sends, last.output_sends)
         by_req = {s.req_id: s for s in last.sampled}
         for scored in last.prompt_logprobs:  # before the first token, which carries them

@@ -56,11 +56,47 @@ def prefix_cache_hit_rate(window: str = RATE_WINDOW) -> str:
     return f"{hits} / {queries}"
 
 
+def _per_busy_second(counter: str, phase: str, window: str, selector: str = "") -> str:
+    """A counter's rate over the rate of the stages' compute seconds in `phase`: what one GPU
+    achieves while it computes such microbatches (stages and pipelines of a model together)."""
+    busy = rate_sum("stage_busy_seconds_total", selector=f'{{phase="{phase}"}}', window=window)
+    return f"{rate_sum(counter, selector=selector, window=window)} / {busy}"
+
+
+def prefill_flops_per_second(window: str = RATE_WINDOW) -> str:
+    """FLOP/s a GPU achieves in prefill: the model's FLOPs of the microbatches holding a prefill
+    chunk (app/model_cost.py) over the seconds their stages computed."""
+    return _per_busy_second("model_flops_total", "prefill", window, '{phase="prefill"}')
+
+
+def decode_bytes_per_second(window: str = RATE_WINDOW) -> str:
+    """Bytes/s a GPU reads in decode: what the decode-only microbatches read (the weights once
+    a step, every row's KV) over the seconds their stages computed."""
+    return _per_busy_second("decode_read_bytes_total", "decode", window)
+
+
+def fraction_of_peak(achieved: str, peak: str) -> str:
+    """An achieved rate over the GPU's peak, which the server exports (--peak-* options)."""
+    return f"({achieved}) / max by (model_name) ({series(peak)})"
+
+
 def _p50_p99(histogram: str, by: str, legend: str) -> list[tuple[str, str]]:
     return [(quantile(q, histogram, by), f"p{round(q * 100)} {legend}") for q in (0.5, 0.99)]
 
 
-# (title, unit, [(expr, legend)], extra field defaults)
+# The fractions of peak share their panel with the rates, on a right axis in percent.
+_FRACTIONS_RIGHT = [
+    {
+        "matcher": {"id": "byRegexp", "options": "fraction of .*"},
+        "properties": [
+            {"id": "unit", "value": "percentunit"},
+            {"id": "custom.axisPlacement", "value": "right"},
+        ],
+    }
+]
+_BUSY_DECODE = rate_sum("stage_busy_seconds_total", selector='{phase="decode"}')
+
+# (title, unit, [(expr, legend)], extra field defaults; "overrides": the panel's overrides)
 PANELS: list[tuple[str, str, list[tuple[str, str]], dict[str, Any]]] = [
     (
         "Time to first token (p50 / p99)",
@@ -149,6 +185,43 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], dict[str, Any]]] = [
         {},
     ),
     (
+        "Prefill: achieved TFLOP/s and fraction of peak",
+        "flops",
+        [
+            (prefill_flops_per_second(), "achieved per GPU {{model_name}}"),
+            *[
+                (
+                    fraction_of_peak(
+                        prefill_flops_per_second(),
+                        f'hardware_peak_flops_per_second{{dtype="{dtype}"}}',
+                    ),
+                    f"fraction of {dtype} peak {{{{model_name}}}}",
+                )
+                for dtype in ("bf16", "fp8")
+            ],
+        ],
+        {"min": 0, "overrides": _FRACTIONS_RIGHT},
+    ),
+    (
+        "Decode: bytes read per second and fraction of HBM bandwidth",
+        "Bps",
+        [
+            (decode_bytes_per_second(), "read per GPU {{model_name}}"),
+            (
+                f"{rate_sum('decode_read_bytes_total', by='model_name, kind')}"
+                f" / on (model_name) group_left {_BUSY_DECODE}",
+                "{{kind}} {{model_name}}",
+            ),
+            (
+                fraction_of_peak(
+                    decode_bytes_per_second(), "hardware_peak_memory_bytes_per_second"
+                ),
+                "fraction of HBM bandwidth {{model_name}}",
+            ),
+        ],
+        {"min": 0, "overrides": _FRACTIONS_RIGHT},
+    ),
+    (
         "Pipeline rebuilds after a stage failure",
         "short",
         [
@@ -166,13 +239,17 @@ def _panel(
     i: int, title: str, unit: str, targets: list[tuple[str, str]], extra: dict[str, Any]
 ) -> dict[str, Any]:
     source = {"type": "prometheus", "uid": "${datasource}"}
+    defaults = {k: v for k, v in extra.items() if k != "overrides"}
     return {
         "id": i + 1,
         "type": "timeseries",
         "title": title,
         "datasource": source,
         "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
-        "fieldConfig": {"defaults": {"unit": unit, **extra}, "overrides": []},
+        "fieldConfig": {
+            "defaults": {"unit": unit, **defaults},
+            "overrides": extra.get("overrides", []),
+        },
         "options": {
             "legend": {"displayMode": "list", "placement": "bottom"},
             "tooltip": {"mode": "multi"},

@@ -19,6 +19,7 @@ from typing import TypeVar
 from ray.util.metrics import Counter, Gauge, Histogram, Metric
 
 from app.dashboard import METRIC_PREFIX
+from app.model_cost import PHASES, READS, PeakRates, StepWork
 
 # TTFT of a 1M-token prompt can take minutes: buckets reach 20 minutes.
 # fmt: off
@@ -40,7 +41,7 @@ _M = TypeVar("_M", bound=Metric)
 class EngineMetrics:
     """Every metric of one pipeline; the coordinator calls the methods below."""
 
-    def __init__(self, model_name: str, pipeline_id: str):
+    def __init__(self, model_name: str, pipeline_id: str, peaks: PeakRates):
         self._all: list[Metric] = []
         self.ttft = self._hist(
             "time_to_first_token_seconds",
@@ -91,6 +92,29 @@ class EngineMetrics:
         self.rebuilds = self._counter(
             "pipeline_rebuilds_total", "Pipeline rebuilds after a stage failure"
         )
+        # Distance to the hardware (app/model_cost.py): work / busy time, against the peaks.
+        self.flops = self._counter(
+            "model_flops_total",
+            "FLOPs of the microbatches run, by the model's own count, by phase",
+            ("phase",),
+        )
+        self.busy = self._counter(
+            "stage_busy_seconds_total",
+            "Compute seconds of the microbatches run, summed over the stages, by phase",
+            ("phase",),
+        )
+        self.read_bytes = self._counter(
+            "decode_read_bytes_total",
+            "Bytes decode steps read, by the model's own count: weights once a step, KV a row",
+            ("kind",),
+        )
+        self.peak_flops = self._gauge(
+            "hardware_peak_flops_per_second", "One GPU's peak matmul rate, by dtype", ("dtype",)
+        )
+        self.peak_bandwidth = self._gauge(
+            "hardware_peak_memory_bytes_per_second", "One GPU's peak memory bandwidth"
+        )
+        self._peaks = peaks
         tags = {"model_name": model_name, "pipeline": pipeline_id}
         for metric in self._all:
             metric.set_default_tags(tags)
@@ -112,6 +136,9 @@ class EngineMetrics:
             (self.prefix_queries, None, ()),
             (self.prefix_hits, None, ()),
             (self.rebuilds, None, ()),
+            (self.flops, "phase", PHASES),
+            (self.busy, "phase", PHASES),
+            (self.read_bytes, "kind", READS),
         ):
             for tags in [{label: v} for v in values] if label else [None]:
                 counter._record(0, tags=tags)
@@ -126,8 +153,8 @@ class EngineMetrics:
             )
         )
 
-    def _gauge(self, name: str, desc: str) -> Gauge:
-        return self._keep(Gauge(METRIC_PREFIX + name, description=desc, tag_keys=_TAGS))
+    def _gauge(self, name: str, desc: str, extra: tuple[str, ...] = ()) -> Gauge:
+        return self._keep(Gauge(METRIC_PREFIX + name, description=desc, tag_keys=_TAGS + extra))
 
     def _counter(self, name: str, desc: str, extra: tuple[str, ...] = ()) -> Counter:
         return self._keep(Counter(METRIC_PREFIX + name, description=desc, tag_keys=_TAGS + extra))
@@ -159,12 +186,26 @@ class EngineMetrics:
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
         self.skip_ratio.set(self._skip_ratio)
+        for dtype, rate in self._peaks.flops.items():
+            self.peak_flops.set(rate, tags={"dtype": dtype})
+        self.peak_bandwidth.set(self._peaks.memory_bytes_per_s)
 
     def add_tokens(self, prompt: int = 0, generation: int = 0) -> None:
         if prompt > 0:
             self.prompt_tokens.inc(prompt)
         if generation > 0:
             self.generation_tokens.inc(generation)
+
+    def model_work(self, work: StepWork, busy_s: float) -> None:
+        """One retired microbatch: its model work (app/model_cost.py) and its stages' summed
+        compute seconds."""
+        if work.flops > 0:
+            self.flops.inc(work.flops, tags={"phase": work.phase})
+        if busy_s > 0:
+            self.busy.inc(busy_s, tags={"phase": work.phase})
+        for kind, n in zip(READS, (work.weight_bytes, work.kv_bytes)):
+            if n > 0:
+                self.read_bytes.inc(n, tags={"kind": kind})
 
     def request_finished(self, reason: str) -> None:
         self.success.inc(1, tags={"finished_reason": reason or "unknown"})

@@ -140,14 +140,21 @@ def _rope(d: dict[str, Any], supported: tuple[str, ...]) -> tuple[float, dict[st
     return theta, {"rope_type": rope_type, **params}
 
 
-def load_model_args(path: str | None) -> ModelArgs:
-    """ModelArgs of the checkpoint directory `path`, or of the built-in random model when None."""
+def load_config(path: str | None) -> dict[str, Any]:
+    """The config.json of the checkpoint directory `path`, or the built-in random model's when
+    None."""
     if path is None:
-        return ModelArgs.from_hf_dict(BUILTIN_CONFIG)
+        return dict(BUILTIN_CONFIG)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"model directory {path!r} does not exist (or is not a directory)")
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
         raise FileNotFoundError(f"no config.json in model directory {path!r}")
     with open(cfg, encoding="utf-8") as f:
-        return ModelArgs.from_hf_dict(json.load(f))
+        d: dict[str, Any] = json.load(f)
+    return d
+
+
+def load_model_args(path: str | None) -> ModelArgs:
+    """ModelArgs of the checkpoint directory `path`, or of the built-in random model when None."""
+    return ModelArgs.from_hf_dict(load_config(path))

@@ -14,6 +14,10 @@ from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster, wait_
 
 MODEL = "ppserve-random"
 LONG_PROMPT = "pipeline parallel prefill in many chunks. " * 8  # ~340 tokens = 11 chunks
+OUR_LABELS = ("finished_reason", "decision", "stage", "le", "phase", "kind", "dtype")
+PEAKS = {("ray_ppserve_hardware_peak_flops_per_second", frozenset({("dtype", "bf16")})): 790e12,
+         ("ray_ppserve_hardware_peak_flops_per_second", frozenset({("dtype", "fp8")})): 1580e12,
+         ("ray_ppserve_hardware_peak_memory_bytes_per_second", frozenset()): 4.8e12}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +41,7 @@ def scrape(served) -> dict:
         for s in family.samples:
             if not s.name.startswith("ray_ppserve_"):
                 continue
-            labels = frozenset((k, v) for k, v in s.labels.items()
-                               if k in ("finished_reason", "decision", "stage", "le"))
+            labels = frozenset((k, v) for k, v in s.labels.items() if k in OUR_LABELS)
             out[(s.name, labels)] = out.get((s.name, labels), 0.0) + s.value
     return out
 
@@ -65,12 +68,17 @@ def documented_metrics() -> set[str]:
 
 def test_documented_metrics_at_zero_from_startup(served):
     """Before any request: every documented counter (each known label value) and gauge is
-    exported at zero. Histograms are not: Ray exports one only once it is observed."""
+    exported at zero, but the GPU's peak rates, at their H200 defaults. Histograms are not: Ray
+    exports one only once it is observed."""
     names = {n for n in documented_metrics() if not n.endswith("_seconds")}
-    assert len(names) >= 12, names
+    assert len(names) >= 17, names
+    phases = ("phase", ("prefill", "decode"))
     labelled = {"ray_ppserve_request_success_total": ("finished_reason",
                                                       ("stop", "length", "abort", "error")),
-                "ray_ppserve_pp_output_comm_total": ("decision", ("sent", "skipped"))}
+                "ray_ppserve_pp_output_comm_total": ("decision", ("sent", "skipped")),
+                "ray_ppserve_model_flops_total": phases,
+                "ray_ppserve_stage_busy_seconds_total": phases,
+                "ray_ppserve_decode_read_bytes_total": ("kind", ("weights", "kv"))}
 
     def exported(samples):
         have = {n for n, _ in samples}
@@ -80,7 +88,7 @@ def test_documented_metrics_at_zero_from_startup(served):
     samples = wait_for(lambda: (m := scrape(served)) and exported(m) and m, timeout=30)
     assert samples, sorted(names - {n for n, _ in scrape(served)})
     nonzero = {k: v for k, v in samples.items() if k[0] in names and v != 0}
-    assert not nonzero, nonzero
+    assert nonzero == PEAKS
 
 
 def test_metrics_exported(served):
@@ -131,6 +139,7 @@ def test_gauges_kept_while_idle(served):
     samples = scrape(served)
     for name in gauges:
         assert (name, frozenset()) in samples, name
+    assert {k: samples.get(k) for k in PEAKS} == PEAKS
     assert value(samples, "ray_ppserve_num_requests_running") == 0
     assert value(samples, "ray_ppserve_num_requests_waiting") == 0
 
@@ -157,6 +166,45 @@ def test_prefix_cache_hits_are_counted(served):
     assert samples, "the prefix cache counters never moved"
     assert value(samples, "ray_ppserve_prefix_cache_queries_total") == queries0 + n
     assert value(samples, "ray_ppserve_prefix_cache_hits_total") == hits0 + cached
+
+
+def test_model_work_counted(served):
+    """One request's FLOPs and decode reads, by hand: the built-in model (hidden 128, MLP 256,
+    4 heads and 2 KV heads of 32, 4 layers, vocab 320) in float32. Each processed position p
+    computes every weight twice and attends p + 1 keys; each sampled token runs the LM head; a
+    decode step reads every weight and its row's keys. The stages' busy time grows too."""
+    names = ("ray_ppserve_model_flops_total", "ray_ppserve_decode_read_bytes_total",
+             "ray_ppserve_stage_busy_seconds_total")
+
+    assert wait_for(lambda: pool_is_free(served), timeout=30)
+    before = scrape(served)
+    prompt, generated = 70, 5  # chunks of 32, 32, 6 (no cached prefix), then 4 decode steps
+    out = served.client().completions.create(
+        model=MODEL, prompt=list(range(1, prompt + 1)), max_tokens=generated, temperature=0,
+        extra_body={"ignore_eos": True})
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (prompt, generated)
+    layers, weights = 4, 128 * 4 * 32 + 2 * 128 * 2 * 32 + 4 * 32 * 128 + 3 * 128 * 256
+    token, pair, head = 2 * weights * layers, 4 * 4 * 32 * layers, 2 * 128 * 320
+    keys = sum(p + 1 for p in range(prompt, prompt + generated - 1))  # of the decode rows
+    prefill = token * prompt + pair * prompt * (prompt + 1) / 2 + head
+    decode = token * (generated - 1) + pair * keys + head * (generated - 1)
+    read_weights = (generated - 1) * (layers * weights + 2 * 128 * 320) * 4
+    read_kv = keys * layers * 2 * 2 * 32 * 4
+    flops0 = value(before, names[0])
+    after = wait_for(lambda: (m := scrape(served)) and value(m, names[0]) >= flops0 + (
+        prefill + decode) * (1 - 1e-9) and value(m, names[1]) > value(before, names[1]) and m,
+        timeout=30)
+    assert after, "the work counters never moved"
+
+    def grew(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew(names[0], phase="prefill") == pytest.approx(prefill)
+    assert grew(names[0], phase="decode") == pytest.approx(decode)
+    assert grew(names[1], kind="weights") == pytest.approx(read_weights)
+    assert grew(names[1], kind="kv") == pytest.approx(read_kv)
+    for phase in ("prefill", "decode"):
+        assert grew(names[2], phase=phase) > 0
 
 
 def test_disconnect_mid_stream_frees_blocks(served):
