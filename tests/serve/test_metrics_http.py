@@ -38,7 +38,8 @@ def scrape(served) -> dict:
             if not s.name.startswith("ray_ppserve_"):
                 continue
             labels = frozenset((k, v) for k, v in s.labels.items()
-                               if k in ("finished_reason", "decision", "stage", "le"))
+                               if k in ("finished_reason", "decision", "stage", "le", "op",
+                                        "backend", "reason"))
             out[(s.name, labels)] = out.get((s.name, labels), 0.0) + s.value
     return out
 
@@ -63,10 +64,16 @@ def documented_metrics() -> set[str]:
     return {"ray_ppserve_" + m for m in re.findall(r"`(?:ray_ppserve_|\.\.\._)(\w+)", section)}
 
 
+# Counters whose label values are unknown until their first event: like histograms, they appear
+# with it.
+FIRST_EVENT = {"ray_ppserve_kernel_fallbacks_total"}
+
+
 def test_documented_metrics_at_zero_from_startup(served):
     """Before any request: every documented counter (each known label value) and gauge is
     exported at zero. Histograms are not: Ray exports one only once it is observed."""
-    names = {n for n in documented_metrics() if not n.endswith("_seconds")}
+    names = {n for n in documented_metrics() if not n.endswith("_seconds")} - FIRST_EVENT
+    assert FIRST_EVENT <= documented_metrics()
     assert len(names) >= 12, names
     labelled = {"ray_ppserve_request_success_total": ("finished_reason",
                                                       ("stop", "length", "abort", "error")),
@@ -119,6 +126,33 @@ def test_metrics_exported(served):
     assert stats["prefix_cache_queries"] == queries and stats["prefix_cache_hits"] == 0
     # The TTFT histogram's buckets reach minutes (long prompts).
     assert value(samples, "ray_ppserve_time_to_first_token_seconds_bucket", le="640.0") == 3
+
+
+def test_kernel_fallbacks_reach_the_metrics(served):
+    """A fallback counted in a stage's process (here recorded there by hand: a CPU stage has
+    only torch backends) rides its next StepResult to the coordinator, into
+    ray_ppserve_kernel_fallbacks_total{op,backend,reason} and the stats."""
+    import ray
+
+    from app.pipeline import STAGE_NAMESPACE
+
+    last = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == STAGE_NAMESPACE and a["name"].endswith("-stage1")]
+    assert len(last) == 1, last
+
+    def fall_back(_stage):
+        from stages.kernels.fallbacks import record_fallback
+
+        for _ in range(3):
+            record_fallback("attention", "cudnn", "few_rows", "recorded by the test")
+
+    ray.get(ray.get_actor(last[0], namespace=STAGE_NAMESPACE).__ray_call__.remote(fall_back))
+    served.client().completions.create(model=MODEL, prompt="x", max_tokens=2)
+    name, labels = "ray_ppserve_kernel_fallbacks_total", dict(
+        op="attention", backend="cudnn", reason="few_rows")
+    got = wait_for(lambda: value(scrape(served), name, **labels) or None, timeout=30)
+    assert got == 3
+    assert served.stats()["kernel_fallbacks"] == {"attention/cudnn/few_rows": 3}
 
 
 def test_gauges_kept_while_idle(served):

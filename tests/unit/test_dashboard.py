@@ -33,3 +33,9 @@ def test_prefix_cache_hit_rate_panel_divides_hits_by_queries():
 def test_rebuild_counter_has_a_panel():
     exprs = [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
     assert any("ray_ppserve_pipeline_rebuilds_total" in e for e in exprs)
+
+
+def test_kernel_fallbacks_have_a_panel_by_op_backend_and_reason():
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
+    assert any("ray_ppserve_kernel_fallbacks_total" in e and "op, backend, reason" in e
+               for e in exprs)
