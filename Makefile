@@ -61,7 +61,7 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	stages/kernels/triton_fp8_act.py stages/kernels/triton_fp8_latent.py \
 	stages/kernels/triton_gemm.py stages/kernels/triton_hyper.py stages/kernels/triton_indexer.py \
 	stages/kernels/triton_moe.py stages/kernels/triton_moe_fp8.py \
-	stages/kernels/triton_paged_decode.py stages/shared_counters.py
+	stages/kernels/triton_paged_decode.py stages/shared_counters.py stages/kernels/fallbacks.py
 TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py app/dashboard.py \
 	app/engine.py app/gguf_checkpoint.py app/merged.py app/messages.py app/metrics.py \
 	app/model_cost.py app/models_cache.py app/pipeline.py app/prefix_router.py \
@@ -91,7 +91,7 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	stages/kernels/triton_fp8_act.py stages/kernels/triton_fp8_latent.py \
 	stages/kernels/triton_gemm.py stages/kernels/triton_hyper.py stages/kernels/triton_indexer.py \
 	stages/kernels/triton_moe.py stages/kernels/triton_moe_fp8.py \
-	stages/kernels/triton_paged_decode.py stages/shared_counters.py
+	stages/kernels/triton_paged_decode.py stages/shared_counters.py stages/kernels/fallbacks.py
 
 lint: install
 	$(VENV)/bin/ruff check app stages tests

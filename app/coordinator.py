@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, AsyncIterator
@@ -75,6 +75,7 @@ class Coordinator:
         self._channel_sends = 0
         self._stage_forward = [0.0] * config.pp_size
         self._graph_steps = [0] * config.pp_size  # microbatches each stage replayed as a graph
+        self._fallbacks: Counter[str] = Counter()  # "op/backend/reason" -> kernel fallbacks
         self._failures = 0
         self._broken: str | None = None  # set when the pipeline cannot be rebuilt
         self._rebuilding = False  # between a stage failure and the rebuilt pipeline
@@ -347,8 +348,11 @@ class Coordinator:
         for r in results:
             self._stage_forward[r.stage] += r.forward_s
             self._graph_steps[r.stage] += r.graphed
+            for c in r.fallbacks:
+                self._fallbacks[f"{c.op}/{c.backend}/{c.reason}"] += c.count
             if self.metrics:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
+                self.metrics.kernel_fallbacks(r.fallbacks)
         if self.metrics and self.model_cost:  # distance to the hardware: work / busy time
             busy = sum(r.forward_s for r in results)
             self.metrics.model_work(self.model_cost.step(plan.rows), busy)
@@ -476,6 +480,7 @@ class Coordinator:
             "kv_blocks_cached": s.pool.num_cached,
             "stage_forward_seconds": list(self._stage_forward),
             "decode_graph_steps": list(self._graph_steps),
+            "kernel_fallbacks": dict(self._fallbacks),
             "pipeline_failures": self._failures,
             "pipeline_rebuilding": self._rebuilding,
             "pipeline_id": self.pipeline.pipeline_id,

@@ -232,6 +232,17 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], dict[str, Any]]] = [
         ],
         {"min": 0},
     ),
+    (
+        "Kernel fallbacks / s (calls a chosen backend routed elsewhere, backends declined)",
+        "short",
+        [
+            (
+                rate_sum("kernel_fallbacks_total", by="op, backend, reason"),
+                "{{op}} on {{backend}}: {{reason}}",
+            )
+        ],
+        {"min": 0},
+    ),
 ]
 
 

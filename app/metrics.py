@@ -9,17 +9,26 @@ labels. Across replicas the skip-hit ratio is a PromQL expression over the count
 
 The output-channel counters are fed by the scheduler's ledger, one call per event as it happens
 (`output_event`), so they match `Coordinator.stats()` exactly, preemptions and rebuilds included.
+
+`kernel_fallbacks_total{op,backend,reason}` counts the calls a chosen kernel backend routed to
+another implementation, and the backends declined when a stage was built (one each), as the
+stages' StepResults report them (stages/kernels/fallbacks.py: `reason` is one of a few fixed
+categories, so the labels stay bounded). Its label values are not known before the first
+fallback, so, like a histogram, it appears with its first one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeVar
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from ray.util.metrics import Counter, Gauge, Histogram, Metric
 
 from app.dashboard import METRIC_PREFIX
 from app.model_cost import PHASES, READS, PeakRates, StepWork
+
+if TYPE_CHECKING:
+    from stages.protocol import FallbackCount
 
 # TTFT of a 1M-token prompt can take minutes: buckets reach 20 minutes.
 # fmt: off
@@ -115,6 +124,11 @@ class EngineMetrics:
             "hardware_peak_memory_bytes_per_second", "One GPU's peak memory bandwidth"
         )
         self._peaks = peaks
+        self.fallbacks = self._counter(
+            "kernel_fallbacks_total",
+            "Kernel calls a chosen backend routed elsewhere, and backends declined at build",
+            ("op", "backend", "reason"),
+        )
         tags = {"model_name": model_name, "pipeline": pipeline_id}
         for metric in self._all:
             metric.set_default_tags(tags)
@@ -212,6 +226,13 @@ class EngineMetrics:
 
     def pipeline_rebuilt(self) -> None:
         self.rebuilds.inc(1)
+
+    def kernel_fallbacks(self, counts: Iterable[FallbackCount]) -> None:
+        """One stage's kernel fallbacks since its previous result."""
+        for c in counts:
+            if c.count > 0:
+                tags = {"op": c.op, "backend": c.backend, "reason": c.reason}
+                self.fallbacks.inc(c.count, tags=tags)
 
     def prefix_lookup(self, queried: int, hit: int) -> None:
         """One admission's prefix-cache lookup, in tokens (vLLM's queries / hits)."""

@@ -108,10 +108,14 @@ class StageShell:
         return self.runner.finish(previous) if previous is not None else None
 
     def describe(self) -> dict[str, Any]:
+        from stages.kernels.fallbacks import FALLBACKS
+
         return {
             "stage": self.spec.stage_index,
             "layers": [self.spec.layer_start, self.spec.layer_end],
             "kernels": dict(self.runner.kernels.names),
+            # op/backend/reason -> count, this process's (stages/kernels/fallbacks.py)
+            "kernel_fallbacks": {"/".join(k): n for k, n in FALLBACKS.counts().items()},
             "pid": os.getpid(),
             "node_ip": _node_ip(),
             "node_id": ray.get_runtime_context().get_node_id(),

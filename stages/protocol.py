@@ -150,6 +150,17 @@ class PromptLogprobs:
 
 
 @dataclass(frozen=True)
+class FallbackCount:
+    """Calls of `op` that its chosen `backend` routed elsewhere for `reason` (one of
+    stages.kernels.fallbacks.REASONS), or 1 for a backend declined when the stage was built."""
+
+    op: str
+    backend: str
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True)
 class StepResult:
     """Returned by every stage for every plan; only the last stage fills `sampled`."""
 
@@ -164,6 +175,8 @@ class StepResult:
     timings: tuple[tuple[int, float], ...] = ()
     graphed: bool = False  # this stage ran the microbatch as a CUDA graph replay
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # last stage, for the rows that ask
+    # Kernel fallbacks this stage's process counted since its previous result.
+    fallbacks: tuple[FallbackCount, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,14 @@ import torch
 from stages.channels import PipelineChannels, SendWork, TCPStore
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
-from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, select_kernels
+from stages.kernels.fallbacks import FALLBACKS
+from stages.kernels.registry import (
+    Kernels,
+    fp8_backend_for,
+    kernel_target,
+    moe_backend_for,
+    select_kernels,
+)
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
 from stages.loader import build_stage_model, keep_fp8_weights, log_stage_memory, resolve_dtype
 from stages.model_config import load_model_args
@@ -123,7 +130,9 @@ class StageRunner:
 
     # -- setup -----------------------------------------------------------------------------------
     def kernels_for(self, linear: str, attention: str, mla_decode: str) -> Kernels:
-        """The stage's ops; the FP8 ones (W8A8, experts) follow the linear backend."""
+        """The stage's ops; the FP8 ones (W8A8, experts) follow the linear backend. A backend
+        that cannot serve the model is declined under auto (counted), an error when named."""
+        dtype = str(self.dtype).removeprefix("torch.")
         return select_kernels(
             self.spec.device,
             linear,
@@ -132,6 +141,7 @@ class StageRunner:
             moe_backend_for(linear),
             fp8_linear=fp8_backend_for(linear) if self.fp8_weights else None,
             mla_prefill_fp8=self.spec.fp8_prefill_attention,
+            target=kernel_target(self.args, dtype, self.spec.block_size),
         )
 
     @property
@@ -327,6 +337,7 @@ class StageRunner:
                     forward_s=self.timer.last_elapsed(),
                     timings=self.timer.take_finished(),
                     graphed=graphed,
+                    fallbacks=FALLBACKS.take_new(),
                 ),
             )
         picked = self._pick(plan, hidden, batch)
@@ -377,6 +388,7 @@ class StageRunner:
             output_sends=self._channels.output_sends if self._channels else 0,
             timings=self.timer.take_finished(),
             graphed=launched.graphed,
+            fallbacks=FALLBACKS.take_new(),
         )
         return launched.result
 

@@ -13,7 +13,9 @@ are bucketed (split_attention: key counts in steps of KEY_ALIGN, query counts of
 stage builds a long prompt's chunk shapes at startup (StageRunner.warm_up), so requests do not
 pay for them. TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 (one graph per power of two, ragged offsets) is
 not used: it made the kernels slower at long key counts. Decode steps and short
-chunks, where cuDNN's higher host cost per call outweighs its kernel, stay on the torch reference.
+chunks, where cuDNN's higher host cost per call outweighs its kernel, stay on the torch reference
+(counted as fallbacks of reason few_rows, logged once at info). A model whose dtype or head
+widths cuDNN does not take is refused when the stage is built (``supports``): the op is torch's.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import torch_ref
+from stages.kernels.fallbacks import KernelTarget, Refusal, record_fallback
 
 MIN_QUERIES = 512  # chunks with fewer new tokens (decode steps included) go to SDPA
+SHORT_CHUNKS = f"chunks under {MIN_QUERIES} queries (decode steps included) -> SDPA"
 Q_ALIGN = 256  # queries (and the diagonal's keys) padded to a multiple: fewer cuDNN graphs
 KEY_ALIGN = 4096  # the prefix part's key count is a multiple (the rest joins the diagonal)
 
@@ -40,10 +44,29 @@ def is_available(device: str) -> bool:
 MAX_HEAD_DIM = 256  # cuDNN's fused flash kernels on SM90, q/k and v widths each
 
 
-def _supported(q: torch.Tensor, v: torch.Tensor) -> bool:
-    return q.dtype in (torch.bfloat16, torch.float16) and all(
-        d % 8 == 0 and d <= MAX_HEAD_DIM for d in (q.shape[-1], v.shape[-1])
-    )
+DTYPES = ("bfloat16", "float16")
+
+
+def _widths_refused(qk: int, v: int) -> Refusal | None:
+    if all(d % 8 == 0 and d <= MAX_HEAD_DIM for d in (qk, v)):
+        return None
+    return Refusal("head_dim", f"q/k {qk} and v {v} wide (multiples of 8 up to {MAX_HEAD_DIM})")
+
+
+def supports(op: str, target: KernelTarget) -> Refusal | None:
+    """Whether cuDNN serves the stage's chunk attention (None: it does)."""
+    shape = target.shapes.get(op)
+    if shape is None:  # the model has no dense chunk attention
+        return None
+    if target.dtype not in DTYPES:
+        return Refusal("dtype", f"the model runs in {target.dtype}; cuDNN takes {DTYPES}")
+    return _widths_refused(shape.head_dim, shape.v_dim)
+
+
+def _refused(q: torch.Tensor, v: torch.Tensor) -> Refusal | None:
+    if str(q.dtype).removeprefix("torch.") not in DTYPES:
+        return Refusal("dtype", f"queries in {q.dtype}")
+    return _widths_refused(q.shape[-1], v.shape[-1])
 
 
 def _cudnn(
@@ -68,7 +91,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     t, length = q.shape[0], k.shape[0]
     if t > length:
         raise ValueError(f"{t} queries attend to a prefix of only {length} keys")
-    if t < MIN_QUERIES or not _supported(q, v):
+    if t < MIN_QUERIES:  # by design, on every decode step: nothing built per call
+        record_fallback("attention", "cudnn", "few_rows", SHORT_CHUNKS)
+        return torch_ref.attention(q, k, v, scale)
+    refusal = _refused(q, v)
+    if refusal is not None:
+        record_fallback("attention", "cudnn", refusal.reason, f"{refusal.detail} -> SDPA")
         return torch_ref.attention(q, k, v, scale)
     return split_attention(q, k, v, scale)
 

@@ -8,38 +8,51 @@ and checked by stages/kernels/flash_mla.py):
   (``flash_mla_with_kvcache``) over the 584-byte pages in place, every query one batch row: the
   compressed entries are its main cache, the sliding window its ``extra_k_cache``.
 
-The kernels take 64 or 128 query heads: fewer are zero-padded (their outputs dropped); more, or
-another dtype or head dim, go to the torch reference, the reason logged once.
+The kernels take 64 or 128 query heads: fewer are zero-padded (their outputs dropped). A model
+with more, or another dtype or head dim, is refused when the stage is built (``supports``); a
+call that gets such an input anyway goes to the torch reference, counted and logged once
+(stages/kernels/fallbacks.py).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-
 import torch
 
 from stages.kernels import flash_mla, fp8_v4, torch_ref
+from stages.kernels.fallbacks import KernelTarget, Refusal, record_fallback
 from stages.kernels.fp8_v4_layout import HEAD_DIM
 
-log = logging.getLogger(__name__)
-
 is_available = flash_mla.is_available
+MAX_HEADS = max(flash_mla.SPARSE_HEADS)
 
 
-@functools.cache
-def _fall_back(reason: str) -> None:
-    log.warning("DeepSeek-V4 attention on the torch reference, not FlashMLA: %s", reason)
-
-
-def _unsupported(q: torch.Tensor) -> str | None:
-    if q.dtype != torch.bfloat16:
-        return f"queries in {q.dtype} (FlashMLA takes bfloat16)"
-    if q.shape[-1] != HEAD_DIM:
-        return f"head dim {q.shape[-1]} (FlashMLA's V4 kernels take {HEAD_DIM})"
-    if q.shape[1] > max(flash_mla.SPARSE_HEADS):
-        return f"{q.shape[1]} query heads (FlashMLA's SM90 kernels take at most 128)"
+def supports(op: str, target: KernelTarget) -> Refusal | None:
+    """Whether FlashMLA's V4 kernels serve `op` for the stage's model (None: they do)."""
+    shape = target.shapes.get(op)
+    if shape is None:  # the model never calls op
+        return None
+    if target.dtype != "bfloat16":
+        return Refusal("dtype", f"the model runs in {target.dtype}; FlashMLA takes bfloat16")
+    if shape.head_dim != HEAD_DIM:
+        return Refusal("head_dim", f"heads {shape.head_dim} wide; FlashMLA's V4 kernels take 512")
+    if shape.heads > MAX_HEADS:
+        return Refusal("heads", f"{shape.heads} query heads; FlashMLA's kernels take {MAX_HEADS}")
     return None
+
+
+def _fall_back(op: str, q: torch.Tensor, keys: torch.Tensor | None) -> bool:
+    """Whether this call goes to the torch reference (counted, the first logged)."""
+    if q.dtype != torch.bfloat16 or (keys is not None and keys.dtype != torch.bfloat16):
+        held = f"queries in {q.dtype}" + ("" if keys is None else f", keys in {keys.dtype}")
+        refusal = Refusal("dtype", f"{held} (FlashMLA takes bfloat16)")
+    elif q.shape[-1] != HEAD_DIM:
+        refusal = Refusal("head_dim", f"head dim {q.shape[-1]} (the V4 kernels take {HEAD_DIM})")
+    elif q.shape[1] > MAX_HEADS:
+        refusal = Refusal("heads", f"{q.shape[1]} query heads (the kernels take {MAX_HEADS})")
+    else:
+        return False
+    record_fallback(op, "flash-mla", refusal.reason, f"{refusal.detail} -> torch reference")
+    return True
 
 
 def _pad_sinks(sinks: torch.Tensor, heads: int) -> torch.Tensor:
@@ -51,12 +64,7 @@ def sparse_sink_attention(
 ) -> torch.Tensor:
     """q [T, H, 512] bf16, kv [N, 512] bf16, indices [T, K] (-1: none), sinks [H] fp32 ->
     [T, H, 512]."""
-    reason = _unsupported(q) or (None if kv.dtype == torch.bfloat16 else f"keys in {kv.dtype}")
-    if reason is not None:
-        _fall_back(reason)
-        return torch_ref.sparse_sink_attention(q, kv, indices, sinks, scale)
-    qp = flash_mla.pad_heads(q)
-    if qp is None:  # more heads than the kernel takes: _unsupported said so
+    if _fall_back("sparse_sink_attention", q, kv) or (qp := flash_mla.pad_heads(q)) is None:
         return torch_ref.sparse_sink_attention(q, kv, indices, sinks, scale)
     out, _max, _lse = flash_mla.wheel().flash_mla_sparse_fwd(
         qp.contiguous(),
@@ -94,12 +102,7 @@ def sparse_sink_attention_fp8(
 ) -> torch.Tensor:
     """fp8_v4.sparse_sink_attention's contract: q [T, H, 512] bf16, pages [blocks, P, 1, 584],
     window / comp [T, K] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]."""
-    reason = _unsupported(q)
-    if reason is not None:
-        _fall_back(reason)
-        return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
-    qp = flash_mla.pad_heads(q)
-    if qp is None:
+    if _fall_back("sparse_sink_attention_fp8", q, None) or (qp := flash_mla.pad_heads(q)) is None:
         return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
     fm = flash_mla.wheel()
     window_ids, window_counts = _valid_first(window)

@@ -12,7 +12,8 @@
 
 Activations are quantized by stages/kernels/triton_fp8_act.py (fp8_ref.quantize_act's numbers in
 one kernel, already in the layout each GEMM reads). Every call is device-only with a fixed grid
-(CUDA graphs capture it). Anything not on CUDA goes to fp8_ref.
+(CUDA graphs capture it). Anything not on CUDA goes to fp8_ref; every such route is counted and
+logged once (stages/kernels/fallbacks.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from stages.kernels import fp8_ref, triton_fp8_act, triton_gemm
+from stages.kernels.fallbacks import record_fallback
 from stages.kernels.triton_gemm import GemmConfig, num_sms
 
 BLOCK = fp8_ref.BLOCK
@@ -57,6 +59,9 @@ def linear_scaled_mm(
 ) -> torch.Tensor:
     n, k = weight.shape
     if not x.is_cuda or k % BLOCK or n % BLOCK or (k // BLOCK) % 4:
+        reason = "shape" if x.is_cuda else "device"
+        detail = f"N {n}, K {k} (multiples of 128, K / 128 of 4) -> triton-persistent"
+        record_fallback("fp8_linear", "scaled-mm", reason, detail)
         return linear(x, weight, scale_inv, bias)
     m = _flat(x).shape[0]
     # rows padded to 16 (cuBLASLt's FP8 alignment), the scales outer-dim-major: [M, K / 128]
@@ -91,6 +96,9 @@ def _triton_linear(
     sm_margin: int,
 ) -> torch.Tensor:
     if triton is None or not x.is_cuda:
+        backend = "triton-persistent-sm1" if sm_margin else "triton-persistent"
+        reason = "device" if not x.is_cuda else "no_triton"
+        record_fallback("fp8_linear", backend, reason, f"{x.device} -> fp8_ref")
         return fp8_ref.linear(x, weight, scale_inv, bias)
     n, k = weight.shape
     q, s = triton_fp8_act.quantize_act(_flat(x))

@@ -1,7 +1,9 @@
 """Kernel backends per operation: a static table of lazy imports and an "auto" choice.
 
-Each backend is "module:attr" naming the op; its module may define `is_available(device)`.
-Nothing is imported until chosen, so optional GPU packages never load on CPU.
+Each backend is "module:attr" naming the op; its module may define `is_available(device)`, and
+`supports(op, target)`, which refuses a model whose shapes or dtype it cannot serve
+(stages/kernels/fallbacks.py). Nothing is imported until chosen, so optional GPU packages never
+load on CPU.
 """
 
 from __future__ import annotations
@@ -9,7 +11,13 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+from stages.kernels.fallbacks import KernelTarget, OpShape, Refusal, record_fallback
+
+if TYPE_CHECKING:
+    from stages.model_config import ModelArgs
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +192,8 @@ class Kernels:
     names: dict[str, str] = field(default_factory=dict)  # op -> backend chosen
 
 
-def _load(op: str, name: str, device: str) -> Callable[..., Any] | None:
-    """The backend's function if it imports and reports available on `device`, else None."""
+def _load(op: str, name: str, device: str) -> tuple[Callable[..., Any], ModuleType] | None:
+    """The backend's function and module if it imports and reports available on `device`."""
     module_name, attr = BACKENDS[op][name].split(":")
     try:
         module = importlib.import_module(module_name)
@@ -194,28 +202,58 @@ def _load(op: str, name: str, device: str) -> Callable[..., Any] | None:
     except Exception as e:  # a missing or broken optional package only disqualifies it
         log.debug("kernel backend %s/%s unusable: %r", op, name, e)
         return None
-    return fn if available else None
+    return (fn, module) if available else None
 
 
-def _select(op: str, choice: str, device: str) -> tuple[str, Callable[..., Any]]:
+def _refusal(op: str, module: ModuleType, target: KernelTarget | None) -> Refusal | None:
+    """The backend module's `supports` verdict on the stage's target (None: no objection)."""
+    supports = getattr(module, "supports", None)
+    if target is None or supports is None:
+        return None
+    refusal: Refusal | None = supports(op, target)
+    return refusal
+
+
+def _select(
+    op: str, choice: str, device: str, target: KernelTarget | None = None
+) -> tuple[str, Callable[..., Any]]:
     table = BACKENDS[op]
     if choice == "auto":
         for name in PRIORITY[op]:
-            fn = _load(op, name, device)
-            if fn is not None:
-                return name, fn
+            loaded = _load(op, name, device)
+            if loaded is None:
+                continue
+            refusal = _refusal(op, loaded[1], target)
+            if refusal is None:
+                return name, loaded[0]
+            record_fallback(op, name, refusal.reason, f"declined for this model: {refusal.detail}")
         fallback = _load(op, "torch", device)
         if fallback is None:
             raise RuntimeError(f"the torch reference backend of {op} failed to load")
-        return "torch", fallback
+        return "torch", fallback[0]
     if choice not in table:
         raise ValueError(
             f"unknown {op} backend {choice!r}; choose auto or {', '.join(sorted(table))}"
         )
-    fn = _load(op, choice, device)
-    if fn is None:
+    loaded = _load(op, choice, device)
+    if loaded is None:
         raise ValueError(f"{op} backend {choice!r} is not available on device {device!r}")
-    return choice, fn
+    refusal = _refusal(op, loaded[1], target)
+    if refusal is not None:
+        raise ValueError(
+            f"{op} backend {choice!r} cannot serve this model ({refusal.reason}): "
+            f"{refusal.detail}; choose auto or torch"
+        )
+    return choice, loaded[0]
+
+
+def kernel_target(args: ModelArgs, dtype: str, block_size: int) -> KernelTarget:
+    """What a stage of this model asks of its kernels: the shapes its family declares per op,
+    and its dense chunk attention's (Family.chunk_attention_dims)."""
+    family = args.family
+    dims = family.chunk_attention_dims(args)
+    dense = {} if dims is None else {"attention": OpShape(dims.heads, dims.qk_dim, dims.v_dim)}
+    return KernelTarget({**dense, **family.op_shapes(args)}, dtype, block_size)
 
 
 def select_kernels(
@@ -229,10 +267,13 @@ def select_kernels(
     fp8_linear: str | None = None,
     mla_sparse_fp8: str = "auto",
     mla_prefill_fp8: str = "auto",
+    target: KernelTarget | None = None,
 ) -> Kernels:
     """Pick one backend per op for `device`; an explicit name that cannot run is an error.
     fp8_linear is chosen only where FP8 weights stay FP8 (None leaves it unset, and Linear
-    layers then hold their weights in the model's dtype); it brings moe_experts_fp8."""
+    layers then hold their weights in the model's dtype); it brings moe_experts_fp8. With a
+    `target` (kernel_target), a backend whose `supports` refuses the model is declined under
+    "auto" (logged and counted: stages/kernels/fallbacks.py) and an error when named."""
     optional = {
         "fp8_linear": fp8_linear,
         "mla_sparse_fp8": mla_sparse_fp8,
@@ -240,7 +281,7 @@ def select_kernels(
         "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear),
     }
     chosen = {
-        op: _select(op, choice, str(device))
+        op: _select(op, choice, str(device), target)
         for op, choice in (
             ("linear", linear),
             ("attention", attention),

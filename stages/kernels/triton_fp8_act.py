@@ -7,7 +7,8 @@ It writes what the W8A8 GEMMs read directly, so a call is one launch with static
 CUDA graph captures): rows padded to a multiple (cuBLASLt's FP8 GEMM wants 16; the padding rows
 are zeros with scale 1), and the scales either row-major [rows, groups] (the Triton GEMMs) or
 group-major, a [rows, groups] view of a [groups, rows] buffer (``F.scaled_mm``'s BlockWise1x128
-layout). Anything not on CUDA (or without triton) goes through fp8_ref.
+layout). Anything not on CUDA goes through fp8_ref; so does a CUDA input without triton, counted
+and logged once (stages/kernels/fallbacks.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import fp8_ref
+from stages.kernels.fallbacks import record_fallback
 
 BLOCK_M = 16  # rows per program; each program quantizes one 128-wide group of them
 
@@ -31,6 +33,8 @@ def quantize_act(
     rows = m + (-m % rows_multiple)
     groups = -(-k // fp8_ref.BLOCK)
     if triton is None or not x.is_cuda:
+        if x.is_cuda:  # off CUDA fp8_ref is the one path
+            record_fallback("fp8_act_quant", "triton", "no_triton", "-> fp8_ref")
         return _reference(x, rows, group_major)
     if x.stride(-1) != 1:
         x = x.contiguous()

@@ -12,7 +12,8 @@ e4m3's 448 under a power-of-two scale (the same scale, from the same bits, in bo
   (stages/kernels/fp8_indexer.py), the key as one tile and its float32 scale; matches
   ``flat.index_copy_(0, slots, fp8_indexer.quantize(keys))``.
 
-Anything not on CUDA (or without triton) takes the torch path.
+Anything not on CUDA takes the torch path; so does a CUDA cache without triton, counted and
+logged once (stages/kernels/fallbacks.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import fp8_indexer, fp8_latent, fp8_v4, fp8_v4_layout
+from stages.kernels.fallbacks import record_fallback
+
+
+def _torch_path(op: str, cache: torch.Tensor, rows: int) -> bool:
+    """Whether this write takes the torch path: off CUDA (the one path there), with no rows,
+    or on CUDA without triton (a fallback: counted, the first logged)."""
+    if triton is None and cache.is_cuda and rows:
+        record_fallback(op, "triton", "no_triton", "quantize-on-write in torch")
+    return triton is None or not cache.is_cuda or rows == 0
 
 
 def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
     """flat [slots, 656] uint8 pages, values [T, 576] (any float), slots [T] long."""
-    if triton is None or not flat.is_cuda or values.shape[0] == 0:
+    if _torch_path("fp8_latent_write", flat, values.shape[0]):
         flat.index_copy_(0, slots, fp8_latent.quantize(values))
         return
     v = values.contiguous()
@@ -45,7 +55,7 @@ def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None
 
 def write_indexer_key(flat: torch.Tensor, keys: torch.Tensor, slots: torch.Tensor) -> None:
     """flat [slots, D + 4] uint8, keys [T, D] (any float), slots [T] long."""
-    if triton is None or not flat.is_cuda or keys.shape[0] == 0:
+    if _torch_path("fp8_indexer_key_write", flat, keys.shape[0]):
         flat.index_copy_(0, slots, fp8_indexer.quantize(keys))
         return
     dim = keys.shape[-1]
@@ -67,7 +77,7 @@ def write_indexer_key(flat: torch.Tensor, keys: torch.Tensor, slots: torch.Tenso
 
 def write_v4(pages: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
     """pages [blocks, P, 1, 584] (fp8_v4.allocate), values [T, 512] (any float), slots [T]."""
-    if triton is None or not pages.is_cuda or values.shape[0] == 0:
+    if _torch_path("fp8_v4_write", pages, values.shape[0]):
         fp8_v4.write_reference(pages, values, slots)
         return
     if values.shape[-1] != fp8_v4_layout.HEAD_DIM:

@@ -8,7 +8,8 @@ program fewer, leaving an SM free for the comm kernel.
 
 Tiles are loaded with Hopper TMA through host-side tensor descriptors when the shapes allow it
 (16-byte aligned rows: K and N multiples of 8), else with plain masked loads. Small M (decode) and
-anything that is not a bf16 CUDA tensor go to torch. Block configurations per shape come from a
+anything that is not a bf16 CUDA tensor go to torch, counted and logged once
+(stages/kernels/fallbacks.py). Block configurations per shape come from a
 measured sweep on an H200 (``docs/bench/triton_gemm_tuning.json``, made by
 ``python -m app.bench.contention --tune``); ``PPSERVE_TRITON_GEMM_TUNING=path.json`` overrides
 them with such a file.
@@ -25,6 +26,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from stages.kernels.fallbacks import record_fallback
 
 # Below this many rows the Triton kernel is not worth a launch: fall back to cuBLAS.
 MIN_M = 128
@@ -141,6 +144,37 @@ def _tuning_table(path: str) -> dict[tuple[int, int, int], GemmConfig]:
     return table
 
 
+FALLBACK_DETAIL = {  # reason -> the log's words; such calls run on torch (cuBLAS)
+    "no_triton": "triton is not installed -> cuBLAS",
+    "device": "an input off CUDA -> torch",
+    "dtype": "inputs or weights not bf16 -> cuBLAS",
+    "shape": "a weight not [N, K] or a bias not [N] -> cuBLAS",
+    "few_rows": f"fewer than {MIN_M} rows (decode batches) -> cuBLAS",
+}
+
+
+def _unusable(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, m: int
+) -> str | None:
+    """Why the kernel does not take this call (a fallbacks.REASONS category), or None."""
+    if triton is None:
+        return "no_triton"
+    if not x.is_cuda:
+        return "device"
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        return "dtype"
+    n = weight.shape[0]
+    if (
+        weight.dim() != 2
+        or weight.shape[1] != x.shape[-1]
+        or (bias is not None and bias.shape != (n,))
+    ):
+        return "shape"
+    if m < MIN_M:
+        return "few_rows"
+    return None
+
+
 def _linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -152,17 +186,10 @@ def _linear(
     n = weight.shape[0]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    usable = (
-        triton is not None
-        and x.is_cuda
-        and x.dtype == torch.bfloat16
-        and weight.dtype == torch.bfloat16
-        and weight.dim() == 2
-        and weight.shape[1] == k
-        and m >= MIN_M
-        and (bias is None or bias.shape == (n,))
-    )
-    if not usable:
+    reason = _unusable(x, weight, bias, m)
+    if reason is not None:
+        backend = "triton-persistent-sm1" if sm_margin else "triton-persistent"
+        record_fallback("linear", backend, reason, FALLBACK_DETAIL[reason])
         result = torch.nn.functional.linear(x, weight, bias)
         if out is not None:
             out.view(-1, n).copy_(result.view(-1, n))

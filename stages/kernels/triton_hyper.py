@@ -15,8 +15,9 @@ and by memory traffic in prefill.
 - ``_merge``: post * out + comb^T @ streams per (tokens, hidden) tile, rounded as the torch
   form rounds (each product to the streams' dtype, then their sum).
 
-hc_mult must be a power of two (V4's is 4); other widths, other devices, streams not in bf16 and
-empty batches take the torch form.
+hc_mult must be a power of two (V4's is 4); other widths, other devices and streams not in bf16
+take the torch form, counted and logged once (stages/kernels/fallbacks.py), as do empty batches
+(not counted: no work either way).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import hyper_connection
+from stages.kernels.fallbacks import record_fallback
 
 BLOCK_T, BLOCK_K, BLOCK_D = 16, 128, 256
 # how _project multiplies the bf16 streams by the fp32 weights at fp32 accuracy: "ieee" (fp32
@@ -41,15 +43,25 @@ def is_available(device: str = "cuda") -> bool:
     return triton is not None
 
 
-def _fits(streams: torch.Tensor) -> bool:
+def _fits(op: str, streams: torch.Tensor, out: torch.Tensor | None = None) -> bool:
+    """Whether the kernels take these streams (and block output); if not, the fallback is
+    recorded (an empty batch is not: no work on either path)."""
     n = streams.shape[1]
-    return (
-        triton is not None
-        and streams.is_cuda
-        and streams.dtype == torch.bfloat16
-        and streams.shape[0] > 0
-        and n & (n - 1) == 0
-    )
+    if streams.shape[0] == 0:
+        return False
+    if triton is None:
+        reason = "no_triton"
+    elif not streams.is_cuda:
+        reason = "device"
+    elif streams.dtype != torch.bfloat16 or (out is not None and out.dtype != streams.dtype):
+        reason = "dtype"
+    elif n & (n - 1):
+        reason = "shape"
+    else:
+        return True
+    detail = f"{n} streams in {streams.dtype} on {streams.device} -> torch form"
+    record_fallback(op, "triton", reason, detail)
+    return False
 
 
 def mix(
@@ -64,7 +76,7 @@ def mix(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: one of {PRECISIONS}")
-    if not _fits(streams):
+    if not _fits("hc_mix", streams):
         return hyper_connection.mix(streams, fn, base, scale, iters, eps, norm_eps)
     t, n, d = streams.shape
     m = (2 + n) * n
@@ -97,7 +109,7 @@ def mix(
 def merge(
     streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
-    if not _fits(streams) or out.dtype != streams.dtype:
+    if not _fits("hc_merge", streams, out):
         return hyper_connection.merge(streams, out, post, comb)
     t, n, d = streams.shape
     x, o = streams.contiguous(), out.contiguous()

@@ -17,7 +17,10 @@ the MMA (exact) and multiply each key's column of scores by its scale once, afte
 and the head sum (a positive power of two: relu(s x) = s relu(x), and scaling by it is exact,
 so the score over the dequantized key to the bit, with the bf16 kernel's inner loop).
 
-Imports cleanly without triton or CUDA: triton is imported lazily.
+Index heads of another width than 64 or 128 (and, for decode rows, fewer than 16 or not a power
+of two) are refused when the stage is built (``supports``); a call that gets them anyway, or
+keys in another dtype, goes to the torch reference, counted and logged once
+(stages/kernels/fallbacks.py). Imports cleanly without triton or CUDA: triton is imported lazily.
 """
 
 from __future__ import annotations
@@ -28,12 +31,35 @@ from typing import Any
 import torch
 
 from stages.kernels import triton_paged_decode
+from stages.kernels.fallbacks import KernelTarget, Refusal, record_fallback
 
 BLOCK_T, BLOCK_L = 64, 128
+HEAD_DIMS = (64, 128)  # index head widths the kernels take
 
 
 def is_available(device: str) -> bool:
     return triton_paged_decode.is_available(device)
+
+
+def _heads_refused(heads: int) -> Refusal | None:
+    """The decode kernel's MMA rows are the index heads: at least 16, a power of two."""
+    if heads >= 16 and not heads & (heads - 1):
+        return None
+    return Refusal("heads", f"{heads} index heads (decode rows take a power of two >= 16)")
+
+
+def supports(op: str, target: KernelTarget) -> Refusal | None:
+    """Whether the kernels serve the model's indexer (None: they do)."""
+    shape = target.shapes.get(op)
+    if shape is None:  # the model has no indexer
+        return None
+    if shape.head_dim not in HEAD_DIMS:
+        return Refusal("head_dim", f"index heads {shape.head_dim} wide; the kernels take 64, 128")
+    return _heads_refused(shape.heads) if op == "indexer_logits_rows" else None
+
+
+def _fall_back(op: str, refusal: Refusal) -> None:
+    record_fallback(op, "triton", refusal.reason, f"{refusal.detail} -> torch reference")
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,12 +201,14 @@ def indexer_logits_rows(
         )
     else:
         readable = keys.dtype == q.dtype
-    # decode tiles' MMA rows are the heads: at least 16, a power of two
-    if (
-        dim not in (64, 128)
-        or not readable
-        or (plan.decode_tiles.shape[0] and (heads < 16 or heads & (heads - 1)))
-    ):
+    if dim not in HEAD_DIMS:
+        refusal: Refusal | None = Refusal("head_dim", f"index heads {dim} wide")
+    elif not readable:
+        refusal = Refusal("dtype", f"queries in {q.dtype}, keys {tuple(keys.shape)} {keys.dtype}")
+    else:  # decode tiles' MMA rows are the heads
+        refusal = _heads_refused(heads) if plan.decode_tiles.shape[0] else None
+    if refusal is not None:
+        _fall_back("indexer_logits_rows", refusal)
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
     q = q.contiguous()
     weights = weights.float().contiguous()
@@ -239,9 +267,11 @@ def indexer_logits(
     """q [T, Hi, D], k [L, D], weights [T, Hi] fp32 -> [T, L] fp32 (no causal mask)."""
     t, heads, dim = q.shape
     length = k.shape[0]
-    if dim not in (64, 128) or k.dtype != q.dtype:
+    if dim not in HEAD_DIMS or k.dtype != q.dtype:
         from stages.kernels import torch_ref
 
+        reason = "head_dim" if dim not in HEAD_DIMS else "dtype"
+        _fall_back("indexer_logits", Refusal(reason, f"{dim} wide, {q.dtype} / {k.dtype}"))
         return torch_ref.indexer_logits(q, k, weights, scale)
     q, k = q.contiguous(), k.contiguous()
     weights = weights.float().contiguous()

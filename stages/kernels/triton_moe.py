@@ -14,7 +14,8 @@ persistent: one program per SM walks the tiles (``moe_experts_sm1``: SMs - 1, le
 waiting NCCL recv). Tile sizes per model shape: ``stages.kernels.moe_tuning``.
 
 Anything that is not a bf16 CUDA tensor (or has widths that TMA cannot address) goes to the
-torch reference. Imports cleanly without triton or CUDA.
+torch reference, counted and logged once (stages/kernels/fallbacks.py); an empty batch does too,
+uncounted. Imports cleanly without triton or CUDA.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import torch_ref
+from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.moe_tuning import MoeConfig, TileConfig, pick_moe_config
 from stages.kernels.triton_gemm import num_sms
@@ -69,16 +71,22 @@ def _moe(
     limit: float | None,
     sm_margin: int,
 ) -> torch.Tensor:
-    usable = (
-        triton is not None
-        and x.is_cuda
-        and x.dtype == torch.bfloat16
-        and gate_up.dtype == torch.bfloat16
-        and down.dtype == torch.bfloat16
-        and x.shape[0] > 0
-        and _tma_ok(x, gate_up, down)
-    )
-    if not usable:
+    if x.shape[0] == 0:  # no work either way
+        return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights, limit)
+    if triton is None:
+        reason: str | None = "no_triton"
+    elif not x.is_cuda:
+        reason = "device"
+    elif any(t.dtype != torch.bfloat16 for t in (x, gate_up, down)):
+        reason = "dtype"
+    elif not _tma_ok(x, gate_up, down):
+        reason = "shape"
+    else:
+        reason = None
+    if reason is not None:
+        backend = "triton-persistent-sm1" if sm_margin else "triton-persistent"
+        detail = f"x {tuple(x.shape)} {x.dtype}, experts {gate_up.dtype} -> torch reference"
+        record_fallback("moe_experts", backend, reason, detail)
         return torch_ref.moe_experts(x, gate_up, down, topk_ids, topk_weights, limit)
     t, k = topk_ids.shape
     experts, hidden, inter = down.shape

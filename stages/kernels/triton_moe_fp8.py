@@ -13,7 +13,8 @@ DeepSeek-V4's clamp where given) and is quantized again. The down GEMM scales ea
 routing weight and stores it at its (token, k) slot, as triton_moe's does; the k slots of a
 token are summed.
 
-Anything not on CUDA goes to fp8_ref.moe_experts.
+Anything not on CUDA goes to fp8_ref.moe_experts, counted and logged once
+(stages/kernels/fallbacks.py); an empty batch does too, uncounted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from stages.kernels import fp8_ref, torch_ref, triton_fp8_act
+from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
 
@@ -138,6 +140,10 @@ def _moe(
     sm_margin: int,
 ) -> torch.Tensor:
     if triton is None or not x.is_cuda or x.shape[0] == 0:
+        if x.shape[0]:  # an empty batch is no work either way
+            backend = "triton-persistent-sm1" if sm_margin else "triton-persistent"
+            reason = "device" if not x.is_cuda else "no_triton"
+            record_fallback("moe_experts_fp8", backend, reason, f"{x.device} -> fp8_ref")
         return fp8_ref.moe_experts(
             x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit=limit
         )

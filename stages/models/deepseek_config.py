@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stages.kernels.fallbacks import OpShape
+
 if TYPE_CHECKING:
     from stages.model_config import ModelArgs
 
@@ -184,6 +186,19 @@ def deepseek_fields(d: dict[str, Any]) -> dict[str, Any]:
         "o_proj_bias": bias,
         "qk_norm": False,
     }
+
+
+def deepseek_op_shapes(args: ModelArgs) -> dict[str, OpShape]:
+    """The absorbed MLA ops' calls: every query head over the latent + rope keys, out the
+    latent's width; V3.2's sparse ones and its indexer's heads over their keys."""
+    d: DeepseekArgs = args.family_args
+    latent = OpShape(args.num_attention_heads, d.latent_dim, d.kv_lora_rank)
+    out = {"mla_decode": latent}
+    if d.indexer is not None:
+        out |= {op: latent for op in ("mla_sparse", "mla_sparse_fp8", "mla_prefill_fp8")}
+        keys = OpShape(d.indexer.n_heads, d.indexer.head_dim)
+        out |= {"indexer_logits": keys, "indexer_logits_rows": keys}
+    return out
 
 
 # The latent cache's components: the latent itself and V3.2's indexer key.

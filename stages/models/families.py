@@ -22,7 +22,9 @@ A family declares:
   microbatches capture as CUDA graphs under the chosen kernels (every op of the decode step
   sync-free and static-shaped on them), block size and cache dtype; and `chunk_attention_dims`,
   the heads and widths of its prefill chunks' dense attention, which the startup warm-up builds
-  cuDNN's per-shape graphs for (None: no such attention).
+  cuDNN's per-shape graphs for (None: no such attention);
+- `op_shapes`: the shapes of the kernel ops its layers call (op -> OpShape), which the registry
+  holds against each backend's `supports` when a stage is built (stages/kernels/fallbacks.py).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from stages.kernels import fp8_v4_layout
+from stages.kernels.fallbacks import OpShape
 from stages.models.deepseek_config import (
     DEEPSEEK_MODEL_TYPES,
     deepseek_fields,
+    deepseek_op_shapes,
     fp8_latent_components,
     latent_components,
 )
@@ -171,6 +175,7 @@ class Family:
     block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
     attention_prefixes: bool = True
+    op_shapes: Callable[[ModelArgs], dict[str, OpShape]] = lambda _args: {}
 
     def components_of_layer(self, args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
         """Cache component -> (values per entry, tokens per entry) of one layer."""
@@ -273,7 +278,20 @@ DEEPSEEK = Family(
     fp8_kv=fp8_latent_components,
     paged_decode_graphs=_deepseek_graphs,
     chunk_attention_dims=_mla_dims,
+    op_shapes=deepseek_op_shapes,
 )
+
+
+def _v4_op_shapes(args: ModelArgs) -> dict[str, OpShape]:
+    a = args.family_args
+    attention = OpShape(a.num_heads, a.head_dim, a.head_dim)
+    return {
+        "sparse_sink_attention": attention,
+        "sparse_sink_attention_fp8": attention,
+        "indexer_logits_rows": OpShape(a.index_n_heads, a.index_head_dim),
+    }
+
+
 DEEPSEEK_V4 = Family(
     "deepseek_v4",
     ("deepseek_v4",),
@@ -290,6 +308,7 @@ DEEPSEEK_V4 = Family(
     token_id_layers=lambda args: args.family_args.hash_layers,
     attention_prefixes=False,
     paged_decode_graphs=_deepseek_v4_graphs,
+    op_shapes=_v4_op_shapes,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

@@ -157,18 +157,18 @@ def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, i
 
 def test_flash_backends_fall_back_to_the_reference_saying_why_once(caplog):
     """A call FlashMLA cannot take (here fp32 queries) runs the torch reference; the reason is
-    logged once, not per layer."""
+    logged once, not per layer, and counted per call (tests/cpu/test_kernel_fallbacks.py)."""
     from stages.kernels import flash_mla_v4, torch_ref
+    from stages.kernels.fallbacks import FALLBACKS
 
     g = torch.Generator().manual_seed(1)
     q, kv = torch.randn(3, 4, 512, generator=g), torch.randn(10, 512, generator=g)
     indices, sinks = torch.tensor([[0, 3, -1], [1, -1, -1], [9, 8, 7]]), torch.zeros(4)
-    caplog.set_level("WARNING", logger="stages.kernels.flash_mla_v4")
-    flash_mla_v4._fall_back.cache_clear()
+    caplog.set_level("WARNING", logger="stages.kernels.fallbacks")
+    FALLBACKS.reset()
     for _ in range(2):
         out = flash_mla_v4.sparse_sink_attention(q, kv, indices, sinks, 0.1)
     assert torch.equal(out, torch_ref.sparse_sink_attention(q, kv, indices, sinks, 0.1))
-    assert [r.message for r in caplog.records].count(
-        "DeepSeek-V4 attention on the torch reference, not FlashMLA: queries in torch.float32 "
-        "(FlashMLA takes bfloat16)"
-    ) == 1
+    assert len([r for r in caplog.records if "queries in torch.float32" in r.message]) == 1
+    assert FALLBACKS.counts() == {("sparse_sink_attention", "flash-mla", "dtype"): 2}
+    FALLBACKS.reset()

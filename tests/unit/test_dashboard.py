@@ -103,3 +103,10 @@ def test_distance_to_the_hardware_panels():
         ]
         assert len(fractions) == (2 if p is prefill else 1)
         assert {"id": "unit", "value": "percentunit"} in right["properties"]
+
+
+def test_kernel_fallbacks_have_a_panel_by_op_backend_and_reason():
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
+    assert any(
+        "ray_ppserve_kernel_fallbacks_total" in e and "op, backend, reason" in e for e in exprs
+    )
