@@ -31,9 +31,11 @@ from stages.kernels.triton_gemm import num_sms
 BLOCK = fp8_ref.BLOCK
 # (BLOCK_M, warps, stages). Prefill (at least 128 rows an expert on average): 128-row tiles on
 # 8 warps, 4 stages, 27-30 % faster than 64 on 4 warps at V4-Flash's 8K and V3.2-bench's 4K
-# chunks (`python -m app.bench.fp8 --moe-tiles`, docs/PERFORMANCE.md). Fewer rows (decode)
-# keep the 64-row tiles measured before, which pad less.
-PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 3)
+# chunks (`python -m app.bench.fp8 --moe-tiles`, docs/PERFORMANCE.md). Fewer rows (decode):
+# 64-row tiles on 4 warps with 5 stages in flight, which stream the expert weights at
+# 3.5-3.7 TB/s at 64 and 512 rows of V4-Flash, against 2.9 with 3 stages
+# (`python -m app.bench.fp8 --moe-decode-tiles`; 16- and 32-row tiles are no faster).
+PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
 
 
 def tiles_for(pairs: int, experts: int) -> tuple[int, int, int]:
