@@ -48,7 +48,8 @@ FORMATTED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/dashboa
 	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
 	stages/models/llama.py stages/sampler.py \
 	app/coordinator.py app/server.py app/openai/ingress.py app/openai/protocol.py \
-	app/request_stream.py app/config.py stages/models/stage.py stages/models/layers.py \
+	app/request_stream.py app/config.py stages/models/stage.py stages/stage_context.py \
+	stages/models/layers.py \
 	stages/models/moe.py stages/models/families.py stages/models/deepseek_config.py \
 	stages/models/mla_cache.py stages/kv_cache.py \
 	stages/kernels/registry.py stages/kernels/fp8_latent.py stages/kernels/fp8_ref.py \
@@ -78,7 +79,8 @@ TYPED := app/__init__.py app/autoscaling.py app/bench app/cli.py app/config.py a
 	app/openai/responses.py stages/kernels/torch_ref.py stages/model_config.py \
 	stages/models/llama.py stages/sampler.py \
 	app/openai/ingress.py app/openai/protocol.py app/request_stream.py \
-	app/coordinator.py app/server.py stages/models/stage.py stages/models/layers.py \
+	app/coordinator.py app/server.py stages/models/stage.py stages/stage_context.py \
+	stages/models/layers.py \
 	stages/models/moe.py stages/models/families.py stages/models/deepseek_config.py \
 	stages/models/mla_cache.py stages/kv_cache.py \
 	stages/kernels/registry.py stages/kernels/fp8_latent.py stages/kernels/fp8_ref.py \

@@ -30,6 +30,7 @@ import torch
 
 from stages.forward_batch import PagedDecodeBatch
 from stages.kernels.triton_paged_decode import num_splits_for
+from stages.kv_cache import KVCache
 from stages.protocol import Row
 
 log = logging.getLogger("ppserve.stage")
@@ -61,7 +62,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model: GraphedModel,
-        kv: Any,  # the family's paged cache (K/V pages, MLA latents)
+        kv: KVCache,  # the family's paged cache (K/V pages, MLA latents, V4's components)
         *,
         num_slots: int,
         max_model_len: int,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -65,6 +65,18 @@ def check_block_size(args: ModelArgs, block_size: int) -> None:
         )
 
 
+class KVCache(Protocol):
+    """What every family's cache class has (PagedKVCache's K/V pages, MLA's latent pages,
+    DeepSeek-V4's per-layer components): the runner and the decode graphs read these; the
+    family's layers, which know their own class, read the rest."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+
 def make_kv_cache(
     args: ModelArgs,
     layers: int | range,
@@ -73,14 +85,15 @@ def make_kv_cache(
     dtype: torch.dtype,
     device: str | torch.device,
     kv_cache_dtype: str = "auto",
-) -> Any:  # the family's cache class: no common base (K/V, MLA latent, V4 pages)
+) -> KVCache:
     """The cache class the model family declares (K/V pages, MLA latent pages, ...); a family
     whose layers differ gets the stage's layer range, the others its layer count; a class with
     an FP8 form (the family's `fp8_kv`) takes kv_cache_dtype="fp8"."""
     check_block_size(args, block_size)
     span = _layers(layers) if args.family.layer_kv_components is not None else len(_layers(layers))
     extra = {"kv_cache_dtype": "fp8"} if fp8_components(args, kv_cache_dtype) else {}
-    return args.family.cache()(args, span, num_blocks, block_size, dtype, device, **extra)
+    cache: KVCache = args.family.cache()(args, span, num_blocks, block_size, dtype, device, **extra)
+    return cache
 
 
 class PagedKVCache:

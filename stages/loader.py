@@ -19,9 +19,9 @@ from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.protocol import QUANTIZATIONS
+from stages.stage_context import StageContext, StageModel
 
 log = logging.getLogger(__name__)
-StageModel = torch.nn.Module  # a family's stage class (stages/models/families.py)
 DTYPES: dict[str, torch.dtype] = {
     **{name: getattr(torch, name) for name in protocol.DTYPES},
     "fp32": torch.float32,
@@ -59,9 +59,7 @@ def _weight_files(path: str) -> dict[str, str]:
 def tensor_sources(model: StageModel) -> dict[str, list[tuple[str, tuple[Any, ...]]]]:
     """Parameter name -> (checkpoint tensor, index into the parameter) per piece: the tensor
     of the same name, or the pieces a model fuses or stacks (q/k/v, routed experts)."""
-    # torch types a Module's unknown attributes as Tensor | Module: read the method untyped
-    checkpoint_sources = getattr(model, "checkpoint_sources", None)
-    custom = checkpoint_sources() if checkpoint_sources is not None else {}
+    custom = model.checkpoint_sources()
     return {n: custom.get(n) or [(checkpoint_name(n), ())] for n, _ in model.named_parameters()}
 
 
@@ -100,16 +98,9 @@ def _dequantize_mxfp4(name: str, packed: torch.Tensor, scale: torch.Tensor) -> t
     return mxfp4.dequantize(packed, scale)
 
 
-def load_stage_weights(
-    model: StageModel,
-    path: str,
-    args: ModelArgs,
-    layer_start: int,
-    layer_end: int,
-    is_first: bool,
-    is_last: bool,
-) -> list[str]:
-    """Fill `model` from the checkpoint at `path`, reading only this stage's tensors.
+def load_stage_weights(model: StageModel, path: str) -> list[str]:
+    """Fill `model` from the checkpoint at `path`, reading only the tensors of the stage it was
+    built for (its StageContext).
 
     Returns the checkpoint names read, sorted. With tied embeddings the last stage reads
     `model.embed_tokens.weight` for its head (tied checkpoints usually omit `lm_head.weight`).
@@ -117,10 +108,6 @@ def load_stage_weights(
     and so are MXFP4 ones (V4's routed experts: a packed int8 / float4_e2m1fn_x2 weight with
     one ue8m0 scale per 32 values along K); a kept-FP8 parameter gets them quantized blockwise.
     """
-    built_for = (model.layer_start, model.layer_end, model.is_first, model.is_last)
-    # torch types a Module's unknown attributes as Tensor | Module, hence the ignore
-    if built_for != (layer_start, layer_end, is_first, is_last):  # type: ignore[comparison-overlap]
-        raise ValueError("model was built for another stage than the one being loaded")
     params = dict(model.named_parameters())
     files = _weight_files(path)
     # a tensor stored under the parameter's own name wins (e.g. experts saved already stacked)
@@ -165,7 +152,7 @@ def load_stage_weights(
                         counts["kept"] += 1
                     elif scaled:
                         scale = _read(files, n + SCALE_SUFFIX)
-                        t = dequantize_fp8(t, scale, args.fp8_block or (128, 128))
+                        t = dequantize_fp8(t, scale, model.ctx.args.fp8_block or (128, 128))
                         counts["dequantized"] += 1
                     if tuple(t.shape) != tuple(target.shape):
                         raise ValueError(
@@ -270,14 +257,14 @@ def keep_fp8_weights(args: ModelArgs, quantization: str, device: str | torch.dev
     return True
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
+def weight_bytes(model: StageModel) -> int:
     """Bytes of the stage's parameters and buffers as held (FP8 weights one byte, their
     scales four per 128 x 128 tile)."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def routed_experts(model: torch.nn.Module) -> tuple[int, int]:
+def routed_experts(model: StageModel) -> tuple[int, int]:
     """(weight values, bytes as held with their scales) of the stage's routed experts."""
     params = [(n, p) for n, p in model.named_parameters() if ".experts." in n]
     values = sum(p.numel() for n, p in params if not n.endswith(SCALE_SUFFIX))
@@ -326,9 +313,10 @@ def stage_memory_plan(
     plan = []
     ranges = layer_ranges(args.num_hidden_layers, pp_size)
     for i, (a, b) in enumerate(ranges):
-        model = args.family.stage()(
-            args, a, b, i == 0, i == len(ranges) - 1, kernels, dtype, "meta"
+        ctx = StageContext(
+            args, range(a, b), i == 0, i == len(ranges) - 1, kernels, dtype, torch.device("meta")
         )
+        model = args.family.stage()(ctx)
         plan.append(
             StageMemory((a, b), weight_bytes(model), (b - a) * per_layer, *routed_experts(model))
         )
@@ -348,12 +336,18 @@ def build_stage_model(
     seed: int = 0,
 ) -> StageModel:
     """The stage's module with its weights loaded (or seeded random when model_path is None)."""
-    model: StageModel = args.family.stage()(
-        args, layer_start, layer_end, is_first, is_last, kernels, resolve_dtype(dtype), device
+    ctx = StageContext(
+        args,
+        range(layer_start, layer_end),
+        is_first,
+        is_last,
+        kernels,
+        resolve_dtype(dtype),
+        torch.device(device),
     )
+    model: StageModel = args.family.stage()(ctx).requires_grad_(False).eval()
     if model_path is None:
         random_init(model, seed)
     else:
-        load_stage_weights(model, model_path, args, layer_start, layer_end, is_first, is_last)
-    model.requires_grad_(False)
-    return model.eval()
+        load_stage_weights(model, model_path)
+    return model

@@ -22,7 +22,13 @@ from stages.kernels.registry import (
     moe_backend_for,
     select_kernels,
 )
-from stages.kv_cache import bytes_per_block, bytes_per_token_layer, check_block_size, make_kv_cache
+from stages.kv_cache import (
+    KVCache,
+    bytes_per_block,
+    bytes_per_token_layer,
+    check_block_size,
+    make_kv_cache,
+)
 from stages.loader import build_stage_model, keep_fp8_weights, log_stage_memory, resolve_dtype
 from stages.model_config import load_model_args
 from stages.models.families import GraphSetting
@@ -36,6 +42,7 @@ from stages.protocol import (
     StepResult,
 )
 from stages.sampler import Picked, PromptScores, RowToSample, Sampler, score_tokens
+from stages.stage_context import StageModel
 from stages.sync_guard import install_sync_guard
 from stages.timing import Measurement, StageTimer
 
@@ -71,8 +78,7 @@ class StageRunner:
         self.args = load_model_args(spec.model_path)
         self.fp8_weights = keep_fp8_weights(self.args, spec.quantization, self.device)
         self.kernels = self.kernels_for(spec.linear_backend, spec.attention_backend, "auto")
-        # A family's Stage (stages/models/stage.py): Any, as nn.Module's typing hides its methods.
-        self.model: Any = build_stage_model(
+        self.model: StageModel = build_stage_model(
             self.args,
             None if spec.load_format == "dummy" else spec.model_path,
             spec.layer_start,
@@ -84,7 +90,7 @@ class StageRunner:
             self.device,
             spec.seed,
         )
-        self._kv: Any = None  # the family's cache class (PagedKVCache for K/V pages)
+        self._kv: KVCache | None = None  # the family's cache class (PagedKVCache for K/V pages)
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
         self.decode_graph_info: dict[str, Any] = {}  # buckets, capture seconds and bytes
         self.family = self.args.family
@@ -111,7 +117,7 @@ class StageRunner:
             spec.layer_start,
             spec.layer_end,
         )
-        log_stage_memory(self.model, self.num_local_layers, per_token)
+        log_stage_memory(self.model, len(self.layer_range), per_token)
         self._channels: PipelineChannels | None = None
         self.timer = StageTimer(self.device)
         # Per-request state the plans only send once.
@@ -156,7 +162,7 @@ class StageRunner:
         return self._channels
 
     @property
-    def kv(self) -> Any:
+    def kv(self) -> KVCache:
         if self._kv is None:
             raise RuntimeError("the stage's KV cache is not allocated: allocate_kv() first")
         return self._kv
@@ -166,10 +172,6 @@ class StageRunner:
         if self._sampler is None:
             raise RuntimeError("only the last stage samples")
         return self._sampler
-
-    @property
-    def num_local_layers(self) -> int:
-        return self.spec.layer_end - self.spec.layer_start
 
     @property
     def layer_range(self) -> range:
@@ -313,10 +315,12 @@ class StageRunner:
         if graphs is not None and bucket is not None:  # every row samples: all hidden rows do
             graphed = not graphs.eager
             hidden = graphs.run(bucket, plan.rows, inputs, self.block_tables, token_ids)
+        elif batch is None:  # built above whenever no graph serves the plan
+            raise RuntimeError(f"microbatch {plan.mb_id}: no ForwardBatch and no decode graph")
         else:
             hidden = (
                 self.model(inputs, batch, self.kv, token_ids)
-                if self.receives_token_ids
+                if self.receives_token_ids and token_ids is not None
                 else self.model(inputs, batch, self.kv)
             )
         if not self.spec.is_last:

@@ -39,6 +39,7 @@ from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import ModelArgs
 from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
+from stages.stage_context import StageModel
 
 # DeepSeek-V4's ops timed by CUDA events: (module class, method, label). Nested ones are timed
 # each (the indexer's selection inside the key selection, inside the attention, inside the layer).
@@ -164,7 +165,7 @@ class OpTimer:
         }
         return dataclasses.replace(kernels, **wrapped)
 
-    def instrument(self, model: torch.nn.Module) -> None:
+    def instrument(self, model: StageModel) -> None:
         for module in model.modules():
             for cls, method, label in V4_OPS:
                 if type(module).__name__ == cls:

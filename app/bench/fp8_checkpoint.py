@@ -31,6 +31,7 @@ from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import select_kernels
 from stages.loader import random_init, tensor_sources
 from stages.model_config import ModelArgs
+from stages.stage_context import StageContext, StageModel
 
 QUANTIZATION_CONFIG = {
     "activation_scheme": "dynamic",
@@ -79,7 +80,7 @@ def stored_dtype(name: str) -> torch.dtype:
     return torch.float32 if name.endswith(FP32_SUFFIXES) else torch.bfloat16
 
 
-def checkpoint_tensors(stage: torch.nn.Module) -> dict[str, torch.Tensor]:
+def checkpoint_tensors(stage: StageModel) -> dict[str, torch.Tensor]:
     """The stage's parameters under the checkpoint's names, in DeepSeek's FP8 format (on CPU)."""
     params = dict(stage.named_parameters())
     out: dict[str, torch.Tensor] = {}
@@ -126,9 +127,16 @@ def write_fp8_checkpoint(
     weight_map: dict[str, str] = {}
     total = fp8 = 0
     for layer in range(layers):  # a stage per layer: one layer's fp32 draws at a time
-        stage = args.family.stage()(
-            args, layer, layer + 1, layer == 0, layer == layers - 1, kernels, torch.float32, device
+        ctx = StageContext(
+            args,
+            range(layer, layer + 1),
+            layer == 0,
+            layer == layers - 1,
+            kernels,
+            torch.float32,
+            torch.device(device),
         )
+        stage = args.family.stage()(ctx)
         random_init(stage, seed)
         tensors = checkpoint_tensors(stage)
         del stage

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from stages.forward_batch import ForwardBatch, PagedDecodeBatch
-from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import DeepseekArgs
 from stages.models.dsa import DSAttention, SparseRows
@@ -20,6 +19,7 @@ from stages.models.mla import MLADecodeRows, MLAttention, rope_tables
 from stages.models.mla_cache import LatentKVCache
 from stages.models.moe import Experts, MoE
 from stages.models.stage import Stage
+from stages.stage_context import StageContext
 
 # The indexer's static score width is a multiple of its kernel's key blocks.
 SELECT_WIDTH_STEP = 128
@@ -80,27 +80,16 @@ class DeepseekRouter(nn.Module):
 class DeepseekStage(Stage):
     inv_freq: torch.Tensor  # a buffer: registered in __init__
 
-    def __init__(
-        self,
-        args: ModelArgs,
-        layer_start: int,
-        layer_end: int,
-        is_first: bool,
-        is_last: bool,
-        kernels: Kernels,
-        dtype: torch.dtype,
-        device: str | torch.device,
-    ):
-        if not isinstance(args.family_args, DeepseekArgs):
-            raise ValueError(f"{args.model_type} is not a DeepSeek model")
-        super().__init__(args, layer_start, layer_end, is_first, is_last, kernels, dtype, device)
-        inv_freq, self.rope_scale = rope_tables(args)
-        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+    def __init__(self, ctx: StageContext):
+        if not isinstance(ctx.args.family_args, DeepseekArgs):
+            raise ValueError(f"{ctx.args.model_type} is not a DeepSeek model")
+        super().__init__(ctx)
+        inv_freq, self.rope_scale = rope_tables(ctx.args)
+        self.register_buffer("inv_freq", inv_freq.to(ctx.device), persistent=False)
 
-    def build_layer(
-        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
-    ) -> nn.Module:
+    def build_layer(self, layer: int) -> nn.Module:
         a, d = self.args, self.args.family_args
+        kernels, dtype, device = self.ctx.kernels, self.ctx.dtype, self.ctx.device
         attention = MLAttention if d.indexer is None else DSAttention
         mlp: nn.Module
         if d.is_moe_layer(layer):

@@ -16,6 +16,7 @@ from stages.kv_cache import PagedKVCache
 from stages.model_config import ModelArgs
 from stages.models.layers import DecoderLayer, Linear, RMSNorm, SwiGLU, rope_inv_freq, rotate_half
 from stages.models.stage import Stage
+from stages.stage_context import StageContext
 
 
 class Attention(nn.Module):
@@ -114,24 +115,12 @@ class Attention(nn.Module):
 class LlamaStage(Stage):
     inv_freq: torch.Tensor  # a buffer: registered in __init__
 
-    def __init__(
-        self,
-        args: ModelArgs,
-        layer_start: int,
-        layer_end: int,
-        is_first: bool,
-        is_last: bool,
-        kernels: Kernels,
-        dtype: torch.dtype,
-        device: str | torch.device,
-    ):
-        super().__init__(args, layer_start, layer_end, is_first, is_last, kernels, dtype, device)
-        self.register_buffer("inv_freq", rope_inv_freq(args).to(device), persistent=False)
+    def __init__(self, ctx: StageContext):
+        super().__init__(ctx)
+        self.register_buffer("inv_freq", rope_inv_freq(ctx.args).to(ctx.device), persistent=False)
 
-    def build_layer(
-        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
-    ) -> nn.Module:
-        a = self.args
+    def build_layer(self, layer: int) -> nn.Module:
+        a, kernels, dtype, device = self.args, self.ctx.kernels, self.ctx.dtype, self.ctx.device
         mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
         return DecoderLayer(a, Attention(a, kernels, dtype, device), mlp, dtype, device)
 

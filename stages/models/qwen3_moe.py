@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.families import Qwen3MoeArgs
 from stages.models.layers import DecoderLayer, Device, SwiGLU
@@ -37,10 +36,9 @@ class SoftmaxTopKRouter(nn.Module):
 
 
 class Qwen3MoeStage(LlamaStage):
-    def build_layer(
-        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
-    ) -> nn.Module:
+    def build_layer(self, layer: int) -> nn.Module:
         a, moe = self.args, self.args.family_args
+        kernels, dtype, device = self.ctx.kernels, self.ctx.dtype, self.ctx.device
         mlp: nn.Module
         if moe.is_moe_layer(layer):
             experts = Experts(

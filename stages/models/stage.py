@@ -6,60 +6,65 @@ context they share (rope tables, attention row metadata)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.layers import Linear, RMSNorm, Sources
+from stages.stage_context import StageContext
+
+if TYPE_CHECKING:
+    from stages.stage_context import StageModel
 
 
 class Stage(nn.Module):
-    def __init__(
-        self,
-        args: ModelArgs,
-        layer_start: int,
-        layer_end: int,
-        is_first: bool,
-        is_last: bool,
-        kernels: Kernels,
-        dtype: torch.dtype,
-        device: str | torch.device,
-    ):
+    def __init__(self, ctx: StageContext):
         super().__init__()
-        if not 0 <= layer_start < layer_end <= args.num_hidden_layers:
-            raise ValueError(
-                f"bad layer range [{layer_start}, {layer_end}) for a model with "
-                f"{args.num_hidden_layers} layers"
-            )
-        self.args = args
-        self.layer_start, self.layer_end = layer_start, layer_end
-        self.is_first, self.is_last = is_first, is_last
-        self.kernels = kernels
-        self.dtype = dtype
-        if is_first or (is_last and args.tie_word_embeddings):
+        self.ctx = ctx
+        # the kernels the stage's own ops call (the head): swappable, as each layer's are
+        self.kernels = ctx.kernels
+        args, kernels, dtype, device = ctx.args, ctx.kernels, ctx.dtype, ctx.device
+        if ctx.holds_embedding:
             self.embed_tokens = nn.Embedding(
                 args.vocab_size, args.hidden_size, dtype=dtype, device=device
             )
-        self.layers = nn.ModuleDict(
-            {
-                str(i): self.build_layer(i, kernels, dtype, device)
-                for i in range(layer_start, layer_end)
-            }
-        )
-        if is_last:
+        self.layers = nn.ModuleDict({str(i): self.build_layer(i) for i in ctx.layers})
+        if ctx.is_last:
             self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
             if not args.tie_word_embeddings:
                 self.lm_head = Linear(
                     args.hidden_size, args.vocab_size, False, kernels, dtype, device, fp8=False
                 )
 
-    def build_layer(
-        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
-    ) -> nn.Module:
-        """The decoder layer of global index `layer` (self.args is set)."""
+    @property
+    def args(self) -> ModelArgs:
+        return self.ctx.args
+
+    @property
+    def layer_start(self) -> int:
+        return self.ctx.layer_start
+
+    @property
+    def layer_end(self) -> int:
+        return self.ctx.layer_end
+
+    @property
+    def is_first(self) -> bool:
+        return self.ctx.is_first
+
+    @property
+    def is_last(self) -> bool:
+        return self.ctx.is_last
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.ctx.dtype
+
+    def build_layer(self, layer: int) -> nn.Module:
+        """The decoder layer of global index `layer`, built with self.ctx's kernels, dtype and
+        device."""
         raise NotImplementedError
 
     def layer_context(self, batch: Any, kv: Any, h: torch.Tensor) -> tuple[Any, ...]:
@@ -79,7 +84,7 @@ class Stage(nn.Module):
 
     @property
     def num_local_layers(self) -> int:
-        return self.layer_end - self.layer_start
+        return self.ctx.num_local_layers
 
     def checkpoint_sources(self) -> Sources:
         """Parameters not stored under their own name (fused or stacked) -> their pieces."""
@@ -109,3 +114,7 @@ class Stage(nn.Module):
         weight = self.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
         logits: torch.Tensor = self.kernels.linear(h, weight)
         return logits.float()
+
+
+if TYPE_CHECKING:  # what the engine calls a stage's module: every Stage is one
+    _STAGE_IS_A_STAGE_MODEL: type[StageModel] = Stage

@@ -139,6 +139,16 @@ def hf_prompt_logits(archs, prompt: list[int]) -> dict[str, torch.Tensor]:
         return {a: hf_model(a)(torch.tensor([prompt])).logits[0].float() for a in archs}
 
 
+def cpu_context(args, layers: range, is_first: bool, is_last: bool, dtype=torch.float32):
+    """The StageContext of a stage holding `layers`, on the CPU with the torch kernels."""
+    from stages.kernels.registry import select_kernels
+    from stages.stage_context import StageContext
+
+    return StageContext(
+        args, layers, is_first, is_last, select_kernels("cpu"), dtype, torch.device("cpu")
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """arch -> checkpoint directory, written once per session."""

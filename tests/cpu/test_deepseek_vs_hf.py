@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from stages.kernels.registry import select_kernels
 from stages.kv_cache import bytes_per_block, bytes_per_token_layer
 from stages.loader import load_stage_weights
 from stages.model_config import ModelArgs, load_model_args
@@ -20,6 +19,7 @@ from stages.models.deepseek import DeepseekRouter, DeepseekStage
 from stages.models.deepseek_config import DEEPSEEK_V2_LITE, softmax_scale
 from tests.cpu.conftest import (
     DEEPSEEK_ARCHS,
+    cpu_context,
     hf_model,
     hf_prompt_logits,
     write_tiny_checkpoint,
@@ -91,8 +91,8 @@ def test_stage_reads_only_its_tensors(tmp_path, tensor_reads):
     assert len(list(tmp_path.glob("ds_v3-sharded/*.safetensors"))) >= 3
     read = tensor_reads
     args = load_model_args(path)
-    model = DeepseekStage(args, 1, 3, False, False, select_kernels("cpu"), torch.float32, "cpu")
-    names = load_stage_weights(model, path, args, 1, 3, False, False)
+    model = DeepseekStage(cpu_context(args, range(1, 3), False, False))
+    names = load_stage_weights(model, path)
     assert sorted(read) == names and len(read) == len(set(read))
     assert all(n.startswith(("model.layers.1.", "model.layers.2.")) for n in read)
     # per layer: 7 attention tensors (q LoRA), router weight + bias, 8 x 3 experts, 3 shared,

@@ -20,9 +20,10 @@ from safetensors import safe_open
 
 from app.bench.fp8_checkpoint import write_dequantized, write_fp8_checkpoint
 from app.tokenizer import load_tokenizer
-from stages.kernels import fp8_ref, registry
+from stages.kernels import fp8_ref
 from stages.loader import keep_fp8_weights, random_init
 from stages.model_config import load_model_args
+from tests.cpu.conftest import cpu_context
 from tests.cpu.test_shards_vs_hf import PROMPT, TOL, Pipeline
 
 _V32 = dict(
@@ -138,9 +139,7 @@ def test_weights_are_the_dummy_models_quantized(checkpoints):
     each 128 x 128 tile's largest value at 448 x its scale."""
     path = checkpoints["ragged"]["path"]
     args = load_model_args(path)
-    dummy = args.family.stage()(
-        args, 1, 2, False, False, registry.select_kernels("cpu"), torch.float32, "cpu"
-    )
+    dummy = args.family.stage()(cpu_context(args, range(1, 2), False, False))
     random_init(dummy, 0)
     name = "model.layers.1.mlp.experts.3.gate_proj.weight"
     with safe_open(os.path.join(path, "model-00002-of-00003.safetensors"), framework="pt") as f:

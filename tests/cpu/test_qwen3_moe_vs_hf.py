@@ -10,11 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from stages.kernels.registry import select_kernels
 from stages.model_config import ModelArgs, load_model_args
 from stages.models.moe import MoE
 from stages.models.qwen3_moe import Qwen3MoeStage
-from tests.cpu.conftest import QWEN3_MOE_ARCHS, hf_model, hf_prompt_logits, write_tiny_checkpoints
+from tests.cpu.conftest import (
+    QWEN3_MOE_ARCHS,
+    cpu_context,
+    hf_model,
+    hf_prompt_logits,
+    write_tiny_checkpoints,
+)
 from tests.cpu.test_shards_vs_hf import (
     PROMPT,
     TABLE,
@@ -56,7 +61,7 @@ def test_layer_kinds_follow_the_config(checkpoints):
     """Routed layers are where transformers puts its sparse block (sparse step, dense list)."""
     for arch in QWEN3_MOE_ARCHS:
         args = load_model_args(checkpoints[arch])
-        stage = Qwen3MoeStage(args, 0, 4, True, True, select_kernels("cpu"), torch.float32, "cpu")
+        stage = Qwen3MoeStage(cpu_context(args, range(4), True, True))
         hf = hf_model(arch).model.layers
         ours = [isinstance(stage.layers[str(i)].mlp, MoE) for i in range(4)]
         assert ours == [type(layer.mlp).__name__.endswith("SparseMoeBlock") for layer in hf]

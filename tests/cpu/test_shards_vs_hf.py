@@ -12,7 +12,13 @@ from stages.loader import build_stage_model, load_stage_weights
 from stages.model_config import BUILTIN_CONFIG, ModelArgs, load_model_args
 from stages.models.llama import LlamaStage
 from stages.partition import layer_ranges
-from tests.cpu.conftest import ARCHS, hf_model, hf_prompt_logits, write_tiny_checkpoint
+from tests.cpu.conftest import (
+    ARCHS,
+    cpu_context,
+    hf_model,
+    hf_prompt_logits,
+    write_tiny_checkpoint,
+)
 
 PROMPT = [1, 17, 99, 3, 150, 42, 42, 7, 199, 0, 63, 88, 120, 5, 9, 31, 77, 140, 2, 18, 66, 101, 12]
 TOL = 1e-4
@@ -110,8 +116,8 @@ def test_sharded_checkpoint_reads_only_own_tensors(tmp_path, hf_logits, tensor_r
 
     read = tensor_reads
     args = load_model_args(path)
-    model = LlamaStage(args, 1, 3, False, False, select_kernels("cpu"), torch.float32, "cpu")
-    names = load_stage_weights(model, path, args, 1, 3, False, False)
+    model = LlamaStage(cpu_context(args, range(1, 3), False, False))
+    names = load_stage_weights(model, path)
     assert sorted(read) == names
     assert all(n.startswith(("model.layers.1.", "model.layers.2.")) for n in read)
     assert len(read) == 2 * 12  # q/k/v weight+bias, o, gate/up/down, two norms
@@ -127,9 +133,9 @@ def test_sharded_checkpoint_reads_only_own_tensors(tmp_path, hf_logits, tensor_r
 def test_missing_tensor_is_a_clear_error(tiny_checkpoints):
     # A tied checkpoint has no lm_head.weight; an untied model's last stage needs it.
     args = load_model_args(tiny_checkpoints["llama"])
-    model = LlamaStage(args, 2, 4, False, True, select_kernels("cpu"), torch.float32, "cpu")
+    model = LlamaStage(cpu_context(args, range(2, 4), False, True))
     with pytest.raises(KeyError, match="lm_head.weight"):
-        load_stage_weights(model, tiny_checkpoints["llama_tied"], args, 2, 4, False, True)
+        load_stage_weights(model, tiny_checkpoints["llama_tied"])
 
 
 def test_random_model_is_the_same_for_every_split():

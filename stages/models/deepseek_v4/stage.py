@@ -10,7 +10,6 @@ from torch import nn
 
 from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
-from stages.model_config import ModelArgs
 from stages.models.deepseek_v4.attention import V4Attention
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import CSA, SLIDING, V4Args
@@ -26,6 +25,7 @@ from stages.models.deepseek_v4.names import checkpoint_pieces
 from stages.models.deepseek_v4.plan import V4Plan
 from stages.models.layers import Device, Sources
 from stages.models.stage import Stage
+from stages.stage_context import StageContext
 
 # The longest rows a decode graph shape serves, as far as max_model_len allows: the indexer
 # scores, and HCA layers attend to, a static number of compressed entries per row, so a short
@@ -71,30 +71,20 @@ class V4DecoderLayer(nn.Module):
 
 
 class DeepseekV4Stage(Stage):
-    def __init__(
-        self,
-        args: ModelArgs,
-        layer_start: int,
-        layer_end: int,
-        is_first: bool,
-        is_last: bool,
-        kernels: Kernels,
-        dtype: torch.dtype,
-        device: Device,
-    ):
-        super().__init__(args, layer_start, layer_end, is_first, is_last, kernels, dtype, device)
-        a: V4Args = args.family_args
+    def __init__(self, ctx: StageContext):
+        super().__init__(ctx)
+        a: V4Args = ctx.args.family_args
         self.a = a
-        if is_last:  # V4 keeps its norms' weights in fp32
+        device = ctx.device
+        if ctx.is_last:  # V4 keeps its norms' weights in fp32
             self.norm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
             self.hc_head = HyperHead(a, device)
         self.main_rotary = Rotary(a, a.main_rope, device)
         self.compress_rotary = Rotary(a, a.compress_rope, device)
 
-    def build_layer(
-        self, layer: int, kernels: Kernels, dtype: torch.dtype, device: Device
-    ) -> nn.Module:
-        return V4DecoderLayer(self.args.family_args, layer, kernels, dtype, device)
+    def build_layer(self, layer: int) -> nn.Module:
+        c = self.ctx
+        return V4DecoderLayer(c.args.family_args, layer, c.kernels, c.dtype, c.device)
 
     @property
     def rates(self) -> dict[int, tuple[bool, bool]]:
