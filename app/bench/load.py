@@ -3,9 +3,10 @@
 mixed  — M short-prompt requests decoding (ignore_eos, long outputs, all admitted in one
          microbatch so they decode in lockstep), then N long prompts arriving together. TTFT
          p50 / p99 of the long prompts (Engine.stream, time to the first delta) per skip mode.
-decode — C concurrent short prompts with --decode-tokens outputs each: output tokens/s. Queued
-         by one call, they fit one microbatch when C x --short-len <= the budget and then decode
-         in lockstep: one microbatch in flight at a time, whatever the PP size.
+decode — C concurrent short prompts with --decode-tokens outputs each, streamed: output tokens/s
+         of the whole run (the prefill included), and of the steady decode once every request
+         has its first token, with the inter-token latency p50 / p99. Queued at once, they
+         decode in lockstep: one microbatch in flight at a time, whatever the PP size.
 
 Both report the sent / skipped / missed / orphaned deltas of engine.stats()["pp_output_comm"]
 and the skip-hit ratio; medians of --reps runs. One Engine (one pipeline load) is measured under
@@ -44,7 +45,7 @@ from app.bench.target import (
     start_local_ray,
     write_model,
 )
-from app.request import Prompt
+from app.request import Prompt, SamplingParams
 from stages.protocol import DEVICES
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
@@ -109,17 +110,35 @@ async def _mixed_once(
     }
 
 
-def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> dict[str, Any]:
-    from app.request import SamplingParams
+async def _streamed(
+    engine: BenchEngine, prompts: list[Prompt], params: SamplingParams
+) -> list[list[float]]:
+    return await asyncio.gather(*[engine.token_times(p, params) for p in prompts])
 
+
+def steady_decode(times: list[list[float]]) -> dict[str, Any]:
+    """The decode once every request has its first token (the prefill behind): output tokens
+    per second from the last first token to the last token, and the gaps between a request's
+    tokens (inter-token latency) p50 / p99 in milliseconds."""
+    start = max(t[0] for t in times)
+    end = max(t[-1] for t in times)
+    later = sum(1 for t in times for x in t if x > start)
+    gaps = [(b - a) * 1e3 for t in times for a, b in zip(t, t[1:]) if a >= start]
+    return {
+        "steady_tokens_per_s": later / (end - start) if end > start else None,
+        "itl_p50_ms": percentile(gaps, 50) if gaps else None,
+        "itl_p99_ms": percentile(gaps, 99) if gaps else None,
+    }
+
+
+def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> dict[str, Any]:
     c0 = engine.wait_idle()["pp_output_comm"]
     engine.take_timings()
+    params = SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
-    outs = engine.generate(
-        prompts, SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True)
-    )
+    times = asyncio.run(_streamed(engine, prompts, params))
     wall = time.perf_counter() - t0
-    tokens = sum(len(o.token_ids) for o in outs)
+    tokens = sum(len(t) for t in times)
     comm, hit = _comm_delta(c0, engine.wait_idle()["pp_output_comm"])
     # Per microbatch: stage 0's forward (CUDA events; the median is a decode step's, the
     # prefill is one microbatch of the run) and the wall shared among the microbatches.
@@ -133,6 +152,7 @@ def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> d
         "microbatches": len(forwards),
         "stage_forward_s": statistics.median(forwards) if forwards else None,
         "wall_per_microbatch_s": wall / max(1, len(forwards)),
+        **steady_decode(times),
     }
 
 
@@ -400,10 +420,20 @@ def main(argv: list[str] | None = None) -> int:
                 engine,
                 res["decode"],
                 write,
-                ("tokens_per_s", "wall_s", "stage_forward_s", "wall_per_microbatch_s"),
+                (
+                    "tokens_per_s",
+                    "wall_s",
+                    "stage_forward_s",
+                    "wall_per_microbatch_s",
+                    "steady_tokens_per_s",
+                    "itl_p50_ms",
+                    "itl_p99_ms",
+                ),
                 lambda: _decode_once(engine, conc, a.decode_tokens),
                 lambda r: (
-                    f"{r['tokens_per_s']:.1f} tok/s ({r['output_tokens']} in "
+                    f"steady {r['steady_tokens_per_s'] or 0:.1f} tok/s, ITL p50 "
+                    f"{r['itl_p50_ms'] or 0:.2f} ms; {r['tokens_per_s']:.1f} tok/s "
+                    f"({r['output_tokens']} in "
                     f"{r['wall_s']:.3f}s) forward {r['stage_forward_s']} wall/mb "
                     f"{r['wall_per_microbatch_s']:.5f} comm {r['comm']}"
                 ),

@@ -84,7 +84,10 @@ def decode_figures(raw: dict[str, Any]) -> list[Figure]:
     tag = (" fp8" if fp8_w or fp8_kv else "") + f" {d['concurrency']} rows"
     figures: list[Figure] = []
     for mode, s in (d.get("summary") or _summary(d["runs"])).items():
-        step = s.get("stage_forward_s")
+        # the steady decode (every request past its first token) where the bench measured it:
+        # the step a user sees is the inter-token latency; older files have the whole run's
+        itl = s.get("itl_p50_ms")
+        step = itl / 1e3 if itl else s.get("stage_forward_s")
         # the context a step reads, on average over the run
         context = d["short_len"] + d["decode_tokens"] // 2
         dist = (
@@ -102,12 +105,22 @@ def decode_figures(raw: dict[str, Any]) -> list[Figure]:
         figures.append(
             {
                 "label": f"decode {mode}{tag}",
-                "value": s["tokens_per_s"],
+                "value": s.get("steady_tokens_per_s") or s["tokens_per_s"],
                 "unit": "tok/s",
                 "higher_is_better": True,
                 "distance": dict(dist, step_ms=round(step * 1e3, 3)) if step else dist,
             }
         )
+        if itl:
+            figures.append(
+                {
+                    "label": f"ITL p50 {mode}{tag}",
+                    "value": itl,
+                    "unit": "ms",
+                    "higher_is_better": False,
+                    "distance": figures[-1]["distance"],  # the same step
+                }
+            )
     if engine.get("kv_capacity_tokens") and raw.get("command", "").count("--kv-blocks memory"):
         figures.append(
             {

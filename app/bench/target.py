@@ -103,6 +103,13 @@ class BenchEngine:
             raise RuntimeError("the request streamed nothing")
         return first, tokens
 
+    async def token_times(self, prompt: Prompt, params: SamplingParams) -> list[float]:
+        """perf_counter() at each streamed token (a delta of n tokens: n times its arrival)."""
+        times: list[float] = []
+        async for delta in self._engine.stream(prompt, params):
+            times += [time.perf_counter()] * len(delta.token_ids)
+        return times
+
     def stats(self) -> dict[str, Any]:
         return self._engine.stats()
 
