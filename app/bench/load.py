@@ -4,9 +4,10 @@ mixed  — M short-prompt requests decoding (ignore_eos, long outputs, all admit
          microbatch so they decode in lockstep), then N long prompts arriving together. TTFT
          p50 / p99 of the long prompts (Engine.stream, time to the first delta) per skip mode.
 decode — C concurrent short prompts with --decode-tokens outputs each, streamed: output tokens/s
-         of the whole run (the prefill included), and of the steady decode once every request
-         has its first token, with the inter-token latency p50 / p99. Queued at once, they
-         decode in lockstep: one microbatch in flight at a time, whatever the PP size.
+         of the whole run (the prefill included), and of the decode in lockstep (every request
+         past its first token, none finished), with the inter-token latency p50 / p99. Queued
+         at once, they decode in lockstep: one microbatch in flight at a time, whatever the PP
+         size; --decode-tokens must outlast the prompts' prefill for a lockstep window.
 
 Both report the sent / skipped / missed / orphaned deltas of engine.stats()["pp_output_comm"]
 and the skip-hit ratio; medians of --reps runs. One Engine (one pipeline load) is measured under
@@ -117,15 +118,16 @@ async def _streamed(
 
 
 def steady_decode(times: list[list[float]]) -> dict[str, Any]:
-    """The decode once every request has its first token (the prefill behind): output tokens
-    per second from the last first token to the last token, and the gaps between a request's
-    tokens (inter-token latency) p50 / p99 in milliseconds."""
+    """The decode in lockstep: from the last request's first token (every prefill behind) to
+    the first request's last token (none finished), output tokens per second and the gaps
+    between a request's tokens (inter-token latency) p50 / p99 in milliseconds. None where the
+    run has no such window (too few output tokens to outlast the prompts' prefill)."""
     start = max(t[0] for t in times)
-    end = max(t[-1] for t in times)
-    later = sum(1 for t in times for x in t if x > start)
-    gaps = [(b - a) * 1e3 for t in times for a, b in zip(t, t[1:]) if a >= start]
+    stop = min(t[-1] for t in times)
+    inside = sum(1 for t in times for x in t if start < x <= stop)
+    gaps = [(b - a) * 1e3 for t in times for a, b in zip(t, t[1:]) if a >= start and b <= stop]
     return {
-        "steady_tokens_per_s": later / (end - start) if end > start else None,
+        "steady_tokens_per_s": inside / (stop - start) if stop > start and inside else None,
         "itl_p50_ms": percentile(gaps, 50) if gaps else None,
         "itl_p99_ms": percentile(gaps, 99) if gaps else None,
     }

@@ -108,11 +108,11 @@ ROWS: tuple[Row, ...] = (
         _decode("deepseek-v32-bench", 512, 64, *FP8, "--kv-blocks", "memory"),
         "1xH200", "decode", "12,407 tok/s (session 5); about 2x the bf16 KV tokens", ("h200",)),
     Row("decode-v4-flash-512", "deepseek-v4-flash", "load",
-        _decode("deepseek-v4-flash", 512, 16, "--short-len", "512", *BF16,
+        _decode("deepseek-v4-flash", 512, 64, "--short-len", "512", *BF16,
                 "--kv-blocks", "memory"),
         "1xH200", "decode", "1,455 tok/s, 651,648 KV tokens (session 6)", HEAD),
     Row("decode-v4-flash-512-fp8", "deepseek-v4-flash", "load",
-        _decode("deepseek-v4-flash", 512, 16, "--short-len", "512", *FP8,
+        _decode("deepseek-v4-flash", 512, 64, "--short-len", "512", *FP8,
                 "--kv-blocks", "memory"),
         "1xH200", "decode", "995 tok/s, 2,423,808 KV tokens: 3.7x bf16 (session 6)", HEAD),
     # PP=2 on two H200s: against PP=1 (ttft-llama8b), and the output-channel skip modes
