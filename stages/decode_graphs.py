@@ -14,6 +14,9 @@ MLA) is captured the same way; V3.2 keeps two graphs per bucket (Stage.decode_gr
 rows that all fit in the indexer's top-k attend densely, others score a static width. FP8 weights
 (the W8A8 GEMMs, the grouped FP8 MoE) and V3.2's FP8 latent (every row on FlashMLA's sparse FP8
 kernel) capture too; stages/models/families.py says which kernels a family's graphs need.
+DeepSeek-V4 keeps one graph per bucket and bound on the rows' length (V4Plan.paged: its window,
+compressed entries and compression groups at static widths); a later stage whose hash-routed
+layers read token ids gets a static buffer for them too.
 
 The output channel's send and recv stay outside the graph (the runner does them around it).
 With ``eager=True`` the same buffers and kernels run without capture (``--enforce-eager``), so

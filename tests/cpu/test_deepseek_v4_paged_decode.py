@@ -3,18 +3,23 @@
 one compression group per row and rate) == the general path (V4Plan.build), on the torch
 references: rows on both sides of the window, of each compression rate's group boundary and of
 the indexer's top-k, over non-consecutive blocks, a bucket padded with rows of length 0; also
-with FP8 weights and with the FP8 KV pages. tests/gpu/test_deepseek_decode_graphs.py captures
-the same cases on FlashMLA and the Triton kernels."""
+with FP8 weights and with the FP8 KV pages, and on a later stage whose hash-routed layer reads
+its rows' token ids from the graphs' own buffer. tests/gpu/test_deepseek_v4_decode_graphs.py
+captures the same cases on FlashMLA and the Triton kernels."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from stages.forward_batch import PagedDecodeBatch
+from stages.decode_graphs import DecodeGraphs
+from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import select_kernels
+from stages.kv_cache import make_kv_cache
+from stages.loader import build_stage_model
 from stages.model_config import ModelArgs, load_model_args
 from stages.models.deepseek_v4.plan import V4Plan
+from stages.protocol import Row
 from tests.cpu.test_deepseek_paged_decode import decode_case
 from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
 
@@ -80,3 +85,45 @@ def test_paged_plan_groups_and_padding():
     assert r4.visible.tolist() == [2, 0, 3] and r4.max_entries == 6
     assert r8.dense_indices is not None and r8.dense_indices.shape == (3, window + 3)
     assert r8.dense_indices[1].tolist() == [-1] * (window + 3)
+
+
+def test_later_stage_reads_token_ids_through_the_graph_buffers(tmp_path):
+    """A stage after the first holding a hash-routed layer (TINY_V4's layer 1) decodes on the
+    static buffers with its rows' token ids in their own buffer: == the general path given the
+    same streams and ids; without the ids the graphs refuse."""
+    args = _args(tmp_path, TINY_V4)
+    kernels = select_kernels("cpu", linear="torch", attention="torch")
+    model = build_stage_model(args, None, 1, 4, False, True, kernels, torch.float32, "cpu", 3)
+    bs, rows = 8, 3
+    kv = make_kv_cache(args, range(1, 4), 3 * rows + 1, bs, torch.float32, "cpu")
+    tables = [[3 * r, 3 * r + 1, 3 * r + 2] for r in range(rows)]
+    graphs = DecodeGraphs(
+        model, kv, num_slots=rows, max_model_len=24, scratch_slot=3 * rows * bs,
+        hidden_shape=args.family.hidden_shape(args), kv_heads=1, dtype=torch.float32,
+        device=torch.device("cpu"), is_first=False, max_rows=4, eager=True, token_ids=True,
+    )  # fmt: skip
+    graphs.update_tables([(r, 0, tuple(t)) for r, t in enumerate(tables)])
+    g = torch.Generator().manual_seed(2)
+    starts = [5, 11, 16]
+    with torch.inference_mode():
+        for r, start in enumerate(starts):  # each row's prefix, as a stage-0 output would be
+            streams = torch.randn(start, *args.family.hidden_shape(args), generator=g)
+            ids = torch.randint(3, args.vocab_size, (start,), generator=g)
+            batch = ForwardBatch.build([(0, start, tables[r], True)], bs, "cpu", False)
+            model(streams, batch, kv, ids)
+        streams = torch.randn(rows, *args.family.hidden_shape(args), generator=g)
+        ids = torch.randint(3, args.vocab_size, (rows,), generator=g)
+        decode = tuple(
+            Row(str(r), r, s, 1, None, sample=True, is_prefill=False) for r, s in enumerate(starts)
+        )
+        key = graphs.bucket_for(decode)
+        assert key == (4, 24)
+        by_req = {str(r): t for r, t in enumerate(tables)}
+        with pytest.raises(ValueError, match="token ids"):
+            graphs.run(key, decode, streams, by_req)
+        paged = graphs.run(key, decode, streams, by_req, ids).clone()
+        batch = ForwardBatch.build(
+            [(s, 1, t, True) for s, t in zip(starts, tables)], bs, "cpu", False
+        )
+        general = model(streams, batch, kv, ids)
+    assert (paged - general).abs().max().item() <= 1e-5

@@ -13,7 +13,7 @@ MAX_NEW = 10
 PROMPTS = [
     "The capital of France is",
     "Here is a short list of fruits: apple, banana,",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Translate to French: I would like a cup of coffee, please. ->",
     "In 1969, the first humans landed on the Moon. The mission was called",
 ]
@@ -31,15 +31,25 @@ def test_reference_is_sensible(smollm2_hf, cases):
     assert tok.decode(cases[1][0]).startswith(" Paris")
 
 
-@pytest.mark.parametrize("pp", [1, 2, 3])
+# PP=3 (the same path with one more hop) under `slow`: make test stays under 30 minutes
+@pytest.mark.parametrize("pp", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
 def test_greedy_matches_transformers(ray_cluster, smollm2_dir, cases, pp):
     prompts, reference = cases
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     # BenchEngine: the engine plus set_policy between runs (and no prefix cache, so every run
     # prefills its whole prompt under the chunking and skip mode it names)
-    with BenchEngine(model=smollm2_dir, pp_size=pp, device="cpu", chunk_size=8, block_size=16,
-                     max_num_seqs=8, max_model_len=256, num_kv_blocks=96, channel_check=True,
-                     stage_num_cpus=0.5) as engine:
+    with BenchEngine(
+        model=smollm2_dir,
+        pp_size=pp,
+        device="cpu",
+        chunk_size=8,
+        block_size=16,
+        max_num_seqs=8,
+        max_model_len=256,
+        num_kv_blocks=96,
+        channel_check=True,
+        stage_num_cpus=0.5,
+    ) as engine:
         # chunk 8: every prompt spans several chunks; 512: each prompt in one microbatch
         for chunk in (8, 512):
             for skip in ("off", "sglang", "auto"):
