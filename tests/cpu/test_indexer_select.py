@@ -23,6 +23,12 @@ from stages.models.dsa import SparseRows
 HEADS, DIM, TOPK, SLOTS = 4, 16, 8, 400
 
 
+def decode_plan(rows, device: str) -> SelectPlan:
+    """SelectPlan.build of (offset, tokens, start, slots) rows, a row of one token a decode row
+    (what the tests' batches mean by it; the engine passes the plan's flags)."""
+    return SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device(device))
+
+
 def _rows(g):
     """(offset, tokens, start, slots) of: 3 decode rows, a chunk starting before TOPK keys,
     a chunk after a long prefix; slots are distinct random cache slots."""
@@ -66,7 +72,7 @@ def _inputs(seed: int, ties: bool):
 def test_batched_selection_matches_the_row_loop(ties):
     q, keys, weights, g = _inputs(7, ties)
     rows, t = _rows(g)
-    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cpu"))
+    plan = decode_plan(rows, "cpu")
     assert plan.token_index.tolist() == list(range(t))
     logits = logits_rows_reference(q[:t], keys, weights[:t], 0.25, plan)
     picked = topk_slots(logits, plan, TOPK)
@@ -90,7 +96,7 @@ def test_interpreted_kernel_matches_reference(triton_interpreter):
 
     q, keys, weights, g = _inputs(3, ties=True)
     rows, t = _rows(g)
-    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cpu"))
+    plan = decode_plan(rows, "cpu")
     q, weights = q[:t], weights[:t]
     # fp16: the interpreter's bf16 dot is wrong (raw bits); the GPU tests cover bf16
     q16, k16 = q.half(), keys.half()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from stages.kernels import fp8_indexer, torch_ref, triton_fp8_latent, triton_indexer
+from tests.cpu.test_indexer_select import decode_plan
 
 pytestmark = [
     pytest.mark.gpu,
@@ -16,14 +17,16 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("t,heads,dim,length", [(1, 64, 128, 5), (37, 64, 128, 1000),
-                                                 (256, 64, 128, 8192), (100, 4, 64, 300)])
+@pytest.mark.parametrize(
+    "t,heads,dim,length",
+    [(1, 64, 128, 5), (37, 64, 128, 1000), (256, 64, 128, 8192), (100, 4, 64, 300)],
+)
 def test_indexer_logits_match_reference(t, heads, dim, length):
     g = torch.Generator(device="cuda").manual_seed(t + length)
     q = torch.randn(t, heads, dim, generator=g, device="cuda").bfloat16()
     k = torch.randn(length, dim, generator=g, device="cuda").bfloat16()
     w = torch.randn(t, heads, generator=g, device="cuda")
-    scale = dim ** -0.5
+    scale = dim**-0.5
     out = triton_indexer.indexer_logits(q, k, w, scale)
     ref = torch_ref.indexer_logits(q.float(), k.float(), w, scale)
     assert out.shape == (t, length) and out.dtype == torch.float32
@@ -32,37 +35,42 @@ def test_indexer_logits_match_reference(t, heads, dim, length):
     # the selection built on it agrees with the reference's where scores are not near-ties
     top = min(64, length)
     picked = out.topk(top, dim=-1).indices
-    assert (ref.gather(1, picked).min(dim=-1).values
-            >= ref.topk(top, dim=-1).values[:, -1] - 1e-2 * ref.abs().max()).all()
+    assert (
+        ref.gather(1, picked).min(dim=-1).values
+        >= ref.topk(top, dim=-1).values[:, -1] - 1e-2 * ref.abs().max()
+    ).all()
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])
-@pytest.mark.parametrize("group_rows", [
-    [(1, 5000), (1, 3000), (1, 9000)],  # decode rows (one token each, tiles of one)
-    [(300, 4000), (1, 2100), (77, 0)],  # chunks (one from position 0) beside a decode row
-])
+@pytest.mark.parametrize(
+    "group_rows",
+    [
+        [(1, 5000), (1, 3000), (1, 9000)],  # decode rows (one token each, tiles of one)
+        [(300, 4000), (1, 2100), (77, 0)],  # chunks (one from position 0) beside a decode row
+    ],
+)
 def test_indexer_logits_rows_match_reference(group_rows, fp8):
     """The batched kernel over a paged cache (shuffled slots) against the row-at-a-time
     reference, at V3.2's index heads: the same -inf pattern, scores within the bf16 band. FP8
     keys: the reference dequantizes the same bytes (fp32 math)."""
-    from stages.kernels.indexer_select import SelectPlan, logits_rows_reference
+    from stages.kernels.indexer_select import logits_rows_reference
 
     g = torch.Generator(device="cuda").manual_seed(len(group_rows))
     total = sum(n + start for n, start in group_rows)
     perm = torch.randperm(total + 100, generator=g, device="cuda")
     rows, off, used = [], 0, 0
     for n, start in group_rows:
-        rows.append((off, n, start, perm[used:used + start + n]))
+        rows.append((off, n, start, perm[used : used + start + n]))
         off, used = off + n, used + start + n
-    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cuda"))
+    plan = decode_plan(rows, "cuda")
     keys = torch.randn(total + 100, 128, generator=g, device="cuda").bfloat16()
     q = torch.randn(off, 64, 128, generator=g, device="cuda").bfloat16()
     w = torch.randn(off, 64, generator=g, device="cuda")
     if fp8:
         keys = fp8_indexer.quantize(keys)
         assert keys.shape == (total + 100, 132) and keys.dtype == torch.uint8
-    out = triton_indexer.indexer_logits_rows(q, keys, w, 128 ** -0.5, plan)
-    ref = logits_rows_reference(q.float(), keys if fp8 else keys.float(), w, 128 ** -0.5, plan)
+    out = triton_indexer.indexer_logits_rows(q, keys, w, 128**-0.5, plan)
+    ref = logits_rows_reference(q.float(), keys if fp8 else keys.float(), w, 128**-0.5, plan)
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
     seen = ref != float("-inf")
     err = ((out[seen] - ref[seen]).norm() / ref[seen].norm()).item()
@@ -74,12 +82,13 @@ def test_fp8_key_write_matches_the_torch_quantizer(dim):
     """The quantize-on-write kernel stores fp8_indexer.quantize's bytes at the given slots of the
     flat [slots, D + 4] pages and leaves every other slot alone."""
     g = torch.Generator(device="cuda").manual_seed(dim)
-    keys = (torch.randn(300, dim, generator=g, device="cuda")
-            * torch.logspace(-3, 2, 300, device="cuda")[:, None]).bfloat16()
+    keys = (
+        torch.randn(300, dim, generator=g, device="cuda")
+        * torch.logspace(-3, 2, 300, device="cuda")[:, None]
+    ).bfloat16()
     keys[7] = 0  # an all-zero key: the scale's floor
     slots = torch.randperm(1024, generator=g, device="cuda")[:300]
-    fused = torch.randint(0, 255, (1024, dim + 4), generator=g, device="cuda",
-                          dtype=torch.uint8)
+    fused = torch.randint(0, 255, (1024, dim + 4), generator=g, device="cuda", dtype=torch.uint8)
     ref = fused.clone()
     triton_fp8_latent.write_indexer_key(fused, keys, slots)
     ref.index_copy_(0, slots, fp8_indexer.quantize(keys))
@@ -95,7 +104,7 @@ def test_batched_selection_equals_the_row_loop_with_ties(fp8):
     per-row kernel's bit for bit. FP8 keys: the batched kernel reads the e4m3 bytes and their
     scales, the loop the same keys dequantized to bf16 (exact), whose chunk rows' scores are
     the same up to rounding (the power-of-two scale is applied to the sum, not to each key)."""
-    from stages.kernels.indexer_select import SelectPlan, topk_slots
+    from stages.kernels.indexer_select import topk_slots
 
     g = torch.Generator(device="cuda").manual_seed(11)
     shapes, topk = [(1, 3000), (1, 2500), (700, 1800), (300, 4000)], 2048
@@ -109,27 +118,28 @@ def test_batched_selection_equals_the_row_loop_with_ties(fp8):
     perm = torch.randperm(total, generator=g, device="cuda")
     rows, off, used = [], 0, 0
     for n, start in shapes:
-        rows.append((off, n, start, perm[used:used + start + n]))
+        rows.append((off, n, start, perm[used : used + start + n]))
         off, used = off + n, used + start + n
     q = torch.randn(off, 64, 128, generator=g, device="cuda").abs().bfloat16()
     w = torch.rand(off, 64, generator=g, device="cuda")
-    scale = 128 ** -0.5
-    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cuda"))
+    scale = 128**-0.5
+    plan = decode_plan(rows, "cuda")
     logits = triton_indexer.indexer_logits_rows(q, packed, w, scale, plan)
     picked = topk_slots(logits, plan, topk)
     for off_r, n, start, slots in rows:
         span = slice(off_r, off_r + n)
         ref = triton_indexer.indexer_logits(q[span], keys[slots], w[span], scale)
         if n > 1:
-            unseen = logits[span, :start + n] == float("-inf")
-            got = logits[span, :start + n].masked_fill(unseen, 0)
+            unseen = logits[span, : start + n] == float("-inf")
+            got = logits[span, : start + n].masked_fill(unseen, 0)
             if fp8:
                 torch.testing.assert_close(got, ref.masked_fill(unseen, 0), rtol=1e-5, atol=1e-5)
                 assert torch.equal(got == 0, ref.masked_fill(unseen, 0) == 0)
             else:
                 assert torch.equal(got, ref.masked_fill(unseen, 0))
-            ref[:, -n:].masked_fill_(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1),
-                                     float("-inf"))
+            ref[:, -n:].masked_fill_(
+                torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf")
+            )
         pos = torch.sort(ref, dim=-1, descending=True, stable=True).indices[:, :topk]
         want = slots[pos].masked_fill(ref.gather(1, pos) == float("-inf"), -1)
         assert torch.equal(picked[span].sort(dim=-1).values, want.int().sort(dim=-1).values)

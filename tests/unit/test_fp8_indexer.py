@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import fp8_indexer, fp8_latent, triton_fp8_latent
-from stages.kernels.indexer_select import SelectPlan, logits_rows_reference, topk_slots
+from stages.kernels.indexer_select import logits_rows_reference, topk_slots
+from tests.cpu.test_indexer_select import decode_plan
 
 
 def test_round_trip_within_e4m3_precision():
@@ -58,7 +59,7 @@ def test_scores_over_fp8_keys_match_and_select_the_same_keys():
     for n, start in shapes:
         rows.append((off, n, start, slots[used : used + start + n]))
         off, used = off + n, used + start + n
-    plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cpu"))
+    plan = decode_plan(rows, "cpu")
     q = (u + 0.1 * torch.randn(off, heads, dim, generator=g)).bfloat16()
     w = torch.rand(off, heads, generator=g) + 0.5
     packed = fp8_indexer.quantize(keys)
