@@ -19,14 +19,9 @@ from stages.kernels.indexer_select import (
     topk_slots,
 )
 from stages.models.dsa import SparseRows
+from tests.select_rows import decode_plan
 
 HEADS, DIM, TOPK, SLOTS = 4, 16, 8, 400
-
-
-def decode_plan(rows, device: str) -> SelectPlan:
-    """SelectPlan.build of (offset, tokens, start, slots) rows, a row of one token a decode row
-    (what the tests' batches mean by it; the engine passes the plan's flags)."""
-    return SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device(device))
 
 
 def _rows(g):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stages.kernels import fp8_indexer, torch_ref, triton_fp8_latent, triton_indexer
-from tests.cpu.test_indexer_select import decode_plan
+from tests.select_rows import decode_plan
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,7 +9,7 @@ import torch
 
 from stages.kernels import fp8_indexer, fp8_latent, triton_fp8_latent
 from stages.kernels.indexer_select import logits_rows_reference, topk_slots
-from tests.cpu.test_indexer_select import decode_plan
+from tests.select_rows import decode_plan
 
 
 def test_round_trip_within_e4m3_precision():
