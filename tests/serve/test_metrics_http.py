@@ -75,6 +75,23 @@ def pool_is_free(served) -> bool:
     return s["kv_cache_usage"] == 0.0 and s["num_running"] == 0
 
 
+def settled_scrape(served, names: tuple[str, ...], quiet_s: float = 3.0, timeout: float = 60.0):
+    """A scrape after `names` stopped moving for `quiet_s` (six report intervals): Ray exports
+    each worker's counters on its own clock, so an earlier test's decode steps can still arrive
+    after the pool is free, and a "before" taken then would charge them to the next request."""
+    last, since = None, time.monotonic()
+    deadline = since + timeout
+    while time.monotonic() < deadline:
+        m = scrape(served)
+        now = {n: value(m, n) for n in names}
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return m
+        time.sleep(0.25)
+    raise AssertionError(f"{names} never settled: {last}")
+
+
 def documented_metrics() -> set[str]:
     """The series README's Metrics section names (`ray_ppserve_x`, `..._x`)."""
     text = (Path(__file__).parents[2] / "README.md").read_text()
@@ -233,7 +250,9 @@ def test_skip_counters_move_with_long_prompts(served):
 
 def test_prefix_cache_hits_are_counted(served):
     """The long prompt again: all its full 16-token blocks but the last token's are hits."""
-    before = scrape(served)
+    before = settled_scrape(
+        served, ("ray_ppserve_prefix_cache_hits_total", "ray_ppserve_prefix_cache_queries_total")
+    )
     hits0 = value(before, "ray_ppserve_prefix_cache_hits_total")
     queries0 = value(before, "ray_ppserve_prefix_cache_queries_total")
     out = served.client().completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2)
@@ -264,7 +283,7 @@ def test_model_work_counted(served):
     )
 
     assert wait_for(lambda: pool_is_free(served), timeout=30)
-    before = scrape(served)
+    before = settled_scrape(served, names)
     prompt, generated = 70, 5  # chunks of 32, 32, 6 (no cached prefix), then 4 decode steps
     out = served.client().completions.create(
         model=MODEL,
