@@ -18,8 +18,10 @@ from stages.kernels import fp8_ref, mxfp4
 from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
+from stages.models.layers import Piece
 from stages.protocol import QUANTIZATIONS
 from stages.stage_context import StageContext, StageModel
+from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 log = logging.getLogger(__name__)
 DTYPES: dict[str, torch.dtype] = {
@@ -56,11 +58,12 @@ def _weight_files(path: str) -> dict[str, str]:
         return {k: single for k in f.keys()}
 
 
-def tensor_sources(model: StageModel) -> dict[str, list[tuple[str, tuple[Any, ...]]]]:
-    """Parameter name -> (checkpoint tensor, index into the parameter) per piece: the tensor
-    of the same name, or the pieces a model fuses or stacks (q/k/v, routed experts)."""
+def tensor_sources(model: StageModel) -> dict[str, list[Piece]]:
+    """Parameter name -> the checkpoint pieces it is loaded from: the tensor of the same name,
+    or the pieces a model fuses, stacks or splits (q/k/v, routed experts, a tensor-parallel
+    rank's slices)."""
     custom = model.checkpoint_sources()
-    return {n: custom.get(n) or [(checkpoint_name(n), ())] for n, _ in model.named_parameters()}
+    return {n: custom.get(n) or [Piece(checkpoint_name(n))] for n, _ in model.named_parameters()}
 
 
 def dequantize_fp8(
@@ -76,6 +79,10 @@ def _read(files: dict[str, str], name: str) -> torch.Tensor:
     return t
 
 
+# safetensors header dtypes of packed FP4 weights (two values per byte)
+PACKED_HEADER_DTYPES = ("I8", "U8", "F4")
+
+
 def _packed(files: dict[str, str], names: set[str]) -> set[str]:
     """Those of `names` the checkpoint stores in a packed FP4 dtype (read from the headers)."""
     by_file: dict[str, list[str]] = {}
@@ -84,7 +91,7 @@ def _packed(files: dict[str, str], names: set[str]) -> set[str]:
     out = set()
     for file, group in by_file.items():
         with safe_open(file, framework="pt", device="cpu") as f:
-            out |= {n for n in group if f.get_slice(n).get_dtype() in ("I8", "U8", "F4")}
+            out |= {n for n in group if f.get_slice(n).get_dtype() in PACKED_HEADER_DTYPES}
     return out
 
 
@@ -112,32 +119,41 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
     files = _weight_files(path)
     # a tensor stored under the parameter's own name wins (e.g. experts saved already stacked)
     pieces = [
-        (name, index, p)
+        (piece, p)
         for p, srcs in tensor_sources(model).items()
-        for name, index in ([(checkpoint_name(p), ())] if checkpoint_name(p) in files else srcs)
+        for piece in (
+            [Piece(checkpoint_name(p))]
+            if checkpoint_name(p) in files and not srcs[0].source
+            else srcs
+        )
     ]
     # Kept-FP8 scales the checkpoint lacks (or has for MXFP4 weights) come from quantizing
     # its weights at load.
-    scales = {n for n, _, p in pieces if p.endswith(SCALE_SUFFIX)}
+    scales = {piece.name for piece, p in pieces if p.endswith(SCALE_SUFFIX)}
     weights = {n.removesuffix(SCALE_SUFFIX) for n in scales}
     packed = _packed(files, {n for n in weights if n in files})
     derived = {n for n in scales if n not in files or n.removesuffix(SCALE_SUFFIX) in packed}
-    pieces = [piece for piece in pieces if piece[0] not in derived]
-    missing = sorted({n for n, _, _ in pieces if n not in files})
+    pieces = [(piece, p) for piece, p in pieces if piece.name not in derived]
+    missing = sorted({piece.name for piece, _ in pieces if piece.name not in files})
     if missing:
         raise KeyError(
             f"checkpoint {path!r} lacks {len(missing)} tensors this stage needs, e.g. {missing[:5]}"
         )
-    by_file: dict[str, list[tuple[str, tuple[Any, ...], str]]] = {}
-    for piece in pieces:
-        by_file.setdefault(files[piece[0]], []).append(piece)
+    by_file: dict[str, list[tuple[Piece, str]]] = {}
+    for piece, p in pieces:
+        by_file.setdefault(files[piece.name], []).append((piece, p))
     counts = {"dequantized": 0, "mxfp4": 0, "kept": 0, "quantized": 0}
     with torch.no_grad():
         for file, group in sorted(by_file.items()):
             with safe_open(file, framework="pt", device="cpu") as f:
-                for n, index, p in group:
-                    t = f.get_tensor(n)
+                for (n, index, source, _shape), p in group:
                     target = params[p][index]
+                    # A rank's slice only, unless the tensor must be decoded whole first
+                    whole = bool(source) and (
+                        (n + SCALE_SUFFIX in files and target.dtype != fp8_ref.FP8)
+                        or f.get_slice(n).get_dtype() in PACKED_HEADER_DTYPES
+                    )
+                    t = f.get_tensor(n) if not source or whole else f.get_slice(n)[source]
                     if t.dtype in mxfp4.PACKED_DTYPES and n + SCALE_SUFFIX in files:
                         t = _dequantize_mxfp4(n, t, _read(files, n + SCALE_SUFFIX))
                         counts["mxfp4"] += 1
@@ -154,6 +170,8 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
                         scale = _read(files, n + SCALE_SUFFIX)
                         t = dequantize_fp8(t, scale, model.ctx.args.fp8_block or (128, 128))
                         counts["dequantized"] += 1
+                    if whole:
+                        t = t[source]
                     if tuple(t.shape) != tuple(target.shape):
                         raise ValueError(
                             f"{n}: checkpoint shape {tuple(t.shape)}, model "
@@ -179,7 +197,7 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
             counts["kept"],
             counts["quantized"],
         )
-    return sorted({n for n, _, _ in pieces})
+    return sorted({piece.name for piece, _ in pieces})
 
 
 def dtype_of(model: StageModel) -> torch.dtype:
@@ -205,8 +223,8 @@ def random_init(model: StageModel, seed: int) -> None:
             elif p.dtype == fp8_ref.FP8:
                 _random_fp8(p, params[name + SCALE_SUFFIX], sources[name], seed)
             else:
-                for part, index in sources[name]:
-                    p[index].copy_(_draw(part, p[index].shape, seed, p.device))
+                for piece in sources[name]:
+                    p[piece.index].copy_(_drawn(piece, p[piece.index].shape, seed, p.device))
 
 
 def _draw(part: str, shape: torch.Size, seed: int, device: torch.device) -> torch.Tensor:
@@ -218,18 +236,24 @@ def _draw(part: str, shape: torch.Size, seed: int, device: torch.device) -> torc
     return torch.randn(shape, generator=g, dtype=torch.float32, device=device) * 0.02
 
 
-def _random_fp8(
-    p: torch.Tensor, scale: torch.Tensor, pieces: list[tuple[str, tuple[Any, ...]]], seed: int
-) -> None:
+def _drawn(piece: Piece, shape: torch.Size, seed: int, device: torch.device) -> torch.Tensor:
+    """The piece's draw: the whole checkpoint tensor's, sliced where the piece is a slice."""
+    if not piece.source:
+        return _draw(piece.name, shape, seed, device)
+    return _draw(piece.name, torch.Size(piece.shape), seed, device)[piece.source]
+
+
+def _random_fp8(p: torch.Tensor, scale: torch.Tensor, pieces: list[Piece], seed: int) -> None:
     """One 2-D matrix at a time (an expert of a stack), so the fp32 draws stay small."""
-    by_matrix: dict[tuple[Any, ...], list[tuple[str, tuple[Any, ...]]]] = {}
-    for part, index in pieces:
+    by_matrix: dict[tuple[Any, ...], list[Piece]] = {}
+    for piece in pieces:
+        index = piece.index
         lead = index[:1] if index and isinstance(index[0], int) else ()
-        by_matrix.setdefault(lead, []).append((part, index[len(lead) :]))
+        by_matrix.setdefault(lead, []).append(piece._replace(index=index[len(lead) :]))
     for lead, parts in by_matrix.items():
         full = torch.empty(p[lead].shape, dtype=torch.float32, device=p.device)
-        for part, index in parts:
-            full[index] = _draw(part, full[index].shape, seed, p.device)
+        for piece in parts:
+            full[piece.index] = _drawn(piece, full[piece.index].shape, seed, p.device)
         q, s = fp8_ref.quantize_weight(full)
         p[lead].copy_(q)
         scale[lead].copy_(s)
@@ -334,8 +358,10 @@ def build_stage_model(
     dtype: torch.dtype | str,
     device: str | torch.device,
     seed: int = 0,
+    tp: TensorParallel | None = None,
 ) -> StageModel:
-    """The stage's module with its weights loaded (or seeded random when model_path is None)."""
+    """The stage's module with its weights loaded (or seeded random when model_path is None);
+    on a tensor-parallel rank (`tp`), the rank's slices only."""
     ctx = StageContext(
         args,
         range(layer_start, layer_end),
@@ -344,6 +370,7 @@ def build_stage_model(
         kernels,
         resolve_dtype(dtype),
         torch.device(device),
+        one_rank_unless(tp),
     )
     model: StageModel = args.family.stage()(ctx).requires_grad_(False).eval()
     if model_path is None:

@@ -7,7 +7,7 @@ reaches only through the family table (tests/unit/test_import_rules.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -17,6 +17,7 @@ from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.kv_cache import KVCache
 from stages.model_config import ModelArgs
+from stages.tensor_parallel import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,8 @@ class StageContext:
     `layers` are the global indices of the layers the stage holds, a contiguous, non-empty
     range within the model's (checked here, once for every family). The first stage embeds
     token ids; the last applies the final norm and LM head (and holds the embedding too when
-    the model ties them). The tensor-parallel group of issue 37 will live here as well: the
-    ranks a stage's layers are split over, beside the device each rank holds."""
+    the model ties them). `tp` is the tensor-parallel group the stage's layers are split over
+    (one rank unless --tp > 1): each rank builds the context of its own slice."""
 
     args: ModelArgs
     layers: range
@@ -36,6 +37,7 @@ class StageContext:
     kernels: Kernels
     dtype: torch.dtype
     device: torch.device
+    tp: TensorParallel = field(default_factory=TensorParallel)
 
     def __post_init__(self) -> None:
         n, r = self.args.num_hidden_layers, self.layers

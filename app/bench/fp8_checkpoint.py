@@ -85,7 +85,7 @@ def checkpoint_tensors(stage: StageModel) -> dict[str, torch.Tensor]:
     params = dict(stage.named_parameters())
     out: dict[str, torch.Tensor] = {}
     for param, pieces in tensor_sources(stage).items():
-        for name, index in pieces:
+        for name, index, *_ in pieces:  # a whole stage: no tensor-parallel slices
             value = params[param][index]
             if is_fp8(name):
                 q, scale = fp8_ref.quantize_weight(value)

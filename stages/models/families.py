@@ -29,6 +29,7 @@ A family declares:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -151,6 +152,22 @@ def _mla_dims(args: ModelArgs) -> ChunkAttentionDims | None:
     return ChunkAttentionDims(h, h, qk, d.v_head_dim, d.qk_nope_head_dim + d.v_head_dim)
 
 
+def _split_kv_heads(args: ModelArgs, tp_size: int) -> ModelArgs:
+    """A GQA rank caches its share of the K/V heads (attention checks they divide)."""
+    if tp_size == 1:
+        return args
+    return dataclasses.replace(
+        args,
+        num_attention_heads=args.num_attention_heads // tp_size,
+        num_key_value_heads=args.num_key_value_heads // tp_size,
+    )
+
+
+def _whole_cache(args: ModelArgs, _tp_size: int) -> ModelArgs:
+    """Every rank caches the whole entry (MLA's latent, V4's compressed entries)."""
+    return args
+
+
 def _key_value(args: ModelArgs) -> dict[str, int]:
     width = args.num_key_value_heads * args.head_dim
     return {"key": width, "value": width}
@@ -176,6 +193,8 @@ class Family:
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
     attention_prefixes: bool = True
     op_shapes: Callable[[ModelArgs], dict[str, OpShape]] = lambda _args: {}
+    # The model as one rank of a tensor-parallel stage caches it (cache sizes and layout)
+    rank_cache_args: Callable[[ModelArgs, int], ModelArgs] = _split_kv_heads
 
     def components_of_layer(self, args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
         """Cache component -> (values per entry, tokens per entry) of one layer."""
@@ -279,6 +298,7 @@ DEEPSEEK = Family(
     paged_decode_graphs=_deepseek_graphs,
     chunk_attention_dims=_mla_dims,
     op_shapes=deepseek_op_shapes,
+    rank_cache_args=_whole_cache,
 )
 
 
@@ -309,6 +329,7 @@ DEEPSEEK_V4 = Family(
     attention_prefixes=False,
     paged_decode_graphs=_deepseek_v4_graphs,
     op_shapes=_v4_op_shapes,
+    rank_cache_args=_whole_cache,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

@@ -8,9 +8,10 @@ MLP), so a stage's logits match the checkpoint's own model.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from stages.kernels.fp8_ref import BLOCK as FP8_BLOCK
@@ -18,9 +19,23 @@ from stages.kernels.fp8_ref import FP8
 from stages.kernels.registry import Kernels
 from stages.kernels.torch_ref import swiglu
 from stages.model_config import ModelArgs
+from stages.tensor_parallel import TensorParallel, one_rank_unless
 
-# Parameter -> (checkpoint tensor, index into the parameter) of each piece it is loaded from.
-Sources = dict[str, list[tuple[str, tuple[Any, ...]]]]
+
+class Piece(NamedTuple):
+    """One checkpoint tensor (or its `source` slice, on a tensor-parallel rank) and where it
+    goes in a parameter (`index`). `shape` is the whole checkpoint tensor's, given with a
+    source slice: the random init draws the whole tensor, so every split gets the same
+    weights."""
+
+    name: str
+    index: tuple[Any, ...] = ()
+    source: tuple[Any, ...] = ()
+    shape: tuple[int, ...] = ()
+
+
+# Parameter -> the pieces it is loaded from (a fused, stacked or split parameter).
+Sources = dict[str, list[Piece]]
 Device = str | torch.device
 
 
@@ -75,12 +90,59 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+class VocabEmbedding(nn.Module):
+    """The token embedding, its rows split over a tensor-parallel stage's ranks (ceil(V / size)
+    each, the last rank's padded with zeros): each rank embeds the ids it holds, zeros for the
+    others, and the all-reduce adds them up. Also the tied LM head's weight (`head_logits`)."""
+
+    def __init__(
+        self, vocab: int, hidden: int, dtype: torch.dtype, device: Device, tp: TensorParallel
+    ):
+        super().__init__()
+        self.tp, self.vocab = tp, vocab
+        self.span = tp.vocab_span(vocab)
+        self.weight = nn.Parameter(
+            torch.zeros(tp.vocab_rows(vocab), hidden, dtype=dtype, device=device)
+        )
+
+    def checkpoint_sources(self, name: str) -> Sources:
+        if not self.tp.enabled:
+            return {}
+        rows = self.span.stop - self.span.start
+        whole = (self.vocab, self.weight.shape[1])
+        return {"weight": [Piece(f"{name}.weight", (slice(0, rows),), (self.span,), whole)]}
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.tp.enabled:
+            return F.embedding(ids, self.weight)
+        local = ids - self.span.start
+        mine = (local >= 0) & (local < self.span.stop - self.span.start)
+        out = F.embedding(torch.where(mine, local, torch.zeros_like(local)), self.weight)
+        return self.tp.all_reduce(out.masked_fill(~mine[:, None], 0))
+
+
+def vocab_logits(
+    h: torch.Tensor, weight: torch.Tensor, vocab: int, tp: TensorParallel, kernels: Kernels
+) -> torch.Tensor:
+    """fp32 logits [R, vocab] of a head whose rows may be split over the stage's ranks (each
+    computes its rows' logits; they are gathered in rank order and the padding cut)."""
+    logits: torch.Tensor = kernels.linear(h, weight)
+    if tp.enabled:
+        logits = tp.all_gather(logits, dim=-1)[:, :vocab]
+    return logits.float()
+
+
 class Linear(nn.Module):
     """Holds a checkpoint's weight (and bias); the matmul runs on the chosen kernel backend.
 
     When FP8 weights stay FP8 (`kernels.fp8_linear` set) and `fp8` is not turned off, the weight
     is float8_e4m3fn [N, K] with its `weight_scale_inv` [N/128, K/128] (the checkpoint's names)
     and the matmul is W8A8; a fused weight whose parts are not 128-row aligned stays in `dtype`.
+
+    On a tensor-parallel stage `split` says how the rank holds it: "column" keeps its share of
+    the output rows (of each fused part), "row" its share of the input columns, summed over the
+    ranks after the matmul (the bias, whole on every rank, added once after the sum). n_in,
+    n_out and parts' rows are the checkpoint's.
     """
 
     def __init__(
@@ -93,14 +155,27 @@ class Linear(nn.Module):
         device: Device,
         parts: tuple[tuple[str, int], ...] = (),
         fp8: bool = True,
+        tp: TensorParallel | None = None,
+        split: str | None = None,
     ):
         super().__init__()
+        if split not in (None, "column", "row"):
+            raise ValueError(f"split must be None, 'column' or 'row', got {split!r}")
+        self.tp = one_rank_unless(tp)
+        self.split = split if self.tp.enabled else None
         # A fused weight: (checkpoint module name, rows) of each tensor it concatenates.
         self.parts = parts
+        self.n_in_total, self.n_out_total = n_in, n_out
+        if self.split == "column":
+            self.parts = tuple((name, self.tp.part(rows, name)) for name, rows in parts)
+            n_out = self.tp.part(n_out, "output rows")
+        elif self.split == "row":
+            n_in = self.tp.part(n_in, "input columns")
         self.fp8 = (
             fp8
             and kernels.fp8_linear is not None
-            and all(rows % FP8_BLOCK == 0 for _, rows in parts)
+            and all(rows % FP8_BLOCK == 0 for _, rows in self.parts)
+            and (self.split is None or (n_in % FP8_BLOCK == 0 and n_out % FP8_BLOCK == 0))
         )
         self.weight = nn.Parameter(
             torch.empty(n_out, n_in, dtype=FP8 if self.fp8 else dtype, device=device)
@@ -117,32 +192,62 @@ class Linear(nn.Module):
             if self.fp8
             else None
         )
-        self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype, device=device)) if bias else None
+        bias_rows = n_out if self.split == "column" else self.n_out_total
+        self.bias = (
+            nn.Parameter(torch.empty(bias_rows, dtype=dtype, device=device)) if bias else None
+        )
         self.kernels = kernels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """reduce=False (row split): the rank's partial sum, bias not added, for a caller that
+        adds several partial sums before one all-reduce (and adds no bias)."""
+        bias = None if self.split == "row" else self.bias
         if self.weight_scale_inv is not None:
             fp8_linear = self.kernels.fp8_linear
             if fp8_linear is None:
                 raise RuntimeError("FP8 weights need kernels.fp8_linear, which is unset")
-            fp8: torch.Tensor = fp8_linear(x, self.weight, self.weight_scale_inv, self.bias)
-            return fp8
-        out: torch.Tensor = self.kernels.linear(x, self.weight, self.bias)
+            out: torch.Tensor = fp8_linear(x, self.weight, self.weight_scale_inv, bias)
+        else:
+            out = self.kernels.linear(x, self.weight, bias)
+        if self.split == "row":
+            if not reduce:
+                if self.bias is not None:
+                    raise ValueError("a row-split linear with a bias adds it after its own sum")
+                return out
+            out = self.tp.all_reduce(out)
+            if self.bias is not None:
+                out = out + self.bias
         return out
 
     def checkpoint_sources(self, name: str) -> Sources:
-        """A fused weight's pieces: the rows each sibling tensor of `name` fills."""
-        owner = name.rpartition(".")[0]
+        """A fused weight's pieces (the rows each sibling tensor of `name` fills) and, on a
+        tensor-parallel rank, the slice of each the rank holds (with the whole tensor's
+        shape)."""
+        if not self.parts and self.split is None:
+            return {}
+        owner, _, own = name.rpartition(".")
+        parts = self.parts or ((own, self.weight.shape[0]),)  # the rank's rows of each
+        size, rank = self.tp.size, self.tp.rank
         out: Sources = {}
-        for leaf in ("weight", "bias", "weight_scale_inv") if self.parts else ():
+        for leaf in ("weight", "bias", "weight_scale_inv"):
             if getattr(self, leaf) is None:
                 continue
-            per_row = FP8_BLOCK if leaf == "weight_scale_inv" else 1  # a scale per 128 rows
+            per = FP8_BLOCK if leaf == "weight_scale_inv" else 1  # a scale per 128 x 128 tile
+            cols = () if leaf == "bias" else (-(-self.n_in_total // per),)
             pieces, row = [], 0
-            for part, rows in self.parts:
-                pieces.append(
-                    (f"{owner}.{part}.{leaf}", (slice(row // per_row, (row + rows) // per_row),))
-                )
+            for part, rows in parts:
+                full = f"{owner}.{part}.{leaf}"
+                index = (slice(row // per, (row + rows) // per),)
+                if self.split == "column":
+                    r = rank * rows
+                    source = (slice(r // per, (r + rows) // per),)
+                    pieces.append(Piece(full, index, source, (-(-rows * size // per), *cols)))
+                elif self.split == "row" and leaf != "bias":
+                    c, width = rank * self.weight.shape[1], self.weight.shape[1]
+                    source = (slice(None), slice(c // per, (c + width) // per))
+                    pieces.append(Piece(full, index, source, (-(-rows // per), *cols)))
+                else:
+                    pieces.append(Piece(full, index))
                 row += rows
             out[leaf] = pieces
         return out
@@ -150,7 +255,9 @@ class Linear(nn.Module):
 
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up in one GEMM (the loader concatenates the
-    checkpoint's gate_proj and up_proj); `limit` clamps both first (DeepSeek-V4)."""
+    checkpoint's gate_proj and up_proj); `limit` clamps both first (DeepSeek-V4). On a
+    tensor-parallel stage each rank holds its share of the intermediate columns and the down
+    projection sums the ranks' parts (reduce=False leaves the sum to the caller)."""
 
     def __init__(
         self,
@@ -161,6 +268,7 @@ class SwiGLU(nn.Module):
         dtype: torch.dtype,
         device: Device,
         limit: float | None = None,
+        tp: TensorParallel | None = None,
     ):
         super().__init__()
         self.limit = limit
@@ -172,12 +280,14 @@ class SwiGLU(nn.Module):
             dtype,
             device,
             (("gate_proj", inter), ("up_proj", inter)),
+            tp=tp,
+            split="column",
         )
-        self.down_proj = Linear(inter, hidden, bias, kernels, dtype, device)
+        self.down_proj = Linear(inter, hidden, bias, kernels, dtype, device, tp=tp, split="row")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        out: torch.Tensor = self.down_proj(swiglu(gate, up, self.limit))
+        out: torch.Tensor = self.down_proj(swiglu(gate, up, self.limit), reduce=reduce)
         return out
 
 

@@ -17,28 +17,45 @@ from stages.model_config import ModelArgs
 from stages.models.layers import DecoderLayer, Linear, RMSNorm, SwiGLU, rope_inv_freq, rotate_half
 from stages.models.stage import Stage
 from stages.stage_context import StageContext
+from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 
 class Attention(nn.Module):
+    """GQA attention. On a tensor-parallel stage each rank holds its share of the query and
+    K/V heads (and caches only its K/V heads); o_proj sums the ranks' parts."""
+
     def __init__(
-        self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
+        self,
+        args: ModelArgs,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        tp: TensorParallel | None = None,
     ):
         super().__init__()
+        tp = one_rank_unless(tp)
         h, d = args.hidden_size, args.head_dim
-        self.hq, self.hkv, self.d = args.num_attention_heads, args.num_key_value_heads, d
+        hq, hkv = args.num_attention_heads, args.num_key_value_heads
+        self.hq = tp.part(hq, "num_attention_heads")
+        self.hkv = tp.part(hkv, "num_key_value_heads")
+        self.d = d
         self.scale = d**-0.5
         self.kernels = kernels
         # q, k and v in one GEMM (the loader concatenates the checkpoint's three tensors)
         self.qkv_proj = Linear(
             h,
-            (self.hq + 2 * self.hkv) * d,
+            (hq + 2 * hkv) * d,
             args.attention_bias,
             kernels,
             dtype,
             device,
-            (("q_proj", self.hq * d), ("k_proj", self.hkv * d), ("v_proj", self.hkv * d)),
+            (("q_proj", hq * d), ("k_proj", hkv * d), ("v_proj", hkv * d)),
+            tp=tp,
+            split="column",
         )
-        self.o_proj = Linear(self.hq * d, h, args.o_proj_bias, kernels, dtype, device)
+        self.o_proj = Linear(
+            hq * d, h, args.o_proj_bias, kernels, dtype, device, tp=tp, split="row"
+        )
         if args.qk_norm:
             self.q_norm: RMSNorm | None = RMSNorm(d, args.rms_norm_eps, dtype, device)
             self.k_norm: RMSNorm | None = RMSNorm(d, args.rms_norm_eps, dtype, device)
@@ -121,8 +138,9 @@ class LlamaStage(Stage):
 
     def build_layer(self, layer: int) -> nn.Module:
         a, kernels, dtype, device = self.args, self.ctx.kernels, self.ctx.dtype, self.ctx.device
-        mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
-        return DecoderLayer(a, Attention(a, kernels, dtype, device), mlp, dtype, device)
+        tp = self.ctx.tp
+        mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device, tp=tp)
+        return DecoderLayer(a, Attention(a, kernels, dtype, device, tp), mlp, dtype, device)
 
     def layer_context(
         self, batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache, h: torch.Tensor

@@ -18,13 +18,16 @@ from torch import nn
 from stages.kernels.fp8_ref import BLOCK as FP8_BLOCK
 from stages.kernels.fp8_ref import FP8
 from stages.kernels.registry import Kernels
-from stages.models.layers import Device, Sources, SwiGLU
+from stages.models.layers import Device, Piece, Sources, SwiGLU
+from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 
 class Experts(nn.Module):
     """Routed experts stacked: gate_up_proj [E, 2I, H] (gate rows, then up) and down_proj
     [E, H, I]. A checkpoint stores them stacked under these names or per expert
-    (`experts.{e}.gate_proj.weight`, ...); `checkpoint_sources` names the per-expert pieces."""
+    (`experts.{e}.gate_proj.weight`, ...); `checkpoint_sources` names the per-expert pieces.
+    On a tensor-parallel stage each rank holds num_experts / size whole experts, from
+    `first` on (expert parallelism)."""
 
     def __init__(
         self,
@@ -34,8 +37,14 @@ class Experts(nn.Module):
         dtype: torch.dtype,
         device: Device,
         fp8: bool = False,
+        tp: TensorParallel | None = None,
     ):
         super().__init__()
+        tp = one_rank_unless(tp)
+        self.num_experts = num_experts  # the model's; the rank holds [first, first + local)
+        local = tp.part(num_experts, "routed experts")
+        self.first = tp.rank * local
+        num_experts = local
         # FP8 weights kept (W8A8 experts): each with its 128 x 128 scales, `<name>_scale_inv`
         self.fp8 = fp8 and hidden % FP8_BLOCK == 0 and inter % FP8_BLOCK == 0
         wdtype = FP8 if self.fp8 else dtype
@@ -55,25 +64,38 @@ class Experts(nn.Module):
             )
 
     def checkpoint_sources(self, name: str) -> Sources:
-        i = self.down_proj.shape[2]
+        i, first = self.down_proj.shape[2], self.first
+        local = range(self.gate_up_proj.shape[0])
         gate_up, down = [], []
-        for e in range(self.gate_up_proj.shape[0]):
-            gate_up.append((f"{name}.{e}.gate_proj.weight", (e, slice(0, i))))
-            gate_up.append((f"{name}.{e}.up_proj.weight", (e, slice(i, 2 * i))))
-            down.append((f"{name}.{e}.down_proj.weight", (e,)))
+        for e in local:
+            g = f"{name}.{first + e}"
+            gate_up.append(Piece(f"{g}.gate_proj.weight", (e, slice(0, i))))
+            gate_up.append(Piece(f"{g}.up_proj.weight", (e, slice(i, 2 * i))))
+            down.append(Piece(f"{g}.down_proj.weight", (e,)))
         out: Sources = {"gate_up_proj": gate_up, "down_proj": down}
         if self.fp8:
             b = i // FP8_BLOCK
             out["gate_up_proj_scale_inv"] = [
-                (f"{name}.{e}.{part}.weight_scale_inv", (e, slice(j * b, (j + 1) * b)))
-                for e in range(self.gate_up_proj.shape[0])
+                Piece(f"{name}.{first + e}.{part}.weight_scale_inv", (e, slice(j * b, (j + 1) * b)))
+                for e in local
                 for j, part in enumerate(("gate_proj", "up_proj"))
             ]
             out["down_proj_scale_inv"] = [
-                (f"{name}.{e}.down_proj.weight_scale_inv", (e,))
-                for e in range(self.down_proj.shape[0])
+                Piece(f"{name}.{first + e}.down_proj.weight_scale_inv", (e,)) for e in local
             ]
         return out
+
+    def local_routes(
+        self, weights: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's picks as this rank's experts see them: ids made local, the weight of a
+        pick another rank holds zeroed (its id pointed at a local expert, which then adds
+        nothing)."""
+        if self.gate_up_proj.shape[0] == self.num_experts:
+            return weights, ids
+        local = ids - self.first
+        mine = (local >= 0) & (local < self.gate_up_proj.shape[0])
+        return weights * mine, torch.where(mine, local, torch.zeros_like(local))
 
 
 class MoE(nn.Module):
@@ -84,8 +106,13 @@ class MoE(nn.Module):
         shared_experts: SwiGLU | None,
         kernels: Kernels,
         swiglu_limit: float | None = None,
+        tp: TensorParallel | None = None,
     ):
+        """On a tensor-parallel stage (`tp`) the router runs whole on every rank, each rank's
+        experts add their picks and the shared experts their columns' part, and one all-reduce
+        sums them; `experts` and `shared_experts` must be built with the same group."""
         super().__init__()
+        self.tp = one_rank_unless(tp)
         if kernels.moe_experts is None:
             raise ValueError("no moe_experts kernel was selected")
         if experts.fp8 and kernels.moe_experts_fp8 is None:
@@ -100,6 +127,7 @@ class MoE(nn.Module):
         else:
             weights, ids = self.gate(x)
         ex = self.experts
+        weights, ids = ex.local_routes(weights, ids)
         limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
         if ex.fp8:
             fp8 = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_fp8)
@@ -118,5 +146,5 @@ class MoE(nn.Module):
             run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # see __init__
             out = run(x, ex.gate_up_proj, ex.down_proj, ids, weights, **limit)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+            out = out + self.shared_experts(x, reduce=False)
+        return self.tp.all_reduce(out)

@@ -38,13 +38,15 @@ class SoftmaxTopKRouter(nn.Module):
 class Qwen3MoeStage(LlamaStage):
     def build_layer(self, layer: int) -> nn.Module:
         a, moe = self.args, self.args.family_args
-        kernels, dtype, device = self.ctx.kernels, self.ctx.dtype, self.ctx.device
+        kernels, dtype, device, tp = self.ctx.kernels, self.ctx.dtype, self.ctx.device, self.ctx.tp
         mlp: nn.Module
-        if moe.is_moe_layer(layer):
+        if moe.is_moe_layer(layer):  # experts split whole over the ranks, the router on each
             experts = Experts(
-                moe.num_experts, a.hidden_size, moe.moe_intermediate_size, dtype, device
+                moe.num_experts, a.hidden_size, moe.moe_intermediate_size, dtype, device, tp=tp
             )
-            mlp = MoE(SoftmaxTopKRouter(a, dtype, device), experts, None, kernels)
+            mlp = MoE(SoftmaxTopKRouter(a, dtype, device), experts, None, kernels, tp=tp)
         else:
-            mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
-        return DecoderLayer(a, Attention(a, kernels, dtype, device), mlp, dtype, device)
+            mlp = SwiGLU(
+                a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device, tp=tp
+            )
+        return DecoderLayer(a, Attention(a, kernels, dtype, device, tp), mlp, dtype, device)

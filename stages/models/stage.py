@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from stages.model_config import ModelArgs
-from stages.models.layers import Linear, RMSNorm, Sources
+from stages.models.layers import RMSNorm, Sources, VocabEmbedding, vocab_logits
 from stages.stage_context import StageContext
 
 if TYPE_CHECKING:
@@ -25,18 +25,15 @@ class Stage(nn.Module):
         self.ctx = ctx
         # the kernels the stage's own ops call (the head): swappable, as each layer's are
         self.kernels = ctx.kernels
-        args, kernels, dtype, device = ctx.args, ctx.kernels, ctx.dtype, ctx.device
+        args, dtype, device = ctx.args, ctx.dtype, ctx.device
+        vocab, hidden = args.vocab_size, args.hidden_size
         if ctx.holds_embedding:
-            self.embed_tokens = nn.Embedding(
-                args.vocab_size, args.hidden_size, dtype=dtype, device=device
-            )
+            self.embed_tokens = VocabEmbedding(vocab, hidden, dtype, device, ctx.tp)
         self.layers = nn.ModuleDict({str(i): self.build_layer(i) for i in ctx.layers})
         if ctx.is_last:
             self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, dtype, device)
-            if not args.tie_word_embeddings:
-                self.lm_head = Linear(
-                    args.hidden_size, args.vocab_size, False, kernels, dtype, device, fp8=False
-                )
+            if not args.tie_word_embeddings:  # split by vocabulary rows, as the embedding
+                self.lm_head = VocabEmbedding(vocab, hidden, dtype, device, ctx.tp)
 
     @property
     def args(self) -> ModelArgs:
@@ -93,7 +90,8 @@ class Stage(nn.Module):
             sources = getattr(module, "checkpoint_sources", None)
             if module is self or sources is None:
                 continue
-            for leaf, pieces in sources("model." + module_name).items():
+            prefix = "" if module_name == "lm_head" else "model."  # the head's own name
+            for leaf, pieces in sources(prefix + module_name).items():
                 out[f"{module_name}.{leaf}"] = pieces
         return out
 
@@ -112,8 +110,7 @@ class Stage(nn.Module):
             raise RuntimeError("compute_logits runs on the last stage only")
         h = self.norm(hidden_rows)
         weight = self.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        logits: torch.Tensor = self.kernels.linear(h, weight)
-        return logits.float()
+        return vocab_logits(h, weight, self.args.vocab_size, self.ctx.tp, self.kernels)
 
 
 if TYPE_CHECKING:  # what the engine calls a stage's module: every Stage is one

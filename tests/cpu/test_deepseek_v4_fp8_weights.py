@@ -97,7 +97,7 @@ def test_an_fp8_v4_checkpoint_loads_its_bytes_and_scales(checkpoint, tmp_path):
     sources = online.checkpoint_sources()
     kept = [n for n, p in online.named_parameters() if p.dtype == fp8_ref.FP8]
     tensors = load_file(os.path.join(checkpoint, "model.safetensors"))
-    for name in {piece for n in kept for piece, _ in sources[n]}:
+    for name in {piece.name for n in kept for piece in sources[n]}:
         tensors[name], tensors[name + SCALE_SUFFIX] = fp8_ref.quantize_weight(tensors[name])
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(checkpoint, "config.json")) as f:

@@ -7,9 +7,9 @@ names; this is the reverse map, per parameter, with the pieces of what the stage
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from stages.kernels.fp8_ref import SCALE_SUFFIX, scale_index
+from stages.models.layers import Piece
 
 # module name (with `model.`) -> checkpoint name; applied in order, each to the previous result
 _RENAMES = (
@@ -47,31 +47,31 @@ def checkpoint_tensor(param: str) -> str:
     return name
 
 
-def checkpoint_pieces(param: str, experts: int, inter: int) -> list[tuple[str, tuple[Any, ...]]]:
-    """(checkpoint tensor, index into the parameter) of each piece of `param`. A kept-FP8
+def checkpoint_pieces(param: str, experts: int, inter: int) -> list[Piece]:
+    """The checkpoint tensor and index into the parameter of each piece of `param`. A kept-FP8
     weight's scales (`<weight>_scale_inv`, one per 128 x 128 tile) come in the weight's pieces,
     their row slices counted in tiles."""
     if param.endswith(SCALE_SUFFIX):
         return [
-            (name + SCALE_SUFFIX, scale_index(index))
-            for name, index in checkpoint_pieces(param.removesuffix(SCALE_SUFFIX), experts, inter)
+            Piece(piece.name + SCALE_SUFFIX, scale_index(piece.index))
+            for piece in checkpoint_pieces(param.removesuffix(SCALE_SUFFIX), experts, inter)
         ]
     owner = checkpoint_tensor(param).rsplit(".", 1)[0]
     if ".shared_experts.gate_up_proj." in param:  # w1 (gate) rows, then w3 (up)
         prefix, leaf = owner.rsplit(".", 1)[0], param.rsplit(".", 1)[1]
         return [
-            (f"{prefix}.w1.{leaf}", (slice(0, inter),)),
-            (f"{prefix}.w3.{leaf}", (slice(inter, 2 * inter),)),
+            Piece(f"{prefix}.w1.{leaf}", (slice(0, inter),)),
+            Piece(f"{prefix}.w3.{leaf}", (slice(inter, 2 * inter),)),
         ]
     if param.endswith("experts.gate_up_proj"):
         return [
             piece
             for e in range(experts)
             for piece in (
-                (f"{owner}.{e}.w1.weight", (e, slice(0, inter))),
-                (f"{owner}.{e}.w3.weight", (e, slice(inter, 2 * inter))),
+                Piece(f"{owner}.{e}.w1.weight", (e, slice(0, inter))),
+                Piece(f"{owner}.{e}.w3.weight", (e, slice(inter, 2 * inter))),
             )
         ]
     if param.endswith("experts.down_proj"):
-        return [(f"{owner}.{e}.w2.weight", (e,)) for e in range(experts)]
-    return [(checkpoint_tensor(param), ())]
+        return [Piece(f"{owner}.{e}.w2.weight", (e,)) for e in range(experts)]
+    return [Piece(checkpoint_tensor(param))]

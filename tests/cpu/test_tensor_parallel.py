@@ -1,0 +1,131 @@
+"""Tensor-parallel stages (`--tp 2`) on CPU ranks (gloo): each rank loads its slices only, and
+the split stages chained give transformers' logits, in one chunk, in chunks and in a decode
+step, for the Llama family (GQA, qwen2's biases, qwen3's q/k norms, a tied head) and Qwen3-MoE
+(experts split whole over the ranks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import load_model_args
+from stages.partition import layer_ranges
+from stages.tensor_parallel import TensorParallel
+from tests.cpu.conftest import ARCHS, QWEN3_MOE_ARCHS, hf_model, write_tiny_checkpoints
+from tests.cpu.test_shards_vs_hf import PROMPT, TABLE, TOL
+from tests.cpu.tp_ranks import RankPool
+
+TP_ARCHS = (*ARCHS, *QWEN3_MOE_ARCHS)
+
+
+class SplitPipeline:
+    """One rank's stages of a checkpoint chained in process (the hidden state between stages
+    is whole on every rank), each with its own cache of the rank's K/V heads."""
+
+    def __init__(self, path, num_stages, tp: TensorParallel, block_size=4, num_blocks=16):
+        args = load_model_args(path)
+        kernels = select_kernels("cpu")
+        self.block_size = block_size
+        cache_args = args.family.rank_cache_args(args, tp.size)
+        self.stages, self.caches = [], []
+        for s, (a, b) in enumerate(layer_ranges(args.num_hidden_layers, num_stages)):
+            first, last = s == 0, s == num_stages - 1
+            self.stages.append(
+                build_stage_model(
+                    args, path, a, b, first, last, kernels, torch.float32, "cpu", tp=tp
+                )
+            )
+            self.caches.append(
+                make_kv_cache(cache_args, b - a, num_blocks, block_size, torch.float32, "cpu")
+            )
+
+    @torch.no_grad()
+    def logits(self, token_ids, rows, all_positions=False):
+        batch = ForwardBatch.build(rows, self.block_size, "cpu")
+        x = torch.tensor(token_ids, dtype=torch.long)
+        for stage, cache in zip(self.stages, self.caches):
+            x = stage(x, batch, cache)
+        return self.stages[-1].compute_logits(x if all_positions else x[batch.sample_indices])
+
+
+def prompt_logits(tp, path, num_stages):
+    pipe = SplitPipeline(path, num_stages, tp)
+    n = len(PROMPT)
+    return pipe.logits(PROMPT, [(0, n, list(range(8)), True)], all_positions=True)
+
+
+def chunks_then_decode(tp, path, num_stages, chunk):
+    """PROMPT in chunks of `chunk`, then one decode step after its greedy token: the last
+    chunk's and the decode step's logits."""
+    pipe = SplitPipeline(path, num_stages, tp, num_blocks=12)
+    for start in range(0, len(PROMPT), chunk):
+        part = PROMPT[start : start + chunk]
+        last = pipe.logits(part, [(start, len(part), TABLE, True)])
+    token = int(last[0].argmax())
+    step = pipe.logits([token], [(len(PROMPT), 1, TABLE, True)])
+    return last[0], token, step[0]
+
+
+def held_bytes(tp, path):
+    """The rank's parameter bytes of a one-stage model."""
+    pipe = SplitPipeline(path, 1, tp)
+    return sum(p.numel() * p.element_size() for p in pipe.stages[0].parameters())
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    pool = RankPool(2)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return write_tiny_checkpoints(tmp_path_factory.mktemp("tp"), TP_ARCHS)
+
+
+@pytest.mark.parametrize("num_stages", [1, 2])
+@pytest.mark.parametrize("arch", TP_ARCHS)
+def test_split_stages_match_hf(ranks, checkpoints, arch, num_stages):
+    with torch.no_grad():
+        want = hf_model(arch)(torch.tensor([PROMPT])).logits[0].float()
+    got = ranks.run(prompt_logits, checkpoints[arch], num_stages)
+    assert torch.equal(got[0], got[1])  # the ranks agree bit for bit: they sample alike
+    assert (got[0] - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_chunks_then_decode_match_hf(ranks, checkpoints, arch):
+    (last, token, step), other = ranks.run(chunks_then_decode, checkpoints[arch], 2, 5)
+    assert torch.equal(step, other[2])
+    model = hf_model(arch)
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT + [token]])).logits[0]
+    assert (last - ref[-2]).abs().max().item() <= TOL
+    assert (step - ref[-1]).abs().max().item() <= TOL
+
+
+def test_each_rank_holds_half(ranks, checkpoints):
+    """Heads, MLP columns, experts and the vocabulary are split: each rank holds about half
+    the weights (the norms and the routers are whole on both)."""
+    whole = held_bytes(TensorParallel(), checkpoints["qwen3_moe"])
+    halves = ranks.run(held_bytes, checkpoints["qwen3_moe"])
+    assert halves[0] == halves[1]
+    assert 0.5 * whole < halves[0] < 0.55 * whole
+
+
+def test_heads_that_do_not_divide_are_refused(checkpoints):
+    """Widths that three ranks cannot share (two K/V heads, 128 MLP columns): a clear error
+    when the stage is built."""
+    args = load_model_args(checkpoints["llama"])
+    with pytest.raises(ValueError, match=r"\(128\) is not divisible by the tensor-parallel size 3"):
+        build_stage_model(
+            args, None, 0, 4, True, True, select_kernels("cpu"), torch.float32, "cpu",
+            tp=TensorParallel(0, 3),
+        )
