@@ -64,6 +64,14 @@ class EngineConfig(Options):
         flags=("--pp", "--pipeline-parallel-size"),
         minimum=1,
     )
+    tp_size: int = option(
+        1,
+        "Tensor-parallel ranks per stage: each stage is this many Ray actors (one GPU each, "
+        "on one node) splitting its attention heads, MLP columns and vocabulary, and its "
+        "routed experts whole (expert parallelism).",
+        flags=("--tp", "--tensor-parallel-size"),
+        minimum=1,
+    )
     device: str = option(
         "cpu", "Where the stages run; cuda puts each stage on its own GPU.", choices=DEVICES
     )
@@ -284,6 +292,11 @@ class EngineConfig(Options):
                 "output_channel 'copy' needs --device cuda (a CUDA IPC copy); "
                 "use nccl (gloo on CPU) or host"
             )
+        if self.output_channel == "copy" and self.tp_size > 1:
+            raise ValueError(
+                "output_channel 'copy' is one CUDA IPC ring per pipeline, not one per "
+                "tensor-parallel rank: with --tp > 1 use nccl or host"
+            )
 
     @property
     def resolved_dtype(self) -> str:
@@ -361,10 +374,16 @@ class EngineConfig(Options):
         return min(self.max_model_len or max_position_embeddings, max_position_embeddings)
 
     def stage_spec(
-        self, index: int, layers: tuple[int, int], max_model_len: int, output_channel: str
+        self,
+        index: int,
+        layers: tuple[int, int],
+        max_model_len: int,
+        output_channel: str,
+        tp_rank: int = 0,
     ) -> StageSpec:
-        """What stage `index`, holding layers [start, end), is told at creation; output_channel
-        is what the pipeline resolved --output-channel to (never "auto")."""
+        """What rank `tp_rank` of stage `index`, holding layers [start, end), is told at
+        creation; output_channel is what the pipeline resolved --output-channel to (never
+        "auto")."""
         if output_channel == "auto" or output_channel not in OUTPUT_CHANNELS:
             raise ValueError(f"a stage needs a resolved output channel, got {output_channel!r}")
         return StageSpec(
@@ -391,4 +410,6 @@ class EngineConfig(Options):
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
             fp8_prefill_attention=self.fp8_prefill_attention,
+            tp_size=self.tp_size,
+            tp_rank=tp_rank,
         )

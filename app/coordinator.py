@@ -354,7 +354,8 @@ class Coordinator:
                 self.metrics.observe_stage_forward(r.stage, r.forward_s)
                 self.metrics.kernel_fallbacks(r.fallbacks)
         if self.metrics and self.model_cost:  # distance to the hardware: work / busy time
-            busy = sum(r.forward_s for r in results)
+            # GPU-seconds: a stage of N tensor-parallel ranks keeps N GPUs busy
+            busy = sum(r.forward_s for r in results) * self.config.tp_size
             self.metrics.model_work(self.model_cost.step(plan.rows), busy)
         self._channel_sends = max(self._channel_sends, last.output_sends)
         by_req = {s.req_id: s for s in last.sampled}
@@ -465,6 +466,8 @@ class Coordinator:
             "pp_output_comm": dict(s.comm_stats()),
             "channel_output_sends": self._channel_sends,
             "output_channel": self.pipeline.output_channel,
+            "pp_size": self.config.pp_size,
+            "tp_size": self.config.tp_size,
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
             "inflight_microbatches": s.inflight,

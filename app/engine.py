@@ -82,7 +82,12 @@ class CoordinatorHost:
         if with_metrics:
             from app.metrics import EngineMetrics
 
-            metrics = EngineMetrics(config.model_name, f"engine-{os.getpid()}", config.peak_rates)
+            metrics = EngineMetrics(
+                config.model_name,
+                f"engine-{os.getpid()}",
+                config.peak_rates,
+                (config.pp_size, config.tp_size),
+            )
         self._coordinator = self.make_coordinator(config, metrics, pg)
         await self.coordinator.start()
         return {

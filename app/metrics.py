@@ -50,7 +50,14 @@ _M = TypeVar("_M", bound=Metric)
 class EngineMetrics:
     """Every metric of one pipeline; the coordinator calls the methods below."""
 
-    def __init__(self, model_name: str, pipeline_id: str, peaks: PeakRates):
+    def __init__(
+        self,
+        model_name: str,
+        pipeline_id: str,
+        peaks: PeakRates,
+        parallel: tuple[int, int] = (1, 1),
+    ):
+        """parallel: (pipeline stages, tensor-parallel ranks per stage)."""
         self._all: list[Metric] = []
         self.ttft = self._hist(
             "time_to_first_token_seconds",
@@ -109,7 +116,8 @@ class EngineMetrics:
         )
         self.busy = self._counter(
             "stage_busy_seconds_total",
-            "Compute seconds of the microbatches run, summed over the stages, by phase",
+            "GPU-seconds of the microbatches run: each stage's compute times its "
+            "tensor-parallel ranks, summed over the stages, by phase",
             ("phase",),
         )
         self.read_bytes = self._counter(
@@ -124,6 +132,12 @@ class EngineMetrics:
             "hardware_peak_memory_bytes_per_second", "One GPU's peak memory bandwidth"
         )
         self._peaks = peaks
+        self.parallel_size = self._gauge(
+            "parallel_size",
+            "The pipeline's shape: stages (dim=pipeline), GPUs per stage (dim=tensor)",
+            ("dim",),
+        )
+        self._parallel = {"pipeline": parallel[0], "tensor": parallel[1]}
         self.fallbacks = self._counter(
             "kernel_fallbacks_total",
             "Kernel calls a chosen backend routed elsewhere, and backends declined at build",
@@ -203,6 +217,8 @@ class EngineMetrics:
         for dtype, rate in self._peaks.flops.items():
             self.peak_flops.set(rate, tags={"dtype": dtype})
         self.peak_bandwidth.set(self._peaks.memory_bytes_per_s)
+        for dim, size in self._parallel.items():
+            self.parallel_size.set(size, tags={"dim": dim})
 
     def add_tokens(self, prompt: int = 0, generation: int = 0) -> None:
         if prompt > 0:

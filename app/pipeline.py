@@ -48,12 +48,15 @@ REBUILD_CLOSE_S = 1.0
 
 
 def placement_bundles(config: EngineConfig) -> list[dict[str, float]]:
-    """Bundle 0 holds the coordinator (or the Serve replica); bundles 1..S one stage each."""
+    """Bundle 0 holds the coordinator (or the Serve replica); bundles 1..S one stage each, with
+    all its tensor-parallel ranks: a bundle lives on one node, so a stage's ranks share one
+    (NVLink for their all-reduces) while the strategy places the stages."""
+    tp = config.tp_size
     stage: dict[str, float]
     if config.device == "cuda":
-        stage = {"GPU": 1, "CPU": 1}
+        stage = {"GPU": tp, "CPU": tp}
     else:
-        stage = {"CPU": config.stage_num_cpus}
+        stage = {"CPU": config.stage_num_cpus * tp}
     return [{"CPU": COORDINATOR_CPUS}] + [dict(stage) for _ in range(config.pp_size)]
 
 
@@ -105,7 +108,8 @@ class Pipeline:
         self.stage_actor = stage_actor
         self.args = args
         self.pg = placement_group or get_current_placement_group()
-        self.stages: list[Any] = []  # the stage actors' handles
+        # the stage actors' handles: per stage, its tensor-parallel ranks in rank order
+        self.ranks: list[list[Any]] = []
         self.num_blocks = 0
         self.generation = 0  # bumped on every rebuild
         self.output_channel = "nccl"  # what the stages use, --output-channel resolved at start
@@ -115,24 +119,41 @@ class Pipeline:
         self._uncollected: asyncio.Future[Any] | None = None
 
     @property
+    def stages(self) -> list[Any]:
+        """Each stage's rank 0, which reports the stage's StepResult."""
+        return [ranks[0] for ranks in self.ranks]
+
+    @property
+    def actors(self) -> list[Any]:
+        """Every rank of every stage."""
+        return [a for ranks in self.ranks for a in ranks]
+
+    @property
     def defers_results(self) -> bool:
         """One stage with run-ahead: a microbatch's result is collected after the next one is
         launched, so the device runs that step while this result returns to the coordinator
         (the host gap between decode steps; docs/PERFORMANCE.md)."""
         return len(self.stages) == 1 and self.config.resolved_run_ahead
 
-    def stage_name(self, i: int, generation: int | None = None) -> str:
-        """`ppserve-<id>-stage<i>`; a rebuilt pipeline's actors get `ppserve-<id>-g<n>-stage<i>`
-        so they never collide with the previous generation's actors while those die."""
+    def stage_name(self, i: int, generation: int | None = None, tp_rank: int = 0) -> str:
+        """`ppserve-<id>-stage<i>` (`...-stage<i>-tp<r>` for the ranks of a tensor-parallel
+        stage); a rebuilt pipeline's actors get `ppserve-<id>-g<n>-stage<i>` so they never
+        collide with the previous generation's actors while those die."""
         g = self.generation if generation is None else generation
-        return f"ppserve-{self.pipeline_id}{f'-g{g}' if g else ''}-stage{i}"
+        rank = f"-tp{tp_rank}" if self.config.tp_size > 1 else ""
+        return f"ppserve-{self.pipeline_id}{f'-g{g}' if g else ''}-stage{i}{rank}"
 
-    def _specs(self) -> list[StageSpec]:
+    def _specs(self) -> list[list[StageSpec]]:
+        """Per stage, its ranks' specs."""
         ranges = layer_ranges(self.args.num_hidden_layers, self.config.pp_size)
         max_len = self.config.resolved_max_model_len(self.args.max_position_embeddings)
         self.output_channel = self._resolve_output_channel()
         return [
-            self.config.stage_spec(i, r, max_len, self.output_channel) for i, r in enumerate(ranges)
+            [
+                self.config.stage_spec(i, r, max_len, self.output_channel, rank)
+                for rank in range(self.config.tp_size)
+            ]
+            for i, r in enumerate(ranges)
         ]
 
     def _resolve_output_channel(self) -> str:
@@ -157,42 +178,46 @@ class Pipeline:
         gpu = c.device == "cuda"
         specs = self._specs()
         env = dict(_STAGE_ENV)
-        if specs[0].output_channel == "copy":  # CUDA IPC: each stage sees the node's GPUs
+        if specs[0][0].output_channel == "copy":  # CUDA IPC: each stage sees the node's GPUs
             env[NOSET_VISIBLE_DEVICES] = "1"
-        self.stages = [
-            self.stage_actor.options(
-                name=self.stage_name(i),
-                namespace=STAGE_NAMESPACE,
-                num_cpus=0 if gpu else c.stage_num_cpus,
-                num_gpus=1 if gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=i + 1
-                ),
-                runtime_env={"env_vars": env},
-            ).remote(spec, c.torch_threads)
-            for i, spec in enumerate(specs)
+        self.ranks = [
+            [
+                self.stage_actor.options(
+                    name=self.stage_name(i, tp_rank=spec.tp_rank),
+                    namespace=STAGE_NAMESPACE,
+                    num_cpus=0 if gpu else c.stage_num_cpus,
+                    num_gpus=1 if gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self.pg, placement_group_bundle_index=i + 1
+                    ),
+                    runtime_env={"env_vars": env},
+                ).remote(spec, c.torch_threads)
+                for spec in stage_specs
+            ]
+            for i, stage_specs in enumerate(specs)
         ]
         await self._started()
-        if c.pp_size > 1:
+        if c.pp_size > 1 or c.tp_size > 1:
             host, port = await self.stages[0].open_store.remote()
-            await asyncio.gather(*[s.connect.remote(host, port) for s in self.stages])
-        caps = await asyncio.gather(*[s.kv_capacity.remote() for s in self.stages])
+            await asyncio.gather(*[a.connect.remote(host, port) for a in self.actors])
+        caps = await asyncio.gather(*[a.kv_capacity.remote() for a in self.actors])
         self.num_blocks = c.num_kv_blocks or min(caps)
         if self.num_blocks < 1:
-            raise RuntimeError(f"no KV cache block fits the memory budget (per stage: {caps})")
-        await asyncio.gather(*[s.allocate_kv.remote(self.num_blocks) for s in self.stages])
+            raise RuntimeError(f"no KV cache block fits the memory budget (per rank: {caps})")
+        await asyncio.gather(*[a.allocate_kv.remote(self.num_blocks) for a in self.actors])
         # each stage logs its own KV bytes per token per layer (and the cache's dtype)
         log.info(
-            "pipeline up: %d stages, %d KV blocks of %d tokens",
+            "pipeline up: %d stages of %d tensor-parallel rank(s), %d KV blocks of %d tokens",
             c.pp_size,
+            c.tp_size,
             self.num_blocks,
             c.kv_block_size,
         )
         return self.num_blocks
 
     async def _started(self) -> None:
-        n = len(self.stages)
-        for i, stage in enumerate(self.stages):
+        n = len(self.ranks)
+        for i, stage in ((i, a) for i, ranks in enumerate(self.ranks) for a in ranks):
             try:
                 await stage.started.remote()
             except RayTaskError as e:  # raised by the stage's own code: its error, unwrapped
@@ -207,11 +232,15 @@ class Pipeline:
                 ) from None
 
     def dispatch(self, plan: MicrobatchPlan) -> list[Any]:
-        """Each stage's awaitable result of `plan` (Ray refs, or one coroutine when deferred)."""
-        n = len(self.stages)
+        """Each stage's awaitable result of `plan` (Ray refs, or one coroutine when deferred).
+        Every rank of a stage runs the plan; rank 0's result is the stage's."""
+        n = len(self.ranks)
         if not self.defers_results:
-            return [s.step.remote(plan.for_stage(i, n)) for i, s in enumerate(self.stages)]
-        advanced = self.stages[0].advance.remote(plan.for_stage(0, 1))
+            return [
+                _stage_result([a.step.remote(plan.for_stage(i, n)) for a in ranks])
+                for i, ranks in enumerate(self.ranks)
+            ]
+        advanced = self._advance(plan.for_stage(0, 1))
         self._settle_previous(advanced)
         result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._uncollected = result
@@ -232,32 +261,46 @@ class Pipeline:
     def flush(self) -> None:
         """Return the last launched microbatch now (nothing else will be launched soon)."""
         if self._uncollected is not None:
-            self._settle_previous(self.stages[0].advance.remote(None))
+            self._settle_previous(self._advance(None))
+
+    def _advance(self, plan: MicrobatchPlan | None) -> Any:
+        """advance() on every rank of the one stage: an awaitable (awaited twice: by this
+        microbatch's launch and as the previous one's result) of rank 0's answer."""
+        return _stage_result([a.advance.remote(plan) for a in self.ranks[0]])
 
     async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict[str, Any]]:
         """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""
-        return list(await asyncio.gather(*[s.warm_up.remote(chunks) for s in self.stages]))
+        warmed = await asyncio.gather(*[a.warm_up.remote(chunks) for a in self.actors])
+        return list(warmed[:: self.config.tp_size])  # each stage's rank 0
 
     async def describe(self) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*[s.describe.remote() for s in self.stages]))
+        """Per stage, rank 0's description with where each of its ranks runs."""
+        described = await asyncio.gather(*[a.describe.remote() for a in self.actors])
+        tp = self.config.tp_size
+        out = []
+        for i in range(len(self.ranks)):
+            ranks = described[i * tp : (i + 1) * tp]
+            keys = ("tp_rank", "pid", "node_ip", "node_id")
+            out.append({**ranks[0], "ranks": [{k: r[k] for k in keys} for r in ranks]})
+        return out
 
     def failed_stage(self, error: BaseException) -> int | None:
         """Which stage a Ray error came from (its actor id), if it names one of ours."""
         actor_id = getattr(error, "actor_id", None) or getattr(error, "_actor_id", None)
-        for i, s in enumerate(self.stages):
-            if actor_id and s._actor_id.hex() == actor_id:
+        for i, ranks in enumerate(self.ranks):
+            if actor_id and any(a._actor_id.hex() == actor_id for a in ranks):
                 return i
         return None
 
     def _close_stages(self) -> list[Any]:
-        """Ask every stage to release its channels (the copy ring) before it is killed."""
-        return [s.close.remote() for s in self.stages]
+        """Ask every rank to release its channels (the copy ring) before it is killed."""
+        return [a.close.remote() for a in self.actors]
 
     def _end_actors(self) -> None:
         self._uncollected = None
-        for s in self.stages:
-            ray.kill(s, no_restart=True)
-        self.stages = []
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.ranks = []
 
     def kill(self) -> None:
         """Shutdown, or a start that failed: close the stages, then end them."""
@@ -273,4 +316,16 @@ class Pipeline:
         await self.start()
         if self.num_blocks != blocks:  # the scheduler's pool was sized for the old count
             self.num_blocks = blocks
-            await asyncio.gather(*[s.allocate_kv.remote(blocks) for s in self.stages])
+            await asyncio.gather(*[a.allocate_kv.remote(blocks) for a in self.actors])
+
+
+def _stage_result(refs: list[Any]) -> Any:
+    """One stage's awaitable result: its one rank's Ray ref, or a future of rank 0's result
+    once every rank has finished (a failed rank fails the stage)."""
+    if len(refs) == 1:
+        return refs[0]
+
+    async def leader() -> Any:
+        return (await asyncio.gather(*refs))[0]
+
+    return asyncio.ensure_future(leader())

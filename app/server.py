@@ -50,7 +50,9 @@ class PipelineServer:
     # Serve awaits an async constructor; Python's typing has no such thing.
     async def __init__(self, engine_args: dict[str, Any]):  # type: ignore[misc]
         config = EngineConfig.from_dict(engine_args)
-        self.metrics = EngineMetrics(config.model_name, _pipeline_id(), config.peak_rates)
+        self.metrics = EngineMetrics(
+            config.model_name, _pipeline_id(), config.peak_rates, (config.pp_size, config.tp_size)
+        )
         self.coordinator = Coordinator(config, self.metrics)
         self.config = self.coordinator.config  # with the model's block size
         await self.coordinator.start()

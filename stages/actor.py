@@ -112,6 +112,8 @@ class StageShell:
 
         return {
             "stage": self.spec.stage_index,
+            "tp_rank": self.spec.tp_rank,
+            "tp_size": self.spec.tp_size,
             "layers": [self.spec.layer_start, self.spec.layer_end],
             "kernels": dict(self.runner.kernels.names),
             # op/backend/reason -> count, this process's (stages/kernels/fallbacks.py)

@@ -1,9 +1,11 @@
 """Point-to-point channels between the stages of one pipeline (docs/ARCHITECTURE.md#channels).
 
-All stages form one torch.distributed world (rank = stage index). Every *directed* link gets its
-own group: hidden i -> i+1 for each i, and output last -> 0. Hidden and output never share a
-group: on one NCCL group an early output recv would sit ahead of the next hidden send on the same
-stream and deadlock. Sender and receiver decide from the same plan; shapes come from the plan.
+All stages form one torch.distributed world (rank = stage index; stage * N + tensor-parallel rank
+with --tp N). Every *directed* link gets its own group: hidden i -> i+1 for each i, and output
+last -> 0; each stage's ranks share one more group for their all-reduces. Hidden and output
+never share a group: on one NCCL group an early output recv would sit ahead of the next hidden
+send on the same stream and deadlock. Sender and receiver decide from the same plan; shapes come
+from the plan.
 
 In check mode every message is preceded by a header (microbatch id, sequence number, byte count)
 that the receiver verifies: gloo honours tags, so CPU tests would otherwise miss an ordering bug
@@ -100,29 +102,42 @@ def _posted(work: Work | None) -> Work:
 
 
 class PipelineChannels:
-    """This rank's ends of the pipeline's links."""
+    """This rank's ends of the pipeline's links, and its stage's tensor-parallel group.
+
+    With --tp N every stage is N ranks (global rank = stage * N + tp rank) and each link is N
+    links, rank r of stage i to rank r of stage i + 1: every rank of a stage holds the whole
+    hidden state (stages/tensor_parallel.py), so each sends its own copy and no rank waits on a
+    broadcast. The output link likewise joins rank r of the last stage to rank r of stage 0."""
 
     def __init__(
         self,
-        rank: int,
-        world: int,
+        stage: int,
+        num_stages: int,
         device: torch.device,
         check: bool,
         output_channel: str,
         max_ids: int,
+        tp_rank: int = 0,
+        tp_size: int = 1,
     ):
         """max_ids: the most ids one output message carries (the copy ring's width)."""
-        self.rank = rank
-        self.world = world
+        self.stage, self.num_stages = stage, num_stages
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.rank = self._global(stage, tp_rank)
+        self.world = num_stages * tp_size
         self.device = device
         self.check = check
         self.output_channel = output_channel
-        self.hidden_links: list[_Link] = []
+        self.hidden_links: list[_Link] = []  # this rank's, by sending stage
         self.output_link: _Link | None = None
+        self.tp_group: ProcessGroup | None = None  # the stage's ranks, when tp_size > 1
         self.copy: CopyOutput | None = None
-        if output_channel == "copy" and rank in (0, world - 1):
+        if output_channel == "copy" and stage in (0, num_stages - 1):
             self.copy = CopyOutput(device, max_ids, check)
         self.output_sends = 0  # the channel's own count, compared with the plan's in tests
+
+    def _global(self, stage: int, tp_rank: int) -> int:
+        return stage * self.tp_size + tp_rank
 
     def connect(self, host: str, port: int, store: TCPStore | None = None) -> None:
         cuda = self.device.type == "cuda"
@@ -137,35 +152,48 @@ class PipelineChannels:
             device_id=self.device if cuda else None,
         )
         # Every rank creates every group, in the same order.
-        for i in range(self.world - 1):
-            self.hidden_links.append(_Link(i, i + 1, dist.new_group([i, i + 1])))
-        last = self.world - 1
-        if self.output_channel == "nccl":
-            self.output_link = _Link(last, 0, dist.new_group([last, 0]))
+        g, last = self._global, self.num_stages - 1
+        for i in range(self.num_stages - 1):
+            for r in range(self.tp_size):
+                group = dist.new_group([g(i, r), g(i + 1, r)])
+                if r == self.tp_rank:
+                    self.hidden_links.append(_Link(g(i, r), g(i + 1, r), group))
+        if self.output_channel == "nccl" and self.num_stages > 1:
+            for r in range(self.tp_size):
+                group = dist.new_group([g(last, r), g(0, r)])
+                if r == self.tp_rank:
+                    self.output_link = _Link(g(last, r), g(0, r), group)
+        if self.tp_size > 1:
+            for i in range(self.num_stages):
+                group = dist.new_group([g(i, r) for r in range(self.tp_size)])
+                if i == self.stage:
+                    self.tp_group = group
         self._warm()
         if self.copy is not None:
-            if self.rank == 0:
+            if self.stage == 0:
                 self.copy.serve(store)
             else:
                 self.copy.join(store)
 
     def _warm(self) -> None:
-        """One element over each link in link order: a first NCCL send otherwise blocks until
-        its peer joins, in the middle of real work."""
+        """One element over each link in link order, and one all-reduce in the stage's group:
+        a first NCCL send otherwise blocks until its peer joins, in the middle of real work."""
         for link in [*self.hidden_links, *([self.output_link] if self.output_link else [])]:
             t = torch.ones(1, device=self.device)
             if self.rank == link.src:
                 dist.send(t, dst=link.dst, group=link.group)
             elif self.rank == link.dst:
                 dist.recv(t, src=link.src, group=link.group)
+        if self.tp_group is not None:
+            dist.all_reduce(torch.ones(1, device=self.device), group=self.tp_group)
 
     # -- hidden states, i -> i+1 ---------------------------------------------------------------
     def send_hidden(self, t: torch.Tensor, mb_id: int) -> list[SendWork]:
-        return self._isend(self.hidden_links[self.rank], t, mb_id)
+        return self._isend(self.hidden_links[self.stage], t, mb_id)
 
     def recv_hidden(self, shape: tuple[int, ...], dtype: torch.dtype, mb_id: int) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        return self._irecv(self.hidden_links[self.rank - 1], buf, mb_id).wait()
+        return self._irecv(self.hidden_links[self.stage - 1], buf, mb_id).wait()
 
     # -- sampled ids, last -> 0 ------------------------------------------------------------------
     def send_output(self, t: torch.Tensor, mb_id: int) -> list[SendWork]:

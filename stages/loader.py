@@ -18,9 +18,8 @@ from stages.kernels import fp8_ref, mxfp4
 from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
-from stages.models.layers import Piece
 from stages.protocol import QUANTIZATIONS
-from stages.stage_context import StageContext, StageModel
+from stages.stage_context import Piece, StageContext, StageModel
 from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 log = logging.getLogger(__name__)
@@ -224,7 +223,7 @@ def random_init(model: StageModel, seed: int) -> None:
                 _random_fp8(p, params[name + SCALE_SUFFIX], sources[name], seed)
             else:
                 for piece in sources[name]:
-                    p[piece.index].copy_(_drawn(piece, p[piece.index].shape, seed, p.device))
+                    p[piece.at].copy_(_drawn(piece, p[piece.at].shape, seed, p.device))
 
 
 def _draw(part: str, shape: torch.Size, seed: int, device: torch.device) -> torch.Tensor:
@@ -247,13 +246,13 @@ def _random_fp8(p: torch.Tensor, scale: torch.Tensor, pieces: list[Piece], seed:
     """One 2-D matrix at a time (an expert of a stack), so the fp32 draws stay small."""
     by_matrix: dict[tuple[Any, ...], list[Piece]] = {}
     for piece in pieces:
-        index = piece.index
+        index = piece.at
         lead = index[:1] if index and isinstance(index[0], int) else ()
-        by_matrix.setdefault(lead, []).append(piece._replace(index=index[len(lead) :]))
+        by_matrix.setdefault(lead, []).append(piece._replace(at=index[len(lead) :]))
     for lead, parts in by_matrix.items():
         full = torch.empty(p[lead].shape, dtype=torch.float32, device=p.device)
         for piece in parts:
-            full[piece.index] = _drawn(piece, full[piece.index].shape, seed, p.device)
+            full[piece.at] = _drawn(piece, full[piece.at].shape, seed, p.device)
         q, s = fp8_ref.quantize_weight(full)
         p[lead].copy_(q)
         scale[lead].copy_(s)

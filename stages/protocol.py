@@ -207,6 +207,10 @@ class StageSpec:
     quantization: str  # FP8 weights: auto (the checkpoint's), none, fp8 (loader.py)
     kv_cache_dtype: str  # auto / bfloat16: the model's dtype; fp8 (kv_cache.py)
     fp8_prefill_attention: str = "auto"  # mla_prefill_fp8's backend (registry.py)
+    # The stage's tensor-parallel ranks: this actor is rank tp_rank of tp_size, all running
+    # every plan of the stage (stages/tensor_parallel.py)
+    tp_size: int = 1
+    tp_rank: int = 0
 
     @property
     def is_first(self) -> bool:

@@ -35,7 +35,6 @@ from stages.models.families import GraphSetting
 from stages.output_slots import OutputSlots, output_message
 from stages.protocol import (
     MicrobatchPlan,
-    PromptLogprobs,
     SampledToken,
     SamplingSpec,
     StageSpec,
@@ -44,6 +43,7 @@ from stages.protocol import (
 from stages.sampler import Picked, PromptScores, RowToSample, Sampler, score_tokens
 from stages.stage_context import StageModel
 from stages.sync_guard import install_sync_guard
+from stages.tensor_parallel import TensorParallel
 from stages.timing import Measurement, StageTimer
 
 log = logging.getLogger("ppserve.stage")
@@ -76,6 +76,9 @@ class StageRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = resolve_dtype(spec.dtype)
         self.args = load_model_args(spec.model_path)
+        # This rank's share of a tensor-parallel stage; its group is joined in connect()
+        self.tp = TensorParallel(spec.tp_rank, spec.tp_size)
+        self.rank_args = self.args.family.rank_args(self.args, spec.tp_size)
         self.fp8_weights = keep_fp8_weights(self.args, spec.quantization, self.device)
         self.kernels = self.kernels_for(spec.linear_backend, spec.attention_backend, "auto")
         self.model: StageModel = build_stage_model(
@@ -89,6 +92,7 @@ class StageRunner:
             self.dtype,
             self.device,
             spec.seed,
+            self.tp,
         )
         self._kv: KVCache | None = None  # the family's cache class (PagedKVCache for K/V pages)
         self.decode_graphs: DecodeGraphs | None = None  # CUDA: decode-only microbatches
@@ -103,7 +107,7 @@ class StageRunner:
             i >= spec.layer_start for i in id_layers
         )
         self.sends_token_ids = not spec.is_last and any(i >= spec.layer_end for i in id_layers)
-        per_token = bytes_per_token_layer(self.args, self.dtype, spec.kv_cache_dtype)
+        per_token = bytes_per_token_layer(self.rank_args, self.dtype, spec.kv_cache_dtype)
         log.info(
             "KV cache: %d bytes per token per layer (%s, %s); %d bytes per block of %d "
             "tokens over layers [%d, %d)",
@@ -111,7 +115,7 @@ class StageRunner:
             self.family.kv_description,
             spec.kv_cache_dtype,
             bytes_per_block(
-                self.args, self.layer_range, spec.block_size, self.dtype, spec.kv_cache_dtype
+                self.rank_args, self.layer_range, spec.block_size, self.dtype, spec.kv_cache_dtype
             ),
             spec.block_size,
             spec.layer_start,
@@ -147,7 +151,7 @@ class StageRunner:
             moe_backend_for(linear),
             fp8_linear=fp8_backend_for(linear) if self.fp8_weights else None,
             mla_prefill_fp8=self.spec.fp8_prefill_attention,
-            target=kernel_target(self.args, dtype, self.spec.block_size),
+            target=kernel_target(self.rank_args, dtype, self.spec.block_size),
         )
 
     @property
@@ -196,7 +200,11 @@ class StageRunner:
 
     def kv_capacity(self) -> int:
         per_block = bytes_per_block(
-            self.args, self.layer_range, self.spec.block_size, self.dtype, self.spec.kv_cache_dtype
+            self.rank_args,
+            self.layer_range,
+            self.spec.block_size,
+            self.dtype,
+            self.spec.kv_cache_dtype,
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -215,7 +223,7 @@ class StageRunner:
         graphs = self.uses_decode_graphs
         # With decode graphs one block more: the scratch block padding rows write to.
         self._kv = make_kv_cache(
-            self.args,
+            self.rank_args,
             self.layer_range,
             num_blocks + graphs,
             self.spec.block_size,
@@ -235,7 +243,7 @@ class StageRunner:
             max_model_len=self.spec.max_model_len,
             scratch_slot=(self.kv.num_blocks - 1) * self.spec.block_size,
             hidden_shape=self.family.hidden_shape(self.args),
-            kv_heads=self.args.num_key_value_heads,
+            kv_heads=self.rank_args.num_key_value_heads,
             dtype=self.dtype,
             device=self.device,
             is_first=self.spec.is_first,
@@ -250,7 +258,7 @@ class StageRunner:
     def warm_up(self, chunks: list[tuple[int, int]]) -> dict[str, float]:
         """cuDNN's per-shape graphs of a long lone prompt's chunks (stages/attention_warmup.py),
         where attention is cuDNN and the family has dense chunk attention."""
-        dims = self.family.chunk_attention_dims(self.args)
+        dims = self.family.chunk_attention_dims(self.rank_args)
         if self.kernels.names["attention"] != "cudnn" or self._kv is None or dims is None:
             return {"shapes": 0, "seconds": 0.0}
         from stages.attention_warmup import build_chunk_attention_graphs
@@ -267,10 +275,13 @@ class StageRunner:
             self.spec.channel_check,
             self.spec.output_channel,
             self.spec.max_running,
+            self.spec.tp_rank,
+            self.spec.tp_size,
         )
         self._channels = channels
         self.output_slots.attach(channels)
         channels.connect(host, port, store)
+        self.tp.attach(channels.tp_group)
 
     def close(self) -> None:
         """The pipeline's teardown (abort of a start, rebuild, shutdown)."""
@@ -330,7 +341,7 @@ class StageRunner:
                 if token_ids is None:  # a stage that sends them has received them
                     raise RuntimeError(f"stage {self.spec.stage_index} has no token ids to send")
                 self.pending_sends += self.channels.send_hidden(token_ids, plan.mb_id)
-            if self.spec.is_first and self._channels is not None and self.sends_outputs:
+            if self.spec.is_first and self.sends_outputs:
                 self.output_slots.post_outputs(plan)
             return LaunchedStep(
                 plan,
@@ -364,22 +375,7 @@ class StageRunner:
             history = self.output_ids.get(r.req_id)
             if history is not None:
                 history.append(p.token_id)
-        prompt = (
-            ()
-            if launched.picked is None
-            else tuple(
-                PromptLogprobs(
-                    req_id,
-                    start,
-                    tuple(lp.tolist()),
-                    tuple(ranks.tolist()),
-                    ()
-                    if top_v is None or top_i is None
-                    else tuple(tuple(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())),
-                )
-                for req_id, start, lp, ranks, top_v, top_i in launched.picked.prompt
-            )
-        )
+        prompt = () if launched.picked is None else launched.picked.prompt_logprobs()
         launched.result = StepResult(
             plan.mb_id,
             self.spec.stage_index,
@@ -439,7 +435,7 @@ class StageRunner:
         self, plan: MicrobatchPlan, hidden: torch.Tensor, batch: ForwardBatch | None
     ) -> Picked | None:
         sample_rows = [r for r in plan.rows if r.sample]
-        sends = plan.send_output and self._channels is not None and self.sends_outputs
+        sends = plan.send_output and self.spec.num_stages > 1 and self.sends_outputs
         prompt = self._prompt_logprobs(plan, hidden, batch)
         if not sample_rows:
             if sends:

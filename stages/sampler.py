@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stages.protocol import SamplingSpec
+from stages.protocol import PromptLogprobs, SamplingSpec
 
 _MASK63 = (1 << 63) - 1
 
@@ -136,6 +136,21 @@ class Picked:
     # Prompt logprobs on the device: (req_id, first position, logprobs [m], ranks [m],
     # top values [m, k] or None, top ids [m, k] or None)
     prompt: list[PromptScores] = field(default_factory=list)
+
+    def prompt_logprobs(self) -> tuple[PromptLogprobs, ...]:
+        """The prompt logprobs as the StepResult carries them (read from the device)."""
+        return tuple(
+            PromptLogprobs(
+                req_id,
+                start,
+                tuple(lp.tolist()),
+                tuple(ranks.tolist()),
+                ()
+                if top_v is None or top_i is None
+                else tuple(tuple(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())),
+            )
+            for req_id, start, lp, ranks, top_v, top_i in self.prompt
+        )
 
     def copy_to_host(self) -> None:
         if self.token_ids.device.type != "cuda":

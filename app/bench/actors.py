@@ -109,12 +109,12 @@ class BenchCoordinatorHost(CoordinatorHost):
         old = s.config
         s.config = c.config.scheduler_config(old.num_blocks, old.max_model_len, c.chunk_cost)
         kernels = await asyncio.gather(
-            *[stage.set_policy.remote(output_post, linear_backend) for stage in c.pipeline.stages]
+            *[stage.set_policy.remote(output_post, linear_backend) for stage in c.pipeline.actors]
         )
         chunking = ("chunk_size", "chunk_cost", "dynamic_chunk_smooth")
         if any(getattr(old, k) != getattr(s.config, k) for k in chunking):
             await c.warm_up()  # the new chunking's shapes
-        return list(kernels)
+        return list(kernels)[:: c.config.tp_size]  # each stage's rank 0
 
     async def take_timings(self) -> list[StageTiming]:
         """The stage timings gathered since the last call, with what the stages still hold once

@@ -193,8 +193,9 @@ class Family:
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
     attention_prefixes: bool = True
     op_shapes: Callable[[ModelArgs], dict[str, OpShape]] = lambda _args: {}
-    # The model as one rank of a tensor-parallel stage caches it (cache sizes and layout)
-    rank_cache_args: Callable[[ModelArgs, int], ModelArgs] = _split_kv_heads
+    # The model as one rank of a tensor-parallel stage computes and caches it (its share of
+    # the heads): what the rank's cache, kernel targets and decode graphs are sized from
+    rank_args: Callable[[ModelArgs, int], ModelArgs] = _split_kv_heads
 
     def components_of_layer(self, args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
         """Cache component -> (values per entry, tokens per entry) of one layer."""
@@ -298,7 +299,7 @@ DEEPSEEK = Family(
     paged_decode_graphs=_deepseek_graphs,
     chunk_attention_dims=_mla_dims,
     op_shapes=deepseek_op_shapes,
-    rank_cache_args=_whole_cache,
+    rank_args=_whole_cache,
 )
 
 
@@ -329,7 +330,7 @@ DEEPSEEK_V4 = Family(
     attention_prefixes=False,
     paged_decode_graphs=_deepseek_v4_graphs,
     op_shapes=_v4_op_shapes,
-    rank_cache_args=_whole_cache,
+    rank_args=_whole_cache,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

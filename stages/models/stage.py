@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from stages.model_config import ModelArgs
-from stages.models.layers import RMSNorm, Sources, VocabEmbedding, vocab_logits
-from stages.stage_context import StageContext
+from stages.models.layers import RMSNorm, VocabEmbedding, vocab_logits
+from stages.stage_context import Sources, StageContext
 
 if TYPE_CHECKING:
     from stages.stage_context import StageModel

@@ -30,7 +30,7 @@ class SplitPipeline:
         args = load_model_args(path)
         kernels = select_kernels("cpu")
         self.block_size = block_size
-        cache_args = args.family.rank_cache_args(args, tp.size)
+        cache_args = args.family.rank_args(args, tp.size)
         self.stages, self.caches = [], []
         for s, (a, b) in enumerate(layer_ranges(args.num_hidden_layers, num_stages)):
             first, last = s == 0, s == num_stages - 1

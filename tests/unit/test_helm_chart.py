@@ -142,7 +142,7 @@ def test_serve_config(rendered):
         assert "autoscaling_config" not in args and "api_key" not in args
         assert args["prefix_routing_max_queue"] == 0  # a 0 is set, not dropped as unset
         assert args["allowed_origins"] == ["https://app.test"]
-    assert set(args) - {"pp", *APP_KEYS} <= {f.name for f in dataclasses.fields(EngineConfig)}
+    assert set(args) - {"pp", "tp", *APP_KEYS} <= {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def test_cluster_shape(rendered):
@@ -204,6 +204,7 @@ def test_toggles(helm, tmp_path):
     ("serve.autoscaling.max_replicas=0", "max_replicas"),
     ("workerGroups[0].gpusPerPod=two", "gpusPerPod"),
     ("engine.pp=16", "needs 16 GPUs"),  # the template's capacity check
+    ("engine.tp=4", "no worker group has more than"),  # a stage's ranks share a node
 ])
 def test_bad_values_refused(helm, bad, message):
     r = run_helm(helm, "template", "demo", str(CHART), "--set", bad)
@@ -214,5 +215,8 @@ def test_values_schema_knows_every_engine_option():
     from app.config import EngineConfig
 
     schema = json.loads((CHART / "values.schema.json").read_text())
-    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"pp_size"} | {"pp"}
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"pp_size", "tp_size"} | {
+        "pp",
+        "tp",
+    }
     assert set(schema["properties"]["engine"]["properties"]) == fields

@@ -93,8 +93,15 @@ annotations:
 {{- if eq .Values.engine.device "cuda" }}
 {{- $gpus := 0 }}
 {{- range .Values.workerGroups }}{{ $gpus = add $gpus (mul .gpusPerPod .maxReplicas) }}{{ end }}
-{{- if lt (int $gpus) (int .Values.engine.pp) }}
-{{- fail (printf "engine.pp=%v needs %v GPUs, but the worker groups hold at most %v (gpusPerPod x maxReplicas)" .Values.engine.pp .Values.engine.pp $gpus) }}
+{{- $tp := int (default 1 .Values.engine.tp) }}
+{{- $need := mul (int .Values.engine.pp) $tp }}
+{{- if lt (int $gpus) $need }}
+{{- fail (printf "engine.pp=%v x engine.tp=%v needs %v GPUs, but the worker groups hold at most %v (gpusPerPod x maxReplicas)" .Values.engine.pp $tp $need $gpus) }}
+{{- end }}
+{{- $widest := 0 }}
+{{- range .Values.workerGroups }}{{ if gt (int .gpusPerPod) $widest }}{{ $widest = int .gpusPerPod }}{{ end }}{{ end }}
+{{- if gt $tp $widest }}
+{{- fail (printf "engine.tp=%v: a stage's ranks share one node, but no worker group has more than %v GPUs per pod" $tp $widest) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from stages.kernels.fp8_ref import SCALE_SUFFIX, scale_index
-from stages.models.layers import Piece
+from stages.stage_context import Piece
 
 # module name (with `model.`) -> checkpoint name; applied in order, each to the previous result
 _RENAMES = (
@@ -53,7 +53,7 @@ def checkpoint_pieces(param: str, experts: int, inter: int) -> list[Piece]:
     their row slices counted in tiles."""
     if param.endswith(SCALE_SUFFIX):
         return [
-            Piece(piece.name + SCALE_SUFFIX, scale_index(piece.index))
+            Piece(piece.name + SCALE_SUFFIX, scale_index(piece.at))
             for piece in checkpoint_pieces(param.removesuffix(SCALE_SUFFIX), experts, inter)
         ]
     owner = checkpoint_tensor(param).rsplit(".", 1)[0]

@@ -23,9 +23,9 @@ from stages.models.deepseek_v4.layers import (
 from stages.models.deepseek_v4.moe import v4_moe
 from stages.models.deepseek_v4.names import checkpoint_pieces
 from stages.models.deepseek_v4.plan import V4Plan
-from stages.models.layers import Device, Sources
+from stages.models.layers import Device
 from stages.models.stage import Stage
-from stages.stage_context import StageContext
+from stages.stage_context import Sources, StageContext
 
 # The longest rows a decode graph shape serves, as far as max_model_len allows: the indexer
 # scores, and HCA layers attend to, a static number of compressed entries per row, so a short
