@@ -1,7 +1,7 @@
 """A PP=3 pipeline across the nodes of a real multi-node Ray cluster (`ray.cluster_utils.Cluster`:
 a head and three worker raylets on this machine, each with its own logical CPUs and a custom
-resource naming it). STRICT_SPREAD puts each stage on a different node; greedy output matches the
-same pipeline packed on one node. A worker node removed mid-request fails the requests in flight
+resource naming it). STRICT_SPREAD puts each stage on a different node (with --tp 2, both ranks of
+a stage on its node); greedy output matches the same pipeline packed on one node. A worker node removed mid-request fails the requests in flight
 with a clear error; the pipeline is rebuilt when a node can take the lost stage, and is out of
 service (503) when none can."""
 
@@ -88,6 +88,20 @@ def test_stages_on_different_nodes_match_one_node(cluster, one_node_tokens):
         outs = engine.generate(SHORT, GREEDY)
         assert [o.finish_reason for o in outs] == ["length", "length"]
         assert [o.token_ids for o in outs] == one_node_tokens
+
+
+def test_tensor_parallel_stages_across_nodes(cluster, one_node_tokens):
+    """PP=3 x TP=2: each stage's two ranks share a node (its bundle), the stages and the
+    coordinator spread over the four nodes, and the greedy tokens are the unsplit pipeline's."""
+    cfg = EngineConfig(**{**BASE, "stage_num_cpus": 0.5}, tp_size=2,
+                       placement_strategy="STRICT_SPREAD")
+    with Engine(cfg) as engine:
+        names = cluster.node_names()
+        nodes = [{names[r["node_id"]] for r in s["ranks"]} for s in engine.info["stages"]]
+        assert all(len(n) == 1 for n in nodes), nodes
+        placed = [n.pop() for n in nodes] + [names[_coordinator_node(engine)]]
+        assert sorted(placed) == ["head", "w0", "w1", "w2"], placed
+        assert [o.token_ids for o in engine.generate(SHORT, GREEDY)] == one_node_tokens
 
 
 def test_node_lost_mid_request_rebuilds_on_a_new_node(cluster, one_node_tokens):
