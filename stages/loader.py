@@ -324,20 +324,31 @@ def stage_memory_plan(
     fp8_weights: bool,
     kv_cache_dtype: str = "auto",
     dtype: torch.dtype = torch.bfloat16,
+    tp_size: int = 1,
 ) -> list[StageMemory]:
     """Per stage of an even PP split: the weight bytes of the stage module the engine would
-    build (on the meta device: nothing allocated) and its KV bytes per token."""
+    build (on the meta device: nothing allocated) and its KV bytes per token; with tp_size > 1,
+    those of one GPU, rank 0 of the stage's tensor-parallel ranks (the largest: the last rank's
+    vocabulary slice may be shorter)."""
     from stages.kernels.registry import select_kernels
     from stages.kv_cache import bytes_per_token_layer
     from stages.partition import layer_ranges
 
     kernels = select_kernels("cpu", fp8_linear="torch" if fp8_weights else None)
-    per_layer = bytes_per_token_layer(args, dtype, kv_cache_dtype)
+    rank_args = args.family.rank_args(args, tp_size)
+    per_layer = bytes_per_token_layer(rank_args, dtype, kv_cache_dtype)
     plan = []
     ranges = layer_ranges(args.num_hidden_layers, pp_size)
     for i, (a, b) in enumerate(ranges):
         ctx = StageContext(
-            args, range(a, b), i == 0, i == len(ranges) - 1, kernels, dtype, torch.device("meta")
+            args,
+            range(a, b),
+            i == 0,
+            i == len(ranges) - 1,
+            kernels,
+            dtype,
+            torch.device("meta"),
+            TensorParallel(0, tp_size),
         )
         model = args.family.stage()(ctx)
         plan.append(

@@ -138,6 +138,7 @@ def run_config(
         hit = comm["skipped"] / max(1, comm["skipped"] + comm["missed"])
         row = {
             "pp": pp,
+            "tp": engine.config.tp_size,
             "linear": linear,
             "prompt_len": prompt_len,
             "chunk": chunk,
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per stage")
     p.add_argument("--device", default="cuda")
     p.add_argument(
         "--linear",
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [tuple(int(x) for x in r.split(":")) for r in a.runs.split(",")]
     longest = max(n for n, _ in runs)
     block = kv_block_size(model)
-    owns_ray = start_local_ray(a.pp, a.device)
+    owns_ray = start_local_ray(a.pp * a.tp, a.device)
     rows = []
     for linear in a.linear.split(","):
         t0 = time.perf_counter()
@@ -210,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             model=model_dir,
             load_format=load_format,
             pp_size=a.pp,
+            tp_size=a.tp,
             device=a.device,
             dtype="bfloat16" if a.device == "cuda" else "float32",
             chunk_size=runs[0][1],

@@ -231,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per stage")
     p.add_argument("--device", choices=DEVICES, default="cuda")
     add_model_args(p)
     p.add_argument("--parts", default="mixed,decode", help="mixed, decode or both")
@@ -319,11 +320,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    owns_ray = start_local_ray(a.pp, a.device)
+    owns_ray = start_local_ray(a.pp * a.tp, a.device)
     options = dict(
         model=model_dir,
         load_format=load_format,
         pp_size=a.pp,
+        tp_size=a.tp,
         device=a.device,
         dtype="bfloat16" if a.device == "cuda" else "float32",
         chunk_size=a.chunk_size,
@@ -352,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         "environment": environment(),
         "model": model_cfg,
         "model_shape": a.model_shape,
+        "pp": a.pp,
+        "tp": a.tp,
     }
     if "mixed" in parts:
         res["mixed"] = {

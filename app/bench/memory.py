@@ -8,6 +8,12 @@ A family without an FP8 cache gets "n/a" in the FP8 KV columns and the reason un
 A checkpoint whose routed experts are MXFP4 (DeepSeek-V4's `expert_dtype: fp4`, or
 --mxfp4-experts) gets a line comparing the experts as the stage holds them (stages/loader.py
 dequantizes MXFP4 at load: ppserve has no FP4 GEMM) with their checkpoint size.
+
+    python -m app.bench.memory docs/bench/configs/deepseek_v4_pro.json --pp-tp 8x1 4x2 2x4
+
+adds the per-GPU table of tensor-parallel stages (--tp): one GPU's weights (rank 0 of the largest
+stage) with FP8 weights, and with the routed experts in MXFP4 as the checkpoint stores them
+(projected: the loader widens them today), its KV bytes per token and the context it holds.
 """
 
 from __future__ import annotations
@@ -56,9 +62,11 @@ def fp4_experts(config: dict[str, Any]) -> bool:
     return expert_dtype(config) == "fp4"
 
 
-def _fp8_kv_plan(args: ModelArgs, pp: int, fp8: bool) -> tuple[list[StageMemory] | None, str]:
+def _fp8_kv_plan(
+    args: ModelArgs, pp: int, fp8: bool, tp: int = 1
+) -> tuple[list[StageMemory] | None, str]:
     try:
-        return stage_memory_plan(args, pp, fp8, "fp8"), ""
+        return stage_memory_plan(args, pp, fp8, "fp8", tp_size=tp), ""
     except ValueError as e:  # the family has no FP8 cache (yet)
         return None, str(e)
 
@@ -114,6 +122,43 @@ def table(
     return "\n".join(lines).rstrip()
 
 
+def per_gpu_table(config: dict[str, Any], shapes: tuple[tuple[int, int], ...]) -> str:
+    """One GPU of each PP x TP shape, FP8 weights, FP8 KV where the family has it."""
+    args = ModelArgs.from_hf_dict(config)
+    budget = int(H200_BYTES * UTILIZATION)
+    lines = [
+        "| PP x TP | GPUs | per GPU, FP8 weights (GB) | per GPU, MXFP4 experts (GB) | fits an "
+        "H200 (FP8 / MXFP4) | KV per token per GPU (bytes) | longest context (FP8 / MXFP4) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for pp, tp in shapes:
+        plan, _why = _fp8_kv_plan(args, pp, True, tp)
+        kv = "fp8"
+        if plan is None:
+            plan, kv = stage_memory_plan(args, pp, True, "auto", tp_size=tp), "bf16"
+        fp8 = max(plan, key=lambda st: st.weight_bytes)
+        fp4 = [
+            st.weight_bytes
+            - st.routed_expert_bytes
+            + round(st.routed_expert_values * MXFP4_BYTES_PER_VALUE)
+            for st in plan
+        ]
+        fits = ["yes" if w < budget else "no" for w in (fp8.weight_bytes, max(fp4))]
+        ctx_fp8 = min(st.max_tokens(budget) for st in plan)
+        ctx_fp4 = min(max(0, budget - w) // st.kv_bytes_per_token for st, w in zip(plan, fp4))
+        lines.append(
+            f"| {pp} x {tp} | {pp * tp} | {fp8.weight_bytes / 1e9:,.1f} | {max(fp4) / 1e9:,.1f} "
+            f"| {fits[0]} / {fits[1]} | {max(st.kv_bytes_per_token for st in plan):,} ({kv}) "
+            f"| {ctx_fp8:,} / {ctx_fp4:,} |"
+        )
+    return "\n".join(lines)
+
+
+def _shape(text: str) -> tuple[int, int]:
+    pp, _, tp = text.partition("x")
+    return int(pp), int(tp or 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("config", help="a config.json")
@@ -123,9 +168,21 @@ def main(argv: list[str] | None = None) -> int:
         help="the checkpoint's routed experts are MXFP4 though the config does not say so "
         "(transformers' DeepseekV4Config defaults carry no expert_dtype)",
     )
+    p.add_argument(
+        "--pp-tp",
+        nargs="+",
+        type=_shape,
+        default=(),
+        metavar="PPxTP",
+        help="also the per-GPU table of these PP x TP shapes (e.g. 8x1 4x2 2x4)",
+    )
     a = p.parse_args(argv)
     with open(a.config, encoding="utf-8") as f:
-        print(table(json.load(f), mxfp4_experts=a.mxfp4_experts))
+        config = json.load(f)
+    print(table(config, mxfp4_experts=a.mxfp4_experts))
+    if a.pp_tp:
+        print()
+        print(per_gpu_table(config, tuple(a.pp_tp)))
     return 0
 
 

@@ -1,9 +1,9 @@
 """A PP=3 pipeline across the nodes of a real multi-node Ray cluster (`ray.cluster_utils.Cluster`:
 a head and three worker raylets on this machine, each with its own logical CPUs and a custom
 resource naming it). STRICT_SPREAD puts each stage on a different node (with --tp 2, both ranks of
-a stage on its node); greedy output matches the same pipeline packed on one node. A worker node removed mid-request fails the requests in flight
-with a clear error; the pipeline is rebuilt when a node can take the lost stage, and is out of
-service (503) when none can."""
+a stage on its node); greedy output matches the same pipeline packed on one node. A worker node
+removed mid-request fails the requests in flight with a clear error; the pipeline is rebuilt when
+a node can take the lost stage, and is out of service (503) when none can."""
 
 from __future__ import annotations
 
