@@ -25,6 +25,7 @@ OUR_LABELS = (
     "op",
     "backend",
     "reason",
+    "dim",
 )
 PEAKS = {
     ("ray_ppserve_hardware_peak_flops_per_second", frozenset({("dtype", "bf16")})): 790e12,
@@ -106,7 +107,8 @@ FIRST_EVENT = {"ray_ppserve_kernel_fallbacks_total"}
 
 def test_documented_metrics_at_zero_from_startup(served):
     """Before any request: every documented counter (each known label value) and gauge is
-    exported at zero, but the GPU's peak rates, at their H200 defaults. Histograms are not: Ray
+    exported at zero, but the GPU's peak rates, at their H200 defaults, and the pipeline's
+    shape. Histograms are not: Ray
     exports one only once it is observed."""
     names = {n for n in documented_metrics() if not n.endswith("_seconds")} - FIRST_EVENT
     assert FIRST_EVENT <= documented_metrics()
@@ -121,6 +123,7 @@ def test_documented_metrics_at_zero_from_startup(served):
         "ray_ppserve_model_flops_total": phases,
         "ray_ppserve_stage_busy_seconds_total": phases,
         "ray_ppserve_decode_read_bytes_total": ("kind", ("weights", "kv")),
+        "ray_ppserve_parallel_size": ("dim", ("pipeline", "tensor")),
     }
 
     def exported(samples):
@@ -132,7 +135,11 @@ def test_documented_metrics_at_zero_from_startup(served):
     samples = wait_for(lambda: (m := scrape(served)) and exported(m) and m, timeout=30)
     assert samples, sorted(names - {n for n, _ in scrape(served)})
     nonzero = {k: v for k, v in samples.items() if k[0] in names and v != 0}
-    assert nonzero == PEAKS
+    shape = {  # the pipeline's: pp 2 (ENGINE_ARGS), no tensor parallelism
+        ("ray_ppserve_parallel_size", frozenset({("dim", "pipeline")})): 2.0,
+        ("ray_ppserve_parallel_size", frozenset({("dim", "tensor")})): 1.0,
+    }
+    assert nonzero == {**PEAKS, **shape}
 
 
 def test_metrics_exported(served):
