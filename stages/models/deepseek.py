@@ -88,8 +88,11 @@ class DeepseekStage(Stage):
         self.register_buffer("inv_freq", inv_freq.to(ctx.device), persistent=False)
 
     def build_layer(self, layer: int) -> nn.Module:
+        """On a tensor-parallel stage: the attention's query heads split (the latent and V3.2's
+        indexer whole on every rank), the routed experts split whole, the shared experts' and
+        dense MLPs' columns split, the router whole; one all-reduce per block."""
         a, d = self.args, self.args.family_args
-        kernels, dtype, device = self.ctx.kernels, self.ctx.dtype, self.ctx.device
+        kernels, dtype, device, tp = self.ctx.kernels, self.ctx.dtype, self.ctx.device, self.ctx.tp
         attention = MLAttention if d.indexer is None else DSAttention
         mlp: nn.Module
         if d.is_moe_layer(layer):
@@ -103,15 +106,19 @@ class DeepseekStage(Stage):
                     dtype,
                     device,
                     fp8=kernels.fp8_linear is not None,
+                    tp=tp,
                 ),
-                SwiGLU(a.hidden_size, shared, a.mlp_bias, kernels, dtype, device)
+                SwiGLU(a.hidden_size, shared, a.mlp_bias, kernels, dtype, device, tp=tp)
                 if shared
                 else None,
                 kernels,
+                tp=tp,
             )
         else:
-            mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device)
-        return DecoderLayer(a, attention(a, kernels, dtype, device), mlp, dtype, device)
+            mlp = SwiGLU(
+                a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device, tp=tp
+            )
+        return DecoderLayer(a, attention(a, kernels, dtype, device, tp), mlp, dtype, device)
 
     def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
         """DSA: a decode-only microbatch whose rows all fit in the indexer's top-k attends

@@ -189,8 +189,10 @@ def deepseek_fields(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def deepseek_op_shapes(args: ModelArgs) -> dict[str, OpShape]:
-    """The absorbed MLA ops' calls: every query head over the latent + rope keys, out the
-    latent's width; V3.2's sparse ones and its indexer's heads over their keys."""
+    """The absorbed MLA ops' calls: every query head (the rank's, with the args
+    Family.rank_args gives a tensor-parallel rank) over the latent + rope keys, out the
+    latent's width; V3.2's sparse ones and its indexer's heads (whole on every rank) over
+    their keys."""
     d: DeepseekArgs = args.family_args
     latent = OpShape(args.num_attention_heads, d.latent_dim, d.kv_lora_rank)
     out = {"mla_decode": latent}

@@ -7,6 +7,15 @@ through the `mla_sparse` op (FlashMLA's sparse contract: slot ids into the flat 
 for none). A row whose prefix fits in index_topk keys attends to all of it (dense), as in
 transformers. The indexer's key (index_head_dim values per token, after its LayerNorm and rope)
 is a second component of the latent cache, under the same block ids.
+
+On a tensor-parallel stage the sparse attention's query heads are split like MLA's
+(stages/models/mla.py) and the indexer is replicated: every rank holds its whole weights, scores
+with all its heads and caches its whole key (index_head_dim values per token per layer on every
+rank, beside the whole latent). Its inputs (the layer's hidden state, whole after the previous
+all-reduce, the replicated q LoRA's output, the cached keys) are bitwise equal on every rank and
+its computation deterministic (no atomics), so every rank selects the same keys with no
+collective. Splitting its heads would save little (a few small heads) and cost an all-reduce of
+every query's scores before the top-k.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from stages.models.deepseek_config import INDEXER_KEY, IndexerArgs
 from stages.models.layers import Device, Linear, apply_rope
 from stages.models.mla import MLADecodeRows, MLAttention
 from stages.models.mla_cache import LatentKVCache
+from stages.tensor_parallel import TensorParallel
 
 
 @dataclass
@@ -163,7 +173,8 @@ def _table_slots(batch: PagedDecodeBatch, width: int) -> torch.Tensor:
 class Indexer(nn.Module):
     """transformers' DeepseekV32Indexer: queries from the q LoRA's output, one shared key per
     token (LayerNorm, then half-split rope on its first qk_rope_head_dim values), per-head
-    weights from the hidden state (an fp32 projection, as transformers keeps it)."""
+    weights from the hidden state (an fp32 projection, as transformers keeps it). Whole on
+    every rank of a tensor-parallel stage (the module docstring says why)."""
 
     def __init__(self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: Device):
         super().__init__()
@@ -196,10 +207,18 @@ class Indexer(nn.Module):
 
 
 class DSAttention(MLAttention):
-    """MLA whose every row attends, in the absorbed form, to the keys its indexer selects."""
+    """MLA whose every row attends, in the absorbed form, to the keys its indexer selects; on a
+    tensor-parallel stage the rank's heads over the keys the replicated indexer selects."""
 
-    def __init__(self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: Device):
-        super().__init__(args, kernels, dtype, device)
+    def __init__(
+        self,
+        args: ModelArgs,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: Device,
+        tp: TensorParallel | None = None,
+    ):
+        super().__init__(args, kernels, dtype, device, tp)
         self.indexer = Indexer(args, kernels, dtype, device)
 
     def forward(

@@ -143,7 +143,8 @@ def _gqa_dims(args: ModelArgs) -> ChunkAttentionDims | None:
 
 
 def _mla_dims(args: ModelArgs) -> ChunkAttentionDims | None:
-    """Dense MLA's prefill expands the latent to every head (V3.2's sparse layers do not)."""
+    """Dense MLA's prefill expands the latent to every head of the rank (V3.2's sparse layers
+    do not)."""
     d = args.family_args
     if d.indexer is not None:
         return None
@@ -166,6 +167,14 @@ def _split_kv_heads(args: ModelArgs, tp_size: int) -> ModelArgs:
 def _whole_cache(args: ModelArgs, _tp_size: int) -> ModelArgs:
     """Every rank caches the whole entry (MLA's latent, V4's compressed entries)."""
     return args
+
+
+def _split_query_heads(args: ModelArgs, tp_size: int) -> ModelArgs:
+    """An MLA rank's share of the query heads (num_key_value_heads is every query head's
+    expanded K/V: the same share), what its kernels' shapes are declared with (op_shapes,
+    chunk_attention_dims); its cache stays whole (the latent's widths do not depend on the
+    heads: every rank caches every token's whole latent, stages/models/mla.py)."""
+    return _split_kv_heads(args, tp_size)
 
 
 def _key_value(args: ModelArgs) -> dict[str, int]:
@@ -299,7 +308,7 @@ DEEPSEEK = Family(
     paged_decode_graphs=_deepseek_graphs,
     chunk_attention_dims=_mla_dims,
     op_shapes=deepseek_op_shapes,
-    rank_args=_whole_cache,
+    rank_args=_split_query_heads,
 )
 
 

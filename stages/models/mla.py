@@ -6,6 +6,16 @@ absorbed form: q_nope is folded through kv_b_proj's key half into latent space, 
 over the latent as one shared head (FlashMLA's layout), and the output is unfolded through the
 value half. Rows of several tokens (prefill chunks) expand their prefix's latent into per-head
 K/V and run the dense attention kernel (SDPA / cuDNN), which is cheaper for many queries.
+
+On a tensor-parallel stage (`--tp N`) each rank holds num_attention_heads / N query heads: q_proj
+(q_b_proj under a q LoRA) and kv_b_proj are split by heads (column), o_proj by its input columns
+(row: one all-reduce per layer). The q LoRA (q_a_proj, q_a_layernorm) and the latent's own
+projection (kv_a_proj_with_mqa, kv_a_layernorm) are replicated: every rank computes every token's
+whole latent and caches it whole, since each of its heads reads all of it. That is the KV-bytes
+cost of TP for MLA: the latent has no heads to split, so a stage of N ranks holds N copies of
+its latent cache, (kv_lora_rank + qk_rope_head_dim) values per token per layer on every rank
+(1152 bytes in bf16 for V2/V3's 512 + 64): a token costs each rank what it costs one GPU without
+TP (only the memory the split weights free adds blocks), where GQA's K/V split with the heads.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from stages.model_config import ModelArgs
 from stages.models.deepseek_config import DeepseekArgs, softmax_scale, yarn_get_mscale
 from stages.models.layers import Device, Linear, RMSNorm, apply_rope
 from stages.models.mla_cache import LatentKVCache
+from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 
 def yarn_inv_freq(dim: int, base: float, s: dict[str, Any]) -> tuple[torch.Tensor, float]:
@@ -114,32 +125,50 @@ class MLADecodeRows:
 
 
 class MLAttention(nn.Module):
-    def __init__(self, args: ModelArgs, kernels: Kernels, dtype: torch.dtype, device: Device):
+    """MLA over the latent cache; `heads` are the rank's share of the query heads on a
+    tensor-parallel stage (the module docstring says what is split and what replicated)."""
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: Device,
+        tp: TensorParallel | None = None,
+    ):
         super().__init__()
+        tp = one_rank_unless(tp)
         d: DeepseekArgs = args.family_args
-        h, bias = args.hidden_size, args.attention_bias
-        self.d, self.heads, self.kernels = d, args.num_attention_heads, kernels
+        h, bias, heads = args.hidden_size, args.attention_bias, args.num_attention_heads
+        self.d, self.kernels = d, kernels
+        self.heads = tp.part(heads, "num_attention_heads")  # the rank's
         self.scale = softmax_scale(d, args.rope_scaling)
-        qk = self.heads * d.qk_head_dim
+        qk = heads * d.qk_head_dim  # the checkpoint's rows: column splits keep the rank's heads
         if d.q_lora_rank is None:
-            self.q_proj = Linear(h, qk, False, kernels, dtype, device)
+            self.q_proj = Linear(h, qk, False, kernels, dtype, device, tp=tp, split="column")
         else:
             self.q_a_proj = Linear(h, d.q_lora_rank, bias, kernels, dtype, device)
             self.q_a_layernorm = RMSNorm(d.q_lora_rank, 1e-6, dtype, device)  # HF's default eps
-            self.q_b_proj = Linear(d.q_lora_rank, qk, False, kernels, dtype, device)
+            self.q_b_proj = Linear(
+                d.q_lora_rank, qk, False, kernels, dtype, device, tp=tp, split="column"
+            )
         self.kv_a_proj_with_mqa = Linear(h, d.latent_dim, bias, kernels, dtype, device)
         self.kv_a_layernorm = RMSNorm(d.kv_lora_rank, 1e-6, dtype, device)
         # kept in `dtype`: the absorbed form folds its two halves into queries and outputs
         self.kv_b_proj = Linear(
             d.kv_lora_rank,
-            self.heads * (d.qk_nope_head_dim + d.v_head_dim),
+            heads * (d.qk_nope_head_dim + d.v_head_dim),
             False,
             kernels,
             dtype,
             device,
             fp8=False,
+            tp=tp,
+            split="column",
         )
-        self.o_proj = Linear(self.heads * d.v_head_dim, h, bias, kernels, dtype, device)
+        self.o_proj = Linear(
+            heads * d.v_head_dim, h, bias, kernels, dtype, device, tp=tp, split="row"
+        )
 
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj's weight as W_UK [H, nope, rank] and W_UV [H, v, rank]."""

@@ -18,6 +18,7 @@ from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import ModelArgs
 from stages.protocol import Row
+from stages.tensor_parallel import TensorParallel
 from tests.cpu.conftest import DSA_SPARSE_TOPK, deepseek_config
 
 LENGTHS = (1, 3, 6, 2, 5)  # 5 rows: bucket 8 pads 3
@@ -35,15 +36,17 @@ def decode_case(
     steps: int,
     graphed: bool,
     kv_cache_dtype: str = "auto",
+    tp: TensorParallel | None = None,
 ) -> list[tuple[tuple[int, int], torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """Prefill `lengths` as one batch, then `steps` greedy decode steps; per step the graph's
     key and the logits of the general path, of DecodeGraphs' eager paged path and (graphed)
-    of its replay."""
+    of its replay. `tp`: the model is this rank's part of a tensor-parallel stage."""
     layers = args.num_hidden_layers
-    model = build_stage_model(args, None, 0, layers, True, True, kernels, dtype, device, 3)
+    model = build_stage_model(args, None, 0, layers, True, True, kernels, dtype, device, 3, tp)
+    rank_args = args.family.rank_args(args, 1 if tp is None else tp.size)
     need = [-(-(n + steps) // block_size) for n in lengths]
     num_blocks = sum(need) + 1  # the last one: the padding rows' scratch block
-    kv = make_kv_cache(args, layers, num_blocks, block_size, dtype, device, kv_cache_dtype)
+    kv = make_kv_cache(rank_args, layers, num_blocks, block_size, dtype, device, kv_cache_dtype)
     ids = list(range(num_blocks - 1))
     order = ids[1::2] + ids[::2]  # each row's blocks non-consecutive
     tables, first = [], 0
@@ -73,7 +76,7 @@ def decode_case(
                 max_model_len=max_model_len,
                 scratch_slot=(num_blocks - 1) * block_size,
                 hidden_shape=args.family.hidden_shape(args),
-                kv_heads=args.num_key_value_heads,
+                kv_heads=rank_args.num_key_value_heads,
                 dtype=dtype,
                 device=torch.device(device),
                 is_first=True,
