@@ -122,8 +122,12 @@ def table(
     return "\n".join(lines).rstrip()
 
 
-def per_gpu_table(config: dict[str, Any], shapes: tuple[tuple[int, int], ...]) -> str:
-    """One GPU of each PP x TP shape, FP8 weights, FP8 KV where the family has it."""
+def per_gpu_table(
+    config: dict[str, Any], shapes: tuple[tuple[int, int], ...], mxfp4_experts: bool = False
+) -> str:
+    """One GPU of each PP x TP shape, FP8 weights, FP8 KV where the family has it; with MXFP4
+    experts (the checkpoint's, or --mxfp4-experts) also the GPU with them kept in FP4."""
+    fp4_shown = mxfp4_experts or fp4_experts(config)
     args = ModelArgs.from_hf_dict(config)
     budget = int(H200_BYTES * UTILIZATION)
     lines = [
@@ -144,12 +148,16 @@ def per_gpu_table(config: dict[str, Any], shapes: tuple[tuple[int, int], ...]) -
             for st in plan
         ]
         fits = ["yes" if w < budget else "no" for w in (fp8.weight_bytes, max(fp4))]
+        if not fp4_shown:
+            fits[1] = "n/a"
         ctx_fp8 = min(st.max_tokens(budget) for st in plan)
         ctx_fp4 = min(max(0, budget - w) // st.kv_bytes_per_token for st, w in zip(plan, fp4))
+        held_fp4 = f"{max(fp4) / 1e9:,.1f}" if fp4_shown else "n/a (FP8 experts)"
+        ctx = f"{ctx_fp8:,} / {ctx_fp4:,}" if fp4_shown else f"{ctx_fp8:,} / n/a"
         lines.append(
-            f"| {pp} x {tp} | {pp * tp} | {fp8.weight_bytes / 1e9:,.1f} | {max(fp4) / 1e9:,.1f} "
+            f"| {pp} x {tp} | {pp * tp} | {fp8.weight_bytes / 1e9:,.1f} | {held_fp4} "
             f"| {fits[0]} / {fits[1]} | {max(st.kv_bytes_per_token for st in plan):,} ({kv}) "
-            f"| {ctx_fp8:,} / {ctx_fp4:,} |"
+            f"| {ctx} |"
         )
     return "\n".join(lines)
 
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(config, mxfp4_experts=a.mxfp4_experts))
     if a.pp_tp:
         print()
-        print(per_gpu_table(config, tuple(a.pp_tp)))
+        print(per_gpu_table(config, tuple(a.pp_tp), a.mxfp4_experts))
     return 0
 
 

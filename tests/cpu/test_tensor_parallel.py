@@ -11,7 +11,7 @@ import torch
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
-from stages.loader import build_stage_model
+from stages.loader import build_stage_model, stage_memory_plan
 from stages.model_config import load_model_args
 from stages.partition import layer_ranges
 from stages.tensor_parallel import TensorParallel
@@ -71,9 +71,9 @@ def chunks_then_decode(tp, path, num_stages, chunk):
 
 
 def held_bytes(tp, path):
-    """The rank's parameter bytes of a one-stage model."""
-    pipe = SplitPipeline(path, 1, tp)
-    return sum(p.numel() * p.element_size() for p in pipe.stages[0].parameters())
+    """The rank's parameter and buffer bytes of a one-stage model."""
+    stage = SplitPipeline(path, 1, tp).stages[0]
+    return sum(t.numel() * t.element_size() for t in [*stage.parameters(), *stage.buffers()])
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +118,12 @@ def test_each_rank_holds_half(ranks, checkpoints):
     halves = ranks.run(held_bytes, checkpoints["qwen3_moe"])
     assert halves[0] == halves[1]
     assert 0.5 * whole < halves[0] < 0.55 * whole
+    # the memory plan (bench memory --pp-tp) counts what a rank holds, and half the K/V heads
+    args = load_model_args(checkpoints["qwen3_moe"])
+    (one,) = stage_memory_plan(args, 1, False, dtype=torch.float32)
+    (rank,) = stage_memory_plan(args, 1, False, dtype=torch.float32, tp_size=2)
+    assert (one.weight_bytes, rank.weight_bytes) == (whole, halves[0])
+    assert rank.kv_bytes_per_token * 2 == one.kv_bytes_per_token
 
 
 def test_heads_that_do_not_divide_are_refused(checkpoints):
