@@ -55,8 +55,9 @@ def ttft_figures(raw: dict[str, Any]) -> list[Figure]:
     for r in raw["results"]:
         n = r["prompt_len"]
         length = f"{n // 1024}K" if n >= 1024 else str(n)
+        tp = r.get("tp", 1)  # files from before --tp have none
         label = (
-            f"TTFT {length} pp{r['pp']} {r['mode']} {r['linear']}"
+            f"TTFT {length} pp{r['pp']}{f' tp{tp}' if tp > 1 else ''} {r['mode']} {r['linear']}"
             f"{'' if r.get('chunking', 'fixed') == 'fixed' else ' ' + r['chunking']}{_quant(r)}"
         )
         t = r["ttft_median_s"]
@@ -70,7 +71,7 @@ def ttft_figures(raw: dict[str, Any]) -> list[Figure]:
                 "value": t,
                 "unit": "s",
                 "higher_is_better": False,
-                "distance": prefill_distance(raw["model"], chunks, t, r["pp"]),
+                "distance": prefill_distance(raw["model"], chunks, t, r["pp"] * tp),
             }
         )
     return figures

@@ -4,9 +4,9 @@ module and arguments that measure it, its hardware and the target it is read aga
 `ppserve bench suite` runs rows as subprocesses (`python -m app.bench.MODULE ARGS --out F`).
 A row's args never hold --out: the suite picks the file. Subsets name groups of rows:
 `smoke` (tiny shapes on CPU, run by `make test`), `h200-headline` (meant for one 8-minute
-device call on one H200: 505 s at 8eda428), `h200`
-(every 1 x H200 row), `h200x2` (the PP=2 rows). Each row's JSON is written when it ends, so a
-call cut short keeps the rows it finished.
+device call on one H200: 505 s at 8eda428), `h200` (every 1 x H200 row), `h200x2` (the two-GPU
+rows: PP=2, and one stage of --tp 2). Each row's JSON is written when it ends, so a call cut
+short keeps the rows it finished.
 """
 
 from __future__ import annotations
@@ -129,6 +129,17 @@ ROWS: tuple[Row, ...] = (
         ("--pp", "2", "--device", "cuda", "--parts", "decode", "--decode-tokens", "48",
          "--reps", "3", "--decode-modes", "off,auto", "--no-reference"),
         "2xH200", "decode", "1,408 tok/s auto vs 1,327 off (05f87ab)", ("h200x2",)),
+    # --tp 2 on the same two H200s: one stage over both GPUs, against PP=2 above
+    Row("ttft-llama8b-tp2", "llama8b", "engine",
+        ("--model-shape", "llama8b", "--pp", "1", "--tp", "2", "--linear", "torch",
+         "--runs", "131072:8192,262144:8192", "--modes", "auto", "--reps", "3"),
+        "2xH200", "ttft", "against ttft-llama8b-pp2 (same GPUs): not yet measured",
+        ("h200x2",)),
+    Row("decode-llama8b-64-tp2", "llama8b", "load",
+        ("--pp", "1", "--tp", "2", "--device", "cuda", "--parts", "decode",
+         "--decode-tokens", "48", "--reps", "3", "--decode-modes", "auto", "--no-reference"),
+        "2xH200", "decode", "against decode-llama8b-64-pp2 (same GPUs): not yet measured",
+        ("h200x2",)),
 )  # fmt: skip
 
 

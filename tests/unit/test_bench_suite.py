@@ -42,8 +42,8 @@ def test_every_row_parses_with_its_bench_parser(row, monkeypatch):
     ns = got.value.args[0]
     assert ns.out == "/nonexistent/out.json"
     assert ns.model_shape == row.shape
-    pp = {"cpu": 1, "1xH200": 1, "2xH200": 2}[row.hardware]
-    assert ns.pp == pp, f"{row.name}: pp {ns.pp} on {row.hardware}"
+    gpus = {"cpu": 1, "1xH200": 1, "2xH200": 2}[row.hardware]
+    assert ns.pp * ns.tp == gpus, f"{row.name}: pp {ns.pp} x tp {ns.tp} on {row.hardware}"
     assert (ns.device == "cpu") == (row.hardware == "cpu")
 
 
