@@ -121,8 +121,8 @@ def _init_ray(a: argparse.Namespace, server: ServerConfig) -> None:
         ray.init(address=server.address)
         return
     default = EngineConfig()
-    pp = a.pp_size or default.pp_size
-    need = int(pp * (a.stage_num_cpus or default.stage_num_cpus) + 2)
+    ranks = (a.pp_size or default.pp_size) * (a.tp_size or default.tp_size)
+    need = int(ranks * (a.stage_num_cpus or default.stage_num_cpus) + 2)
     # address="local": a cluster of its own, even where `ray start` left one running
     ray.init(
         address="local",

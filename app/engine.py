@@ -154,7 +154,8 @@ class Engine:
         self._pg: PlacementGroup | None = None
         self._actor: Any = None  # the coordinator actor's handle
         if self._owns_ray:  # a laptop: a local cluster with enough logical CPUs for the stages
-            need = int(self.config.pp_size * self.config.stage_num_cpus + 2)
+            ranks = self.config.pp_size * self.config.tp_size
+            need = int(ranks * self.config.stage_num_cpus + 2)
             # address="local": a cluster of its own, even where `ray start` left one running
             ray.init(
                 address="local",
