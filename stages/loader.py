@@ -18,9 +18,8 @@ from stages.kernels import fp8_ref, mxfp4
 from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
-from stages.models.layers import Piece
 from stages.protocol import QUANTIZATIONS
-from stages.stage_context import StageContext, StageModel
+from stages.stage_context import Piece, StageContext, StageModel
 from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -18,6 +18,18 @@ from stages.kernels.registry import Kernels
 from stages.kv_cache import KVCache
 from stages.model_config import ModelArgs
 from stages.tensor_parallel import TensorParallel
+
+
+class Piece(NamedTuple):
+    """One checkpoint tensor (or its `source` slice, on a tensor-parallel rank) and where it
+    goes in a parameter (`index`). `shape` is the whole checkpoint tensor's, given with a
+    source slice: the random init draws the whole tensor, so every split gets the same
+    weights. A stage names them (StageModel.checkpoint_sources); the loader reads them."""
+
+    name: str
+    index: tuple[Any, ...] = ()  # type: ignore[assignment]  # the field, not tuple.index
+    source: tuple[Any, ...] = ()
+    shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,7 @@ class StageModel(Protocol):
 
     def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int: ...
 
-    def checkpoint_sources(self) -> dict[str, list[tuple[str, tuple[Any, ...]]]]: ...
+    def checkpoint_sources(self) -> dict[str, list[Piece]]: ...
 
     # the nn.Module parts the loader and the bench read
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...

@@ -8,7 +8,7 @@ MLP), so a stage's logits match the checkpoint's own model.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,20 +19,8 @@ from stages.kernels.fp8_ref import FP8
 from stages.kernels.registry import Kernels
 from stages.kernels.torch_ref import swiglu
 from stages.model_config import ModelArgs
+from stages.stage_context import Piece
 from stages.tensor_parallel import TensorParallel, one_rank_unless
-
-
-class Piece(NamedTuple):
-    """One checkpoint tensor (or its `source` slice, on a tensor-parallel rank) and where it
-    goes in a parameter (`index`). `shape` is the whole checkpoint tensor's, given with a
-    source slice: the random init draws the whole tensor, so every split gets the same
-    weights."""
-
-    name: str
-    index: tuple[Any, ...] = ()
-    source: tuple[Any, ...] = ()
-    shape: tuple[int, ...] = ()
-
 
 # Parameter -> the pieces it is loaded from (a fused, stacked or split parameter).
 Sources = dict[str, list[Piece]]
@@ -238,6 +226,7 @@ class Linear(nn.Module):
             for part, rows in parts:
                 full = f"{owner}.{part}.{leaf}"
                 index = (slice(row // per, (row + rows) // per),)
+                source: tuple[slice, ...]
                 if self.split == "column":
                     r = rank * rows
                     source = (slice(r // per, (r + rows) // per),)

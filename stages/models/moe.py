@@ -18,7 +18,8 @@ from torch import nn
 from stages.kernels.fp8_ref import BLOCK as FP8_BLOCK
 from stages.kernels.fp8_ref import FP8
 from stages.kernels.registry import Kernels
-from stages.models.layers import Device, Piece, Sources, SwiGLU
+from stages.models.layers import Device, Sources, SwiGLU
+from stages.stage_context import Piece
 from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 

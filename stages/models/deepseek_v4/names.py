@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from stages.kernels.fp8_ref import SCALE_SUFFIX, scale_index
-from stages.models.layers import Piece
+from stages.stage_context import Piece
 
 # module name (with `model.`) -> checkpoint name; applied in order, each to the previous result
 _RENAMES = (
