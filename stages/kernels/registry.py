@@ -247,10 +247,12 @@ def _select(
     return choice, loaded[0]
 
 
-def kernel_target(args: ModelArgs, dtype: str, block_size: int) -> KernelTarget:
+def kernel_target(args: ModelArgs, dtype: str, block_size: int, tp_size: int = 1) -> KernelTarget:
     """What a stage of this model asks of its kernels: the shapes its family declares per op,
-    and its dense chunk attention's (Family.chunk_attention_dims)."""
+    and its dense chunk attention's (Family.chunk_attention_dims), as one rank of a stage split
+    over `tp_size` ranks runs them (Family.rank_cache_args: its share of the heads)."""
     family = args.family
+    args = family.rank_cache_args(args, tp_size)
     dims = family.chunk_attention_dims(args)
     dense = {} if dims is None else {"attention": OpShape(dims.heads, dims.qk_dim, dims.v_dim)}
     return KernelTarget({**dense, **family.op_shapes(args)}, dtype, block_size)

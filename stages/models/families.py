@@ -193,7 +193,8 @@ class Family:
     token_id_layers: Callable[[ModelArgs], tuple[int, ...]] = lambda _args: ()
     attention_prefixes: bool = True
     op_shapes: Callable[[ModelArgs], dict[str, OpShape]] = lambda _args: {}
-    # The model as one rank of a tensor-parallel stage caches it (cache sizes and layout)
+    # The model as one rank of a tensor-parallel stage caches it (cache sizes and layout) and
+    # runs it (the head counts kernel_target sizes its kernels for)
     rank_cache_args: Callable[[ModelArgs, int], ModelArgs] = _split_kv_heads
 
     def components_of_layer(self, args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
@@ -312,6 +313,19 @@ def _v4_op_shapes(args: ModelArgs) -> dict[str, OpShape]:
     }
 
 
+def _v4_rank_args(args: ModelArgs, tp_size: int) -> ModelArgs:
+    """A V4 rank caches whole entries (its cache reads no head count: every rank's heads read
+    the shared K=V latents and compressed entries) and runs its share of the query heads, whole
+    output groups (V4Attention): those are what its kernels are sized for (op_shapes)."""
+    if tp_size == 1:
+        return args
+    a = args.family_args
+    groups = a.o_groups // tp_size
+    heads = a.num_heads // a.o_groups * groups
+    rank = dataclasses.replace(a, num_heads=heads, o_groups=groups)
+    return dataclasses.replace(args, family_args=rank, num_attention_heads=heads)
+
+
 DEEPSEEK_V4 = Family(
     "deepseek_v4",
     ("deepseek_v4",),
@@ -329,7 +343,7 @@ DEEPSEEK_V4 = Family(
     attention_prefixes=False,
     paged_decode_graphs=_deepseek_v4_graphs,
     op_shapes=_v4_op_shapes,
-    rank_cache_args=_whole_cache,
+    rank_cache_args=_v4_rank_args,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
