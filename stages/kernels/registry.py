@@ -249,7 +249,8 @@ def _select(
 
 def kernel_target(args: ModelArgs, dtype: str, block_size: int) -> KernelTarget:
     """What a stage of this model asks of its kernels: the shapes its family declares per op,
-    and its dense chunk attention's (Family.chunk_attention_dims)."""
+    and its dense chunk attention's (Family.chunk_attention_dims). A rank of a tensor-parallel
+    stage passes its Family.rank_args (its share of the heads)."""
     family = args.family
     dims = family.chunk_attention_dims(args)
     dense = {} if dims is None else {"attention": OpShape(dims.heads, dims.qk_dim, dims.v_dim)}

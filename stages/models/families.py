@@ -322,6 +322,19 @@ def _v4_op_shapes(args: ModelArgs) -> dict[str, OpShape]:
     }
 
 
+def _v4_rank_args(args: ModelArgs, tp_size: int) -> ModelArgs:
+    """A V4 rank caches whole entries (its cache reads no head count: every rank's heads read
+    the shared K=V latents and compressed entries) and runs its share of the query heads, whole
+    output groups (V4Attention): those are what its kernels are sized for (op_shapes)."""
+    if tp_size == 1:
+        return args
+    a = args.family_args
+    groups = a.o_groups // tp_size
+    heads = a.num_heads // a.o_groups * groups
+    rank = dataclasses.replace(a, num_heads=heads, o_groups=groups)
+    return dataclasses.replace(args, family_args=rank, num_attention_heads=heads)
+
+
 DEEPSEEK_V4 = Family(
     "deepseek_v4",
     ("deepseek_v4",),
@@ -339,7 +352,7 @@ DEEPSEEK_V4 = Family(
     attention_prefixes=False,
     paged_decode_graphs=_deepseek_v4_graphs,
     op_shapes=_v4_op_shapes,
-    rank_args=_whole_cache,
+    rank_args=_v4_rank_args,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

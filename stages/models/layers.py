@@ -184,9 +184,14 @@ class Linear(nn.Module):
         )
         self.kernels = kernels
 
+    @property
+    def unreduced_bias(self) -> torch.Tensor | None:
+        """The bias forward(reduce=False) leaves out: a row-split one's (None: none left out)."""
+        return self.bias if self.split == "row" else None
+
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """reduce=False (row split): the rank's partial sum, bias not added, for a caller that
-        adds several partial sums before one all-reduce (and adds no bias)."""
+        adds several partial sums before one all-reduce (then `unreduced_bias`)."""
         bias = None if self.split == "row" else self.bias
         if self.weight_scale_inv is not None:
             fp8_linear = self.kernels.fp8_linear
@@ -197,8 +202,6 @@ class Linear(nn.Module):
             out = self.kernels.linear(x, self.weight, bias)
         if self.split == "row":
             if not reduce:
-                if self.bias is not None:
-                    raise ValueError("a row-split linear with a bias adds it after its own sum")
                 return out
             out = self.tp.all_reduce(out)
             if self.bias is not None:
@@ -244,7 +247,8 @@ class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up in one GEMM (the loader concatenates the
     checkpoint's gate_proj and up_proj); `limit` clamps both first (DeepSeek-V4). On a
     tensor-parallel stage each rank holds its share of the intermediate columns and the down
-    projection sums the ranks' parts (reduce=False leaves the sum to the caller)."""
+    projection sums the ranks' parts (reduce=False leaves the sum, and then the down
+    projection's `unreduced_bias`, to the caller)."""
 
     def __init__(
         self,
@@ -271,6 +275,10 @@ class SwiGLU(nn.Module):
             split="column",
         )
         self.down_proj = Linear(inter, hidden, bias, kernels, dtype, device, tp=tp, split="row")
+
+    @property
+    def unreduced_bias(self) -> torch.Tensor | None:
+        return self.down_proj.unreduced_bias
 
     def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

@@ -111,7 +111,8 @@ class MoE(nn.Module):
     ):
         """On a tensor-parallel stage (`tp`) the router runs whole on every rank, each rank's
         experts add their picks and the shared experts their columns' part, and one all-reduce
-        sums them; `experts` and `shared_experts` must be built with the same group."""
+        sums them (then the shared experts' output bias, if any); `experts` and
+        `shared_experts` must be built with the same group."""
         super().__init__()
         self.tp = one_rank_unless(tp)
         if kernels.moe_experts is None:
@@ -146,6 +147,10 @@ class MoE(nn.Module):
         else:
             run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # see __init__
             out = run(x, ex.gate_up_proj, ex.down_proj, ids, weights, **limit)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x, reduce=False)
-        return self.tp.all_reduce(out)
+        shared = self.shared_experts
+        if shared is not None:
+            out = out + shared(x, reduce=False)
+        out = self.tp.all_reduce(out)
+        if shared is not None and shared.unreduced_bias is not None:  # once, after the sum
+            out = out + shared.unreduced_bias
+        return out

@@ -32,6 +32,8 @@ from stages.models.deepseek_v4.config import (
 from stages.models.deepseek_v4.layers import Angles, ForwardAngles, V4RMSNorm, apply_rope
 from stages.models.deepseek_v4.plan import GroupPlan, RatePlan, V4Plan
 from stages.models.layers import Linear
+from stages.stage_context import Piece, Sources
+from stages.tensor_parallel import TensorParallel, one_rank_unless
 
 
 class GroupCompressor(nn.Module):
@@ -144,6 +146,14 @@ class Indexer(GroupCompressor):
 
 
 class V4Attention(nn.Module):
+    """On a tensor-parallel stage each rank holds whole output groups (o_groups / size) and
+    their query heads: its rows of q_b_proj and o_a_proj, its heads' sinks, its groups'
+    columns of o_b_proj, whose all-reduce is the layer's one collective. What every head
+    shares stays whole on every rank: q_a_proj (also the indexer's input), the K=V latent's
+    kv_proj, the compressor, the indexer (its score sums over its heads before a top-k: split,
+    every score would need an all-reduce, whose order of addition could change which entries
+    tie into the top-k) and the cache, whose entries every rank's heads read."""
+
     def __init__(
         self,
         a: V4Args,
@@ -151,22 +161,31 @@ class V4Attention(nn.Module):
         kernels: Kernels,
         dtype: torch.dtype,
         device: str | torch.device,
+        tp: TensorParallel | None = None,
     ):
         super().__init__()
         self.a, self.kernels = a, kernels
         self.kind, self.rate = a.layer_types[layer], a.rate(layer)
+        self.tp = tp = one_rank_unless(tp)
+        # the rank's output groups and their heads (all of them on one rank)
+        self.groups = tp.part(a.o_groups, "o_groups")
+        self.heads = a.num_heads // a.o_groups * self.groups
         h, heads, d = a.hidden_size, a.num_heads, a.head_dim
         self.q_a_proj = Linear(h, a.q_lora_rank, False, kernels, dtype, device)
         self.q_a_norm = V4RMSNorm(a.q_lora_rank, a.rms_norm_eps, device)
-        self.q_b_proj = Linear(a.q_lora_rank, heads * d, False, kernels, dtype, device)
+        self.q_b_proj = Linear(
+            a.q_lora_rank, heads * d, False, kernels, dtype, device, tp=tp, split="column"
+        )
         self.kv_proj = Linear(h, d, False, kernels, dtype, device)
         self.kv_norm = V4RMSNorm(d, a.rms_norm_eps, device)
         # grouped output projection: o_groups blocks of heads * d / o_groups -> o_lora_rank, one
         # batched matmul over the groups, so held in dtype (an FP8 checkpoint's is dequantized)
         o_in, o_out = heads * d // a.o_groups, a.o_groups * a.o_lora_rank
-        self.o_a_proj = Linear(o_in, o_out, False, kernels, dtype, device, fp8=False)
-        self.o_b_proj = Linear(a.o_groups * a.o_lora_rank, h, False, kernels, dtype, device)
-        self.sinks = nn.Parameter(torch.empty(heads, dtype=torch.float32, device=device))
+        self.o_a_proj = Linear(
+            o_in, o_out, False, kernels, dtype, device, fp8=False, tp=tp, split="column"
+        )
+        self.o_b_proj = Linear(o_out, h, False, kernels, dtype, device, tp=tp, split="row")
+        self.sinks = nn.Parameter(torch.empty(self.heads, dtype=torch.float32, device=device))
         self.compressor: GroupCompressor | None = None
         if self.kind != SLIDING:
             self.compressor = GroupCompressor(
@@ -174,6 +193,13 @@ class V4Attention(nn.Module):
             )
             if self.kind == CSA:
                 self.compressor.indexer = Indexer(a, self.rate, kernels, dtype, device)
+
+    def checkpoint_sources(self, name: str) -> Sources:
+        """On a tensor-parallel rank: its heads' sinks."""
+        if not self.tp.enabled:
+            return {}
+        span = slice(self.tp.rank * self.heads, (self.tp.rank + 1) * self.heads)
+        return {"sinks": [Piece(f"{name}.sinks", (), (span,), (self.a.num_heads,))]}
 
     @property
     def indexer(self) -> Indexer | None:
@@ -190,7 +216,7 @@ class V4Attention(nn.Module):
     ) -> torch.Tensor:
         a, t = self.a, x.shape[0]
         q_resid = self.q_a_norm(self.q_a_proj(x))
-        q = self.q_b_proj(q_resid).view(t, a.num_heads, a.head_dim)
+        q = self.q_b_proj(q_resid).view(t, self.heads, a.head_dim)
         q = apply_rope(unweighted_rms_norm(q, a.rms_norm_eps), angles.tokens)
         kv = apply_rope(self.kv_norm(self.kv_proj(x)), angles.tokens)
         cache.write(local, KV, kv, slot_mapping)
@@ -220,7 +246,7 @@ class V4Attention(nn.Module):
             attend = _op(self.kernels.sparse_sink_attention)
             out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
         out = apply_rope(out, angles.inverse)
-        g = a.o_groups
+        g = self.groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)
         result: torch.Tensor = self.o_b_proj(grouped.reshape(t, -1))

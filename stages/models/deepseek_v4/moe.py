@@ -13,6 +13,7 @@ from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.config import V4Args
 from stages.models.layers import Device, SwiGLU
 from stages.models.moe import Experts, MoE
+from stages.tensor_parallel import TensorParallel
 
 
 class V4Router(nn.Module):
@@ -59,12 +60,24 @@ class V4Router(nn.Module):
         return weights * self.a.routed_scaling_factor, ids
 
 
-def v4_moe(a: V4Args, layer: int, kernels: Kernels, dtype: torch.dtype, device: Device) -> MoE:
+def v4_moe(
+    a: V4Args,
+    layer: int,
+    kernels: Kernels,
+    dtype: torch.dtype,
+    device: Device,
+    tp: TensorParallel | None = None,
+) -> MoE:
+    """On a tensor-parallel stage the router (and a hash layer's tid2eid table) is whole on
+    every rank, each rank holds n_routed_experts / size whole experts and its share of the
+    shared expert's columns, and one all-reduce sums them (stages/models/moe.py)."""
     h, i = a.hidden_size, a.moe_intermediate_size
+    fp8 = kernels.fp8_linear is not None
     return MoE(
         V4Router(a, a.is_hash(layer), dtype, device),
-        Experts(a.n_routed_experts, h, i, dtype, device, fp8=kernels.fp8_linear is not None),
-        SwiGLU(h, i, a.mlp_bias, kernels, dtype, device, limit=a.swiglu_limit),
+        Experts(a.n_routed_experts, h, i, dtype, device, fp8=fp8, tp=tp),
+        SwiGLU(h, i, a.mlp_bias, kernels, dtype, device, limit=a.swiglu_limit, tp=tp),
         kernels,
         swiglu_limit=a.swiglu_limit,
+        tp=tp,
     )

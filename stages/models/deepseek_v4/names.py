@@ -1,14 +1,15 @@
 """Checkpoint tensor names of DeepSeek-V4: transformers writes (and reads) DeepSeek's own names
 (`attn.wq_a`, `ffn.experts.{e}.w1`, `hc_attn_fn`...), converting them to its module names at load
 (transformers' conversion_mapping for deepseek_v4). The stage's modules carry transformers'
-names; this is the reverse map, per parameter, with the pieces of what the stage fuses or stacks
-(the shared expert's gate and up, the routed experts)."""
+names; this is the reverse map: per parameter, and for the pieces the stage's modules name
+(the shared expert's gate and up, the routed experts, a tensor-parallel rank's slices) per
+piece."""
 
 from __future__ import annotations
 
 import re
 
-from stages.kernels.fp8_ref import SCALE_SUFFIX, scale_index
+from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.stage_context import Piece
 
 # module name (with `model.`) -> checkpoint name; applied in order, each to the previous result
@@ -33,7 +34,10 @@ _RENAMES = (
     (r"\.o_b_proj\.", ".wo_b."),
     (r"\.q_a_norm\.", ".q_norm."),
     (r"\.gate\.e_score_correction_bias$", ".gate.bias"),
-    (r"\.shared_experts\.down_proj\.", ".shared_experts.w2."),
+    # the routed experts' and the shared expert's projections (pieces of fused parameters)
+    (r"experts\.(\d+\.)?gate_proj\.", r"experts.\1w1."),
+    (r"experts\.(\d+\.)?up_proj\.", r"experts.\1w3."),
+    (r"experts\.(\d+\.)?down_proj\.", r"experts.\1w2."),
 )
 
 
@@ -47,31 +51,15 @@ def checkpoint_tensor(param: str) -> str:
     return name
 
 
-def checkpoint_pieces(param: str, experts: int, inter: int) -> list[Piece]:
-    """The checkpoint tensor and index into the parameter of each piece of `param`. A kept-FP8
-    weight's scales (`<weight>_scale_inv`, one per 128 x 128 tile) come in the weight's pieces,
-    their row slices counted in tiles."""
+def piece_tensor(name: str) -> str:
+    """A checkpoint piece a module names (`model.` + its module path, or the head's own
+    `lm_head.`) -> the tensor transformers writes for it."""
+    return checkpoint_tensor(name.removeprefix("model."))
+
+
+def checkpoint_pieces(param: str) -> list[Piece]:
+    """The checkpoint tensor of a parameter no module names pieces for. A kept-FP8 weight's
+    scales (`<weight>_scale_inv`, one per 128 x 128 tile) are the weight's name's."""
     if param.endswith(SCALE_SUFFIX):
-        return [
-            Piece(piece.name + SCALE_SUFFIX, scale_index(piece.at))
-            for piece in checkpoint_pieces(param.removesuffix(SCALE_SUFFIX), experts, inter)
-        ]
-    owner = checkpoint_tensor(param).rsplit(".", 1)[0]
-    if ".shared_experts.gate_up_proj." in param:  # w1 (gate) rows, then w3 (up)
-        prefix, leaf = owner.rsplit(".", 1)[0], param.rsplit(".", 1)[1]
-        return [
-            Piece(f"{prefix}.w1.{leaf}", (slice(0, inter),)),
-            Piece(f"{prefix}.w3.{leaf}", (slice(inter, 2 * inter),)),
-        ]
-    if param.endswith("experts.gate_up_proj"):
-        return [
-            piece
-            for e in range(experts)
-            for piece in (
-                Piece(f"{owner}.{e}.w1.weight", (e, slice(0, inter))),
-                Piece(f"{owner}.{e}.w3.weight", (e, slice(inter, 2 * inter))),
-            )
-        ]
-    if param.endswith("experts.down_proj"):
-        return [Piece(f"{owner}.{e}.w2.weight", (e,)) for e in range(experts)]
+        return [Piece(checkpoint_tensor(param.removesuffix(SCALE_SUFFIX)) + SCALE_SUFFIX)]
     return [Piece(checkpoint_tensor(param))]

@@ -1,7 +1,13 @@
 """One pipeline stage of a DeepSeek-V4 model on the shared stage shell. Between stages the hidden
 state is the residual streams [tokens, hc_mult, hidden]: stage 0 expands the embedding into them,
 the last collapses them (hc_head) before the final norm. Hash-routed layers read their rows'
-token ids (stage 0's inputs, forwarded to later stages by the runner)."""
+token ids (stage 0's inputs, forwarded to later stages by the runner).
+
+On a tensor-parallel stage (ctx.tp) the streams are whole on every rank: each rank holds its
+attention's whole output groups and their heads (V4Attention), its routed experts and its
+share of the shared expert's columns (v4_moe), and its rows of the vocabulary (the shared
+embedding and head); two all-reduces a layer. The hyper-connections, norms, routers,
+compressors and indexers are whole on every rank, and so is the cache."""
 
 from __future__ import annotations
 
@@ -21,11 +27,12 @@ from stages.models.deepseek_v4.layers import (
     V4RMSNorm,
 )
 from stages.models.deepseek_v4.moe import v4_moe
-from stages.models.deepseek_v4.names import checkpoint_pieces
+from stages.models.deepseek_v4.names import checkpoint_pieces, piece_tensor
 from stages.models.deepseek_v4.plan import V4Plan
 from stages.models.layers import Device
 from stages.models.stage import Stage
 from stages.stage_context import Sources, StageContext
+from stages.tensor_parallel import TensorParallel
 
 # The longest rows a decode graph shape serves, as far as max_model_len allows: the indexer
 # scores, and HCA layers attend to, a static number of compressed entries per row, so a short
@@ -40,11 +47,19 @@ GRAPH_BYTES_PER_TOKEN = 20
 class V4DecoderLayer(nn.Module):
     """Attention then MoE, each between two hyper-connection mixes of the streams."""
 
-    def __init__(self, a: V4Args, layer: int, kernels: Kernels, dtype: torch.dtype, device: Device):
+    def __init__(
+        self,
+        a: V4Args,
+        layer: int,
+        kernels: Kernels,
+        dtype: torch.dtype,
+        device: Device,
+        tp: TensorParallel | None = None,
+    ):
         super().__init__()
         self.is_sliding = a.layer_types[layer] == SLIDING
-        self.self_attn = V4Attention(a, layer, kernels, dtype, device)
-        self.mlp = v4_moe(a, layer, kernels, dtype, device)
+        self.self_attn = V4Attention(a, layer, kernels, dtype, device, tp)
+        self.mlp = v4_moe(a, layer, kernels, dtype, device, tp)
         self.input_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
         self.post_attention_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
         self.attn_hc = HyperConnection(a, kernels, device)
@@ -84,7 +99,7 @@ class DeepseekV4Stage(Stage):
 
     def build_layer(self, layer: int) -> nn.Module:
         c = self.ctx
-        return V4DecoderLayer(c.args.family_args, layer, c.kernels, c.dtype, c.device)
+        return V4DecoderLayer(c.args.family_args, layer, c.kernels, c.dtype, c.device, c.tp)
 
     @property
     def rates(self) -> dict[int, tuple[bool, bool]]:
@@ -104,10 +119,16 @@ class DeepseekV4Stage(Stage):
         return any(self.a.is_hash(i) for i in range(self.layer_start, self.layer_end))
 
     def checkpoint_sources(self) -> Sources:
-        """Every parameter's tensors in the checkpoint (names as transformers writes them)."""
-        a = self.a
+        """Every parameter's tensors in the checkpoint (names as transformers writes them): the
+        pieces the modules name (fused, stacked, a tensor-parallel rank's slices) renamed, the
+        rest under its own name's."""
+        named = super().checkpoint_sources()
         return {
-            n: checkpoint_pieces(n, a.n_routed_experts, a.moe_intermediate_size)
+            n: (
+                [piece._replace(name=piece_tensor(piece.name)) for piece in named[n]]
+                if n in named
+                else checkpoint_pieces(n)
+            )
             for n, _ in self.named_parameters()
         }
 
