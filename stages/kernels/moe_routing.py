@@ -5,7 +5,9 @@ BLOCK_M, so every M tile of the grouped GEMMs belongs to one expert.
 ``route`` builds it with torch ops (the reference the CPU tests read); ``route_and_gather``
 builds the same layout with three small Triton kernels and copies each pair's token row into
 it on the way. Within an expert the rows' order follows atomic counters, so it may differ from
-``route``'s: each row of a GEMM is computed on its own, so the results do not depend on it.
+``route``'s: each row of a GEMM is computed on its own, so the results do not depend on it. A
+pick of id -1 (an expert another rank holds, under expert parallelism) gets no row; the grouped
+GEMMs leave its output slot zero.
 Buffers are sized by the layout's upper bound; the number of real tiles stays on the device.
 """
 
@@ -37,24 +39,29 @@ def max_tiles(pairs: int, experts: int, block_m: int) -> int:
 def route(
     topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, block_m: int
 ) -> Routing:
-    """The layout with torch ops (pairs of an expert in their flat order; padding weighs 0)."""
+    """The layout with torch ops (pairs of an expert in their flat order; padding weighs 0).
+    A pick of id -1 (no expert here) gets no row."""
     flat = topk_ids.reshape(-1).long()
     n, device = flat.numel(), flat.device
-    counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(
-        0, flat, torch.ones_like(flat)
-    )
+    key = torch.where(flat >= 0, flat, num_experts)  # skipped picks: one bucket past the last
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device).scatter_add_(
+        0, key, torch.ones_like(key)
+    )[:num_experts]
     tiles = (counts + block_m - 1) // block_m
     cum_tiles = tiles.cumsum(0)
     bound = max_tiles(n, num_experts, block_m)
-    order = flat.argsort(stable=True)
-    expert_sorted = flat[order]
+    order = key.argsort(stable=True)  # skipped picks last
+    expert_sorted = key[order].clamp(max=num_experts - 1)
     seg_start = counts.cumsum(0) - counts
     rank = torch.arange(n, device=device) - seg_start[expert_sorted]
     dest = (cum_tiles - tiles)[expert_sorted] * block_m + rank
-    pair_of_row = torch.full((bound * block_m,), -1, dtype=torch.int32, device=device)
+    trash = bound * block_m  # where skipped picks land, cut off below (no host sync)
+    dest = torch.where(key[order] < num_experts, dest, trash)
+    pair_of_row = torch.full((trash + 1,), -1, dtype=torch.int32, device=device)
     pair_of_row[dest] = order.int()
-    row_weight = torch.zeros(bound * block_m, dtype=torch.float32, device=device)
+    row_weight = torch.zeros(trash + 1, dtype=torch.float32, device=device)
     row_weight[dest] = topk_weights.reshape(-1).float()[order]
+    pair_of_row, row_weight = pair_of_row[:trash], row_weight[:trash]
     tile_idx = torch.arange(bound, device=device)
     tile_expert = torch.searchsorted(cum_tiles, tile_idx, right=True).clamp_(max=num_experts - 1)
     return Routing(pair_of_row, row_weight, tile_expert.int(), cum_tiles[-1:].int(), block_m)
@@ -125,8 +132,8 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def _count(ids_ptr, counts_ptr, N, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        keep = offs < N
-        expert = tl.load(ids_ptr + offs, mask=keep, other=0)
+        expert = tl.load(ids_ptr + offs, mask=offs < N, other=-1)
+        keep = expert >= 0  # -1: a pick no expert here runs
         tl.atomic_add(counts_ptr + expert, 1, mask=keep)
 
     @triton.jit  # type: ignore[untyped-decorator]
@@ -173,8 +180,8 @@ if triton is not None:
         BLOCK_H: tl.constexpr,
     ):
         pairs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        keep = pairs < N
-        expert = tl.load(ids_ptr + pairs, mask=keep, other=0)
+        expert = tl.load(ids_ptr + pairs, mask=pairs < N, other=-1)
+        keep = expert >= 0
         rank = tl.atomic_add(fill_ptr + expert, 1, mask=keep)
         dest = tl.load(tile_start_ptr + expert, mask=keep, other=0) * BLOCK_M + rank
         tl.store(pair_ptr + dest, pairs, mask=keep)

@@ -155,8 +155,8 @@ class Kernels:
     paged_decode: Callable[..., Any]
     # (q [R,H,576], pages [blocks,B,1,576], block_table, seqlens, dv, scale, state) -> [R,H,dv]
     mla_decode: Callable[..., Any] | None = None
-    # (x [T,H], gate_up [E,2I,H], down [E,H,I], topk_ids [T,k], topk_weights [T,k],
-    #  limit=None: DeepSeek-V4's swiglu clamp) -> [T,H]
+    # (x [T,H], gate_up [E,2I,H], down [E,H,I], topk_ids [T,k] (-1: a pick none of these
+    #  experts runs, skipped), topk_weights [T,k], limit=None: DeepSeek-V4's swiglu clamp) -> [T,H]
     moe_experts: Callable[..., Any] | None = None
     # (q [T,H,576], kv [slots,1,576], indices [T,topk] int32 slot ids (-1: none), dv, scale)
     # -> [T,H,dv] in q's dtype: FlashMLA's flash_mla_sparse_fwd contract

@@ -195,14 +195,15 @@ def per_expert(
     expert: Callable[[int, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """sum over each token's k experts of weight * expert(e, its rows), [T, H]: the tokens of
-    each expert that received any gathered and run as one batch."""
+    each expert that received any gathered and run as one batch. An id of -1 is a pick no
+    expert here runs (another rank's, under expert parallelism): it adds nothing."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
-    order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    order = flat.argsort(stable=True)  # the -1 picks first
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts).tolist()
     weights = topk_weights.reshape(-1)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    start = 0
+    start = flat.numel() - sum(counts)
     for e, n in enumerate(counts):
         if n == 0:
             continue

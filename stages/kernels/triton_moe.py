@@ -178,7 +178,8 @@ def down_scatter(
 
     rows, inter = h.shape
     experts, hidden = down.shape[0], down.shape[1]
-    y = torch.empty(pairs, hidden, dtype=h.dtype, device=h.device)
+    # zeros: a skipped pick (id -1, expert parallelism) has no row to write its slot
+    y = torch.zeros(pairs, hidden, dtype=h.dtype, device=h.device)
     h_desc = TensorDescriptor(h, [rows, inter], [inter, 1], [r.block_m, d.block_k])
     d_desc = TensorDescriptor(
         down, [experts, hidden, inter], [hidden * inter, inter, 1], [1, d.block_n, d.block_k]

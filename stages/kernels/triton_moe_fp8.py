@@ -96,7 +96,9 @@ def grouped_gemm(
     rows, k = q.shape
     n = w.shape[1]
     out_rows = rows if pairs is None else pairs
-    c = torch.empty(out_rows, n, dtype=dtype, device=q.device)
+    # scattered to pairs: zeros, as a skipped pick (id -1, expert parallelism) writes nothing
+    alloc = torch.empty if pairs is None else torch.zeros
+    c = alloc(out_rows, n, dtype=dtype, device=q.device)
     ws = w_scale.float().contiguous()
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, BLOCK)))
     _grouped_w8a8[(progs,)](

@@ -89,14 +89,13 @@ class Experts(nn.Module):
     def local_routes(
         self, weights: torch.Tensor, ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The router's picks as this rank's experts see them: ids made local, the weight of a
-        pick another rank holds zeroed (its id pointed at a local expert, which then adds
-        nothing)."""
+        """The router's picks as this rank's experts see them: ids made local, a pick another
+        rank holds -1 (the experts kernels skip it; its weight zeroed too)."""
         if self.gate_up_proj.shape[0] == self.num_experts:
             return weights, ids
         local = ids - self.first
         mine = (local >= 0) & (local < self.gate_up_proj.shape[0])
-        return weights * mine, torch.where(mine, local, torch.zeros_like(local))
+        return weights * mine, torch.where(mine, local, torch.full_like(local, -1))
 
 
 class MoE(nn.Module):

@@ -66,6 +66,44 @@ def test_interpreted_kernels_match_reference(triton_interpreter, tokens, hidden,
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def test_skipped_picks_get_no_row():
+    """Expert parallelism: picks of id -1 (experts another rank holds) are left out of the
+    layout, and the reference experts add nothing for them."""
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 5, (30, 2), generator=g)
+    weights = torch.rand(30, 2, generator=g)
+    skip = torch.rand(30, 2, generator=g) < 0.4
+    r = route(ids.masked_fill(skip, -1), weights, 5, 16)
+    kept = r.pair_of_row[r.pair_of_row >= 0].long()
+    assert sorted(kept.tolist()) == (~skip).reshape(-1).nonzero().flatten().tolist()
+    assert int(r.num_tiles) == route(ids[~skip].view(-1, 1), weights[~skip].view(-1, 1), 5,
+                                     16).num_tiles
+    x = torch.randn(30, 8, generator=g)
+    gate_up, down = torch.randn(5, 12, 8, generator=g), torch.randn(5, 8, 6, generator=g)
+    got = torch_ref.moe_experts(x, gate_up, down, ids.masked_fill(skip, -1), weights)
+    want = torch_ref.moe_experts(x, gate_up, down, ids, weights.masked_fill(skip, 0.0))
+    torch.testing.assert_close(got, want)
+
+
+def test_interpreted_kernels_skip_picks(triton_interpreter):
+    """The Triton routing and grouped GEMMs with -1 picks: the reference without them."""
+    from stages.kernels import triton_moe
+    from stages.kernels.moe_tuning import MoeConfig, TileConfig
+
+    g = torch.Generator().manual_seed(9)
+    tokens, hidden, inter, experts = 21, 32, 16, 4
+    x = torch.randn(tokens, hidden, generator=g).half()
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden ** -0.5).half()
+    down = (torch.randn(experts, hidden, inter, generator=g) * inter ** -0.5).half()
+    weights, ids = torch.randn(tokens, 6, generator=g).softmax(-1).topk(2, dim=-1)
+    ids = ids.masked_fill(ids >= experts, -1)  # picks of experts 4 and 5: another rank's
+    assert (ids < 0).any() and (ids >= 0).any()
+    tile = TileConfig(block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1)
+    out = triton_moe.run_moe(x, gate_up, down, ids, weights, 3, MoeConfig(16, tile, tile))
+    ref = torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), ids, weights)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 def test_interpreted_routing_matches_reference_layout(triton_interpreter):
     """The Triton layout: the same tiles and experts as route's, each tile holding the same
     pairs (in any order) with their weights, each pair's token row copied in."""

@@ -2,13 +2,15 @@
 Qwen3-MoE, DeepSeek-V3 and DeepSeek-V4 checkpoints at PP 1 and 2, requests of lengths around
 each family's thresholds arriving staggered (prefill chunks and decode rows of different requests
 share microbatches) and all at once give transformers' greedy tokens, over every skip mode and
-run-ahead on and off; seeded sampling gives the tokens of the same engine without TP; and a rank
-killed mid-decode fails only the request in flight, the rebuilt pipeline (all of the dead
-rank's stage and the others) serving the same tokens again."""
+run-ahead on and off; the host output channel and an abort mid-decode; seeded sampling gives the
+tokens of the same engine without TP; and a rank killed mid-decode fails only the request in
+flight, the rebuilt pipeline (all of the dead rank's stage and the others) serving the same
+tokens again."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -16,6 +18,7 @@ from app import Engine, EngineConfig, SamplingParams
 from app.pipeline import STAGE_NAMESPACE
 from tests.hf_reference import check_output_counts
 from tests.ray.test_batch_invariance import CASES, CHUNK, MAX_NEW, _staggered, make_prompts
+from tests.ray.test_output_channel import _AbortingEngine
 from tests.ray.test_stage_failure import TIMEOUT, _prompt, _wait_for
 
 TP = 2
@@ -76,6 +79,23 @@ def test_split_stages_give_transformers_tokens(ray_cluster, checkpoints, referen
         assert len({r["node_id"] for r in s["ranks"]}) == 1
 
 
+def test_host_channel_and_an_abort(ray_cluster, checkpoints, references):
+    """Stage 0's ranks read the sampled ids from the plans (no output message at all); a
+    request aborted mid-decode frees its blocks and the others go on."""
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[_AbortingEngine.__module__])
+    prompts, reference = references["qwen3_moe"]
+    prompts, reference = prompts[-6:], reference[-6:]
+    cfg = config(checkpoints["qwen3_moe"], 2, output_channel="host", block_size=4)
+    greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+    with _AbortingEngine(cfg) as engine:
+        assert [o.token_ids for o in engine.generate(prompts, greedy)] == reference
+        aborted = engine._actor.abort_one_mid_decode.remote(prompts, greedy)
+        assert ray_cluster.get(aborted) == reference[1:]
+        stats = engine.stats()
+    assert stats["channel_output_sends"] == 0 and stats["kv_cache_usage"] == 0.0
+
+
+@pytest.mark.slow
 def test_seeded_sampling_as_without_tp(ray_cluster, checkpoints, references):
     """Every rank of the last stage samples the same token from the same logits and seed, so
     seeded sampling gives the tokens of the stage that is not split."""
