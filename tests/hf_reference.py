@@ -58,10 +58,10 @@ def check_output_counts(stats: dict[str, Any], skip: str, pp: int) -> None:
 
 
 # -- the GPU tests' bf16 checkpoint -------------------------------------------------------------
-def write_bf16_llama(path: str, max_position_embeddings: int) -> str:
-    """The tiny random llama saved in bf16; max_position_embeddings (default RoPE) only bounds
-    the prompt length."""
-    model = hf_model("llama")
+def write_bf16_llama(path: str, max_position_embeddings: int, arch: str = "llama") -> str:
+    """The tiny random llama (or another tests/cpu/conftest.py arch) saved in bf16;
+    max_position_embeddings (default RoPE) only bounds the prompt length."""
+    model = hf_model(arch)
     model.config.max_position_embeddings = max_position_embeddings
     model.to(torch.bfloat16).save_pretrained(path)
     return path
@@ -72,9 +72,9 @@ def bf16_reference(
 ) -> list[tuple[list[int], list[torch.Tensor]]]:
     """transformers on the bf16 checkpoint, one prompt at a time: each prompt's greedy tokens
     and the float logits of every step (for the near-tie checks)."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model: Any = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
     model = model.to(device).eval()
     refs = []
     with torch.no_grad():
