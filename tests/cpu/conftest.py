@@ -155,13 +155,39 @@ def tiny_checkpoints(tmp_path_factory):
     return write_tiny_checkpoints(tmp_path_factory.mktemp("ckpt"), ARCHS)
 
 
+class Reads(list):
+    """Names of the tensors read, in order; `values[name]`: the values read of each (a
+    tensor-parallel rank reads slices)."""
+
+    def __init__(self):
+        super().__init__()
+        self.values: dict[str, int] = {}
+
+    def add(self, name: str, t) -> None:
+        self.append(name)
+        self.values[name] = self.values.get(name, 0) + t.numel()
+
+
 @pytest.fixture
-def tensor_reads(monkeypatch) -> list[str]:
-    """Names of the checkpoint tensors the loader reads (safetensors' get_tensor), in order."""
+def tensor_reads(monkeypatch) -> Reads:
+    """Names of the checkpoint tensors the loader reads (safetensors' get_tensor, or a slice
+    of one through get_slice), in order."""
     import stages.loader as loader
 
-    read: list[str] = []
+    read = Reads()
     real_open = loader.safe_open
+
+    class Slice:
+        def __init__(self, name, s):
+            self.name, self.s = name, s
+
+        def get_dtype(self):
+            return self.s.get_dtype()
+
+        def __getitem__(self, index):
+            t = self.s[index]
+            read.add(self.name, t)
+            return t
 
     class Recording:
         def __init__(self, *a, **kw):
@@ -175,8 +201,12 @@ def tensor_reads(monkeypatch) -> list[str]:
             return self.f.__exit__(*exc)
 
         def get_tensor(self, name):
-            read.append(name)
-            return self.f.get_tensor(name)
+            t = self.f.get_tensor(name)
+            read.add(name, t)
+            return t
+
+        def get_slice(self, name):
+            return Slice(name, self.f.get_slice(name))
 
         def keys(self):
             return self.f.keys()

@@ -135,3 +135,26 @@ def test_heads_that_do_not_divide_are_refused(checkpoints):
             args, None, 0, 4, True, True, select_kernels("cpu"), torch.float32, "cpu",
             tp=TensorParallel(0, 3),
         )
+
+
+def test_a_rank_reads_its_slices_only(checkpoints, tensor_reads):
+    """Rank 1 of 2 reads half of every split tensor (its rows or columns of the linears, its
+    experts, its vocabulary rows) and the whole of the rest (norms, the router)."""
+    from safetensors import safe_open
+
+    path = checkpoints["qwen3_moe"]
+    args = load_model_args(path)
+    build_stage_model(args, path, 0, 4, True, True, select_kernels("cpu"), torch.float32, "cpu",
+                      tp=TensorParallel(1, 2))
+    with safe_open(f"{path}/model.safetensors", "pt") as f:
+        whole = {n: f.get_slice(n).get_shape() for n in f.keys()}
+    def kept_whole(name: str) -> bool:  # norms, routers, and experts (each on one rank)
+        return name.endswith(("norm.weight", ".gate.weight")) or ".experts." in name
+
+    for name, values in tensor_reads.values.items():
+        total = torch.Size(whole[name]).numel()
+        assert values == (total if kept_whole(name) else total // 2), name
+    split = {n for n in whole if not kept_whole(n)}  # attention, dense MLP, embedding, head
+    assert split <= set(tensor_reads) and len(split) == 21
+    experts = {n for n in whole if ".experts." in n}
+    assert len(experts & set(tensor_reads)) * 2 == len(experts)  # half the experts
