@@ -31,8 +31,10 @@ def test_reference_is_sensible(smollm2_hf, cases):
     assert tok.decode(cases[1][0]).startswith(" Paris")
 
 
-# PP=3 (the same path with one more hop) under `slow`: make test stays under 30 minutes
-@pytest.mark.parametrize("pp", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
+# PP=2 (make serve's default) in make test; PP=1 and PP=3 (the same path with one hop less or
+# more, each met by the tiny checkpoints' tests) under `slow`: make test stays under 30 minutes
+@pytest.mark.parametrize("pp", [pytest.param(1, marks=pytest.mark.slow), 2,
+                                pytest.param(3, marks=pytest.mark.slow)])
 def test_greedy_matches_transformers(ray_cluster, smollm2_dir, cases, pp):
     prompts, reference = cases
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)

@@ -1,8 +1,8 @@
 """Tensor-parallel stages (`--tp 2`) through Ray end to end, on CPU (gloo): for tiny Llama,
 Qwen3-MoE, DeepSeek-V3 and DeepSeek-V4 checkpoints at PP 1 and 2, requests of lengths around
 each family's thresholds arriving staggered (prefill chunks and decode rows of different requests
-share microbatches) and all at once give transformers' greedy tokens, over every skip mode and
-run-ahead on and off; the host output channel and an abort mid-decode; seeded sampling gives the
+share microbatches) give transformers' greedy tokens, over every skip mode and run-ahead on and
+off; the host output channel and an abort mid-decode; seeded sampling gives the
 tokens of the same engine without TP; and a rank killed mid-decode fails only the request in
 flight, the rebuilt pipeline (all of the dead rank's stage and the others) serving the same
 tokens again."""
@@ -66,12 +66,10 @@ def test_split_stages_give_transformers_tokens(ray_cluster, checkpoints, referen
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
     with Engine(cfg) as engine:
         together = asyncio.run(_staggered(engine, prompts, greedy))
-        at_once = [o.token_ids for o in engine.generate(prompts, greedy)]
         stats = engine.stats()
         stages = engine.info["stages"]
     for i, p in enumerate(prompts):
         assert together[i] == reference[i], f"{name}: prompt {i} ({len(p)} tokens) staggered"
-        assert at_once[i] == reference[i], f"{name}: prompt {i} ({len(p)} tokens) at once"
     assert stats["tp_size"] == TP and stats["prefix_cache_hits"] > 0
     check_output_counts(stats, skip, pp)
     assert [[r["tp_rank"] for r in s["ranks"]] for s in stages] == [[0, 1]] * pp
