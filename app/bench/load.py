@@ -8,6 +8,8 @@ decode — C concurrent short prompts with --decode-tokens outputs each, streame
          past its first token, none finished), with the inter-token latency p50 / p99. Queued
          at once, they decode in lockstep: one microbatch in flight at a time, whatever the PP
          size; --decode-tokens must outlast the prompts' prefill for a lockstep window.
+         --decode-concurrency 1,16,64 measures each C on the one engine (the JSON's "decode" is
+         then a list of parts, one per C).
 
 Both report the sent / skipped / missed / orphaned deltas of engine.stats()["pp_output_comm"]
 and the skip-hit ratio; medians of --reps runs. One Engine (one pipeline load) is measured under
@@ -196,6 +198,19 @@ def _comm_str(comm: dict[str, int], hit: float) -> str:
     return " ".join(f"{comm[k]:>8g}" for k in COMM_KEYS) + f" {hit:>6.3f}"
 
 
+def decode_parts(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decode parts of a result: one per concurrency (a file of one C holds a dict)."""
+    d = res.get("decode")
+    return [] if d is None else d if isinstance(d, list) else [d]
+
+
+def _concurrencies(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"concurrencies must be positive integers: {text!r}")
+    return values
+
+
 def _print_tables(res: dict[str, Any]) -> None:
     head = " ".join(f"{k:>8s}" for k in COMM_KEYS) + "    hit"
     if res.get("mixed", {}).get("summary"):
@@ -210,8 +225,9 @@ def _print_tables(res: dict[str, Any]) -> None:
                 f"{mode:8s} {s['ttft_p50_s']:9.3f} {s['ttft_p99_s']:9.3f} "
                 + _comm_str(s["comm"], s["skip_hit_ratio"])
             )
-    if res.get("decode", {}).get("summary"):
-        d = res["decode"]
+    for d in decode_parts(res):
+        if not d.get("summary"):
+            continue
         print(
             f"\ndecode throughput: {d['concurrency']} concurrent x {d['decode_tokens']} "
             f"tokens; medians of {d['reps']}"
@@ -239,7 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-long", type=int, default=4)
     p.add_argument("--num-decode", type=int, default=32, help="decoding requests (mixed)")
     p.add_argument("--short-len", type=int, default=16, help="prompt of the short requests")
-    p.add_argument("--decode-concurrency", type=int, default=64, help="requests (decode part)")
+    p.add_argument(
+        "--decode-concurrency",
+        type=_concurrencies,
+        default=[64],
+        help="requests (decode part); a comma list measures each on one engine",
+    )
     p.add_argument("--decode-tokens", type=int, default=256, help="outputs (decode part)")
     p.add_argument("--modes", default="sglang,auto", help="skip modes of the mixed load")
     p.add_argument("--decode-modes", default="off,auto", help="skip modes of the decode part")
@@ -283,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = a.max_num_batched_tokens or 2 * a.chunk_size
     need_seqs = max(
         a.num_long + a.num_decode if "mixed" in parts else 1,
-        a.decode_concurrency if "decode" in parts else 1,
+        max(a.decode_concurrency) if "decode" in parts else 1,
     )
     seqs = a.max_num_seqs or need_seqs
     if seqs < need_seqs:
@@ -314,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     kv_blocks = 16 + max(
         blocks(a.num_long, a.long_len + LONG_MAX_TOKENS)
         + blocks(a.num_decode, a.short_len + dec_mixed),
-        blocks(a.decode_concurrency, a.short_len + a.decode_tokens),
+        blocks(max(a.decode_concurrency), a.short_len + a.decode_tokens),
     )
     max_len = max(a.long_len + LONG_MAX_TOKENS, a.short_len + max(dec_mixed, a.decode_tokens))
 
@@ -348,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         return [[rng.randrange(lo, hi) for _ in range(length)] for _ in range(n)]
 
     longs, shorts = prompts(a.num_long, a.long_len), prompts(a.num_decode, a.short_len)
-    conc = prompts(a.decode_concurrency, a.short_len)
+    conc = prompts(max(a.decode_concurrency), a.short_len)
     res: dict[str, Any] = {
         "command": "ppserve bench load " + " ".join(argv),
         "environment": environment(),
@@ -371,15 +392,19 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [],
         }
     if "decode" in parts:
-        res["decode"] = {
-            "name": "decode",
-            "concurrency": a.decode_concurrency,
-            "short_len": a.short_len,
-            "decode_tokens": a.decode_tokens,
-            "modes": a.decode_modes.split(","),
-            "reps": a.reps,
-            "runs": [],
-        }
+        sweep = [
+            {
+                "name": "decode" if len(a.decode_concurrency) == 1 else f"dec{c}",
+                "concurrency": c,
+                "short_len": a.short_len,
+                "decode_tokens": a.decode_tokens,
+                "modes": a.decode_modes.split(","),
+                "reps": a.reps,
+                "runs": [],
+            }
+            for c in a.decode_concurrency
+        ]
+        res["decode"] = sweep[0] if len(sweep) == 1 else sweep
 
     def write() -> None:
         with open(a.out, "w") as f:
@@ -391,10 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         # (a Llama-shaped loop with the config's dense MLP: none for DeepSeek-V4).
         from app.bench.decode_reference import graph_decode_step_s
 
-        res["decode"]["reference"] = graph_decode_step_s(
-            model_cfg, a.decode_concurrency, a.short_len + a.decode_tokens // 2
-        )
-        print(f"decode reference: {res['decode']['reference']}", flush=True)
+        for d in decode_parts(res):
+            d["reference"] = graph_decode_step_s(
+                model_cfg, d["concurrency"], a.short_len + a.decode_tokens // 2
+            )
+            print(f"decode reference {d['concurrency']}: {d['reference']}", flush=True)
     t_load = time.perf_counter()
     with BenchEngine(**options) as engine:
         res["engine"] = {k: v for k, v in engine.config.to_dict().items() if k != "model"}
@@ -420,11 +446,12 @@ def main(argv: list[str] | None = None) -> int:
                     + ("" if r["decodes_outlasted"] else " (decodes ended early)")
                 ),
             )
-        if "decode" in parts:
-            _decode_once(engine, conc, min(4, a.decode_tokens))  # warm-up
+        for d in decode_parts(res):
+            rows = conc[: d["concurrency"]]
+            _decode_once(engine, rows, min(4, a.decode_tokens))  # warm-up
             _sweep(
                 engine,
-                res["decode"],
+                d,
                 write,
                 (
                     "tokens_per_s",
@@ -435,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                     "itl_p50_ms",
                     "itl_p99_ms",
                 ),
-                lambda: _decode_once(engine, conc, a.decode_tokens),
+                lambda: _decode_once(engine, rows, a.decode_tokens),
                 lambda r: (
                     f"steady {r['steady_tokens_per_s'] or 0:.1f} tok/s, ITL p50 "
                     f"{r['itl_p50_ms'] or 0:.2f} ms; {r['tokens_per_s']:.1f} tok/s "
@@ -444,8 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['wall_per_microbatch_s']:.5f} comm {r['comm']}"
                 ),
             )
-            ref = res["decode"].get("reference")
-            for s in res["decode"]["summary"].values():
+            ref = d.get("reference")
+            for s in d["summary"].values():
                 if ref and s["stage_forward_s"]:
                     s["forward_over_reference"] = s["stage_forward_s"] / ref["graph_step_s"]
                 if s["stage_forward_s"]:

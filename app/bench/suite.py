@@ -18,6 +18,7 @@ import tempfile
 import time
 from typing import Any
 
+from app.bench.load import decode_parts
 from app.bench.roofline import decode_distance, prefill_distance
 from app.bench.suite_rows import ROWS, Row, select
 
@@ -78,50 +79,52 @@ def ttft_figures(raw: dict[str, Any]) -> list[Figure]:
 
 
 def decode_figures(raw: dict[str, Any]) -> list[Figure]:
-    """tok/s per skip mode of a load bench's decode part, and the KV capacity."""
-    d, engine = raw["decode"], raw.get("engine", {})
+    """tok/s and ITL per skip mode of each of a load bench's decode parts (one per
+    concurrency), and the KV capacity."""
+    engine = raw.get("engine", {})
     fp8_w = engine.get("quantization") == "fp8"
     fp8_kv = engine.get("kv_cache_dtype") == "fp8"
-    tag = (" fp8" if fp8_w or fp8_kv else "") + f" {d['concurrency']} rows"
     figures: list[Figure] = []
-    for mode, s in (d.get("summary") or _summary(d["runs"])).items():
-        # the steady decode (every request past its first token) where the bench measured it:
-        # the step a user sees is the inter-token latency; older files have the whole run's
-        itl = s.get("itl_p50_ms")
-        step = itl / 1e3 if itl else s.get("stage_forward_s")
-        # the context a step reads, on average over the run
-        context = d["short_len"] + d["decode_tokens"] // 2
-        dist = (
-            decode_distance(
-                raw["model"],
-                d["concurrency"],
-                context,
-                step,
-                1.0 if fp8_w else 2.0,
-                1.0 if fp8_kv else 2.0,
+    for d in decode_parts(raw):
+        tag = (" fp8" if fp8_w or fp8_kv else "") + f" {d['concurrency']} rows"
+        for mode, s in (d.get("summary") or _summary(d["runs"])).items():
+            # the steady decode (every request past its first token) where the bench measured it:
+            # the step a user sees is the inter-token latency; older files have the whole run's
+            itl = s.get("itl_p50_ms")
+            step = itl / 1e3 if itl else s.get("stage_forward_s")
+            # the context a step reads, on average over the run
+            context = d["short_len"] + d["decode_tokens"] // 2
+            dist = (
+                decode_distance(
+                    raw["model"],
+                    d["concurrency"],
+                    context,
+                    step,
+                    1.0 if fp8_w else 2.0,
+                    1.0 if fp8_kv else 2.0,
+                )
+                if step
+                else {}
             )
-            if step
-            else {}
-        )
-        figures.append(
-            {
-                "label": f"decode {mode}{tag}",
-                "value": s.get("steady_tokens_per_s") or s["tokens_per_s"],
-                "unit": "tok/s",
-                "higher_is_better": True,
-                "distance": dict(dist, step_ms=round(step * 1e3, 3)) if step else dist,
-            }
-        )
-        if itl:
             figures.append(
                 {
-                    "label": f"ITL p50 {mode}{tag}",
-                    "value": itl,
-                    "unit": "ms",
-                    "higher_is_better": False,
-                    "distance": figures[-1]["distance"],  # the same step
+                    "label": f"decode {mode}{tag}",
+                    "value": s.get("steady_tokens_per_s") or s["tokens_per_s"],
+                    "unit": "tok/s",
+                    "higher_is_better": True,
+                    "distance": dict(dist, step_ms=round(step * 1e3, 3)) if step else dist,
                 }
             )
+            if itl:
+                figures.append(
+                    {
+                        "label": f"ITL p50 {mode}{tag}",
+                        "value": itl,
+                        "unit": "ms",
+                        "higher_is_better": False,
+                        "distance": figures[-1]["distance"],  # the same step
+                    }
+                )
     if engine.get("kv_capacity_tokens") and raw.get("command", "").count("--kv-blocks memory"):
         figures.append(
             {

@@ -38,7 +38,7 @@ def _ttft(
     )  # fmt: skip
 
 
-def _decode(shape: str, rows: int, tokens: int, *extra: str) -> tuple[str, ...]:
+def _decode(shape: str, rows: int | str, tokens: int, *extra: str) -> tuple[str, ...]:
     return (
         "--model-shape", shape, "--pp", "1", "--device", "cuda", "--parts", "decode",
         "--decode-concurrency", str(rows), "--decode-tokens", str(tokens), "--reps", "1",
@@ -61,7 +61,7 @@ ROWS: tuple[Row, ...] = (
         "cpu", "ttft", "runs at all", ("smoke",)),
     Row("smoke-decode", "tiny", "load",
         ("--model-shape", "tiny", "--pp", "1", "--device", "cpu", "--parts", "decode",
-         "--decode-concurrency", "4", "--decode-tokens", "8", "--reps", "1",
+         "--decode-concurrency", "2,4", "--decode-tokens", "8", "--reps", "1",
          "--decode-modes", "auto"),
         "cpu", "decode", "runs at all", ("smoke",)),
     # TTFT per model shape and length, PP=1, bf16 (medians over reps)
@@ -115,6 +115,13 @@ ROWS: tuple[Row, ...] = (
         _decode("deepseek-v4-flash", 512, 64, "--short-len", "512", *FP8,
                 "--kv-blocks", "memory"),
         "1xH200", "decode", "995 tok/s, 2,423,808 KV tokens: 3.7x bf16 (session 6)", HEAD),
+    # the latency a user feels: V4-Flash decode at 1 / 16 / 64 / 256 rows on one engine each
+    Row("decode-v4-flash-itl", "deepseek-v4-flash", "load",
+        _decode("deepseek-v4-flash", "1,16,64,256", 64, "--short-len", "512", *BF16),
+        "1xH200", "decode", "issue 34: a one-row step <= 2.5 ms", ("h200",)),
+    Row("decode-v4-flash-itl-fp8", "deepseek-v4-flash", "load",
+        _decode("deepseek-v4-flash", "1,16,64,256", 64, "--short-len", "512", *FP8),
+        "1xH200", "decode", "issue 34: a one-row step <= 2.0 ms, no slower than bf16", ("h200",)),
     # PP=2 on two H200s: against PP=1 (ttft-llama8b), and the output-channel skip modes
     Row("ttft-llama8b-pp2", "llama8b", "engine",
         ("--model-shape", "llama8b", "--pp", "2", "--linear", "torch",

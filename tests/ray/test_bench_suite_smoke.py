@@ -18,6 +18,9 @@ def test_smoke_subset_runs_and_reads_back(tmp_path, capsys):
         assert r["commit"] and r["environment"]["torch"]
         assert r["command"].startswith("python -m app.bench.")
         assert all(f["value"] > 0 and f["distance"] for f in r["figures"])
+    # the decode row sweeps two concurrencies on one engine: figures for each
+    decode = json.loads((out / "smoke-decode.json").read_text())["figures"]
+    assert {f["label"] for f in decode} >= {"decode auto 2 rows", "decode auto 4 rows"}
     table = capsys.readouterr().out
     assert "`smoke-ttft`" in table and "`smoke-decode`" in table
     # a run against itself is no regression
