@@ -105,6 +105,14 @@ class EngineConfig(Options):
         doc_default="no bound",
         minimum=1,
     )
+    stream_interval: int = option(
+        1,
+        "Tokens a streamed delta carries after the first (which goes out at once), as vLLM's and "
+        "SGLang's --stream-interval; a consumer that falls behind gets what waits as one delta "
+        "whatever the interval. Larger values cut the per-token streaming work at high "
+        "concurrency.",
+        minimum=1,
+    )
     max_inflight: int | None = option(
         None,
         "Microbatches in flight across the pipeline.",

@@ -222,6 +222,7 @@ class Coordinator:
             self.eos_token_ids,
             arrival_time or time.time(),
             grammar,
+            self.config.stream_interval,
         )
         self._streams[req_id] = stream
         if self.metrics:
@@ -255,7 +256,7 @@ class Coordinator:
         blocks."""
         try:
             while True:
-                out = await stream.queue.get()
+                out = await stream.next_delta()
                 yield out
                 if out.finished:
                     return

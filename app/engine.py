@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from app.config import EngineConfig
 from app.pipeline import COORDINATOR_CPUS, placement_bundles
-from app.request import Prompt, RequestOutput, SamplingParams
+from app.request import Prompt, RequestOutput, SamplingParams, merge_outputs
 from stages.model_config import load_model_args
 from stages.models.families import fp8_components
 
@@ -31,24 +31,6 @@ if TYPE_CHECKING:
     from app.coordinator import Coordinator
     from app.metrics import EngineMetrics
     from app.request_stream import RequestStream
-
-
-def merge_outputs(deltas: list[RequestOutput]) -> RequestOutput:
-    """Fold a request's streamed deltas into one whole result."""
-    first, last = deltas[0], deltas[-1]
-    lps = [lp for d in deltas for lp in (d.logprobs or [])]
-    return RequestOutput(
-        request_id=first.request_id,
-        token_ids=[t for d in deltas for t in d.token_ids],
-        text="".join(d.text for d in deltas),
-        finished=last.finished,
-        finish_reason=last.finish_reason,
-        prompt_tokens=last.prompt_tokens,
-        completion_tokens=last.completion_tokens,
-        logprobs=lps if first.logprobs is not None or lps else None,
-        error=last.error,
-        prompt_token_ids=first.prompt_token_ids,
-    )
 
 
 class CoordinatorHost:

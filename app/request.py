@@ -248,6 +248,26 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
+def merge_outputs(deltas: list[RequestOutput]) -> RequestOutput:
+    """Fold consecutive deltas of one request into one (the whole result, given them all):
+    the first's prompt fields, the last's counts and finish."""
+    first, last = deltas[0], deltas[-1]
+    lps = [lp for d in deltas for lp in (d.logprobs or [])]
+    return RequestOutput(
+        request_id=first.request_id,
+        token_ids=[t for d in deltas for t in d.token_ids],
+        text="".join(d.text for d in deltas),
+        finished=last.finished,
+        finish_reason=last.finish_reason,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        logprobs=lps if first.logprobs is not None or lps else None,
+        error=last.error,
+        prompt_token_ids=first.prompt_token_ids,
+        prompt_logprobs=first.prompt_logprobs,
+    )
+
+
 def params_of_choice(params: SamplingParams, index: int) -> SamplingParams:
     """The params of choice `index` of a request with `n` > 1: with a seed, choice i draws
     from seed + i (wrapped into the signed 64-bit range), as vLLM's parallel sampling does, so

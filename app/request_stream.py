@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from app.request import RequestOutput, SamplingParams, TokenLogprob
+from app.request import RequestOutput, SamplingParams, TokenLogprob, merge_outputs
 from app.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ class RequestStream:
         eos_token_ids: tuple[int, ...],
         arrival_time: float,
         grammar: GrammarMatcher | None = None,
+        stream_interval: int = 1,
     ):
         self.req_id = req_id
         self.prompt_ids = prompt_ids
@@ -44,6 +45,7 @@ class RequestStream:
         self._held: tuple[list[int], str, list[TokenLogprob]] = ([], "", [])
         self._sent_prompt = False
         self.grammar = grammar  # structured output: app.structured.GrammarMatcher
+        self.stream_interval = stream_interval  # tokens a delta carries after the first
         self.error: str | None = None  # why it finished with "error"
         self._prompt_lps: dict[int, TokenLogprob] = {}  # prompt position -> its logprob
 
@@ -84,12 +86,21 @@ class RequestStream:
         ids, held_text, lps = self._held
         ids, held_text = ids + [token_id], held_text + text
         lps = lps + ([lp] if lp else [])
-        if reason is not None:
+        if reason is not None or (self._sent_prompt and len(ids) < self.stream_interval):
             self._held = (ids, held_text, lps)  # the final delta goes out with close()
             return reason
         self._held = ([], "", [])
         self._push(ids, held_text, lps)
         return None
+
+    async def next_delta(self) -> RequestOutput:
+        """The next delta; a consumer that fell behind gets every delta waiting as one (as
+        vLLM's output collector merges them), so a slow stream costs one send a turn, not one
+        a token."""
+        waiting = [await self.queue.get()]
+        while not waiting[-1].finished and not self.queue.empty():
+            waiting.append(self.queue.get_nowait())
+        return waiting[0] if len(waiting) == 1 else merge_outputs(waiting)
 
     def add_prompt_logprobs(self, scored: PromptLogprobs) -> None:
         """A prefill chunk's stages.protocol.PromptLogprobs; a recomputed chunk (after a

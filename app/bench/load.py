@@ -127,12 +127,29 @@ def steady_decode(times: list[list[float]]) -> dict[str, Any]:
     start = max(t[0] for t in times)
     stop = min(t[-1] for t in times)
     inside = sum(1 for t in times for x in t if start < x <= stop)
-    gaps = [(b - a) * 1e3 for t in times for a, b in zip(t, t[1:]) if a >= start and b <= stop]
+    gaps = [g for t in times for g in _token_gaps_ms(t) if start <= g[0] and g[1] <= stop]
     return {
         "steady_tokens_per_s": inside / (stop - start) if stop > start and inside else None,
-        "itl_p50_ms": percentile(gaps, 50) if gaps else None,
-        "itl_p99_ms": percentile(gaps, 99) if gaps else None,
+        "itl_p50_ms": percentile([g[2] for g in gaps], 50) if gaps else None,
+        "itl_p99_ms": percentile([g[2] for g in gaps], 99) if gaps else None,
     }
+
+
+def _token_gaps_ms(times: list[float]) -> list[tuple[float, float, float]]:
+    """(previous arrival, arrival, ms per token) for each token after a request's first
+    delta: a delta of n tokens (--stream-interval, or a consumer behind) shares its gap from
+    the previous delta among its n tokens."""
+    arrivals: list[list[float]] = []  # [time, tokens]
+    for x in times:
+        if arrivals and arrivals[-1][0] == x:
+            arrivals[-1][1] += 1
+        else:
+            arrivals.append([x, 1])
+    return [
+        (a, b, (b - a) * 1e3 / n)
+        for (a, _), (b, n) in zip(arrivals, arrivals[1:])
+        for _ in range(int(n))
+    ]
 
 
 def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> dict[str, Any]:
@@ -273,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="token budget per microbatch (default 2 x --chunk-size)",
     )
     p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--stream-interval", type=int, default=1, help="tokens a streamed delta carries")
     p.add_argument("--linear", default="auto", help="linear backend")
     p.add_argument("--attention", default="auto", help="attention backend")
     p.add_argument("--seed", type=int, default=0)
@@ -360,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce_eager=a.enforce_eager,
         run_ahead=a.run_ahead,
         output_channel=a.output_channel,
+        stream_interval=a.stream_interval,
         **memory_options(a, kv_blocks),
     )
     rng = random.Random(a.seed)

@@ -4,7 +4,9 @@ in flight orphan their send and leak nothing, seeded sampling unchanged."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -121,3 +123,25 @@ def test_one_stage_collects_after_the_next_launch(ray_cluster, checkpoint, promp
             assert engine.stats()["kv_cache_usage"] == 0.0
     assert out[True] == out[False]
     assert out[True][0] != reference  # the penalties changed the greedy tokens
+
+
+def test_stream_interval_groups_deltas_and_keeps_the_tokens(ray_cluster, checkpoint, prompts,
+                                                            reference):
+    """--stream-interval 3, requests streamed at once: each stream's first delta is its first
+    token alone; the others carry 3 tokens or more (a consumer behind gets them merged), and
+    the tokens are transformers'."""
+    greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+
+    async def deltas(engine, prompt):
+        return [d async for d in engine.stream(prompt, greedy)]
+
+    async def every(engine):
+        return await asyncio.gather(*[deltas(engine, p) for p in prompts])
+
+    with Engine(replace(_cfg(checkpoint, 1, "auto", True), stream_interval=3)) as engine:
+        streams = asyncio.run(every(engine))
+    assert [[t for d in s for t in d.token_ids] for s in streams] == reference
+    for s in streams:
+        assert len(s[0].token_ids) == 1 and s[0].prompt_token_ids is not None
+        assert all(len(d.token_ids) >= 3 for d in s[1:-1]) and s[-1].finished
+    assert any(len(s) > 2 for s in streams)  # grouped, not one delta for the whole output
