@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from app.bench.stream_timing import percentile, steady_decode
 from app.bench.target import (
     BenchEngine,
     add_memory_flags,
@@ -53,14 +54,6 @@ from stages.protocol import DEVICES
 
 COMM_KEYS = ("sent", "skipped", "missed", "orphaned")
 LONG_MAX_TOKENS = 2  # as the lone-prompt bench: the first token is needed at stage 0
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def _comm_delta(c0: dict[str, int], c1: dict[str, int]) -> tuple[dict[str, int], float]:
@@ -117,39 +110,6 @@ async def _streamed(
     engine: BenchEngine, prompts: list[Prompt], params: SamplingParams
 ) -> list[list[float]]:
     return await asyncio.gather(*[engine.token_times(p, params) for p in prompts])
-
-
-def steady_decode(times: list[list[float]]) -> dict[str, Any]:
-    """The decode in lockstep: from the last request's first token (every prefill behind) to
-    the first request's last token (none finished), output tokens per second and the gaps
-    between a request's tokens (inter-token latency) p50 / p99 in milliseconds. None where the
-    run has no such window (too few output tokens to outlast the prompts' prefill)."""
-    start = max(t[0] for t in times)
-    stop = min(t[-1] for t in times)
-    inside = sum(1 for t in times for x in t if start < x <= stop)
-    gaps = [g for t in times for g in _token_gaps_ms(t) if start <= g[0] and g[1] <= stop]
-    return {
-        "steady_tokens_per_s": inside / (stop - start) if stop > start and inside else None,
-        "itl_p50_ms": percentile([g[2] for g in gaps], 50) if gaps else None,
-        "itl_p99_ms": percentile([g[2] for g in gaps], 99) if gaps else None,
-    }
-
-
-def _token_gaps_ms(times: list[float]) -> list[tuple[float, float, float]]:
-    """(previous arrival, arrival, ms per token) for each token after a request's first
-    delta: a delta of n tokens (--stream-interval, or a consumer behind) shares its gap from
-    the previous delta among its n tokens."""
-    arrivals: list[list[float]] = []  # [time, tokens]
-    for x in times:
-        if arrivals and arrivals[-1][0] == x:
-            arrivals[-1][1] += 1
-        else:
-            arrivals.append([x, 1])
-    return [
-        (a, b, (b - a) * 1e3 / n)
-        for (a, _), (b, n) in zip(arrivals, arrivals[1:])
-        for _ in range(int(n))
-    ]
 
 
 def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> dict[str, Any]:

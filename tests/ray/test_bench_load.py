@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 
-from app.bench.load import main, percentile
+from app.bench.load import main
+from app.bench.stream_timing import percentile
 
 
 def test_percentile():
