@@ -112,7 +112,9 @@ def test_one_stage_collects_after_the_next_launch(ray_cluster, checkpoint, promp
                           stop_token_ids=[_stop_token(reference)])
     out = {}
     for run_ahead in (False, True):
-        with Engine(_cfg(checkpoint, 1, "auto", run_ahead)) as engine:
+        # the run-ahead engine also streams with --stream-interval 3 (its own test below)
+        cfg = replace(_cfg(checkpoint, 1, "auto", run_ahead), stream_interval=3 if run_ahead else 1)
+        with Engine(cfg) as engine:
             out[run_ahead] = [[o.token_ids for o in engine.generate(prompts, p)]
                               for p in (penalised, seeded, stop)]
             out[run_ahead].append([engine.generate([q], penalised)[0].token_ids
@@ -120,26 +122,27 @@ def test_one_stage_collects_after_the_next_launch(ray_cluster, checkpoint, promp
             greedy = engine.generate(prompts, SamplingParams(max_tokens=MAX_NEW,
                                                              temperature=0.0))
             assert [o.token_ids for o in greedy] == reference
+            if run_ahead:
+                _check_streams_of_three(engine, prompts, reference)
             assert engine.stats()["kv_cache_usage"] == 0.0
     assert out[True] == out[False]
     assert out[True][0] != reference  # the penalties changed the greedy tokens
 
 
-def test_stream_interval_groups_deltas_and_keeps_the_tokens(ray_cluster, checkpoint, prompts,
-                                                            reference):
-    """--stream-interval 3, requests streamed at once: each stream's first delta is its first
-    token alone; the others carry 3 tokens or more (a consumer behind gets them merged), and
-    the tokens are transformers'."""
+
+def _check_streams_of_three(engine, prompts, reference):
+    """--stream-interval 3, every request streamed at once: each stream's first delta is its
+    first token alone, the others carry 3 tokens or more (a consumer behind gets them merged),
+    and the tokens are transformers'."""
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
 
-    async def deltas(engine, prompt):
+    async def deltas(prompt):
         return [d async for d in engine.stream(prompt, greedy)]
 
-    async def every(engine):
-        return await asyncio.gather(*[deltas(engine, p) for p in prompts])
+    async def every():
+        return await asyncio.gather(*[deltas(p) for p in prompts])
 
-    with Engine(replace(_cfg(checkpoint, 1, "auto", True), stream_interval=3)) as engine:
-        streams = asyncio.run(every(engine))
+    streams = asyncio.run(every())
     assert [[t for d in s for t in d.token_ids] for s in streams] == reference
     for s in streams:
         assert len(s[0].token_ids) == 1 and s[0].prompt_token_ids is not None
