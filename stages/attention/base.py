@@ -44,10 +44,14 @@ Meta = TypeVar("Meta")
 AnyBatch = ForwardBatch | PagedDecodeBatch
 
 
-def torch_ops(setting: GraphSetting, ops: tuple[str, ...] | list[str]) -> list[str]:
-    """The ops of `ops` on the torch reference in `setting` (or unset): those sync with the host
-    or size tensors from device values, so a step calling them is not captured."""
-    return [op for op in ops if setting.kernels.get(op, "torch") == "torch"]
+def on_torch(setting: GraphSetting, ops: list[str]) -> tuple[str, Refusal] | None:
+    """The first of `ops` on its torch reference in `setting` (or unset), refused: the torch
+    references sync with the host or size tensors from device values, so a step calling them
+    is not captured."""
+    for op in ops:
+        if setting.kernels.get(op, "torch") == "torch":
+            return op, Refusal("eager", f"{op} on the torch reference syncs with the host")
+    return None
 
 
 class AttentionBackend(ABC, Generic[Meta]):
@@ -75,8 +79,9 @@ class AttentionBackend(ABC, Generic[Meta]):
     # -- CUDA graphs -------------------------------------------------------------------------
     @classmethod
     @abstractmethod
-    def capture_refusal(cls, setting: GraphSetting) -> Refusal | None:
-        """Why this kind's decode step cannot be captured under `setting` (None: it can)."""
+    def capture_refusal(cls, setting: GraphSetting) -> tuple[str, Refusal] | None:
+        """The op that keeps this kind's decode step from being captured under `setting` and
+        why (None: it captures)."""
 
     @classmethod
     def can_capture(cls, setting: GraphSetting) -> bool:
@@ -85,13 +90,12 @@ class AttentionBackend(ABC, Generic[Meta]):
     def announce_eager(self, setting: GraphSetting) -> bool:
         """On a device with graphs: say (log once, count) that this stage's decode steps run
         eager because of its attention, when they do. Returns whether it said so."""
-        refusal = self.capture_refusal(setting)
-        if refusal is None:
+        refused = self.capture_refusal(setting)
+        if refused is None:
             return False
-        backend = setting.kernels.get(self.op, "torch")
-        record_fallback(
-            self.op, backend, refusal.reason, f"decode steps run eager: {refusal.detail}"
-        )
+        op, refusal = refused
+        backend = setting.kernels.get(op, "torch")
+        record_fallback(op, backend, refusal.reason, f"decode steps run eager: {refusal.detail}")
         return True
 
     def graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:

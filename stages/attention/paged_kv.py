@@ -11,41 +11,38 @@ groups and prefix slots, the graphs' static buffers hold the rest.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from stages.attention.base import AnyBatch, AttentionBackend, torch_ops
+from stages.attention.base import AnyBatch, AttentionBackend, on_torch
 from stages.forward_batch import PagedDecodeBatch
 from stages.kernels.fallbacks import Refusal
 from stages.kernels.triton_paged_decode import num_splits_for
 from stages.kv_cache import PagedKVCache
 from stages.models.families import GraphSetting
 
-if TYPE_CHECKING:
-    from stages.stage_context import StageContext
-
 
 class PagedKVBackend(AttentionBackend[AnyBatch]):
     op = "paged_decode"
 
-    def __init__(self, ctx: StageContext):
-        super().__init__(ctx)
-        # the rank's KV heads size the paged kernel's split-KV grid
-        self.kv_heads = ctx.tp.part(ctx.args.num_key_value_heads, "num_key_value_heads")
+    @property
+    def kv_heads(self) -> int:
+        """The rank's KV heads (they size the paged kernel's split-KV grid); the layers refuse
+        a share that does not divide when the stage is built."""
+        return self.ctx.tp.part(self.ctx.args.num_key_value_heads, "num_key_value_heads")
 
     def prepare(self, batch: AnyBatch, cache: Any) -> AnyBatch:
         return batch
 
     @classmethod
-    def capture_refusal(cls, setting: GraphSetting) -> Refusal | None:
+    def capture_refusal(cls, setting: GraphSetting) -> tuple[str, Refusal] | None:
         """The paged Triton decode kernel: power-of-two blocks of at least 16."""
-        if torch_ops(setting, ["paged_decode"]):
-            return Refusal("shape", "paged_decode on the torch reference syncs with the host")
         bs = setting.block_size
         if bs < 16 or bs & (bs - 1):
-            return Refusal("page_size", f"block size {bs}: the paged kernel takes 2^k >= 16")
-        return None
+            refusal = Refusal("page_size", f"block size {bs}: the paged kernel takes 2^k >= 16")
+            return "paged_decode", refusal
+        return on_torch(setting, ["paged_decode"])
 
     def graph_splits(self, bucket: int) -> int:
         """The paged kernel's splits per bucket fill the chip's SMs (one on the CPU)."""

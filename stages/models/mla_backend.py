@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from stages.attention.base import AnyBatch, AttentionBackend, torch_ops
+from stages.attention.base import AnyBatch, AttentionBackend, on_torch
 from stages.forward_batch import PagedDecodeBatch
 from stages.kernels.fallbacks import Refusal
 from stages.kernels.flash_mla import PREFIX_KEYS
@@ -42,17 +42,15 @@ SELECT_WIDTH_STEP = 128
 SELECT_BYTES_PER_KEY = 16
 
 
-def _flash_mla_refusal(setting: GraphSetting, ops: list[str]) -> Refusal | None:
-    """FlashMLA (bf16 latent pages of 64) and the other `ops` off their torch references,
-    which size tensors from device values (fp8_latent's gathers and loops on the host)."""
-    slow = torch_ops(setting, ops)
-    if slow:
-        return Refusal("shape", f"{', '.join(slow)} on the torch reference syncs with the host")
+def _flash_mla_refusal(setting: GraphSetting, ops: list[str]) -> tuple[str, Refusal] | None:
+    """FlashMLA (bf16 latent pages of 64; ops[0] its op) and the other `ops` off their torch
+    references, which size tensors from device values (fp8_latent's gathers and loops on the
+    host)."""
     if setting.block_size != FLASH_MLA_PAGE:
-        return Refusal("page_size", f"block size {setting.block_size}, not FlashMLA's 64")
+        return ops[0], Refusal("page_size", f"block size {setting.block_size}, not FlashMLA's 64")
     if setting.dtype != "bfloat16":
-        return Refusal("dtype", f"{setting.dtype}: FlashMLA takes bfloat16")
-    return None
+        return ops[0], Refusal("dtype", f"{setting.dtype}: FlashMLA takes bfloat16")
+    return on_torch(setting, ops)
 
 
 def _kernel(kernels: Any, op: str) -> Any:
@@ -71,7 +69,7 @@ class MLADenseBackend(AttentionBackend[MLADecodeRows | None]):
         return MLADecodeRows.build(batch, batch.positions.device)
 
     @classmethod
-    def capture_refusal(cls, setting: GraphSetting) -> Refusal | None:
+    def capture_refusal(cls, setting: GraphSetting) -> tuple[str, Refusal] | None:
         return _flash_mla_refusal(setting, ["mla_decode"])
 
     def forward(
@@ -150,10 +148,10 @@ class MLASparseBackend(AttentionBackend[MLADecodeRows | SparseRows]):
         return SparseRows.build(batch, cache.block_size, self.topk, batch.positions.device)
 
     @classmethod
-    def capture_refusal(cls, setting: GraphSetting) -> Refusal | None:
+    def capture_refusal(cls, setting: GraphSetting) -> tuple[str, Refusal] | None:
         """FlashMLA dense and sparse, the Triton indexer; over an FP8 latent FlashMLA's sparse
         FP8 kernel alone, its scheduler plan built inside the graph."""
-        ops = ["mla_decode", "mla_sparse", "indexer_logits_rows"]
+        ops = ["mla_sparse", "mla_decode", "indexer_logits_rows"]
         if setting.kv_cache_dtype == "fp8":
             ops.append("mla_sparse_fp8")
         return _flash_mla_refusal(setting, ops)

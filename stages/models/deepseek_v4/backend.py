@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from stages.attention.base import AnyBatch, AttentionBackend, torch_ops
+from stages.attention.base import AnyBatch, AttentionBackend, on_torch
 from stages.forward_batch import PagedDecodeBatch
 from stages.kernels.fallbacks import Refusal
 from stages.kernels.registry import fp8_prefill_in_place
@@ -65,18 +65,15 @@ class V4Backend(AttentionBackend[V4Plan]):
         return V4Plan.build(batch, window, self.rates, cache.block_size, batch.positions.device)
 
     @classmethod
-    def capture_refusal(cls, setting: GraphSetting) -> Refusal | None:
+    def capture_refusal(cls, setting: GraphSetting) -> tuple[str, Refusal] | None:
         """FlashMLA's V4 attention (the bf16 sparse prefill kernel over the gathered keys, or
         the sparse FP8 decode kernel over the pages in place) and the Triton indexer: their
         torch references loop or gather on the host."""
         fp8 = setting.kv_cache_dtype == "fp8"
         attention = "sparse_sink_attention_fp8" if fp8 else "sparse_sink_attention"
-        slow = torch_ops(setting, [attention, "indexer_logits_rows"])
-        if slow:
-            return Refusal("shape", f"{', '.join(slow)} on the torch reference syncs with the host")
         if setting.dtype != "bfloat16":
-            return Refusal("dtype", f"{setting.dtype}: FlashMLA takes bfloat16")
-        return None
+            return attention, Refusal("dtype", f"{setting.dtype}: FlashMLA takes bfloat16")
+        return on_torch(setting, [attention, "indexer_logits_rows"])
 
     def graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
         """One shape per bound on the rows' length (the PagedDecodeBatch's select_width: the
