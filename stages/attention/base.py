@@ -20,9 +20,9 @@ inside the graph (prepare_for_capture): a backend's metadata for a PagedDecodeBa
 device ops only.
 
 A backend that cannot serve an input says so, logged once and counted (stages/kernels/
-fallbacks.py): a kernel refusing the model's shapes when the stage is built (the registry), a
-decode step that cannot be captured when the runner allocates its cache (``announce_eager``),
-an input routed elsewhere when the batch is planned (``refuse``).
+fallbacks.py): a kernel refusing the model's shapes when the stage is built (the registry's
+``supports``), a decode step that cannot be captured when the runner allocates its cache
+(``announce_eager``), a call a kernel routes elsewhere (``record_fallback`` in the kernel).
 """
 
 from __future__ import annotations
@@ -70,11 +70,6 @@ class AttentionBackend(ABC, Generic[Meta]):
         """The batch's attention metadata, shared by every layer of the forward (a
         PagedDecodeBatch's from its static buffers with device ops only: what a graph
         replays)."""
-
-    def refuse(self, op: str, reason: str, detail: str) -> None:
-        """An input of this batch is routed away from `op`'s chosen kernel: logged once,
-        counted."""
-        record_fallback(op, self.ctx.kernels.names.get(op, "torch"), reason, detail)
 
     # -- CUDA graphs -------------------------------------------------------------------------
     @classmethod
