@@ -9,12 +9,16 @@ length and block-table row, filled by one pinned copy. Block tables are kept on 
 row per request slot, and updated only when a plan appends blocks. Rows past the real ones pad
 the bucket: length 0 (attention gives zeros) and KV written to a scratch slot nobody reads.
 
-DeepSeek's decode (FlashMLA's absorbed MLA, the Triton grouped MoE, V3.2's indexer and sparse
-MLA) is captured the same way; V3.2 keeps two graphs per bucket (Stage.decode_graph_variants):
+The stage's attention backend (stages/attention/base.py) owns what is attention-specific: the
+graphs' shapes per bucket (graph_variants), their static batches (static_batch), the rows
+copied in before a replay (replay_meta) and its metadata, built inside the graph from the static
+buffers (prepare). DeepSeek's decode (FlashMLA's absorbed MLA, the Triton grouped MoE, V3.2's
+indexer and sparse MLA) is captured the same way; V3.2 keeps two graphs per bucket:
 rows that all fit in the indexer's top-k attend densely, others score a static width. FP8 weights
 (the W8A8 GEMMs, the grouped FP8 MoE) and V3.2's FP8 latent (every row on FlashMLA's sparse FP8
-kernel) capture too; stages/models/families.py says which kernels a family's graphs need.
-DeepSeek-V4 keeps one graph per bucket and bound on the rows' length (V4Plan.paged: its window,
+kernel) capture too; the family's paged_decode_graphs asks its attention backends
+(can_capture) and its other ops which kernels its graphs need.
+DeepSeek-V4 keeps one graph per bucket and bound on the rows' length (V4Backend: its window,
 compressed entries and compression groups at static widths); a later stage whose hash-routed
 layers read token ids gets a static buffer for them too.
 
@@ -31,8 +35,8 @@ from typing import Any, Protocol
 
 import torch
 
+from stages.attention.base import AttentionBackend
 from stages.forward_batch import PagedDecodeBatch
-from stages.kernels.triton_paged_decode import num_splits_for
 from stages.kv_cache import KVCache
 from stages.protocol import Row
 
@@ -42,13 +46,14 @@ _META = 4  # positions, slot mapping, lengths, block-table rows
 
 
 class GraphedModel(Protocol):
-    """A stage's model as the graphs use it (stages.models.stage.Stage)."""
+    """A stage's model as the graphs use it (stages.models.stage.Stage): its attention backend
+    sizes the graphs, builds their static batches and fills them before a replay."""
+
+    attention: AttentionBackend[Any]
 
     def __call__(
         self, inputs: torch.Tensor, batch: PagedDecodeBatch, kv: Any, *token_ids: torch.Tensor
     ) -> torch.Tensor: ...
-
-    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]: ...
 
 
 def batch_buckets(max_rows: int) -> list[int]:
@@ -71,7 +76,6 @@ class DecodeGraphs:
         max_model_len: int,
         scratch_slot: int,
         hidden_shape: tuple[int, ...],
-        kv_heads: int,
         dtype: torch.dtype,
         device: torch.device,
         is_first: bool,
@@ -102,27 +106,18 @@ class DecodeGraphs:
             else None
         )
         # (bucket, select width) per graph: one shape per bucket unless the model's attention
-        # changes form with the rows' lengths (Stage.decode_graph_variants)
-        self.variants = model.decode_graph_variants(max_model_len)
+        # changes form with the rows' lengths (AttentionBackend.graph_variants)
+        self.attention = model.attention
+        self.variants = self.attention.graph_variants(max_model_len)
         self.batches: dict[tuple[int, int], PagedDecodeBatch] = {}
         self.meta: dict[int, torch.Tensor] = {}
-        # the paged kernel's splits per bucket fill the chip's SMs (one on the CPU)
-        sms = None if device.type == "cuda" else 1
         for b in self.buckets:
             meta = torch.zeros(_META, b, dtype=torch.long, device=device)
             meta[1].fill_(scratch_slot)
             self.meta[b] = meta
             for _longest, width in self.variants:
-                self.batches[b, width] = PagedDecodeBatch(
-                    positions=meta[0],
-                    slot_mapping=meta[1],
-                    lengths=meta[2],
-                    table_rows=meta[3],
-                    block_tables=self.tables,
-                    block_size=self.block_size,
-                    num_splits=num_splits_for(b, kv_heads, sms),
-                    select_width=width,
-                    scratch_slot=scratch_slot,
+                self.batches[b, width] = self.attention.static_batch(
+                    b, width, meta, self.tables, self.block_size, scratch_slot
                 )
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -210,16 +205,10 @@ class DecodeGraphs:
     ) -> torch.Tensor:
         """key: bucket_for's. inputs: [R] token ids (stage 0) or [R, hidden]; token_ids [R]
         where the graphs hold a buffer for them. Returns hidden [R, hidden]."""
-        bucket = key[0]
-        n, bs = len(rows), self.block_size
-        pad = bucket - n
-        meta = [
-            [r.start for r in rows] + [0] * pad,
-            [block_tables[r.req_id][r.start // bs] * bs + r.start % bs for r in rows]
-            + [self.scratch_slot] * pad,
-            [r.start + 1 for r in rows] + [0] * pad,
-            [r.slot for r in rows] + [0] * pad,
-        ]
+        bucket, n = key[0], len(rows)
+        meta = self.attention.replay_meta(
+            rows, bucket, block_tables, self.block_size, self.scratch_slot
+        )
         host = self._pinned(torch.tensor(meta, dtype=torch.long))
         self.meta[bucket].copy_(host, non_blocking=True)
         self.inputs[:n].copy_(inputs)

@@ -186,16 +186,19 @@ class StageRunner:
         """Decode-only microbatches take the paged path (graphed unless enforce_eager) on CUDA
         for the families whose decode step captures under the chosen kernels, block size and
         cache dtype (others decode through their own path)."""
-        setting = GraphSetting(
+        return (
+            self.device.type == "cuda"
+            and self.spec.max_model_len > 0
+            and self.family.paged_decode_graphs(self.graph_setting)
+        )
+
+    @property
+    def graph_setting(self) -> GraphSetting:
+        return GraphSetting(
             kernels=self.kernels.names,
             block_size=self.spec.block_size,
             kv_cache_dtype=self.spec.kv_cache_dtype,
             dtype=str(self.dtype).removeprefix("torch."),
-        )
-        return (
-            self.device.type == "cuda"
-            and self.spec.max_model_len > 0
-            and self.family.paged_decode_graphs(setting)
         )
 
     def kv_capacity(self) -> int:
@@ -234,6 +237,9 @@ class StageRunner:
         self.decode_graphs = None
         if graphs:
             self._build_decode_graphs()
+        elif self.device.type == "cuda" and self.spec.max_model_len > 0:
+            # decode steps run eager: the attention backend says so when it is the reason
+            self.model.attention.announce_eager(self.graph_setting)
 
     def _build_decode_graphs(self) -> None:
         self.decode_graphs = DecodeGraphs(
@@ -243,7 +249,6 @@ class StageRunner:
             max_model_len=self.spec.max_model_len,
             scratch_slot=(self.kv.num_blocks - 1) * self.spec.block_size,
             hidden_shape=self.family.hidden_shape(self.args),
-            kv_heads=self.rank_args.num_key_value_heads,
             dtype=self.dtype,
             device=self.device,
             is_first=self.spec.is_first,

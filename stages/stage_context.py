@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from stages.kernels.registry import Kernels
 from stages.kv_cache import KVCache
 from stages.model_config import ModelArgs
 from stages.tensor_parallel import TensorParallel
+
+if TYPE_CHECKING:
+    from stages.attention.base import AttentionBackend
 
 
 class Piece(NamedTuple):
@@ -104,6 +107,9 @@ class StageModel(Protocol):
         ...
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor: ...
+
+    # the attention backend of the stage's cache kind (stages/attention/base.py)
+    attention: AttentionBackend[Any]
 
     def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]: ...
 

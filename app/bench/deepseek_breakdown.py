@@ -41,15 +41,16 @@ from stages.model_config import ModelArgs
 from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
 from stages.stage_context import StageModel
 
-# DeepSeek-V4's ops timed by CUDA events: (module class, method, label). Nested ones are timed
-# each (the indexer's selection inside the key selection, inside the attention, inside the layer).
+# DeepSeek-V4's ops timed by CUDA events: (module or attention backend class, method, label).
+# Nested ones are timed each (the indexer's selection inside the key selection, inside the
+# attention, inside the layer).
 V4_OPS = (
     ("V4DecoderLayer", "forward", "layer"),
     ("HyperConnection", "forward", "hyper-connection weights"),
     ("V4Attention", "forward", "attention"),
     ("GroupCompressor", "complete_groups", "attention/compressor groups"),
     ("Indexer", "complete_groups", "attention/indexer groups"),
-    ("V4Attention", "_keys", "attention/key pool + selection"),
+    ("V4Backend", "keys", "attention/key pool + selection"),
     ("Indexer", "select", "attention/key selection/indexer"),
     ("MoE", "forward", "moe"),
 )
@@ -166,10 +167,10 @@ class OpTimer:
         return dataclasses.replace(kernels, **wrapped)
 
     def instrument(self, model: StageModel) -> None:
-        for module in model.modules():
+        for part in (*model.modules(), model.attention):
             for cls, method, label in V4_OPS:
-                if type(module).__name__ == cls:
-                    setattr(module, method, self.wrap(label, getattr(module, method)))
+                if type(part).__name__ == cls:
+                    setattr(part, method, self.wrap(label, getattr(part, method)))
 
     def measure(self, fn: Callable[[], object]) -> dict[str, Any]:
         """Per op: milliseconds summed over its calls in one fn(), and its calls."""

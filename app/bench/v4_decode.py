@@ -83,7 +83,6 @@ def run(
         max_model_len=max_model_len,
         scratch_slot=(num_blocks - 1) * block,
         hidden_shape=args.family.hidden_shape(args),
-        kv_heads=args.num_key_value_heads,
         dtype=torch.bfloat16,
         device=torch.device("cuda"),
         is_first=True,

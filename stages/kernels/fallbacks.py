@@ -23,7 +23,10 @@ one of the short, fixed categories of ``REASONS`` (a metric label: bounded); the
 What is not counted, or counted differently:
 - a call captured in a CUDA graph runs its Python once, at capture: a fallback inside a
   captured step is counted once per capture, not per replay (a family captures only under
-  backends that take its decode step: Family.paged_decode_graphs);
+  backends that take its decode step: Family.paged_decode_graphs). A stage on CUDA whose
+  attention backend cannot capture its decode step says so once, when its cache is allocated
+  (AttentionBackend.announce_eager, stages/attention/base.py): counted under the op that
+  refuses;
 - an input with no rows does no work on either path and is not counted;
 - the KV-cache writers and the FP8 activation quantizer (triton_fp8_latent, triton_fp8_act)
   are every device's path, not a chosen backend: their torch branch on CPU is no fallback,
@@ -54,6 +57,7 @@ REASONS: dict[str, tuple[str, bool]] = {
     "no_triton": ("triton is not installed", False),
     "no_plan": ("the batch state the kernel reads was not built for this call", False),
     "few_rows": ("fewer rows than the kernel is worth launching for (by design)", True),
+    "eager": ("a kernel a CUDA graph cannot capture: decode steps run eager", False),
 }
 
 

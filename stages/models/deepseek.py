@@ -21,12 +21,6 @@ from stages.models.moe import Experts, MoE
 from stages.models.stage import Stage
 from stages.stage_context import StageContext
 
-# The indexer's static score width is a multiple of its kernel's key blocks.
-SELECT_WIDTH_STEP = 128
-# Bytes per row and scored key the selecting decode graph holds at once (see
-# decode_graph_workspace): two int32 slot tables, fp32 scores, top-k's scratch of the same size
-SELECT_BYTES_PER_KEY = 16
-
 
 class DeepseekRouter(nn.Module):
     """Top-k experts: V2 a softmax (greedy or group-limited), V3 a sigmoid with the
@@ -118,22 +112,8 @@ class DeepseekStage(Stage):
             mlp = SwiGLU(
                 a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device, tp=tp
             )
-        return DecoderLayer(a, attention(a, kernels, dtype, device, tp), mlp, dtype, device)
-
-    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
-        """DSA: a decode-only microbatch whose rows all fit in the indexer's top-k attends
-        densely; one with a longer row scores a static width (max_model_len rounded up)."""
-        indexer = self.args.family_args.indexer
-        if indexer is None or max_model_len <= indexer.topk:
-            return super().decode_graph_variants(max_model_len)
-        width = -(-max_model_len // SELECT_WIDTH_STEP) * SELECT_WIDTH_STEP
-        return ((indexer.topk, 0), (max_model_len, width))
-
-    def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int:
-        """The selecting shape's per-row [width] temporaries of the largest bucket: the slot
-        table and its int32 intermediate, the fp32 scores, top-k's scratch."""
-        width = max(w for _longest, w in self.decode_graph_variants(max_model_len))
-        return max_rows * width * SELECT_BYTES_PER_KEY
+        attn = attention(a, kernels, dtype, device, tp, self.attention)
+        return DecoderLayer(a, attn, mlp, dtype, device)
 
     def layer_context(
         self, batch: ForwardBatch | PagedDecodeBatch, kv: LatentKVCache, h: torch.Tensor
@@ -144,19 +124,4 @@ class DeepseekStage(Stage):
         freqs = batch.positions[:, None].float() * self.inv_freq[None, :]
         cos = (freqs.cos() * self.rope_scale).to(h.dtype)
         sin = (freqs.sin() * self.rope_scale).to(h.dtype)
-        indexer = self.args.family_args.indexer
-        if isinstance(batch, PagedDecodeBatch):
-            paged: MLADecodeRows | SparseRows
-            if indexer is not None and batch.select_width:
-                paged = SparseRows.paged(batch, indexer.topk)
-            elif indexer is not None and kv.fp8:  # within index_topk, on the sparse FP8 kernel
-                paged = SparseRows.paged_dense(batch, indexer.topk)
-            else:  # MLA, or DSA within index_topk: dense MLA decode
-                paged = MLADecodeRows.paged(batch)
-            return cos, sin, paged
-        rows = (
-            MLADecodeRows.build(batch, h.device)
-            if indexer is None
-            else SparseRows.build(batch, kv.block_size, indexer.topk, h.device)
-        )
-        return cos, sin, rows
+        return cos, sin, self.attention.prepare(batch, kv)

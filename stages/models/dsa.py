@@ -21,15 +21,14 @@ every query's scores before the top-k.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from stages.forward_batch import ForwardBatch, PagedDecodeBatch
-from stages.kernels.flash_mla import PREFIX_KEYS
-from stages.kernels.indexer_select import SelectPlan, topk_slots
+from stages.kernels.indexer_select import SelectPlan
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import INDEXER_KEY, IndexerArgs
@@ -217,8 +216,9 @@ class DSAttention(MLAttention):
         dtype: torch.dtype,
         device: Device,
         tp: TensorParallel | None = None,
+        backend: Any = None,
     ):
-        super().__init__(args, kernels, dtype, device, tp)
+        super().__init__(args, kernels, dtype, device, tp, backend)
         self.indexer = Indexer(args, kernels, dtype, device)
 
     def forward(
@@ -231,78 +231,11 @@ class DSAttention(MLAttention):
         kv: LatentKVCache,
         local_layer: int,
     ) -> torch.Tensor:
-        d, t = self.d, x.shape[0]
+        """rows: the stage's attention backend's metadata (MLASparseBackend.prepare), which
+        selects the keys and attends on bf16 or FP8 pages."""
         q_nope, q_pe, q_resid = self.project(x, cos, sin, batch, kv, local_layer)
         kv.write(local_layer, self.indexer.keys(x, cos, sin), batch.slot_mapping, INDEXER_KEY)
-        if isinstance(rows, MLADecodeRows) and isinstance(batch, PagedDecodeBatch):
-            # every row within index_topk keys: it attends to its whole prefix, which is MLA's
-            # dense decode (read up to each row's length, not topk slots)
-            out = self._decode(q_nope, q_pe, rows, kv, local_layer)
-            return self._project_out(self.unabsorb(out, x.dtype), t)
-        if not isinstance(rows, SparseRows):
-            raise TypeError(f"DSA layers take the stage's SparseRows, got {type(rows).__name__}")
-        indices = self._select(x, q_resid, cos, sin, rows, kv, local_layer)
-        pages = kv.pages(local_layer)
-        q = self.absorbed_query(q_nope, q_pe)
-        if kv.fp8:
-            out = self._fp8_attention(q, pages, indices, rows)
-        else:
-            mla_sparse = self.kernels.mla_sparse
-            if mla_sparse is None:
-                raise RuntimeError("DSA layers need kernels.mla_sparse, which is unset")
-            out = mla_sparse(
-                q, pages.view(-1, 1, pages.shape[-1]), indices, d.kv_lora_rank, self.scale
-            )
-        return self._project_out(self.unabsorb(out, x.dtype), t)
-
-    def _fp8_attention(
-        self, q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, rows: SparseRows
-    ) -> torch.Tensor:
-        """Over the FP8 latent pages: prefill chunks' tokens on mla_prefill_fp8 (their prefix
-        keys in rows.state), decode rows' on mla_sparse_fp8, split where a batch holds both."""
-        decode, prefill = self.kernels.mla_sparse_fp8, self.kernels.mla_prefill_fp8
-        if decode is None:
-            raise RuntimeError("an FP8 latent cache needs kernels.mla_sparse_fp8, which is unset")
-        dv, state = self.d.kv_lora_rank, rows.state
-        if not rows.chunked or prefill is None:
-            return cast(torch.Tensor, decode(q, pages, indices, dv, self.scale, state))
-        if PREFIX_KEYS not in state:
-            state[PREFIX_KEYS] = rows.prefix_keys(pages.shape[0] * pages.shape[1])
-        if rows.split is None:
-            return cast(torch.Tensor, prefill(q, pages, indices, dv, self.scale, state))
-        chunk, single = rows.split
-        out = q.new_empty(q.shape[0], q.shape[1], dv)
-        out[chunk] = prefill(q[chunk], pages, indices[chunk], dv, self.scale, state)
-        out[single] = decode(q[single], pages, indices[single], dv, self.scale, state)
-        return out
-
-    def _select(
-        self,
-        x: torch.Tensor,
-        q_resid: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        rows: SparseRows,
-        kv: LatentKVCache,
-        local_layer: int,
-    ) -> torch.Tensor:
-        """[T, topk] int32 slot ids each query attends to (-1: none)."""
-        if rows.plan is None:
-            return rows.dense
-        if q_resid is None:
-            raise ValueError("DSA's indexer reads the q LoRA's output: q_lora_rank must be set")
-        indexer_logits_rows = self.kernels.indexer_logits_rows
-        if indexer_logits_rows is None:
-            raise RuntimeError("DSA layers need kernels.indexer_logits_rows, which is unset")
-        plan, indices = rows.plan, rows.dense.clone()
-        q, weights = self.indexer.queries(x, q_resid, cos, sin)
-        keys = kv.pages(local_layer, INDEXER_KEY)
-        logits = indexer_logits_rows(
-            q[plan.token_index],
-            keys.view(-1, keys.shape[-1]),
-            weights[plan.token_index],
-            self.indexer.scale,
-            plan,
+        o = self.backend.forward(
+            self, x, q_nope, q_pe, q_resid, cos, sin, rows, batch, kv, local_layer
         )
-        indices[plan.token_index] = topk_slots(logits, plan, indices.shape[1])
-        return indices
+        return self._project_out(o, x.shape[0])

@@ -18,9 +18,13 @@ A family declares:
 - `hidden_shape`: the per-token shape of the hidden state one stage sends the next;
 - `token_id_layers`: the layers that read their rows' token ids (hash-routed MoE): a stage
   holding one gets them from stage 0 over the hidden channel;
+- its attention: `attention_backends`, the backend classes of its cache kinds
+  (stages/attention/base.py: GQA's paged K/V, MLA's dense or sparse latent, V4's window and
+  compressed entries), and `attention_of`, the one a model takes;
 - capabilities the runner asks about: `paged_decode_graphs`, whether its decode-only
   microbatches capture as CUDA graphs under the chosen kernels (every op of the decode step
-  sync-free and static-shaped on them), block size and cache dtype; and `chunk_attention_dims`,
+  sync-free and static-shaped on them), block size and cache dtype: its `graph_ops` beside
+  attention, and each attention backend's `can_capture`; and `chunk_attention_dims`,
   the heads and widths of its prefill chunks' dense attention, which the startup warm-up builds
   cuDNN's per-shape graphs for (None: no such attention);
 - `op_shapes`: the shapes of the kernel ops its layers call (op -> OpShape), which the registry
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from stages.model_config import ModelArgs
 
 PLAIN_ROPE_TYPES = ("default", "llama3")
+GQA_PAGED = "stages.attention.paged_kv:PagedKVBackend"
 # FlashMLA's page size (stages/kernels/flash_mla.py): other block sizes decode on the torch
 # reference, which syncs with the host
 FLASH_MLA_PAGE = 64
@@ -75,43 +80,33 @@ def _never(_s: GraphSetting) -> bool:
     return False
 
 
-def _llama_graphs(s: GraphSetting) -> bool:
-    """The paged Triton decode kernel: power-of-two blocks of at least 16."""
-    bs = s.block_size
-    return s.kernels.get("paged_decode", "torch") != "torch" and bs >= 16 and bs & (bs - 1) == 0
+def _always(_s: GraphSetting) -> bool:
+    return True
+
+
+def _fast(s: GraphSetting, ops: list[str]) -> bool:
+    """None of `ops` on its torch reference: those size tensors from device values or loop on
+    the host (fp8_ref's, fp8_latent's), not captured."""
+    return all(s.kernels.get(op, "torch") != "torch" for op in ops)
 
 
 def _deepseek_graphs(s: GraphSetting) -> bool:
-    """FlashMLA (dense and sparse, bf16 latent pages of 64), the Triton MoE and indexer: the
-    torch references of these ops size tensors from device values. An FP8 latent (V3.2) is
-    read by FlashMLA's sparse FP8 kernel alone, its scheduler plan built inside the graph; FP8
-    weights run on the W8A8 GEMMs (cuBLASLt's or the Triton ones, fed by the fused activation
-    quantizer) and the grouped Triton FP8 MoE, each a fixed launch with no host sync. Their
-    torch references (fp8_latent's, fp8_ref's) gather and loop on the host: not captured."""
-    ops = ["mla_decode", "mla_sparse", "indexer_logits_rows", "moe_experts"]
-    if s.kv_cache_dtype == "fp8":
-        ops.append("mla_sparse_fp8")
+    """Beside MLA's backends (FlashMLA, stages/models/mla_backend.py): the Triton MoE; FP8
+    weights on the W8A8 GEMMs (cuBLASLt's or the Triton ones, fed by the fused activation
+    quantizer) and the grouped Triton FP8 MoE, each a fixed launch with no host sync."""
+    ops = ["moe_experts"]
     if "fp8_linear" in s.kernels:  # set only where FP8 weights stay FP8
         ops += ["fp8_linear", "moe_experts_fp8"]
-    return (
-        all(s.kernels.get(op, "torch") != "torch" for op in ops)
-        and s.block_size == FLASH_MLA_PAGE
-        and s.dtype == "bfloat16"
-    )
+    return _fast(s, ops)
 
 
 def _deepseek_v4_graphs(s: GraphSetting) -> bool:
-    """FlashMLA's V4 attention (bf16 sparse prefill kernel over the gathered keys, or the
-    sparse FP8 decode kernel over the pages in place), the Triton indexer, MoE and
-    hyper-connections; FP8 weights on the W8A8 GEMMs and the grouped FP8 MoE. The torch
-    references of these ops loop or gather on the host: not captured."""
-    attention = (
-        "sparse_sink_attention_fp8" if s.kv_cache_dtype == "fp8" else "sparse_sink_attention"
-    )
-    ops = [attention, "indexer_logits_rows", "moe_experts", "hc_mix", "hc_merge"]
+    """Beside V4's attention backend: the Triton MoE and hyper-connections; FP8 weights on the
+    W8A8 GEMMs and the grouped FP8 MoE."""
+    ops = ["moe_experts", "hc_mix", "hc_merge"]
     if "fp8_linear" in s.kernels:
         ops += ["fp8_linear", "moe_experts_fp8"]
-    return all(s.kernels.get(op, "torch") != "torch" for op in ops) and s.dtype == "bfloat16"
+    return _fast(s, ops)
 
 
 def _token_hidden(args: ModelArgs) -> tuple[int, ...]:
@@ -195,7 +190,8 @@ class Family:
     fp8_kv: Callable[[ModelArgs], dict[str, int]] | None = None
     fp8_block_bytes: Callable[[int, int], int] = lambda entry_bytes, entries: entry_bytes * entries
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
-    paged_decode_graphs: Callable[[GraphSetting], bool] = _never
+    # whether the decode step's ops beside attention capture (paged_decode_graphs)
+    graph_ops: Callable[[GraphSetting], bool] = _never
     chunk_attention_dims: Callable[[ModelArgs], ChunkAttentionDims | None] = _no_dims
     layer_kv_components: Callable[[ModelArgs, int], dict[str, tuple[int, int]]] | None = None
     block_multiple: Callable[[ModelArgs], int] = lambda _args: 1
@@ -205,6 +201,22 @@ class Family:
     # The model as one rank of a tensor-parallel stage computes and caches it (its share of
     # the heads): what the rank's cache, kernel targets and decode graphs are sized from
     rank_args: Callable[[ModelArgs, int], ModelArgs] = _split_kv_heads
+    # The attention backends ("module:Class", stages/attention/base.py) a stage of the family
+    # may build, one per cache kind; `attention_of` picks the model's (an index into them)
+    attention_backends: tuple[str, ...] = (GQA_PAGED,)
+    attention_of: Callable[[ModelArgs], int] = lambda _args: 0
+
+    def paged_decode_graphs(self, setting: GraphSetting) -> bool:
+        """Whether a stage's decode-only microbatches capture as CUDA graphs under `setting`:
+        its ops beside attention (graph_ops) and every attention backend it may choose (each
+        one's can_capture: the setting does not say which the model takes)."""
+        return self.graph_ops(setting) and all(
+            _resolve_any(name).can_capture(setting) for name in self.attention_backends
+        )
+
+    def attention_backend(self, args: ModelArgs) -> Any:
+        """The class of the model's attention backend (imported when first asked)."""
+        return _resolve_any(self.attention_backends[self.attention_of(args)])
 
     def components_of_layer(self, args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
         """Cache component -> (values per entry, tokens per entry) of one layer."""
@@ -217,6 +229,11 @@ class Family:
 
     def cache(self) -> type:
         return _resolve(self.cache_class)
+
+
+def _resolve_any(name: str) -> Any:
+    module, attr = name.split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _resolve(name: str) -> type:
@@ -283,7 +300,7 @@ LLAMA = Family(
     _gqa_attention_fields,
     PLAIN_ROPE_TYPES,
     "stages.models.llama:LlamaStage",
-    paged_decode_graphs=_llama_graphs,
+    graph_ops=_always,
     chunk_attention_dims=_gqa_dims,
 )
 QWEN3_MOE = Family(
@@ -292,7 +309,7 @@ QWEN3_MOE = Family(
     _qwen3_moe_fields,
     PLAIN_ROPE_TYPES,
     "stages.models.qwen3_moe:Qwen3MoeStage",
-    # not paged_decode_graphs: the torch reference of the MoE experts syncs with the host
+    # no graph_ops: the torch reference of the MoE experts syncs with the host
     chunk_attention_dims=_gqa_dims,
 )
 DEEPSEEK = Family(
@@ -305,10 +322,15 @@ DEEPSEEK = Family(
     kv_components=latent_components,
     kv_description="MLA latent",
     fp8_kv=fp8_latent_components,
-    paged_decode_graphs=_deepseek_graphs,
+    graph_ops=_deepseek_graphs,
     chunk_attention_dims=_mla_dims,
     op_shapes=deepseek_op_shapes,
     rank_args=_split_query_heads,
+    attention_backends=(
+        "stages.models.mla_backend:MLADenseBackend",
+        "stages.models.mla_backend:MLASparseBackend",
+    ),
+    attention_of=lambda args: int(args.family_args.indexer is not None),
 )
 
 
@@ -350,9 +372,10 @@ DEEPSEEK_V4 = Family(
     block_multiple=lambda args: args.family_args.max_rate,
     token_id_layers=lambda args: args.family_args.hash_layers,
     attention_prefixes=False,
-    paged_decode_graphs=_deepseek_v4_graphs,
+    graph_ops=_deepseek_v4_graphs,
     op_shapes=_v4_op_shapes,
     rank_args=_v4_rank_args,
+    attention_backends=("stages.models.deepseek_v4.backend:V4Backend",),
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

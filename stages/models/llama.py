@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stages.attention.paged_kv import PagedKVBackend
 from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.kv_cache import PagedKVCache
@@ -31,7 +32,9 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         device: str | torch.device,
         tp: TensorParallel | None = None,
+        backend: PagedKVBackend | None = None,
     ):
+        """backend: the stage's paged K/V attention (Stage.attention); required to run."""
         super().__init__()
         tp = one_rank_unless(tp)
         h, d = args.hidden_size, args.head_dim
@@ -41,6 +44,7 @@ class Attention(nn.Module):
         self.d = d
         self.scale = d**-0.5
         self.kernels = kernels
+        self._backend = backend
         # q, k and v in one GEMM (the loader concatenates the checkpoint's three tensors)
         self.qkv_proj = Linear(
             h,
@@ -80,49 +84,14 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        # New K/V go to the cache first, then each row attends to its whole prefix: decode rows
-        # in padded groups (one call per group), the others one call per row.
-        kv.write(local_layer, k, v, batch.slot_mapping)
-        if isinstance(batch, PagedDecodeBatch):
-            k_cache, v_cache = kv.kv[local_layer][0], kv.kv[local_layer][1]
-            o = self.kernels.paged_decode(
-                q,
-                k_cache,
-                v_cache,
-                batch.block_tables,
-                batch.table_rows,
-                batch.lengths,
-                self.scale,
-                batch.block_size,
-                batch.num_splits,
-            )
-            return self._project_out(o, t)
-        if len(batch.row_starts) == 1:  # a lone row (a long prompt's chunk): no output copy
-            k_r, v_r = kv.gather(
-                local_layer, batch.block_tables[0], batch.row_starts[0] + t, batch.prefix_slots[0]
-            )
-            o = self.kernels.attention(q, k_r.to(q.dtype), v_r.to(q.dtype), self.scale)
-            return self._project_out(o, t)
-        o = torch.empty_like(q)
-        for group in batch.decode_groups:
-            k_g, v_g = kv.gather_padded(local_layer, group.slots)  # [R, Lmax, Hkv, D]
-            o[group.token_index] = self.kernels.decode_attention(
-                q[group.token_index], k_g.to(q.dtype), v_g.to(q.dtype), group.mask, self.scale
-            )
-        for start, n, off, table, idx in zip(
-            batch.row_starts,
-            batch.row_lens,
-            batch.row_offsets,
-            batch.block_tables,
-            batch.prefix_slots,
-        ):
-            if idx is None:  # attended in its decode group above
-                continue
-            k_r, v_r = kv.gather(local_layer, table, start + n, idx)
-            o[off : off + n] = self.kernels.attention(
-                q[off : off + n], k_r.to(q.dtype), v_r.to(q.dtype), self.scale
-            )
+        o = self.backend.forward(self, q, k, v, batch, kv, local_layer)
         return self._project_out(o, t)
+
+    @property
+    def backend(self) -> PagedKVBackend:
+        if self._backend is None:
+            raise RuntimeError("this attention was built without its stage's backend")
+        return self._backend
 
     def _project_out(self, o: torch.Tensor, t: int) -> torch.Tensor:
         out: torch.Tensor = self.o_proj(o.reshape(t, self.hq * self.d))
@@ -140,7 +109,15 @@ class LlamaStage(Stage):
         a, kernels, dtype, device = self.args, self.ctx.kernels, self.ctx.dtype, self.ctx.device
         tp = self.ctx.tp
         mlp = SwiGLU(a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device, tp=tp)
-        return DecoderLayer(a, Attention(a, kernels, dtype, device, tp), mlp, dtype, device)
+        attention = Attention(a, kernels, dtype, device, tp, self.paged_kv)
+        return DecoderLayer(a, attention, mlp, dtype, device)
+
+    @property
+    def paged_kv(self) -> PagedKVBackend:
+        backend = self.attention
+        if not isinstance(backend, PagedKVBackend):
+            raise TypeError(f"Llama layers attend on paged K/V, not {type(backend).__name__}")
+        return backend
 
     def layer_context(
         self, batch: ForwardBatch | PagedDecodeBatch, kv: PagedKVCache, h: torch.Tensor

@@ -135,10 +135,14 @@ class MLAttention(nn.Module):
         dtype: torch.dtype,
         device: Device,
         tp: TensorParallel | None = None,
+        backend: Any = None,
     ):
+        """backend: the stage's MLA attention backend (stages/models/mla_backend.py), which
+        the forward calls (required to run)."""
         super().__init__()
         tp = one_rank_unless(tp)
         d: DeepseekArgs = args.family_args
+        self._backend = backend
         h, bias, heads = args.hidden_size, args.attention_bias, args.num_attention_heads
         self.d, self.kernels = d, kernels
         self.heads = tp.part(heads, "num_attention_heads")  # the rank's
@@ -169,6 +173,12 @@ class MLAttention(nn.Module):
         self.o_proj = Linear(
             heads * d.v_head_dim, h, bias, kernels, dtype, device, tp=tp, split="row"
         )
+
+    @property
+    def backend(self) -> Any:
+        if self._backend is None:
+            raise RuntimeError("this attention was built without its stage's backend")
+        return self._backend
 
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_b_proj's weight as W_UK [H, nope, rank] and W_UV [H, v, rank]."""
@@ -221,59 +231,16 @@ class MLAttention(nn.Module):
         kv: LatentKVCache,
         local_layer: int,
     ) -> torch.Tensor:
-        d, t = self.d, x.shape[0]
+        """decode: the stage's attention backend's metadata (MLADenseBackend.prepare)."""
         q_nope, q_pe, _ = self.project(x, cos, sin, batch, kv, local_layer)
-        if isinstance(batch, PagedDecodeBatch):  # every row decodes: no scatter, no chunk rows
-            if decode is None:
-                raise ValueError("a decode-only microbatch needs its MLADecodeRows")
-            o = self.unabsorb(self._decode(q_nope, q_pe, decode, kv, local_layer), x.dtype)
-            return self._project_out(o, t)
-        o = x.new_empty(t, self.heads, d.v_head_dim)
-        if decode is not None:
-            idx = decode.token_index
-            out = self._decode(q_nope[idx], q_pe[idx], decode, kv, local_layer)
-            o[idx] = self.unabsorb(out, x.dtype)
-        q = None  # the chunk rows' queries with their rope dims rotated, built if needed
-        for n, off, prefix, one in zip(
-            batch.row_lens, batch.row_offsets, batch.prefix_slots, batch.row_decode
-        ):
-            if one:  # a decode row: attended above
-                continue
-            if prefix is None:
-                raise ValueError("a prefill chunk row has no prefix slots")
-            if q is None:
-                q = torch.cat((q_nope, q_pe), dim=-1)
-            o[off : off + n] = self._expanded(q[off : off + n], kv.gather(local_layer, prefix))
-        return self._project_out(o, t)
-
-    def _decode(
-        self,
-        q_nope: torch.Tensor,
-        q_pe: torch.Tensor,
-        decode: MLADecodeRows,
-        kv: LatentKVCache,
-        local_layer: int,
-    ) -> torch.Tensor:
-        """The decode rows' attention in latent space [R, H, rank] (absorbed form)."""
-        mla_decode = self.kernels.mla_decode
-        if mla_decode is None:
-            raise RuntimeError("MLA decode rows need kernels.mla_decode, which is unset")
-        out: torch.Tensor = mla_decode(
-            self.absorbed_query(q_nope, q_pe),
-            kv.pages(local_layer),
-            decode.block_table,
-            decode.seqlens,
-            self.d.kv_lora_rank,
-            self.scale,
-            decode.state,
-        )
-        return out
+        o = self.backend.forward(self, q_nope, q_pe, decode, batch, kv, local_layer, x.dtype)
+        return self._project_out(o, x.shape[0])
 
     def _project_out(self, o: torch.Tensor, t: int) -> torch.Tensor:
         projected: torch.Tensor = self.o_proj(o.reshape(t, self.heads * self.d.v_head_dim))
         return projected
 
-    def _expanded(self, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+    def expanded(self, q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """A chunk's queries [n, H, qk] over its prefix's latent [L, rank + rope] expanded to
         per-head K/V (V keeps its own width: the attention kernels take it)."""
         d, length = self.d, latent.shape[0]

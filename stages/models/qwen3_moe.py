@@ -49,4 +49,5 @@ class Qwen3MoeStage(LlamaStage):
             mlp = SwiGLU(
                 a.hidden_size, a.intermediate_size, a.mlp_bias, kernels, dtype, device, tp=tp
             )
-        return DecoderLayer(a, Attention(a, kernels, dtype, device, tp), mlp, dtype, device)
+        attention = Attention(a, kernels, dtype, device, tp, self.paged_kv)
+        return DecoderLayer(a, attention, mlp, dtype, device)

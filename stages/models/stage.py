@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from stages.attention.base import AttentionBackend
 from stages.model_config import ModelArgs
 from stages.models.layers import RMSNorm, VocabEmbedding, vocab_logits
 from stages.stage_context import Sources, StageContext
@@ -25,6 +26,9 @@ class Stage(nn.Module):
         self.ctx = ctx
         # the kernels the stage's own ops call (the head): swappable, as each layer's are
         self.kernels = ctx.kernels
+        # the attention backend of the family's cache kind, built once; before the layers,
+        # which call it (stages/attention/base.py)
+        self.attention: AttentionBackend[Any] = ctx.args.family.attention_backend(ctx.args)(ctx)
         args, dtype, device = ctx.args, ctx.dtype, ctx.device
         vocab, hidden = args.vocab_size, args.hidden_size
         if ctx.holds_embedding:
@@ -65,19 +69,18 @@ class Stage(nn.Module):
         raise NotImplementedError
 
     def layer_context(self, batch: Any, kv: Any, h: torch.Tensor) -> tuple[Any, ...]:
-        """What every layer of one forward shares, passed to each before the batch."""
+        """What every layer of one forward shares, passed to each before the batch (the
+        attention backend's metadata among it: prepared once per forward)."""
         raise NotImplementedError
 
     def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
-        """The decode-graph shapes of one batch-size bucket: (longest prefix it serves, the
-        PagedDecodeBatch's select_width), shortest first. One shape serves every length
-        unless a family's attention changes form with the length (DSA's indexer)."""
-        return ((max_model_len, 0),)
+        """The decode-graph shapes of one batch-size bucket: the attention backend's."""
+        return self.attention.graph_variants(max_model_len)
 
     def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int:
         """Bytes of the decode graphs' temporaries that grow with max_model_len, beyond the
-        runner's fixed reserve (the KV budget leaves them out)."""
-        return 0
+        runner's fixed reserve (the KV budget leaves them out): the attention backend's."""
+        return self.attention.graph_workspace(max_rows, max_model_len)
 
     @property
     def num_local_layers(self) -> int:

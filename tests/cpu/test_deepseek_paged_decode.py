@@ -76,7 +76,6 @@ def decode_case(
                 max_model_len=max_model_len,
                 scratch_slot=(num_blocks - 1) * block_size,
                 hidden_shape=args.family.hidden_shape(args),
-                kv_heads=rank_args.num_key_value_heads,
                 dtype=dtype,
                 device=torch.device(device),
                 is_first=True,

@@ -99,7 +99,7 @@ def test_later_stage_reads_token_ids_through_the_graph_buffers(tmp_path):
     tables = [[3 * r, 3 * r + 1, 3 * r + 2] for r in range(rows)]
     graphs = DecodeGraphs(
         model, kv, num_slots=rows, max_model_len=24, scratch_slot=3 * rows * bs,
-        hidden_shape=args.family.hidden_shape(args), kv_heads=1, dtype=torch.float32,
+        hidden_shape=args.family.hidden_shape(args), dtype=torch.float32,
         device=torch.device("cpu"), is_first=False, max_rows=4, eager=True, token_ids=True,
     )  # fmt: skip
     graphs.update_tables([(r, 0, tuple(t)) for r, t in enumerate(tables)])

@@ -282,7 +282,8 @@ def test_fp8_keys_select_the_bf16_keys_top_k(checkpoints):
         x = torch.randn(13, 128, generator=g)
         q_resid = torch.randn(13, 128, generator=g)
         cos, sin = torch.ones(13, 32), torch.zeros(13, 32)
-        picked[dtype] = attn._select(x, q_resid, cos, sin, sparse, kv, 0).sort(-1).values
+        chosen = attn.backend.select(attn, x, q_resid, cos, sin, sparse, kv, 0)
+        picked[dtype] = chosen.sort(-1).values
     assert caches["fp8"].pages(0, INDEXER_KEY).dtype == torch.uint8
     assert (picked["fp8"] >= 0).all() and torch.equal(picked["fp8"], picked["auto"])
 
@@ -379,7 +380,7 @@ def test_prefill_over_dequantized_prefix_keys_matches_the_fp8_reference(checkpoi
     kernels = attn.kernels
     attn.kernels = replace(kernels, mla_prefill_fp8=flash_mla.mla_sparse_fp8_via_bf16)
     try:
-        got = attn._fp8_attention(q, pages, indices, sparse)
+        got = attn.backend.fp8_attention(attn, q, pages, indices, sparse)
     finally:
         attn.kernels = kernels
     slots, position = sparse.state[flash_mla.PREFIX_KEYS]

@@ -202,3 +202,39 @@ def test_reasons_are_a_fixed_set():
     with pytest.raises(ValueError, match="unknown fallback reason"):
         Refusal("because", "")
     assert FALLBACKS.counts() == {}
+
+
+def test_an_attention_backend_that_cannot_capture_says_so(caplog):
+    """A stage on CUDA whose attention backend cannot capture its decode step (the runner asks
+    when it allocates the cache: AttentionBackend.announce_eager) says so: the op that refuses
+    and why, in the log once and in the counter each time; a backend that captures says
+    nothing."""
+    from stages.attention.paged_kv import PagedKVBackend
+    from stages.models.families import GraphSetting
+    from stages.stage_context import StageContext
+
+    args = ModelArgs.from_hf_dict(TINY_V32)
+    ctx = StageContext(args, range(0, 1), True, True, select_kernels("cpu"), torch.float32,
+                       torch.device("cpu"))  # fmt: skip
+    mla = args.family.attention_backend(args)(ctx)
+    names = dict(select_kernels("cpu").names, mla_decode="flash-mla", mla_sparse="flash-mla",
+                 indexer_logits_rows="triton")  # fmt: skip
+    caplog.set_level(logging.WARNING, logger=fallbacks.__name__)
+    assert not mla.announce_eager(GraphSetting(names, 64, "auto", "bfloat16"))
+    assert FALLBACKS.counts() == {} and not caplog.records
+    for _ in range(2):  # blocks of 16: not FlashMLA's page
+        assert mla.announce_eager(GraphSetting(names, 16, "auto", "bfloat16"))
+    assert FALLBACKS.counts() == {("mla_sparse", "flash-mla", "page_size"): 2}
+    assert mla.announce_eager(GraphSetting(names, 64, "fp8", "bfloat16"))  # mla_sparse_fp8 torch
+    assert FALLBACKS.counts()[("mla_sparse_fp8", "torch", "eager")] == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "kernel fallback: mla_sparse on flash-mla (page_size: a KV page (block) size the kernel "
+        "does not take): decode steps run eager: block size 16, not FlashMLA's 64",
+        "kernel fallback: mla_sparse_fp8 on torch (eager: a kernel a CUDA graph cannot capture: "
+        "decode steps run eager): decode steps run eager: mla_sparse_fp8 on the torch reference "
+        "syncs with the host",
+    ]
+    assert PagedKVBackend.can_capture(GraphSetting({"paged_decode": "triton"}, 16, "auto", "x"))
+    refused = PagedKVBackend.capture_refusal(GraphSetting({"paged_decode": "triton"}, 24, "", ""))
+    assert refused is not None and refused[0] == "paged_decode"
+    assert refused[1].reason == "page_size"

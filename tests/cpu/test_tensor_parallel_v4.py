@@ -136,7 +136,7 @@ def paged_decode(tp, path, block_size):
         graphs = DecodeGraphs(
             model, kv, num_slots=len(PAGED_LENGTHS), max_model_len=64,
             scratch_slot=(num_blocks - 1) * block_size,
-            hidden_shape=args.family.hidden_shape(args), kv_heads=1, dtype=torch.float32,
+            hidden_shape=args.family.hidden_shape(args), dtype=torch.float32,
             device=torch.device("cpu"), is_first=True, max_rows=8, eager=True,
         )  # fmt: skip
         graphs.update_tables([(i, 0, tuple(t)) for i, t in enumerate(tables)])

@@ -10,14 +10,14 @@ angle (K is also V), and a grouped low-rank projection maps the heads to the hid
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from stages.kernels.hyper_connection import unweighted_rms_norm
 from stages.kernels.indexer_select import top_k_positions
-from stages.kernels.registry import Kernels, fp8_prefill_in_place
+from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
     COMP,
@@ -162,9 +162,11 @@ class V4Attention(nn.Module):
         dtype: torch.dtype,
         device: str | torch.device,
         tp: TensorParallel | None = None,
+        backend: Any = None,
     ):
+        """backend: the stage's V4Backend, which the forward calls (required to run)."""
         super().__init__()
-        self.a, self.kernels = a, kernels
+        self.a, self.kernels, self._backend = a, kernels, backend
         self.kind, self.rate = a.layer_types[layer], a.rate(layer)
         self.tp = tp = one_rank_unless(tp)
         # the rank's output groups and their heads (all of them on one rank)
@@ -202,6 +204,12 @@ class V4Attention(nn.Module):
         return {"sinks": [Piece(f"{name}.sinks", (), (span,), (self.a.num_heads,))]}
 
     @property
+    def backend(self) -> Any:
+        if self._backend is None:
+            raise RuntimeError("this attention was built without its stage's backend")
+        return self._backend
+
+    @property
     def indexer(self) -> Indexer | None:
         return getattr(self.compressor, "indexer", None)
 
@@ -232,57 +240,14 @@ class V4Attention(nn.Module):
                     self.indexer.complete_groups(
                         groups, cache, local, INDEX_IN, INDEX_KEYS, group_angles
                     )
-        # the FP8 pages read in place, at the keys' traced addresses; a forward of prefill chunks
-        # only gathers its keys dequantized for the bf16 prefill kernel unless told otherwise
-        if cache.fp8 and (not plan.chunks_only or fp8_prefill_in_place(self.kernels)):
-            traced, indices = self._keys(x, q_resid, angles.tokens, plan, cache.addresses(), local)
-            window, comp = cache.split_addresses(traced, indices)
-            out = _op(self.kernels.sparse_sink_attention_fp8)(
-                q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
-                self.sinks, a.head_dim**-0.5,
-            )  # fmt: skip
-        else:
-            pool, indices = self._keys(x, q_resid, angles.tokens, plan, cache, local)
-            attend = _op(self.kernels.sparse_sink_attention)
-            out = attend(q, pool, indices, self.sinks, a.head_dim**-0.5)
+        # the window and compressed keys, on bf16 or FP8 pages: the stage's backend
+        out = self.backend.forward(self, x, q, q_resid, angles.tokens, plan, cache, local)
         out = apply_rope(out, angles.inverse)
         g = self.groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)
         result: torch.Tensor = self.o_b_proj(grouped.reshape(t, -1))
         return result
-
-    def _keys(
-        self,
-        x: torch.Tensor,
-        q_resid: torch.Tensor,
-        angles: Angles,
-        plan: V4Plan,
-        cache: V4Cache,
-        local: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(pool [N, D]: every row's window latents, then every row's compressed entries;
-        indices [T, K] int32 into it, -1 padded)."""
-        window = cache.read(local, KV, plan.window_slots)
-        rp = plan.rates.get(self.rate)
-        if rp is None or not rp.max_entries:
-            return window, plan.window_indices
-        if self.indexer is None:
-            if rp.dense_indices is None:
-                raise RuntimeError("the plan has no dense indices for an HCA layer's rate")
-            pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
-            return pool, rp.dense_indices
-        picked = self.indexer.select(x, q_resid, angles, rp, cache, local)
-        if rp.entry_table is not None:  # decode rows: only the picked entries join the pool
-            t, k = picked.shape
-            chosen = rp.entry_table.gather(1, picked.clamp(min=0))
-            pool = torch.cat((window, cache.read(local, COMP, chosen.reshape(-1))))
-            own = window.shape[0] + torch.arange(t * k, device=picked.device).view(t, k)
-            comp = torch.where(picked < 0, -1, own).int()
-        else:
-            pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
-            comp = torch.where(picked < 0, -1, picked + rp.token_base[:, None]).int()
-        return pool, torch.cat((plan.window_indices, comp), dim=1)
 
 
 def _op(fn: Callable[..., torch.Tensor] | None) -> Callable[..., torch.Tensor]:

@@ -17,8 +17,9 @@ from torch import nn
 from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.attention import V4Attention
+from stages.models.deepseek_v4.backend import V4Backend
 from stages.models.deepseek_v4.cache import V4Cache
-from stages.models.deepseek_v4.config import CSA, SLIDING, V4Args
+from stages.models.deepseek_v4.config import SLIDING, V4Args
 from stages.models.deepseek_v4.layers import (
     ForwardAngles,
     HyperConnection,
@@ -34,15 +35,6 @@ from stages.models.stage import Stage
 from stages.stage_context import Sources, StageContext
 from stages.tensor_parallel import TensorParallel
 
-# The longest rows a decode graph shape serves, as far as max_model_len allows: the indexer
-# scores, and HCA layers attend to, a static number of compressed entries per row, so a short
-# row's step is not sized for the longest context.
-GRAPH_LENGTHS = (4096, 32768, 262144)
-# Bytes of the decode graphs' temporaries per row and per token of its longest shape: the
-# indexer's scores, top-k scratch and slot tables at rate 4 (16 bytes an entry), and an HCA
-# layer's gathered entries and their concatenation (2 x 1 KiB at rate 128)
-GRAPH_BYTES_PER_TOKEN = 20
-
 
 class V4DecoderLayer(nn.Module):
     """Attention then MoE, each between two hyper-connection mixes of the streams."""
@@ -55,10 +47,11 @@ class V4DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: Device,
         tp: TensorParallel | None = None,
+        backend: V4Backend | None = None,
     ):
         super().__init__()
         self.is_sliding = a.layer_types[layer] == SLIDING
-        self.self_attn = V4Attention(a, layer, kernels, dtype, device, tp)
+        self.self_attn = V4Attention(a, layer, kernels, dtype, device, tp, backend)
         self.mlp = v4_moe(a, layer, kernels, dtype, device, tp)
         self.input_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
         self.post_attention_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
@@ -99,19 +92,21 @@ class DeepseekV4Stage(Stage):
 
     def build_layer(self, layer: int) -> nn.Module:
         c = self.ctx
-        return V4DecoderLayer(c.args.family_args, layer, c.kernels, c.dtype, c.device, c.tp)
+        a = c.args.family_args
+        return V4DecoderLayer(a, layer, c.kernels, c.dtype, c.device, c.tp, self.v4_attention)
+
+    @property
+    def v4_attention(self) -> V4Backend:
+        backend = self.attention
+        if not isinstance(backend, V4Backend):
+            raise TypeError(f"V4 layers attend on V4Backend, not {type(backend).__name__}")
+        return backend
 
     @property
     def rates(self) -> dict[int, tuple[bool, bool]]:
         """Compression rate -> (an HCA layer attends every entry, a CSA layer selects) of the
-        stage's compressed layers."""
-        out: dict[int, tuple[bool, bool]] = {}
-        for i in range(self.layer_start, self.layer_end):
-            rate, csa = self.a.rate(i), self.a.layer_types[i] == CSA
-            if rate:
-                dense, selects = out.get(rate, (False, False))
-                out[rate] = (dense or not csa, selects or csa)
-        return out
+        stage's compressed layers (its attention backend's)."""
+        return self.v4_attention.rates
 
     @property
     def needs_token_ids(self) -> bool:
@@ -159,20 +154,10 @@ class DeepseekV4Stage(Stage):
     def plan(
         self, batch: ForwardBatch | PagedDecodeBatch, kv: V4Cache, device: torch.device
     ) -> V4Plan:
-        """The index arithmetic of the forward, shared by the stage's layers (a decode-only
-        microbatch's from its static buffers: what a CUDA graph replays)."""
-        if isinstance(batch, PagedDecodeBatch):
-            return V4Plan.paged(batch, self.a.sliding_window, self.rates)
-        return V4Plan.build(batch, self.a.sliding_window, self.rates, kv.block_size, device)
-
-    def decode_graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
-        """One shape per bound on the rows' length (the PagedDecodeBatch's select_width: the
-        compressed entries' widths), up to max_model_len."""
-        bounds = sorted({min(n, max_model_len) for n in (*GRAPH_LENGTHS, max_model_len)})
-        return tuple((n, n) for n in bounds)
-
-    def decode_graph_workspace(self, max_rows: int, max_model_len: int) -> int:
-        return max_rows * max_model_len * GRAPH_BYTES_PER_TOKEN
+        """The index arithmetic of the forward, shared by the stage's layers: its attention
+        backend's metadata (V4Backend.prepare)."""
+        plan: V4Plan = self.attention.prepare(batch, kv)
+        return plan
 
     def angles(
         self, sliding: bool, positions: torch.Tensor, plan: V4Plan, dtype: torch.dtype

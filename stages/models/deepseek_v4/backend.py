@@ -1,0 +1,149 @@
+"""DeepSeek-V4's attention backend (stages/attention/base.py): one K=V head over each query's
+sliding window of latents and, in compressed layers, the compressed entries of its rate (HCA:
+every complete group; CSA: the indexer's top-k), with per-head sinks, over the stage's V4Cache.
+
+Per forward it plans the index arithmetic every layer shares (V4Plan: window slots and indices,
+each rate's entries and completing groups; a decode-only microbatch's from its static buffers).
+Per layer it gathers the key pool (window latents, then compressed entries) and attends on
+sparse_sink_attention, or over an FP8 cache reads the pages in place at the keys' traced
+addresses on sparse_sink_attention_fp8: the bf16/FP8 choice is the backend's. A forward of
+prefill chunks only over FP8 gathers its keys dequantized for the bf16 prefill kernel unless
+mla_prefill_fp8 chose FlashMLA's FP8 kernel (fp8_prefill_in_place).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from stages.attention.base import AnyBatch, AttentionBackend, on_torch
+from stages.forward_batch import PagedDecodeBatch
+from stages.kernels.fallbacks import Refusal
+from stages.kernels.registry import fp8_prefill_in_place
+from stages.models.deepseek_v4.cache import V4Cache
+from stages.models.deepseek_v4.config import COMP, CSA, KV, V4Args
+from stages.models.deepseek_v4.layers import Angles
+from stages.models.deepseek_v4.plan import V4Plan
+from stages.models.families import GraphSetting
+
+if TYPE_CHECKING:
+    from stages.models.deepseek_v4.attention import V4Attention
+    from stages.stage_context import StageContext
+
+# The longest rows a decode graph shape serves, as far as max_model_len allows: the indexer
+# scores, and HCA layers attend to, a static number of compressed entries per row, so a short
+# row's step is not sized for the longest context.
+GRAPH_LENGTHS = (4096, 32768, 262144)
+# Bytes of the decode graphs' temporaries per row and per token of its longest shape: the
+# indexer's scores, top-k scratch and slot tables at rate 4 (16 bytes an entry), and an HCA
+# layer's gathered entries and their concatenation (2 x 1 KiB at rate 128)
+GRAPH_BYTES_PER_TOKEN = 20
+
+
+class V4Backend(AttentionBackend[V4Plan]):
+    op = "sparse_sink_attention"
+
+    def __init__(self, ctx: StageContext):
+        super().__init__(ctx)
+        self.a: V4Args = ctx.args.family_args
+        # compression rate -> (an HCA layer attends every entry, a CSA layer selects) of the
+        # stage's compressed layers
+        self.rates: dict[int, tuple[bool, bool]] = {}
+        for i in ctx.layers:
+            rate, csa = self.a.rate(i), self.a.layer_types[i] == CSA
+            if rate:
+                dense, selects = self.rates.get(rate, (False, False))
+                self.rates[rate] = (dense or not csa, selects or csa)
+
+    def prepare(self, batch: AnyBatch, cache: Any) -> V4Plan:
+        """The index arithmetic of the forward, shared by the stage's layers (a decode-only
+        microbatch's from its static buffers: what a CUDA graph replays)."""
+        window = self.a.sliding_window
+        if isinstance(batch, PagedDecodeBatch):
+            return V4Plan.paged(batch, window, self.rates)
+        return V4Plan.build(batch, window, self.rates, cache.block_size, batch.positions.device)
+
+    @classmethod
+    def capture_refusal(cls, setting: GraphSetting) -> tuple[str, Refusal] | None:
+        """FlashMLA's V4 attention (the bf16 sparse prefill kernel over the gathered keys, or
+        the sparse FP8 decode kernel over the pages in place) and the Triton indexer: their
+        torch references loop or gather on the host."""
+        fp8 = setting.kv_cache_dtype == "fp8"
+        attention = "sparse_sink_attention_fp8" if fp8 else "sparse_sink_attention"
+        if setting.dtype != "bfloat16":
+            return attention, Refusal("dtype", f"{setting.dtype}: FlashMLA takes bfloat16")
+        return on_torch(setting, [attention, "indexer_logits_rows"])
+
+    def graph_variants(self, max_model_len: int) -> tuple[tuple[int, int], ...]:
+        """One shape per bound on the rows' length (the PagedDecodeBatch's select_width: the
+        compressed entries' widths), up to max_model_len."""
+        bounds = sorted({min(n, max_model_len) for n in (*GRAPH_LENGTHS, max_model_len)})
+        return tuple((n, n) for n in bounds)
+
+    def graph_workspace(self, max_rows: int, max_model_len: int) -> int:
+        return max_rows * max_model_len * GRAPH_BYTES_PER_TOKEN
+
+    def forward(
+        self,
+        layer: V4Attention,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        q_resid: torch.Tensor,
+        angles: Angles,
+        plan: V4Plan,
+        cache: V4Cache,
+        local: int,
+    ) -> torch.Tensor:
+        """The rotated queries [T, H, D] over their window and compressed keys -> [T, H, D]
+        (before the inverse rope)."""
+        kernels, scale = layer.kernels, self.a.head_dim**-0.5
+        if cache.fp8 and (not plan.chunks_only or fp8_prefill_in_place(kernels)):
+            traced, indices = self.keys(layer, x, q_resid, angles, plan, cache.addresses(), local)
+            window, comp = cache.split_addresses(traced, indices)
+            out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
+                q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
+                layer.sinks, scale,
+            )  # fmt: skip
+            return out
+        pool, indices = self.keys(layer, x, q_resid, angles, plan, cache, local)
+        return _op(kernels.sparse_sink_attention)(q, pool, indices, layer.sinks, scale)
+
+    @staticmethod
+    def keys(
+        layer: V4Attention,
+        x: torch.Tensor,
+        q_resid: torch.Tensor,
+        angles: Angles,
+        plan: V4Plan,
+        cache: V4Cache,
+        local: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pool [N, D]: every row's window latents, then every row's compressed entries;
+        indices [T, K] int32 into it, -1 padded)."""
+        window = cache.read(local, KV, plan.window_slots)
+        rp = plan.rates.get(layer.rate)
+        if rp is None or not rp.max_entries:
+            return window, plan.window_indices
+        if layer.indexer is None:
+            if rp.dense_indices is None:
+                raise RuntimeError("the plan has no dense indices for an HCA layer's rate")
+            pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
+            return pool, rp.dense_indices
+        picked = layer.indexer.select(x, q_resid, angles, rp, cache, local)
+        if rp.entry_table is not None:  # decode rows: only the picked entries join the pool
+            t, k = picked.shape
+            chosen = rp.entry_table.gather(1, picked.clamp(min=0))
+            pool = torch.cat((window, cache.read(local, COMP, chosen.reshape(-1))))
+            own = window.shape[0] + torch.arange(t * k, device=picked.device).view(t, k)
+            comp = torch.where(picked < 0, -1, own).int()
+        else:
+            pool = torch.cat((window, cache.read(local, COMP, rp.entry_slots)))
+            comp = torch.where(picked < 0, -1, picked + rp.token_base[:, None]).int()
+        return pool, torch.cat((plan.window_indices, comp), dim=1)
+
+
+def _op(fn: Callable[..., torch.Tensor] | None) -> Callable[..., torch.Tensor]:
+    if fn is None:
+        raise ValueError("the kernel registry selected no backend for a DeepSeek-V4 op")
+    return fn
