@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stages.models.families import Family, family_of
@@ -153,6 +153,17 @@ def load_config(path: str | None) -> dict[str, Any]:
     with open(cfg, encoding="utf-8") as f:
         d: dict[str, Any] = json.load(f)
     return d
+
+
+def mxfp4_experts_as(args: ModelArgs, mode: str) -> ModelArgs:
+    """The model with a checkpoint's MXFP4 routed experts (its family args' expert_dtype fp4)
+    kept packed (keep: W4A16 experts) or as the other weights (dequantize: widened at load)."""
+    if mode not in ("keep", "dequantize"):
+        raise ValueError(f"mxfp4_experts must be keep or dequantize, got {mode!r}")
+    family = args.family_args
+    if mode == "keep" or getattr(family, "expert_dtype", None) != "fp4":
+        return args
+    return replace(args, family_args=replace(family, expert_dtype=None))
 
 
 def load_model_args(path: str | None) -> ModelArgs:

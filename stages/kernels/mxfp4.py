@@ -59,8 +59,10 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = g.abs().amax(dim=-1).clamp_min(2.0**-126)
     exponent = (torch.floor(torch.log2(amax)) - 2).clamp(-E8M0_BIAS, E8M0_BIAS)
     scaled = (g / torch.exp2(exponent)[..., None]).flatten(-2)
-    values = _values(w.device)
-    codes = (scaled[..., None] - values).abs().argmin(dim=-1)  # nearest (ties: the lower code)
+    # the nearest magnitude (ties: the lower code), by the midpoints between E2M1's magnitudes
+    mags = torch.tensor(E2M1, dtype=torch.float32, device=w.device)
+    codes = torch.bucketize(scaled.abs(), (mags[1:] + mags[:-1]) / 2)
+    codes = torch.where((scaled < 0) & (codes > 0), codes | 8, codes)
     pairs = codes.reshape(*codes.shape[:-1], k // 2, 2)
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
     return packed, (exponent + E8M0_BIAS).to(torch.uint8)

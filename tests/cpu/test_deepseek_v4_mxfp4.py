@@ -1,7 +1,8 @@
 """A DeepSeek-V4 checkpoint whose routed experts are MXFP4 (as V4 ships them: packed e2m1 in int8
 or float4_e2m1fn_x2, ue8m0 `weight_scale_inv` per 32 values along K, `expert_dtype: fp4`):
-ppserve dequantizes them at load and matches transformers on the checkpoint holding the
-dequantized values; an unknown expert_dtype is refused at load."""
+ppserve keeps them packed (W4A16 experts, the bytes as stored) or, with mxfp4_experts
+dequantize, widens them at load, and either way matches transformers on the checkpoint holding
+the dequantized values; an unknown expert_dtype is refused at load."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from stages.kernels import mxfp4
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
-from stages.model_config import load_model_args
+from stages.model_config import load_model_args, mxfp4_experts_as
 from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
 
 TOL = 1e-4
@@ -59,13 +60,17 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-@torch.no_grad()
-def _stage_logits(path: str) -> torch.Tensor:
-    args = load_model_args(path)
+def _stage(path: str, mode: str = "keep") -> Any:
+    args = mxfp4_experts_as(load_model_args(path), mode)
     n = args.num_hidden_layers
-    stage: Any = build_stage_model(
-        args, path, 0, n, True, True, select_kernels("cpu"), "fp32", "cpu"
-    )
+    return build_stage_model(args, path, 0, n, True, True, select_kernels("cpu"), "fp32", "cpu")
+
+
+@torch.no_grad()
+def _stage_logits(path: str, mode: str = "keep") -> torch.Tensor:
+    stage = _stage(path, mode)
+    args = stage.ctx.args
+    n = args.num_hidden_layers
     cache = make_kv_cache(args, range(n), 8, BLOCK, torch.float32, "cpu")
     batch = ForwardBatch.build([(0, len(PROMPT), list(range(8)), True)], BLOCK)
     ids = torch.tensor(PROMPT)
@@ -73,19 +78,54 @@ def _stage_logits(path: str) -> torch.Tensor:
     return logits
 
 
-def test_mxfp4_experts_dequantized_at_load_match_hf(
-    checkpoints: dict[str, str], caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("mode", ["keep", "dequantize"])
+def test_mxfp4_experts_match_hf(
+    checkpoints: dict[str, str], caplog: pytest.LogCaptureFixture, mode: str
 ) -> None:
     from transformers import DeepseekV4ForCausalLM
 
     caplog.set_level(logging.INFO, logger="stages.loader")
-    got = _stage_logits(checkpoints["fp4"])
-    message = f"MXFP4 checkpoint weights: {checkpoints['routed']} dequantized at load"
+    got = _stage_logits(checkpoints["fp4"], mode)
+    message = (
+        f"MXFP4 experts kept packed: {checkpoints['routed']} weights"
+        if mode == "keep"
+        else f"MXFP4 checkpoint weights: {checkpoints['routed']} dequantized at load"
+    )
     assert any(r.getMessage().startswith(message) for r in caplog.records)
     hf = DeepseekV4ForCausalLM.from_pretrained(checkpoints["dequantized"], dtype=torch.float32)
     with torch.no_grad():
         want = hf.eval()(torch.tensor([PROMPT])).logits[0]
     assert (got - want).abs().max().item() <= TOL
+
+
+def test_kept_experts_hold_the_checkpoint_bytes(checkpoints: dict[str, str]) -> None:
+    """Kept packed, each expert's gate/up/down weights and scales are the stored bytes (gate
+    rows then up rows), half a byte a value; dequantized, the same experts take fp32."""
+    tensors = load_file(str(Path(checkpoints["fp4"]) / "model.safetensors"))
+    stage = _stage(checkpoints["fp4"])
+    experts = [(n, m) for n, m in stage.named_modules() if n.endswith("mlp.experts")]
+    assert experts
+    for n, ex in experts:
+        assert ex.mxfp4 and ex.gate_up_proj.dtype == torch.uint8
+        layer = int(re.search(r"layers\.(\d+)\.", n).group(1))
+        for e in range(ex.gate_up_proj.shape[0]):
+            stem = f"model.layers.{layer}.ffn.experts.{e}"
+            for part, rows in (("w1", slice(0, ex.gate_up_proj.shape[1] // 2)),
+                               ("w3", slice(ex.gate_up_proj.shape[1] // 2, None))):
+                w = tensors[f"{stem}.{part}.weight"].view(torch.uint8)
+                s = tensors[f"{stem}.{part}.weight_scale_inv"].view(torch.uint8)
+                assert torch.equal(ex.gate_up_proj[e, rows], w)
+                assert torch.equal(ex.gate_up_proj_scale_inv[e, rows], s)
+            assert torch.equal(ex.down_proj[e], tensors[f"{stem}.w2.weight"].view(torch.uint8))
+        h = ex.down_proj.shape[1]
+        assert ex.gate_up_proj.shape[2] * 2 == h
+    wide = _stage(checkpoints["fp4"], "dequantize")
+    packed_bytes, wide_bytes = (
+        sum(p.numel() * p.element_size() for n, p in m.named_parameters() if ".experts." in n)
+        for m in (stage, wide)
+    )
+    # fp32 (4 bytes) against half a byte + 1/32 of a byte a value
+    assert wide_bytes * (0.5 + 1 / 32) == pytest.approx(packed_bytes * 4)
 
 
 def test_mxfp4_scale_grid_and_unknown_expert_dtype_are_refused(
