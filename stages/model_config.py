@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from stages.models.families import Family, family_of
+from stages.protocol import MXFP4_EXPERTS
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +157,11 @@ def load_config(path: str | None) -> dict[str, Any]:
 
 
 def mxfp4_experts_as(args: ModelArgs, mode: str) -> ModelArgs:
-    """The model with a checkpoint's MXFP4 routed experts (its family args' expert_dtype fp4)
+    """The model with a checkpoint's MXFP4 routed experts (DeepSeek-V4's expert_dtype fp4)
     kept packed (keep: W4A16 experts) or as the other weights (dequantize: widened at load)."""
-    if mode not in ("keep", "dequantize"):
-        raise ValueError(f"mxfp4_experts must be keep or dequantize, got {mode!r}")
-    family = args.family_args
-    if mode == "keep" or getattr(family, "expert_dtype", None) != "fp4":
-        return args
-    return replace(args, family_args=replace(family, expert_dtype=None))
+    if mode not in MXFP4_EXPERTS:
+        raise ValueError(f"mxfp4_experts must be one of {MXFP4_EXPERTS}, got {mode!r}")
+    return args if mode == "keep" else args.family.widen_mxfp4_experts(args)
 
 
 def load_model_args(path: str | None) -> ModelArgs:

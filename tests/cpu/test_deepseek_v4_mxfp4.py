@@ -110,8 +110,10 @@ def test_kept_experts_hold_the_checkpoint_bytes(checkpoints: dict[str, str]) -> 
         layer = int(re.search(r"layers\.(\d+)\.", n).group(1))
         for e in range(ex.gate_up_proj.shape[0]):
             stem = f"model.layers.{layer}.ffn.experts.{e}"
-            for part, rows in (("w1", slice(0, ex.gate_up_proj.shape[1] // 2)),
-                               ("w3", slice(ex.gate_up_proj.shape[1] // 2, None))):
+            for part, rows in (
+                ("w1", slice(0, ex.gate_up_proj.shape[1] // 2)),
+                ("w3", slice(ex.gate_up_proj.shape[1] // 2, None)),
+            ):
                 w = tensors[f"{stem}.{part}.weight"].view(torch.uint8)
                 s = tensors[f"{stem}.{part}.weight_scale_inv"].view(torch.uint8)
                 assert torch.equal(ex.gate_up_proj[e, rows], w)
@@ -152,3 +154,44 @@ def test_mxfp4_scale_grid_and_unknown_expert_dtype_are_refused(
     grid = _copy_with(src, tmp_path / "grid", tensors)
     with pytest.raises(ValueError, match=re.escape(name) + ".*is not MXFP4"):
         _stage_logits(grid)
+
+
+def _rank_experts(tp: Any, path: str) -> tuple[torch.Tensor, list[tuple[int, str]]]:
+    """One rank's prompt logits (PP 1) and its experts' (first, weight dtype) per layer."""
+    from tests.cpu.test_tensor_parallel_v4 import prompt_logits
+
+    args = load_model_args(path)
+    n = args.num_hidden_layers
+    stage = build_stage_model(
+        args, None, 0, n, True, True, select_kernels("cpu"), torch.float32, "cpu", tp=tp
+    )
+    held = [
+        (m.first, str(m.gate_up_proj.dtype), m.gate_up_proj.shape[0])
+        for name, m in stage.named_modules()
+        if name.endswith("mlp.experts")
+    ]
+    return prompt_logits(tp, path, 1), held
+
+
+def test_tensor_parallel_ranks_keep_their_fp4_experts(checkpoints: dict[str, str]) -> None:
+    """--tp 2: each rank holds half the experts, packed, and the split stage's logits equal
+    transformers' on the dequantized checkpoint (the ranks bit for bit alike)."""
+    from transformers import DeepseekV4ForCausalLM
+
+    from tests.cpu.test_deepseek_v4_vs_hf import PROMPT as TP_PROMPT
+    from tests.cpu.tp_ranks import RankPool
+
+    pool = RankPool(2)
+    try:
+        (got, held), (other, held1) = pool.run(_rank_experts, checkpoints["fp4"])
+    finally:
+        pool.close()
+    experts = load_model_args(checkpoints["fp4"]).family_args.n_routed_experts
+    assert {h[1] for h in held + held1} == {"torch.uint8"}
+    assert [h[0] for h in held1] == [experts // 2] * len(held1)
+    assert all(h[2] == experts // 2 for h in held + held1)
+    assert torch.equal(got, other)
+    hf = DeepseekV4ForCausalLM.from_pretrained(checkpoints["dequantized"], dtype=torch.float32)
+    with torch.no_grad():
+        want = hf.eval()(torch.tensor([TP_PROMPT])).logits[0]
+    assert (got - want).abs().max().item() <= TOL
