@@ -165,11 +165,10 @@ def grouped_w4a16(
         raise ValueError(f"MXFP4 weights {tuple(w.shape)} do not match K = {k}")
     w, ws = w.contiguous().view(torch.uint8), w_scale.contiguous().view(torch.uint8)
     swiglu = pairs is None
-    c = (
-        torch.empty(rows, n, dtype=a.dtype, device=a.device)
-        if swiglu
-        else torch.zeros(pairs, n, dtype=a.dtype, device=a.device)
-    )
+    if pairs is None:
+        c = torch.empty(rows, n, dtype=a.dtype, device=a.device)
+    else:
+        c = torch.zeros(pairs, n, dtype=a.dtype, device=a.device)
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, tiles.block_n)))
     _grouped_w4a16[(progs,)](
         a,
