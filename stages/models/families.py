@@ -101,9 +101,9 @@ def _deepseek_graphs(s: GraphSetting) -> bool:
 
 
 def _deepseek_v4_graphs(s: GraphSetting) -> bool:
-    """Beside V4's attention backend: the Triton MoE and hyper-connections; FP8 weights on the
-    W8A8 GEMMs and the grouped FP8 MoE."""
-    ops = ["moe_experts", "hc_mix", "hc_merge"]
+    """Beside V4's attention backend: the Triton MoE (MXFP4 experts: the grouped W4A16 one)
+    and hyper-connections; FP8 weights on the W8A8 GEMMs and the grouped FP8 MoE."""
+    ops = ["moe_experts", "moe_experts_mxfp4", "hc_mix", "hc_merge"]
     if "fp8_linear" in s.kernels:
         ops += ["fp8_linear", "moe_experts_fp8"]
     return _fast(s, ops)
