@@ -5,7 +5,8 @@ The weights stay as the checkpoint stores them, e2m1 nibbles two per byte (uint8
 element 2i in the low nibble) with one e8m0 scale byte per 32 values along K ([E, N, K/32]):
 half a byte and 1/32 of a byte per value, against 1 byte (+ scales) in FP8 and 2 in bf16. SM90
 has no FP4 tensor cores, so each K tile of weights is unpacked in registers (nibble -> e2m1
-value -> times 2^(scale - 127), exact in bf16) and fed to a bf16 MMA with the activations, as
+value with 2^(scale - 127) added to its exponent, bf16 bits built in integer ops: exact) and fed
+to a bf16 MMA with the activations, as
 vLLM's and SGLang's W4A16 MoE paths do on Hopper.
 
 The token -> expert layout is the bf16 experts' (stages.kernels.moe_routing: DeepGEMM's grouped
@@ -191,6 +192,7 @@ def grouped_w4a16(
         0.0 if limit is None else float(limit),
         SWIGLU=swiglu,
         HAS_LIMIT=limit is not None,
+        BF16=a.dtype == torch.bfloat16,
         BLOCK_M=r.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
@@ -212,32 +214,42 @@ if triton is not None:
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
+    def _e2m1_bits(c, sb):  # type: ignore[no-untyped-def]
+        """bf16 bits (in int32) of nibbles c times 2^(scale - 127), sb = (scale - 1) << 7:
+        magnitude codes 2..7 are (1 + m/2) * 2^(e-1), i.e. bits (code << 6) with the exponent
+        raised by scale - 1; code 1 is 0.5 (exponent scale - 1); code 0 is 0; bit 3 the sign.
+        Exact while the scale byte is in 2..252 (any real checkpoint's)."""
+        mag = c & 7
+        bits = tl.where(mag > 1, (mag << 6) + sb, tl.where(mag == 1, sb, 0))
+        return bits | ((c & 8) << 12)
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def _dequant(w_ptr, s_ptr, cols, k0, stride_wn, stride_sn, K,  # type: ignore[no-untyped-def]
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """fp32 [BLOCK_N, BLOCK_K] of the rows `cols` from K offset k0: nibble -> e2m1 value
-        (bits built directly: 0, 0.5, then (1 + m/2) * 2^(e-1), sign bit 3) times the group's
-        2^(scale - 127) (exponent bits); exact, and exact again in bf16."""
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BF16: tl.constexpr):
+        """[BLOCK_N, BLOCK_K] weights of the rows `cols` from K offset k0 (a multiple of 32),
+        built in integer ops from the packed bytes, each 32-value group's scale added to the
+        exponent: bf16 (BF16), else fp32 (exact either way)."""
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         p = tl.load(w_ptr + cols[:, None] * stride_wn + kb[None, :],
                     mask=kb[None, :] < K // 2, other=0).to(tl.int32)
-        codes = tl.reshape(tl.join(p & 15, p >> 4), (BLOCK_N, BLOCK_K))
-        e = (codes >> 1) & 3
-        m = codes & 1
-        bits = tl.where(e > 0, ((e + 126) << 23) | (m << 22), m * (126 << 23))
-        bits = bits | ((codes & 8) << 28)
-        mag = bits.to(tl.float32, bitcast=True)
+        p = tl.reshape(p, (BLOCK_N, BLOCK_K // 32, 16))
         kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(s_ptr + cols[:, None] * stride_sn + kg[None, :],
                     mask=kg[None, :] < K // 32, other=127).to(tl.int32)
-        scale = (s << 23).to(tl.float32, bitcast=True)
-        w = tl.reshape(mag, (BLOCK_N, BLOCK_K // 32, 32)) * scale[:, :, None]
-        return tl.reshape(w, (BLOCK_N, BLOCK_K))
+        sb = ((s - 1) << 7)[:, :, None]
+        bits = tl.join(_e2m1_bits(p & 15, sb), _e2m1_bits(p >> 4, sb))  # element 2i, 2i + 1
+        bits = tl.reshape(bits, (BLOCK_N, BLOCK_K))
+        if BF16:
+            w = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            w = (bits << 16).to(tl.float32, bitcast=True)
+        return w
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _grouped_w4a16(  # type: ignore[no-untyped-def]
         a_ptr, w_ptr, ws_ptr, c_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, weight_ptr,
         N, K, num_progs, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_cm, LIMIT,
-        SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
+        SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, BF16: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):
         num_pid_m = tl.load(num_tiles_ptr)
@@ -256,11 +268,12 @@ if triton is not None:
             for k0 in range(0, K, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 a = tl.load(a_rows + ks[None, :], mask=ks[None, :] < K, other=0.0)
-                w = _dequant(w_e, s_e, cols_safe, k0, stride_wn, stride_sn, K, BLOCK_N, BLOCK_K)
+                w = _dequant(w_e, s_e, cols_safe, k0, stride_wn, stride_sn, K, BLOCK_N, BLOCK_K,
+                             BF16)
                 acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
                 if SWIGLU:  # up: rows N.. of the expert's gate_up
                     wu = _dequant(w_e, s_e, cols_safe + N, k0, stride_wn, stride_sn, K, BLOCK_N,
-                                  BLOCK_K)
+                                  BLOCK_K, BF16)
                     acc_u = tl.dot(a, tl.trans(wu.to(a.dtype)), acc_u)
             if SWIGLU:
                 if HAS_LIMIT:  # DeepSeek-V4's swiglu_limit: gate from above, up both ways

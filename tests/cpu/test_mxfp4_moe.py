@@ -109,3 +109,34 @@ def test_interpreted_kernel_skips_picks(triton_interpreter):
     out = moe.run_moe(x, gu, gus, dn, dns, ids, weights, 3, moe.Mxfp4Tiles(16, 16, 32, 1, 1, 2))
     ref = mxfp4.moe_experts(x.float(), gu, gus, dn, dns, ids, weights)
     assert ((out.float() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_interpreted_dequant_is_exact_over_the_scale_range(triton_interpreter, bf16):
+    """The kernel's integer dequantizer (bf16 bits for bf16 activations, else fp32) equals
+    mxfp4.dequantize bit for bit: every code, scale bytes 2..252."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(0, 256, (16, 64), generator=g, dtype=torch.uint8)
+    s = torch.randint(2, 253, (16, 4), generator=g, dtype=torch.uint8)
+    out = torch.zeros(16, 128, dtype=torch.bfloat16 if bf16 else torch.float32)
+    _store_dequantized[(1,)](w, s, out, 128, 16, 32, bf16)
+    torch.testing.assert_close(out.float(), mxfp4.dequantize(w, s), atol=0, rtol=0)
+
+
+try:
+    import triton
+    import triton.language as tl
+
+    from stages.kernels.triton_moe_mxfp4 import _dequant
+except ImportError:  # the interpreter tests skip
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _store_dequantized(w, s, out, K, BN: tl.constexpr, BK: tl.constexpr, BF16: tl.constexpr):
+        cols = tl.arange(0, BN).to(tl.int64)
+        for k0 in range(0, K, BK):
+            v = _dequant(w, s, cols, k0, K // 2, K // 32, K, BN, BK, BF16)
+            ks = k0 + tl.arange(0, BK)
+            tl.store(out + cols[:, None] * K + ks[None, :], v.to(out.dtype.element_ty))

@@ -281,6 +281,7 @@ def test_mxfp4_moe_gemm_compiles(swiglu, tiles):
         {
             "SWIGLU": swiglu,
             "HAS_LIMIT": swiglu,
+            "BF16": True,
             "BLOCK_M": t.block_m,
             "BLOCK_N": t.block_n,
             "BLOCK_K": t.block_k,
