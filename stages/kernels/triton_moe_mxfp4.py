@@ -213,7 +213,7 @@ if triton is not None:
     from stages.kernels.triton_gemm import _tile_coords
 
     # fmt: off
-    @triton.jit  # type: ignore[untyped-decorator]
+    @triton.jit
     def _e2m1_bits(c, sb):  # type: ignore[no-untyped-def]
         """bf16 bits (in int32) of nibbles c times 2^(scale - 127), sb = (scale - 1) << 7:
         magnitude codes 2..7 are (1 + m/2) * 2^(e-1), i.e. bits (code << 6) with the exponent
