@@ -195,3 +195,46 @@ def test_tensor_parallel_ranks_keep_their_fp4_experts(checkpoints: dict[str, str
     with torch.no_grad():
         want = hf.eval()(torch.tensor([TP_PROMPT])).logits[0]
     assert (got - want).abs().max().item() <= TOL
+
+
+def test_fp8_weights_keep_the_experts_fp4(tmp_path: Path) -> None:
+    """--quantization fp8 with MXFP4 experts (here W8A8 on the torch reference): the 128-aligned
+    linears go FP8 while the routed experts stay packed; with --mxfp4-experts dequantize they
+    go FP8 too. Against the fp32 stage W8A8 moves this random model's logits (max 4.0) by 1.6
+    with the experts packed and 1.8 with them in FP8 as well (measured; its layers amplify
+    rounding about tenfold, tests/cpu/test_deepseek_v4_fp8_weights.py): the packed experts add
+    no error of their own."""
+    from tests.cpu.test_deepseek_v4_fp8_weights import FP8_WEIGHTS_V4
+
+    plain = Path(write_checkpoint(str(tmp_path / "plain"), FP8_WEIGHTS_V4))
+    tensors = load_file(str(plain / "model.safetensors"))
+    for name in [n for n in tensors if ROUTED.search(n)]:
+        packed, scale = mxfp4.quantize(tensors[name])
+        tensors[name] = packed.view(torch.int8)
+        tensors[name + "_scale_inv"] = scale.view(torch.float8_e8m0fnu)
+    path = _copy_with(plain, tmp_path / "fp4", tensors, expert_dtype="fp4")
+    fp8_kernels = select_kernels("cpu", fp8_linear="torch")
+    args = load_model_args(path)
+    n = args.num_hidden_layers
+    held = {}
+    for mode in ("keep", "dequantize"):
+        stage = build_stage_model(
+            mxfp4_experts_as(args, mode), path, 0, n, True, True, fp8_kernels, "fp32", "cpu"
+        )
+        held[mode] = {
+            name: p.dtype for name, p in stage.named_parameters() if name.startswith("layers.3.")
+        }
+    assert held["keep"]["layers.3.mlp.experts.gate_up_proj"] == torch.uint8
+    assert held["keep"]["layers.3.self_attn.q_b_proj.weight"] == torch.float8_e4m3fn
+    assert held["dequantize"]["layers.3.mlp.experts.gate_up_proj"] == torch.float8_e4m3fn
+    want, err = _stage_logits(path), {}
+    for mode in ("keep", "dequantize"):
+        stage = build_stage_model(
+            mxfp4_experts_as(args, mode), path, 0, n, True, True, fp8_kernels, "fp32", "cpu"
+        )
+        cache = make_kv_cache(args, range(n), 8, BLOCK, torch.float32, "cpu")
+        batch = ForwardBatch.build([(0, len(PROMPT), list(range(8)), True)], BLOCK)
+        with torch.no_grad():
+            got = stage.compute_logits(stage(torch.tensor(PROMPT), batch, cache))
+        err[mode] = (got - want).abs().max().item()
+    assert 0 < err["keep"] <= err["dequantize"] < 2.5
