@@ -3,7 +3,8 @@ grouped MoE (W8A8) and the bf16 one on one GPU, at V4-Flash's routed experts (25
 4096, width 2048, top-6): decode batches of 1, 64 and 512 rows and an 8K-token prefill chunk.
 Per backend: ms, the expert weights' read rate (the experts the batch touches, in that format's
 bytes, scales included) and TFLOP/s; and the MXFP4 kernel's error against the dequantized
-reference (mxfp4.moe_experts) at 64 rows.
+reference (mxfp4.moe_experts) at 64 rows. The MXFP4 kernel runs on tl.dot_scaled (Triton's own
+e2m1 upcast); "mxfp4 own-dequant" is the same tiles on its integer dequantizer and tl.dot.
 
     python -m app.bench.mxfp4 --out docs/bench/mxfp4_moe.json
     python -m app.bench.mxfp4 --sweep --out docs/bench/mxfp4_tiles.json   # MXFP4 tiles only
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -23,16 +25,19 @@ from stages.kernels import fp8_ref, mxfp4
 # (experts, top-k, hidden, width): V4-Flash's routed experts (app/bench/target.py's shape)
 V4_FLASH = (256, 6, 4096, 2048)
 ROWS = (1, 64, 512, 8192)
-# (block_m, block_n, block_k, warps, stages) tried per row count with --sweep
+# (block_m, block_n, block_k, warps, stages, dot_scaled) tried per row count with --sweep
 SWEEP = (
-    (16, 64, 128, 4, 4),
-    (16, 128, 128, 4, 4),
-    (16, 64, 256, 4, 3),
-    (32, 64, 128, 4, 4),
-    (64, 128, 128, 4, 3),
-    (64, 128, 64, 8, 4),
-    (128, 128, 64, 8, 3),
-    (128, 256, 64, 8, 3),
+    (16, 64, 128, 4, 4, True),
+    (16, 64, 128, 4, 4, False),
+    (16, 128, 128, 4, 4, True),
+    (16, 64, 256, 4, 3, True),
+    (32, 64, 128, 4, 4, True),
+    (64, 128, 128, 4, 3, True),
+    (64, 128, 128, 4, 3, False),
+    (64, 128, 64, 8, 4, True),
+    (128, 128, 64, 8, 3, True),
+    (128, 128, 64, 8, 3, False),
+    (128, 256, 64, 8, 3, True),
 )
 
 
@@ -75,10 +80,19 @@ def runs(
     gu, dn = w["gate_up"], w["down"]
     (g8, g8s), (d8, d8s) = gu["fp8"], dn["fp8"]
     (g4, g4s), (d4, d4s) = gu["mxfp4"], dn["mxfp4"]
+    from stages.kernels.triton_gemm import num_sms
+
+    t, k = ids.shape
+    own = replace(triton_moe_mxfp4.tiles_for(t * k, g4.shape[0]), dot_scaled=False)
+    grid = num_sms(x.device)
     return {
         "bf16": lambda: triton_moe.moe_experts(x, gu["bf16"], dn["bf16"], ids, wt),
         "fp8": lambda: triton_moe_fp8.moe_experts(x, g8, g8s, d8, d8s, ids, wt),
         "mxfp4": lambda: triton_moe_mxfp4.moe_experts(x, g4, g4s, d4, d4s, ids, wt),
+        # the same tiles on the kernel's own integer dequantizer instead of tl.dot_scaled
+        "mxfp4 own-dequant": lambda: triton_moe_mxfp4.run_moe(
+            x, g4, g4s, d4, d4s, ids, wt, grid, own
+        ),
     }
 
 
@@ -111,10 +125,12 @@ def compare_rows(
                 "weights": fmt,
                 "ms": round(ms, 4),
                 "experts_touched": touched,
-                "weights_tb_s": round(touched * expert_bytes(fmt, h, inter) / ms / 1e9, 3),
+                "weights_tb_s": round(
+                    touched * expert_bytes(fmt.split()[0], h, inter) / ms / 1e9, 3
+                ),
                 "tflops": round(flops / ms / 1e9, 1),
             }
-            if fmt == "mxfp4" and t == 64:
+            if fmt.startswith("mxfp4") and t == 64:
                 (gq, gs), (dq, ds) = w["gate_up"]["mxfp4"], w["down"]["mxfp4"]
                 ref = mxfp4.moe_experts(x, gq, gs, dq, ds, ids, wt)
                 got = fn().float()
@@ -138,8 +154,8 @@ def sweep_rows(
     for t in ROWS:
         x, ids, wt = batch(t, shape)
         touched = int(ids.unique().numel())
-        for bm, bn, bk, warps, stages in SWEEP:
-            tiles = moe.Mxfp4Tiles(bm, bn, bk, warps, stages)
+        for bm, bn, bk, warps, stages, scaled in SWEEP:
+            tiles = moe.Mxfp4Tiles(bm, bn, bk, warps, stages, dot_scaled=scaled)
             (gq, gs), (dq, ds) = w["gate_up"]["mxfp4"], w["down"]["mxfp4"]
             grid = num_sms(x.device)
             try:
@@ -153,7 +169,7 @@ def sweep_rows(
                 }
             except Exception as err:  # a configuration that does not compile or fit
                 row = {"error": f"{type(err).__name__}: {err}"[:160]}
-            row = {"rows": t, "tiles": [bm, bn, bk, warps, stages], **row}
+            row = {"rows": t, "tiles": [bm, bn, bk, warps, stages], "dot_scaled": scaled, **row}
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

@@ -4,10 +4,12 @@ grouped persistent Triton GEMM per projection: the contract of mxfp4.moe_experts
 The weights stay as the checkpoint stores them, e2m1 nibbles two per byte (uint8 [E, N, K/2],
 element 2i in the low nibble) with one e8m0 scale byte per 32 values along K ([E, N, K/32]):
 half a byte and 1/32 of a byte per value, against 1 byte (+ scales) in FP8 and 2 in bf16. SM90
-has no FP4 tensor cores, so each K tile of weights is unpacked in registers (nibble -> e2m1
-value with 2^(scale - 127) added to its exponent, bf16 bits built in integer ops: exact) and fed
-to a bf16 MMA with the activations, as
-vLLM's and SGLang's W4A16 MoE paths do on Hopper.
+has no FP4 tensor cores, so each K tile of weights is upcast in registers to bf16 and fed to a
+bf16 MMA with the activations (W4A16, as vLLM's and SGLang's MoE paths do on Hopper): by
+default through `tl.dot_scaled` (Triton's own e2m1 upcast with the e8m0 scales, byte-permute
+lookups; what triton_kernels' MoE uses on Hopper), or (`Mxfp4Tiles.dot_scaled` False) through
+this module's integer dequantizer (bf16 bits built from the nibbles, the scale added to the
+exponent) and `tl.dot`. Both are exact: a dequantized weight is representable in bf16.
 
 The token -> expert layout is the bf16 experts' (stages.kernels.moe_routing: DeepGEMM's grouped
 contiguous one, built on the device with no host sync, picks of id -1 skipped); gate and up are
@@ -41,6 +43,9 @@ class Mxfp4Tiles:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8
+    # tl.dot_scaled (Triton's own e2m1 -> bf16 upcast, byte-permute lookups, as triton_kernels'
+    # MoE uses on Hopper), else our integer dequantizer and tl.dot
+    dot_scaled: bool = True
 
 
 # Rows per expert on average -> tiles. Decode batches (a few rows an expert): 16-row M tiles,
@@ -193,6 +198,8 @@ def grouped_w4a16(
         SWIGLU=swiglu,
         HAS_LIMIT=limit is not None,
         BF16=a.dtype == torch.bfloat16,
+        DOT_SCALED=tiles.dot_scaled,
+        A_FORMAT="bf16" if a.dtype == torch.bfloat16 else "fp16",
         BLOCK_M=r.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
@@ -246,10 +253,24 @@ if triton is not None:
         return w
 
     @triton.jit  # type: ignore[untyped-decorator]
+    def _packed(w_ptr, s_ptr, cols, k0, stride_wn, stride_sn, K,  # type: ignore[no-untyped-def]
+                BLOCK_K: tl.constexpr):
+        """The packed bytes [rows, BLOCK_K / 2] and scale bytes [rows, BLOCK_K / 32] of the rows
+        `cols` from K offset k0 (zeros, scale 1, past K)."""
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        p = tl.load(w_ptr + cols[:, None] * stride_wn + kb[None, :], mask=kb[None, :] < K // 2,
+                    other=0)
+        kg = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s = tl.load(s_ptr + cols[:, None] * stride_sn + kg[None, :], mask=kg[None, :] < K // 32,
+                    other=127)
+        return p, s
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def _grouped_w4a16(  # type: ignore[no-untyped-def]
         a_ptr, w_ptr, ws_ptr, c_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, weight_ptr,
         N, K, num_progs, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_cm, LIMIT,
-        SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, BF16: tl.constexpr, BLOCK_M: tl.constexpr,
+        SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr, BF16: tl.constexpr,
+        DOT_SCALED: tl.constexpr, A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):
         num_pid_m = tl.load(num_tiles_ptr)
@@ -268,13 +289,22 @@ if triton is not None:
             for k0 in range(0, K, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 a = tl.load(a_rows + ks[None, :], mask=ks[None, :] < K, other=0.0)
-                w = _dequant(w_e, s_e, cols_safe, k0, stride_wn, stride_sn, K, BLOCK_N, BLOCK_K,
-                             BF16)
-                acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
-                if SWIGLU:  # up: rows N.. of the expert's gate_up
-                    wu = _dequant(w_e, s_e, cols_safe + N, k0, stride_wn, stride_sn, K, BLOCK_N,
-                                  BLOCK_K, BF16)
-                    acc_u = tl.dot(a, tl.trans(wu.to(a.dtype)), acc_u)
+                if DOT_SCALED:  # the compiler's e2m1 upcast feeding the MMA
+                    wq, wsc = _packed(w_e, s_e, cols_safe, k0, stride_wn, stride_sn, K, BLOCK_K)
+                    acc = tl.dot_scaled(a, None, A_FORMAT, tl.trans(wq), wsc, "e2m1", acc)
+                    if SWIGLU:  # up: rows N.. of the expert's gate_up
+                        uq, usc = _packed(w_e, s_e, cols_safe + N, k0, stride_wn, stride_sn, K,
+                                          BLOCK_K)
+                        acc_u = tl.dot_scaled(a, None, A_FORMAT, tl.trans(uq), usc, "e2m1",
+                                              acc_u)
+                else:  # our integer dequantizer, then a plain MMA
+                    w = _dequant(w_e, s_e, cols_safe, k0, stride_wn, stride_sn, K, BLOCK_N,
+                                 BLOCK_K, BF16)
+                    acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc)
+                    if SWIGLU:
+                        wu = _dequant(w_e, s_e, cols_safe + N, k0, stride_wn, stride_sn, K,
+                                      BLOCK_N, BLOCK_K, BF16)
+                        acc_u = tl.dot(a, tl.trans(wu.to(a.dtype)), acc_u)
             if SWIGLU:
                 if HAS_LIMIT:  # DeepSeek-V4's swiglu_limit: gate from above, up both ways
                     acc = tl.minimum(acc, LIMIT)

@@ -1,7 +1,8 @@
 """The MXFP4 experts op (moe_experts_mxfp4): the torch reference equals torch_ref.moe_experts on
 the dequantized weights; the W4A16 Triton kernel, run by Triton's CPU interpreter where triton
-is installed (TRITON_INTERPRET=1), matches it to bf16/fp16 rounding, skipped picks (id -1,
-another rank's experts) included; the registry picks it by auto."""
+is installed (TRITON_INTERPRET=1), matches it to bf16/fp16 rounding on both of its paths
+(tl.dot_scaled, and its own integer dequantizer + tl.dot), skipped picks (id -1, another rank's
+experts) included; the registry picks it by auto."""
 
 from __future__ import annotations
 
@@ -56,12 +57,13 @@ def test_registry_selects_the_op():
     assert k.names["moe_experts_mxfp4"] == "torch" and k.moe_experts_mxfp4 is mxfp4.moe_experts
 
 
+@pytest.mark.parametrize("dot_scaled", [True, False])
 @pytest.mark.parametrize(
     "tokens,hidden,inter,experts,k,limit,block_k",
     [(37, 64, 64, 5, 2, None, 32), (20, 96, 32, 3, 3, None, 64), (37, 64, 64, 5, 2, 0.05, 64)],
 )
 def test_interpreted_kernel_matches_reference(
-    triton_interpreter, tokens, hidden, inter, experts, k, limit, block_k
+    triton_interpreter, tokens, hidden, inter, experts, k, limit, block_k, dot_scaled
 ):
     from stages.kernels import triton_moe_mxfp4 as moe
 
@@ -69,7 +71,7 @@ def test_interpreted_kernel_matches_reference(
     weights, ids = _routes(tokens, experts, k, tokens + 1)
     # fp16: the interpreter's bf16 dot is wrong (raw bits); the GPU tests cover bf16
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(6)).half()
-    tiles = moe.Mxfp4Tiles(16, 16, block_k, 1, 1, 2)
+    tiles = moe.Mxfp4Tiles(16, 16, block_k, 1, 1, 2, dot_scaled)
     out = moe.run_moe(x, gu, gus, dn, dns, ids, weights, 3, tiles, limit)
     ref = mxfp4.moe_experts(x.float(), gu, gus, dn, dns, ids, weights, limit=limit)
     if limit is not None:  # the clamp bites: the test would pass without it otherwise
@@ -78,7 +80,8 @@ def test_interpreted_kernel_matches_reference(
     assert ((out.float() - ref).norm() / ref.norm()).item() < 5e-3
 
 
-def test_interpreted_kernel_dequantizes_exactly(triton_interpreter):
+@pytest.mark.parametrize("dot_scaled", [True, False])
+def test_interpreted_kernel_dequantizes_exactly(triton_interpreter, dot_scaled):
     """The down GEMM over one-hot rows (token t = unit vector t, weight 1) returns the
     dequantized weights' columns exactly: every code, scales 2^-3..2^3."""
     from stages.kernels import triton_moe_mxfp4 as moe
@@ -90,12 +93,14 @@ def test_interpreted_kernel_dequantizes_exactly(triton_interpreter):
     x = torch.eye(inter).half()
     ids, weights = torch.zeros(inter, 1, dtype=torch.long), torch.ones(inter, 1)
     r, a = moe.route_and_gather(x, ids, weights, 1, 16)
-    y = moe.grouped_w4a16(a, dn, dns, r, 2, moe.Mxfp4Tiles(16, 16, 32, 1, 1, 2), hidden, inter)
+    tiles = moe.Mxfp4Tiles(16, 16, 32, 1, 1, 2, dot_scaled)
+    y = moe.grouped_w4a16(a, dn, dns, r, 2, tiles, hidden, inter)
     want = mxfp4.dequantize(dn, dns)[0].T.half()
     torch.testing.assert_close(y, want, atol=0, rtol=0)
 
 
-def test_interpreted_kernel_skips_picks(triton_interpreter):
+@pytest.mark.parametrize("dot_scaled", [True, False])
+def test_interpreted_kernel_skips_picks(triton_interpreter, dot_scaled):
     """Tensor parallelism's -1 picks (experts another rank holds): the reference without them."""
     from stages.kernels import triton_moe_mxfp4 as moe
 
@@ -106,7 +111,8 @@ def test_interpreted_kernel_skips_picks(triton_interpreter):
     weights, ids = torch.randn(tokens, 6, generator=g).softmax(-1).topk(2, dim=-1)
     ids = ids.masked_fill(ids >= experts, -1)
     assert (ids < 0).any() and (ids >= 0).any()
-    out = moe.run_moe(x, gu, gus, dn, dns, ids, weights, 3, moe.Mxfp4Tiles(16, 16, 32, 1, 1, 2))
+    tiles = moe.Mxfp4Tiles(16, 16, 32, 1, 1, 2, dot_scaled)
+    out = moe.run_moe(x, gu, gus, dn, dns, ids, weights, 3, tiles)
     ref = mxfp4.moe_experts(x.float(), gu, gus, dn, dns, ids, weights)
     assert ((out.float() - ref).norm() / ref.norm()).item() < 5e-3
 

@@ -255,11 +255,12 @@ def test_hyper_connection_kernels_compile(precision):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("dot_scaled", [True, False], ids=["dot-scaled", "own-dequant"])
 @pytest.mark.parametrize("swiglu", [True, False], ids=["gate-up", "down"])
 @pytest.mark.parametrize("tiles", ["DECODE_TILES", "MID_TILES", "PREFILL_TILES"])
-def test_mxfp4_moe_gemm_compiles(swiglu, tiles):
-    """The W4A16 grouped GEMM over packed MXFP4 experts (nibble unpack, e8m0 scales, bf16 MMA)
-    at each of its tile configurations."""
+def test_mxfp4_moe_gemm_compiles(swiglu, tiles, dot_scaled):
+    """The W4A16 grouped GEMM over packed MXFP4 experts (e2m1 upcast with the e8m0 scales, bf16
+    MMA) at each of its tile configurations, on both paths."""
     from stages.kernels import triton_moe_mxfp4
 
     t = getattr(triton_moe_mxfp4, tiles)
@@ -282,6 +283,8 @@ def test_mxfp4_moe_gemm_compiles(swiglu, tiles):
             "SWIGLU": swiglu,
             "HAS_LIMIT": swiglu,
             "BF16": True,
+            "DOT_SCALED": dot_scaled,
+            "A_FORMAT": "bf16",
             "BLOCK_M": t.block_m,
             "BLOCK_N": t.block_n,
             "BLOCK_K": t.block_k,
