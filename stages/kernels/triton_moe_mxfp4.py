@@ -25,6 +25,7 @@ without triton or CUDA.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ from stages.kernels import mxfp4
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,38 @@ def grouped_w4a16(
     else:
         c = torch.zeros(pairs, n, dtype=a.dtype, device=a.device)
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, tiles.block_n)))
+    scaled = tiles.dot_scaled and _DOT_SCALED_BUILDS[0]
+    try:
+        _launch(a, w, ws, c, r, tiles, (n, k, progs), limit, swiglu, scaled)
+    except Exception as err:  # tl.dot_scaled not built by this Triton for this GPU
+        if not scaled:
+            raise
+        _DOT_SCALED_BUILDS[0] = False
+        log.warning(
+            "tl.dot_scaled does not build here (%s): MXFP4 experts use the kernel's own "
+            "dequantizer",
+            f"{type(err).__name__}: {err}"[:200],
+        )
+        _launch(a, w, ws, c, r, tiles, (n, k, progs), limit, swiglu, False)
+    return c
+
+
+_DOT_SCALED_BUILDS = [True]  # cleared the first time it fails to build
+
+
+def _launch(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    ws: torch.Tensor,
+    c: torch.Tensor,
+    r: Routing,
+    tiles: Mxfp4Tiles,
+    sizes: tuple[int, int, int],
+    limit: float | None,
+    swiglu: bool,
+    scaled: bool,
+) -> None:
+    n, k, progs = sizes
     _grouped_w4a16[(progs,)](
         a,
         w,
@@ -198,7 +233,7 @@ def grouped_w4a16(
         SWIGLU=swiglu,
         HAS_LIMIT=limit is not None,
         BF16=a.dtype == torch.bfloat16,
-        DOT_SCALED=tiles.dot_scaled,
+        DOT_SCALED=scaled,
         A_FORMAT="bf16" if a.dtype == torch.bfloat16 else "fp16",
         BLOCK_M=r.block_m,
         BLOCK_N=tiles.block_n,
@@ -207,7 +242,6 @@ def grouped_w4a16(
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
-    return c
 
 
 try:

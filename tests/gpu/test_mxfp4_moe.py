@@ -3,9 +3,12 @@ scales, dequantized in the kernel, bf16 MMA) on CUDA at V4-Flash's routed expert
 4096, width 2048, top-6; app/bench/target.py's shape): decode batches of 1, 64 and 512 rows and
 an 8K-token prefill chunk, against the same experts dequantized (the bf16 grouped MoE on the
 dequantized weights: the same math up to accumulation order; and mxfp4.moe_experts in fp32),
-with V4's swiglu clamp, both grids, and picks of id -1 (tensor parallelism's other rank)."""
+with V4's swiglu clamp, both grids, both upcast paths (tl.dot_scaled, the integer
+dequantizer), and picks of id -1 (tensor parallelism's other rank)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -53,8 +56,22 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _own_dequant(x, gu, gus, dn, dns, ids, weights, limit=None):
+    """The kernel on its integer dequantizer and tl.dot (the tiles' other path)."""
+    from stages.kernels.triton_gemm import num_sms
+
+    t, k = ids.shape
+    tiles = replace(triton_moe_mxfp4.tiles_for(t * k, EXPERTS), dot_scaled=False)
+    args = (x, gu, gus, dn, dns, ids, weights)
+    return triton_moe_mxfp4.run_moe(*args, num_sms(x.device), tiles, limit)
+
+
 @pytest.mark.parametrize("tokens", [1, 64, 512, 8192])
-@pytest.mark.parametrize("fn", [triton_moe_mxfp4.moe_experts, triton_moe_mxfp4.moe_experts_sm1])
+@pytest.mark.parametrize(
+    "fn",
+    [triton_moe_mxfp4.moe_experts, triton_moe_mxfp4.moe_experts_sm1, _own_dequant],
+    ids=["dot-scaled", "dot-scaled-sm1", "own-dequant"],
+)
 def test_mxfp4_moe_matches_the_dequantized_experts(experts, tokens, fn):
     (gu, gus, dn, dns), (gu_wide, dn_wide) = experts
     x, ids, weights = _batch(tokens)
@@ -85,3 +102,12 @@ def test_mxfp4_moe_runs_no_fallback(experts):
     before = FALLBACKS.counts()
     triton_moe_mxfp4.moe_experts(x, gu, gus, dn, dns, ids, weights)
     assert FALLBACKS.counts() == before
+
+
+def test_dot_scaled_builds_here(experts):
+    """tl.dot_scaled builds on this GPU's Triton (else the kernel warns and takes its own
+    dequantizer for good: the speed differs, the results do not)."""
+    (gu, gus, dn, dns), _ = experts
+    x, ids, weights = _batch(64)
+    triton_moe_mxfp4.moe_experts(x, gu, gus, dn, dns, ids, weights)
+    assert triton_moe_mxfp4._DOT_SCALED_BUILDS[0]
