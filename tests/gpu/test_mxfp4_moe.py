@@ -29,9 +29,10 @@ def experts():
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def packed(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-        codes = torch.randint(0, 256, (EXPERTS, rows, cols // 2), generator=g, device="cuda")
-        scales = torch.randint(118, 122, (EXPERTS, rows, cols // 32), generator=g, device="cuda")
-        return codes.to(torch.uint8), scales.to(torch.uint8)
+        u8 = dict(generator=g, device="cuda", dtype=torch.uint8)
+        codes = torch.randint(0, 256, (EXPERTS, rows, cols // 2), **u8)
+        scales = torch.randint(118, 122, (EXPERTS, rows, cols // 32), **u8)
+        return codes, scales
 
     gu, gus = packed(2 * INTER, HIDDEN)
     dn, dns = packed(HIDDEN, INTER)
