@@ -24,6 +24,7 @@ from stages.protocol import (
     DTYPES,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
+    MXFP4_EXPERTS,
     OUTPUT_CHANNELS,
     OUTPUT_POSTS,
     QUANTIZATIONS,
@@ -237,6 +238,14 @@ class EngineConfig(Options):
         "On CPU FP8 weights are always dequantized at load.",
         choices=QUANTIZATIONS,
     )
+    mxfp4_experts: str = option(
+        "keep",
+        "A checkpoint's MXFP4 routed experts (DeepSeek-V4's expert_dtype fp4): keep = held "
+        "packed as stored (half a byte a value, W4A16: dequantized inside the grouped MoE "
+        "kernel), also under --quantization fp8; dequantize = widened at load to --dtype "
+        "(or FP8 with FP8 weights).",
+        choices=MXFP4_EXPERTS,
+    )
     kv_cache_dtype: str = option(
         "auto",
         "KV cache: auto / bfloat16 = the model's dtype; fp8 = DeepSeek-V3.2's 656-byte "
@@ -418,6 +427,7 @@ class EngineConfig(Options):
             quantization=self.quantization,
             kv_cache_dtype=self.kv_cache_dtype,
             fp8_prefill_attention=self.fp8_prefill_attention,
+            mxfp4_experts=self.mxfp4_experts,
             tp_size=self.tp_size,
             tp_rank=tp_rank,
         )

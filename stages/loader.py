@@ -8,7 +8,7 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import safe_open
@@ -17,7 +17,7 @@ from stages import protocol
 from stages.kernels import fp8_ref, mxfp4
 from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import Kernels
-from stages.model_config import ModelArgs
+from stages.model_config import ModelArgs, mxfp4_experts_as
 from stages.protocol import QUANTIZATIONS
 from stages.stage_context import Piece, StageContext, StageModel
 from stages.tensor_parallel import TensorParallel, one_rank_unless
@@ -95,13 +95,33 @@ def _packed(files: dict[str, str], names: set[str]) -> set[str]:
 
 
 def _dequantize_mxfp4(name: str, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    _check_mxfp4(name, packed, scale)
+    return mxfp4.dequantize(packed, scale)
+
+
+def _check_mxfp4(name: str, packed: torch.Tensor, scale: torch.Tensor) -> None:
     if not mxfp4.is_mxfp4(packed, scale):
         raise ValueError(
             f"{name}: {packed.dtype} {tuple(packed.shape)} with {SCALE_SUFFIX} "
             f"{tuple(scale.shape)} is not MXFP4 (two values per byte, one scale per "
             f"{mxfp4.GROUP} values along K)"
         )
-    return mxfp4.dequantize(packed, scale)
+
+
+def _kept_mxfp4(name: str, t: torch.Tensor, files: dict[str, str]) -> torch.Tensor:
+    """A packed MXFP4 weight (checked against its scales) or an e8m0 scale, as its bytes."""
+    if name.endswith(SCALE_SUFFIX):
+        if t.dtype not in (torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
+            raise ValueError(f"{name}: {t.dtype} where MXFP4's e8m0 scale bytes are expected")
+        return t.contiguous().view(torch.uint8)
+    scale = _read(files, name + SCALE_SUFFIX) if name + SCALE_SUFFIX in files else None
+    if t.dtype not in mxfp4.PACKED_DTYPES or scale is None:
+        raise ValueError(
+            f"{name}: {t.dtype} without packed MXFP4 storage and its {SCALE_SUFFIX}, where "
+            f"the stage keeps MXFP4 experts (expert_dtype fp4)"
+        )
+    _check_mxfp4(name, t, scale)
+    return t.contiguous().view(torch.uint8)
 
 
 def load_stage_weights(model: StageModel, path: str) -> list[str]:
@@ -112,7 +132,9 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
     `model.embed_tokens.weight` for its head (tied checkpoints usually omit `lm_head.weight`).
     FP8 block-scaled weights (with a `weight_scale_inv`) are dequantized to the model's dtype,
     and so are MXFP4 ones (V4's routed experts: a packed int8 / float4_e2m1fn_x2 weight with
-    one ue8m0 scale per 32 values along K); a kept-FP8 parameter gets them quantized blockwise.
+    one ue8m0 scale per 32 values along K) unless the stage holds them packed (uint8 weight and
+    scale parameters: their bytes are copied as stored); a kept-FP8 parameter gets them
+    quantized blockwise.
     """
     params = dict(model.named_parameters())
     files = _weight_files(path)
@@ -128,7 +150,11 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
     ]
     # Kept-FP8 scales the checkpoint lacks (or has for MXFP4 weights) come from quantizing
     # its weights at load.
-    scales = {piece.name for piece, p in pieces if p.endswith(SCALE_SUFFIX)}
+    scales = {
+        piece.name
+        for piece, p in pieces
+        if p.endswith(SCALE_SUFFIX) and params[p].dtype != torch.uint8  # not MXFP4's, kept
+    }
     weights = {n.removesuffix(SCALE_SUFFIX) for n in scales}
     packed = _packed(files, {n for n in weights if n in files})
     derived = {n for n in scales if n not in files or n.removesuffix(SCALE_SUFFIX) in packed}
@@ -141,7 +167,7 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
     by_file: dict[str, list[tuple[Piece, str]]] = {}
     for piece, p in pieces:
         by_file.setdefault(files[piece.name], []).append((piece, p))
-    counts = {"dequantized": 0, "mxfp4": 0, "kept": 0, "quantized": 0}
+    counts = {"dequantized": 0, "mxfp4": 0, "mxfp4_kept": 0, "kept": 0, "quantized": 0}
     with torch.no_grad():
         for file, group in sorted(by_file.items()):
             with safe_open(file, framework="pt", device="cpu") as f:
@@ -153,11 +179,17 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
                         or f.get_slice(n).get_dtype() in PACKED_HEADER_DTYPES
                     )
                     t = f.get_tensor(n) if not source or whole else f.get_slice(n)[source]
-                    if t.dtype in mxfp4.PACKED_DTYPES and n + SCALE_SUFFIX in files:
+                    kept_mxfp4 = target.dtype == torch.uint8  # packed: the stored bytes
+                    if kept_mxfp4:
+                        t = _kept_mxfp4(n, t, files)
+                        counts["mxfp4_kept"] += not n.endswith(SCALE_SUFFIX)
+                    elif t.dtype in mxfp4.PACKED_DTYPES and n + SCALE_SUFFIX in files:
                         t = _dequantize_mxfp4(n, t, _read(files, n + SCALE_SUFFIX))
                         counts["mxfp4"] += 1
                     scaled = t.dtype == fp8_ref.FP8 and n + SCALE_SUFFIX in files
-                    if target.dtype == fp8_ref.FP8 and not scaled:
+                    if kept_mxfp4:
+                        pass
+                    elif target.dtype == fp8_ref.FP8 and not scaled:
                         if n + SCALE_SUFFIX not in derived:
                             raise ValueError(f"{n}: FP8 weights without {n + SCALE_SUFFIX}")
                         t, scale = fp8_ref.quantize_weight(t)
@@ -190,6 +222,8 @@ def load_stage_weights(model: StageModel, path: str) -> list[str]:
             counts["mxfp4"],
             dtype_of(model),
         )
+    if counts["mxfp4_kept"]:
+        log.info("MXFP4 experts kept packed: %d weights (W4A16 experts)", counts["mxfp4_kept"])
     if counts["kept"] or counts["quantized"]:
         log.info(
             "FP8 weights kept for W8A8: %d from the checkpoint, %d quantized at load",
@@ -217,10 +251,16 @@ def random_init(model: StageModel, seed: int) -> None:
                 p.zero_()
             elif name.endswith(SCALE_SUFFIX):
                 continue  # set with its weight
+            elif p.dtype == torch.uint8 and name + SCALE_SUFFIX in params:  # MXFP4 kept
+                _random_quantized(
+                    p, params[name + SCALE_SUFFIX], sources[name], seed, mxfp4.quantize, 2
+                )
             elif not p.is_floating_point():
                 continue  # an index table (V4's tid2eid) keeps its module's valid values
             elif p.dtype == fp8_ref.FP8:
-                _random_fp8(p, params[name + SCALE_SUFFIX], sources[name], seed)
+                _random_quantized(
+                    p, params[name + SCALE_SUFFIX], sources[name], seed, fp8_ref.quantize_weight
+                )
             else:
                 for piece in sources[name]:
                     p[piece.at].copy_(_drawn(piece, p[piece.at].shape, seed, p.device))
@@ -242,18 +282,27 @@ def _drawn(piece: Piece, shape: torch.Size, seed: int, device: torch.device) -> 
     return _draw(piece.name, torch.Size(piece.shape), seed, device)[piece.source]
 
 
-def _random_fp8(p: torch.Tensor, scale: torch.Tensor, pieces: list[Piece], seed: int) -> None:
-    """One 2-D matrix at a time (an expert of a stack), so the fp32 draws stay small."""
+def _random_quantized(
+    p: torch.Tensor,
+    scale: torch.Tensor,
+    pieces: list[Piece],
+    seed: int,
+    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    per_element: int = 1,
+) -> None:
+    """The draws quantized (FP8 blockwise, or MXFP4 with per_element = 2 values a byte), one
+    2-D matrix at a time (an expert of a stack), so the fp32 draws stay small."""
     by_matrix: dict[tuple[Any, ...], list[Piece]] = {}
     for piece in pieces:
         index = piece.at
         lead = index[:1] if index and isinstance(index[0], int) else ()
         by_matrix.setdefault(lead, []).append(piece._replace(at=index[len(lead) :]))
     for lead, parts in by_matrix.items():
-        full = torch.empty(p[lead].shape, dtype=torch.float32, device=p.device)
+        rows, cols = p[lead].shape
+        full = torch.empty(rows, cols * per_element, dtype=torch.float32, device=p.device)
         for piece in parts:
             full[piece.at] = _drawn(piece, full[piece.at].shape, seed, p.device)
-        q, s = fp8_ref.quantize_weight(full)
+        q, s = quantize(full)
         p[lead].copy_(q)
         scale[lead].copy_(s)
 
@@ -288,9 +337,14 @@ def weight_bytes(model: StageModel) -> int:
 
 
 def routed_experts(model: StageModel) -> tuple[int, int]:
-    """(weight values, bytes as held with their scales) of the stage's routed experts."""
+    """(weight values, bytes as held with their scales) of the stage's routed experts (MXFP4
+    kept packed: two values a byte)."""
     params = [(n, p) for n, p in model.named_parameters() if ".experts." in n]
-    values = sum(p.numel() for n, p in params if not n.endswith(SCALE_SUFFIX))
+    values = sum(
+        p.numel() * (2 if p.dtype == torch.uint8 else 1)
+        for n, p in params
+        if not n.endswith(SCALE_SUFFIX)
+    )
     return values, sum(p.numel() * p.element_size() for _, p in params)
 
 
@@ -325,16 +379,19 @@ def stage_memory_plan(
     kv_cache_dtype: str = "auto",
     dtype: torch.dtype = torch.bfloat16,
     tp_size: int = 1,
+    mxfp4_experts: str = "keep",
 ) -> list[StageMemory]:
     """Per stage of an even PP split: the weight bytes of the stage module the engine would
     build (on the meta device: nothing allocated) and its KV bytes per token; with tp_size > 1,
     those of one GPU, rank 0 of the stage's tensor-parallel ranks (the largest: the last rank's
-    vocabulary slice may be shorter)."""
+    vocabulary slice may be shorter). A checkpoint's MXFP4 experts count as held:
+    packed (keep) or widened (dequantize: to FP8 with fp8_weights, else `dtype`)."""
     from stages.kernels.registry import select_kernels
     from stages.kv_cache import bytes_per_token_layer
     from stages.partition import layer_ranges
 
     kernels = select_kernels("cpu", fp8_linear="torch" if fp8_weights else None)
+    args = mxfp4_experts_as(args, mxfp4_experts)
     rank_args = args.family.rank_args(args, tp_size)
     per_layer = bytes_per_token_layer(rank_args, dtype, kv_cache_dtype)
     plan = []

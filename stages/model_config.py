@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.models.families import Family, family_of
+from stages.protocol import MXFP4_EXPERTS
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,14 @@ def load_config(path: str | None) -> dict[str, Any]:
     with open(cfg, encoding="utf-8") as f:
         d: dict[str, Any] = json.load(f)
     return d
+
+
+def mxfp4_experts_as(args: ModelArgs, mode: str) -> ModelArgs:
+    """The model with a checkpoint's MXFP4 routed experts (DeepSeek-V4's expert_dtype fp4)
+    kept packed (keep: W4A16 experts) or as the other weights (dequantize: widened at load)."""
+    if mode not in MXFP4_EXPERTS:
+        raise ValueError(f"mxfp4_experts must be one of {MXFP4_EXPERTS}, got {mode!r}")
+    return args if mode == "keep" else args.family.widen_mxfp4_experts(args)
 
 
 def load_model_args(path: str | None) -> ModelArgs:

@@ -30,7 +30,7 @@ from stages.kv_cache import (
     make_kv_cache,
 )
 from stages.loader import build_stage_model, keep_fp8_weights, log_stage_memory, resolve_dtype
-from stages.model_config import load_model_args
+from stages.model_config import load_model_args, mxfp4_experts_as
 from stages.models.families import GraphSetting
 from stages.output_slots import OutputSlots, output_message
 from stages.protocol import (
@@ -75,7 +75,7 @@ class StageRunner:
             # Ray made one GPU visible; NCCL's eager init wants an explicit index.
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = resolve_dtype(spec.dtype)
-        self.args = load_model_args(spec.model_path)
+        self.args = mxfp4_experts_as(load_model_args(spec.model_path), spec.mxfp4_experts)
         # This rank's share of a tensor-parallel stage; its group is joined in connect()
         self.tp = TensorParallel(spec.tp_rank, spec.tp_size)
         self.rank_args = self.args.family.rank_args(self.args, spec.tp_size)

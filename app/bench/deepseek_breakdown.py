@@ -64,6 +64,7 @@ GROUPS = [
     ("_gate_up_silu", "moe gate/up"),
     ("_down_scatter", "moe down"),
     ("_grouped_w8a8", "moe (FP8)"),
+    ("_grouped_w4a16", "moe (MXFP4)"),
     ("_quantize_1x128", "fp8 activation quantizer"),
     ("_scatter", "moe routing"),
     ("_count", "moe routing"),

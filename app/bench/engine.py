@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                             quantization=a.quantization,
                             kv_cache_dtype=a.kv_cache_dtype,
                             fp8_prefill_attention=a.fp8_prefill_attention,
+                            mxfp4_experts=a.mxfp4_experts,
                             **kv,
                         )
                         for r in config_rows

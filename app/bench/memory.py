@@ -6,14 +6,16 @@ stage_memory_plan from a config.json (the stage modules built on the meta device
 
 A family without an FP8 cache gets "n/a" in the FP8 KV columns and the reason under the table.
 A checkpoint whose routed experts are MXFP4 (DeepSeek-V4's `expert_dtype: fp4`, or
---mxfp4-experts) gets a line comparing the experts as the stage holds them (stages/loader.py
-dequantizes MXFP4 at load: ppserve has no FP4 GEMM) with their checkpoint size.
+--mxfp4-experts) is counted as the loader holds it by default: the experts packed (uint8 e2m1
+pairs + e8m0 scale bytes, --mxfp4-experts keep of ppserve serve), the other weights bf16 or FP8;
+a line under the table gives the experts' bytes packed and dequantized.
 
-    python -m app.bench.memory docs/bench/configs/deepseek_v4_pro.json --pp-tp 8x1 4x2 2x4
+    python -m app.bench.memory docs/bench/configs/deepseek_v4_pro.json --pp-tp 8x1 4x2 2x4 8x2
 
 adds the per-GPU table of tensor-parallel stages (--tp): one GPU's weights (rank 0 of the largest
-stage) with FP8 weights, and with the routed experts in MXFP4 as the checkpoint stores them
-(projected: the loader widens them today), its KV bytes per token and the context it holds.
+stage) with FP8 weights, the routed experts dequantized to FP8 (--mxfp4-experts dequantize) and
+kept MXFP4 (keep), both from the stage modules the loader builds, its KV bytes per token and the
+context it holds.
 """
 
 from __future__ import annotations
@@ -23,14 +25,12 @@ import json
 import sys
 from typing import Any
 
-from stages.kernels import mxfp4
 from stages.loader import StageMemory, stage_memory_plan
 from stages.model_config import ModelArgs
 from stages.models.deepseek_v4.config import expert_dtype
 
 H200_BYTES = 141 * 10**9  # HBM3e
 UTILIZATION = 0.9  # --gpu-memory-utilization's default
-MXFP4_BYTES_PER_VALUE = 0.5 + 1 / mxfp4.GROUP  # two values a byte, one e8m0 scale per group
 # Beside weights and KV: a long prompt's chunk activations (an 8K chunk's four residual streams,
 # MoE intermediates, the sparse references' tiles, the indexer's score tiles).
 ACTIVATION_BYTES = 8 * 10**9
@@ -63,17 +63,15 @@ def fp4_experts(config: dict[str, Any]) -> bool:
 
 
 def _fp8_kv_plan(
-    args: ModelArgs, pp: int, fp8: bool, tp: int = 1
+    args: ModelArgs, pp: int, fp8: bool, tp: int = 1, mxfp4_experts: str = "keep"
 ) -> tuple[list[StageMemory] | None, str]:
     try:
-        return stage_memory_plan(args, pp, fp8, "fp8", tp_size=tp), ""
+        return stage_memory_plan(args, pp, fp8, "fp8", tp_size=tp, mxfp4_experts=mxfp4_experts), ""
     except ValueError as e:  # the family has no FP8 cache (yet)
         return None, str(e)
 
 
-def table(
-    config: dict[str, Any], pp_sizes: tuple[int, ...] = (2, 4, 8), mxfp4_experts: bool = False
-) -> str:
+def table(config: dict[str, Any], pp_sizes: tuple[int, ...] = (2, 4, 8)) -> str:
     args = ModelArgs.from_hf_dict(config)
     budget = int(H200_BYTES * UTILIZATION)
     lines = [
@@ -109,55 +107,57 @@ def table(
             )
     lines.append("")
     lines.extend(f"FP8 KV n/a: {why}" for why in notes)
-    if mxfp4_experts or fp4_experts(config):
-        values = experts[False][0]
-        held = ", ".join(
-            f"{'FP8' if fp8 else 'bf16'} weights {experts[fp8][1] / 1e9:,.1f} GB" for fp8 in experts
-        )
+    if fp4_experts(config):
+        values, packed = experts[False]
+        wide = {
+            fp8: sum(s.routed_expert_bytes for s in stage_memory_plan(args, 1, fp8, **WIDE))
+            for fp8 in (False, True)
+        }
         lines.append(
-            f"Routed experts: {values / 1e9:,.1f}B values, MXFP4 in the checkpoint "
-            f"({values * MXFP4_BYTES_PER_VALUE / 1e9:,.1f} GB); dequantized at load, held as: "
-            f"{held} (counted so above)."
+            f"Routed experts: {values / 1e9:,.1f}B values, MXFP4 in the checkpoint, held packed "
+            f"{packed / 1e9:,.1f} GB (counted so above); dequantized at load "
+            f"(--mxfp4-experts dequantize): bf16 {wide[False] / 1e9:,.1f} GB, "
+            f"FP8 {wide[True] / 1e9:,.1f} GB."
         )
     return "\n".join(lines).rstrip()
 
 
-def per_gpu_table(
-    config: dict[str, Any], shapes: tuple[tuple[int, int], ...], mxfp4_experts: bool = False
-) -> str:
-    """One GPU of each PP x TP shape, FP8 weights, FP8 KV where the family has it; with MXFP4
-    experts (the checkpoint's, or --mxfp4-experts) also the GPU with them kept in FP4."""
-    fp4_shown = mxfp4_experts or fp4_experts(config)
+WIDE: dict[str, Any] = {"mxfp4_experts": "dequantize"}
+
+
+def per_gpu_table(config: dict[str, Any], shapes: tuple[tuple[int, int], ...]) -> str:
+    """One GPU of each PP x TP shape, FP8 weights, FP8 KV where the family has it: with the
+    routed experts dequantized to FP8, and (MXFP4 experts) kept packed, each as the loader
+    builds the stage."""
+    fp4_shown = fp4_experts(config)
     args = ModelArgs.from_hf_dict(config)
     budget = int(H200_BYTES * UTILIZATION)
     lines = [
-        "| PP x TP | GPUs | per GPU, FP8 weights (GB) | per GPU, MXFP4 experts (GB) | fits an "
-        "H200 (FP8 / MXFP4) | KV per token per GPU (bytes) | longest context (FP8 / MXFP4) |",
+        "| PP x TP | GPUs | per GPU, FP8 weights + FP8 experts (GB) | per GPU, FP8 weights + "
+        "MXFP4 experts (GB) | fits an H200 (FP8 / MXFP4) | KV per token per GPU (bytes) | "
+        "longest context (FP8 / MXFP4) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for pp, tp in shapes:
-        plan, _why = _fp8_kv_plan(args, pp, True, tp)
-        kv = "fp8"
-        if plan is None:
-            plan, kv = stage_memory_plan(args, pp, True, "auto", tp_size=tp), "bf16"
-        fp8 = max(plan, key=lambda st: st.weight_bytes)
-        fp4 = [
-            st.weight_bytes
-            - st.routed_expert_bytes
-            + round(st.routed_expert_values * MXFP4_BYTES_PER_VALUE)
-            for st in plan
-        ]
-        fits = ["yes" if w < budget else "no" for w in (fp8.weight_bytes, max(fp4))]
-        if not fp4_shown:
-            fits[1] = "n/a"
-        ctx_fp8 = min(st.max_tokens(budget) for st in plan)
-        ctx_fp4 = min(max(0, budget - w) // st.kv_bytes_per_token for st, w in zip(plan, fp4))
-        held_fp4 = f"{max(fp4) / 1e9:,.1f}" if fp4_shown else "n/a (FP8 experts)"
-        ctx = f"{ctx_fp8:,} / {ctx_fp4:,}" if fp4_shown else f"{ctx_fp8:,} / n/a"
+        plans, kv = {}, "fp8"
+        for mode in ("dequantize", "keep"):
+            plan, _why = _fp8_kv_plan(args, pp, True, tp, mode)
+            if plan is None:
+                plan, kv = (
+                    stage_memory_plan(args, pp, True, "auto", tp_size=tp, mxfp4_experts=mode),
+                    "bf16",
+                )
+            plans[mode] = plan
+        largest = {m: max(st.weight_bytes for st in p) for m, p in plans.items()}
+        ctx = {m: min(st.max_tokens(budget) for st in p) for m, p in plans.items()}
+        fits = {m: "yes" if w < budget else "no" for m, w in largest.items()}
+        wide, kept = "dequantize", "keep"
+        held = f"{largest[kept] / 1e9:,.1f}" if fp4_shown else "n/a (no MXFP4 experts)"
         lines.append(
-            f"| {pp} x {tp} | {pp * tp} | {fp8.weight_bytes / 1e9:,.1f} | {held_fp4} "
-            f"| {fits[0]} / {fits[1]} | {max(st.kv_bytes_per_token for st in plan):,} ({kv}) "
-            f"| {ctx} |"
+            f"| {pp} x {tp} | {pp * tp} | {largest[wide] / 1e9:,.1f} | {held} "
+            f"| {fits[wide]} / {fits[kept] if fp4_shown else 'n/a'} "
+            f"| {max(st.kv_bytes_per_token for st in plans[kept]):,} ({kv}) "
+            f"| {ctx[wide]:,} / {f'{ctx[kept]:,}' if fp4_shown else 'n/a'} |"
         )
     return "\n".join(lines)
 
@@ -187,10 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     with open(a.config, encoding="utf-8") as f:
         config = json.load(f)
-    print(table(config, mxfp4_experts=a.mxfp4_experts))
+    if a.mxfp4_experts:
+        config = dict(config, expert_dtype="fp4")
+    print(table(config))
     if a.pp_tp:
         print()
-        print(per_gpu_table(config, tuple(a.pp_tp), a.mxfp4_experts))
+        print(per_gpu_table(config, tuple(a.pp_tp)))
     return 0
 
 

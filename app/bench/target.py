@@ -149,9 +149,16 @@ class BenchEngine:
 
 def add_memory_flags(p: argparse.ArgumentParser) -> None:
     """The weight and KV cache formats of a bench's engine, and how its KV cache is sized."""
-    from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
+    from stages.protocol import KV_CACHE_DTYPES, MXFP4_EXPERTS, QUANTIZATIONS
 
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto")
+    p.add_argument(
+        "--mxfp4-experts",
+        choices=MXFP4_EXPERTS,
+        default="keep",
+        help="a model's MXFP4 routed experts (deepseek-v4-flash's) packed or dequantized at "
+        "load (--mxfp4-experts of ppserve serve)",
+    )
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument(
         "--fp8-prefill-attention",
@@ -174,6 +181,7 @@ def memory_options(a: argparse.Namespace, fitted_blocks: int) -> dict[str, Any]:
         quantization=a.quantization,
         kv_cache_dtype=a.kv_cache_dtype,
         fp8_prefill_attention=a.fp8_prefill_attention,
+        mxfp4_experts=a.mxfp4_experts,
         num_kv_blocks=fitted_blocks if a.kv_blocks == "fit" else None,
     )
 
@@ -215,9 +223,10 @@ def lone_prompt_chunk_sizes(
 # model). deepseek-v32-bench is issue 11's V3.2-shaped model that FlashMLA's SM90 sparse kernels
 # take: DeepSeek-V2-Lite's layers and experts with 64 query heads (64 or 128 only), V3's q LoRA
 # (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
-# 256K rows). deepseek-v4-flash is DeepSeek-V4-Flash's config (docs/bench/configs) in bf16, cut
-# to the leading layers one H200 holds beside a 256K-token KV cache (their layer-type and
-# hash/routed pattern kept; app.bench.memory.layers_on_one_gpu).
+# 256K rows). deepseek-v4-flash is DeepSeek-V4-Flash's config (docs/bench/configs) in bf16 with
+# its routed experts MXFP4 (kept packed unless --mxfp4-experts dequantize), cut to the leading
+# layers one H200 holds in bf16 beside a 256K-token KV cache (their layer-type and hash/routed
+# pattern kept; app.bench.memory.layers_on_one_gpu).
 MODEL_SHAPES = (
     "llama8b",
     "qwen3-30b-a3b",
@@ -286,7 +295,10 @@ def v4_flash_bench_config() -> dict[str, Any]:
     with open(V4_FLASH_CONFIG, encoding="utf-8") as f:
         full = json.load(f)
     full.pop("quantization_config", None)  # bf16 weights
-    return leading_layers(full, layers_on_one_gpu(full, V4_FLASH_CONTEXT))
+    # the layers that fit with bf16 experts (the shape's count before the experts stayed FP4);
+    # the routed experts MXFP4 as the checkpoint ships them (random init quantizes them)
+    cut = leading_layers(full, layers_on_one_gpu(full, V4_FLASH_CONTEXT))
+    return dict(cut, expert_dtype="fp4")
 
 
 def kv_block_size(model: dict[str, Any]) -> int:

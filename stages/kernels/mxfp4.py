@@ -1,13 +1,17 @@
 """MXFP4 (OCP microscaling FP4), the format of DeepSeek-V4's routed experts: e2m1 values packed
 two per byte (element 2i in the low nibble), one e8m0 scale (a power of two, 2^(byte - 127)) per
-32 consecutive values along K. The loader (stages/loader.py) dequantizes them to the model's dtype
-at load (no FP4 GEMM path), recognising them from the tensors themselves; this is the dequantizer,
-the recognition, and the reference quantizer its tests use.
+32 consecutive values along K. The loader (stages/loader.py) keeps them packed (the experts run
+W4A16: stages.kernels.triton_moe_mxfp4 dequantizes in the kernel) or, with
+`--mxfp4-experts dequantize`, widens them to the model's dtype at load, recognising them from
+the tensors themselves. Here: the dequantizer, the recognition, the reference quantizer and the
+reference experts (`moe_experts`, the registry's torch backend of moe_experts_mxfp4).
 """
 
 from __future__ import annotations
 
 import torch
+
+from stages.kernels import torch_ref
 
 GROUP = 32
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes of codes 0-7; bit 3 is sign
@@ -55,8 +59,33 @@ def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = g.abs().amax(dim=-1).clamp_min(2.0**-126)
     exponent = (torch.floor(torch.log2(amax)) - 2).clamp(-E8M0_BIAS, E8M0_BIAS)
     scaled = (g / torch.exp2(exponent)[..., None]).flatten(-2)
-    values = _values(w.device)
-    codes = (scaled[..., None] - values).abs().argmin(dim=-1)  # nearest (ties: the lower code)
+    # the nearest magnitude (ties: the lower code), by the midpoints between E2M1's magnitudes
+    mags = torch.tensor(E2M1, dtype=torch.float32, device=w.device)
+    codes = torch.bucketize(scaled.abs(), (mags[1:] + mags[:-1]) / 2)
+    codes = torch.where((scaled < 0) & (codes > 0), codes | 8, codes)
     pairs = codes.reshape(*codes.shape[:-1], k // 2, 2)
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
     return packed, (exponent + E8M0_BIAS).to(torch.uint8)
+
+
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down: torch.Tensor,
+    down_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    limit: float | None = None,
+) -> torch.Tensor:
+    """Routed experts with MXFP4 weights: gate_up [E, 2I, H/2] uint8 with scales [E, 2I, H/32],
+    down [E, H, I/2] with [E, H, I/32]; torch_ref.moe_experts on each expert's weights
+    dequantized to x's dtype when it has rows (limit: DeepSeek-V4's swiglu clamp)."""
+
+    def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+        gu = dequantize(gate_up[e], gate_up_scale[e]).to(x.dtype)
+        gate, up = torch.nn.functional.linear(rows, gu).chunk(2, dim=-1)
+        d = dequantize(down[e], down_scale[e]).to(x.dtype)
+        return torch.nn.functional.linear(torch_ref.swiglu(gate, up, limit), d)
+
+    return torch_ref.per_expert(x, topk_ids, topk_weights, gate_up.shape[0], expert)

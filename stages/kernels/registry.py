@@ -104,6 +104,13 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent": "stages.kernels.triton_moe_fp8:moe_experts",
         "triton-persistent-sm1": "stages.kernels.triton_moe_fp8:moe_experts_sm1",
     },
+    # Routed experts with MXFP4 weights kept packed (DeepSeek-V4's): a grouped persistent W4A16
+    # Triton GEMM dequantizing in the kernel, or (torch) each expert dequantized per call.
+    "moe_experts_mxfp4": {
+        "torch": "stages.kernels.mxfp4:moe_experts",
+        "triton-persistent": "stages.kernels.triton_moe_mxfp4:moe_experts",
+        "triton-persistent-sm1": "stages.kernels.triton_moe_mxfp4:moe_experts_sm1",
+    },
     # DeepSeek-V3.2 sparse MLA over the 656-byte FP8 latent pages (fp8_latent's layout).
     "mla_sparse_fp8": {
         "torch": "stages.kernels.fp8_latent:mla_sparse",
@@ -139,6 +146,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "hc_merge": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
+    "moe_experts_mxfp4": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
     "mla_prefill_fp8": ("flash-mla-bf16", "flash-mla", "torch"),
 }
@@ -183,6 +191,10 @@ class Kernels:
     # moe_experts with FP8 weights and their scales (fp8_ref.moe_experts's arguments, limit
     # included)
     moe_experts_fp8: Callable[..., Any] | None = None
+    # (x [T,H], gate_up [E,2I,H/2] uint8 e2m1 pairs, its e8m0 scales [E,2I,H/32] uint8, down
+    #  [E,H,I/2], its scales [E,H,I/32], topk_ids, topk_weights, limit=None) -> [T,H]: MXFP4
+    #  experts kept packed (stages/kernels/mxfp4.py)
+    moe_experts_mxfp4: Callable[..., Any] | None = None
     # (q [T,H,576], pages [blocks,B,1,656] uint8, indices [T,topk] int32, dv, scale, state)
     # -> [T,H,dv]: set only for an FP8 latent cache
     mla_sparse_fp8: Callable[..., Any] | None = None
@@ -290,6 +302,7 @@ def select_kernels(
             ("paged_decode", "auto"),
             ("mla_decode", mla_decode),
             ("moe_experts", moe_experts),
+            ("moe_experts_mxfp4", moe_experts),
             ("mla_sparse", mla_sparse),
             ("indexer_logits", indexer_logits),
             ("indexer_logits_rows", indexer_logits),

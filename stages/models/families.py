@@ -101,9 +101,9 @@ def _deepseek_graphs(s: GraphSetting) -> bool:
 
 
 def _deepseek_v4_graphs(s: GraphSetting) -> bool:
-    """Beside V4's attention backend: the Triton MoE and hyper-connections; FP8 weights on the
-    W8A8 GEMMs and the grouped FP8 MoE."""
-    ops = ["moe_experts", "hc_mix", "hc_merge"]
+    """Beside V4's attention backend: the Triton MoE (MXFP4 experts: the grouped W4A16 one)
+    and hyper-connections; FP8 weights on the W8A8 GEMMs and the grouped FP8 MoE."""
+    ops = ["moe_experts", "moe_experts_mxfp4", "hc_mix", "hc_merge"]
     if "fp8_linear" in s.kernels:
         ops += ["fp8_linear", "moe_experts_fp8"]
     return _fast(s, ops)
@@ -205,6 +205,9 @@ class Family:
     # may build, one per cache kind; `attention_of` picks the model's (an index into them)
     attention_backends: tuple[str, ...] = (GQA_PAGED,)
     attention_of: Callable[[ModelArgs], int] = lambda _args: 0
+    # The model with a checkpoint's MXFP4 routed experts widened (--mxfp4-experts dequantize)
+    # rather than kept packed; a family without such experts returns its args
+    widen_mxfp4_experts: Callable[[ModelArgs], ModelArgs] = lambda args: args
 
     def paged_decode_graphs(self, setting: GraphSetting) -> bool:
         """Whether a stage's decode-only microbatches capture as CUDA graphs under `setting`:
@@ -357,6 +360,14 @@ def _v4_rank_args(args: ModelArgs, tp_size: int) -> ModelArgs:
     return dataclasses.replace(args, family_args=rank, num_attention_heads=heads)
 
 
+def _v4_widen_mxfp4(args: ModelArgs) -> ModelArgs:
+    """V4 with its fp4 experts as the other weights (the loader then dequantizes them)."""
+    if args.family_args.expert_dtype != "fp4":
+        return args
+    wide = dataclasses.replace(args.family_args, expert_dtype=None)
+    return dataclasses.replace(args, family_args=wide)
+
+
 DEEPSEEK_V4 = Family(
     "deepseek_v4",
     ("deepseek_v4",),
@@ -376,6 +387,7 @@ DEEPSEEK_V4 = Family(
     op_shapes=_v4_op_shapes,
     rank_args=_v4_rank_args,
     attention_backends=("stages.models.deepseek_v4.backend:V4Backend",),
+    widen_mxfp4_experts=_v4_widen_mxfp4,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

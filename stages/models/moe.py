@@ -17,6 +17,7 @@ from torch import nn
 
 from stages.kernels.fp8_ref import BLOCK as FP8_BLOCK
 from stages.kernels.fp8_ref import FP8
+from stages.kernels.mxfp4 import GROUP as MXFP4_GROUP
 from stages.kernels.registry import Kernels
 from stages.models.layers import Device, SwiGLU
 from stages.stage_context import Piece, Sources
@@ -28,7 +29,9 @@ class Experts(nn.Module):
     [E, H, I]. A checkpoint stores them stacked under these names or per expert
     (`experts.{e}.gate_proj.weight`, ...); `checkpoint_sources` names the per-expert pieces.
     On a tensor-parallel stage each rank holds num_experts / size whole experts, from
-    `first` on (expert parallelism)."""
+    `first` on (expert parallelism). With `mxfp4` (a checkpoint's MXFP4 experts kept packed)
+    the weights are uint8 e2m1 pairs [E, N, K/2] with their e8m0 scale bytes [E, N, K/32]
+    under `<name>_scale_inv`, run W4A16 (kernels.moe_experts_mxfp4)."""
 
     def __init__(
         self,
@@ -39,6 +42,7 @@ class Experts(nn.Module):
         device: Device,
         fp8: bool = False,
         tp: TensorParallel | None = None,
+        mxfp4: bool = False,
     ):
         super().__init__()
         tp = one_rank_unless(tp)
@@ -46,6 +50,11 @@ class Experts(nn.Module):
         local = tp.part(num_experts, "routed experts")
         self.first = tp.rank * local
         num_experts = local
+        self.mxfp4 = mxfp4 and hidden % MXFP4_GROUP == 0 and inter % MXFP4_GROUP == 0
+        if self.mxfp4:  # packed: two values a byte, one scale byte per 32 along K
+            self._packed(num_experts, hidden, inter, device)
+            self.fp8 = False
+            return
         # FP8 weights kept (W8A8 experts): each with its 128 x 128 scales, `<name>_scale_inv`
         self.fp8 = fp8 and hidden % FP8_BLOCK == 0 and inter % FP8_BLOCK == 0
         wdtype = FP8 if self.fp8 else dtype
@@ -64,8 +73,19 @@ class Experts(nn.Module):
                 torch.empty(num_experts, hidden // b, inter // b, device=device)
             )
 
+    def _packed(self, experts: int, hidden: int, inter: int, device: Device) -> None:
+        def byte_param(*shape: int) -> nn.Parameter:
+            t = torch.empty(*shape, dtype=torch.uint8, device=device)
+            return nn.Parameter(t, requires_grad=False)
+
+        g = MXFP4_GROUP
+        self.gate_up_proj = byte_param(experts, 2 * inter, hidden // 2)
+        self.down_proj = byte_param(experts, hidden, inter // 2)
+        self.gate_up_proj_scale_inv = byte_param(experts, 2 * inter, hidden // g)
+        self.down_proj_scale_inv = byte_param(experts, hidden, inter // g)
+
     def checkpoint_sources(self, name: str) -> Sources:
-        i, first = self.down_proj.shape[2], self.first
+        i, first = self.gate_up_proj.shape[1] // 2, self.first
         local = range(self.gate_up_proj.shape[0])
         gate_up, down = [], []
         for e in local:
@@ -74,6 +94,9 @@ class Experts(nn.Module):
             gate_up.append(Piece(f"{g}.up_proj.weight", (e, slice(i, 2 * i))))
             down.append(Piece(f"{g}.down_proj.weight", (e,)))
         out: Sources = {"gate_up_proj": gate_up, "down_proj": down}
+        if self.mxfp4:  # a scale row per weight row: the weights' pieces, renamed
+            for param, pieces in list(out.items()):
+                out[param + "_scale_inv"] = [p._replace(name=p.name + "_scale_inv") for p in pieces]
         if self.fp8:
             b = i // FP8_BLOCK
             out["gate_up_proj_scale_inv"] = [
@@ -118,6 +141,8 @@ class MoE(nn.Module):
             raise ValueError("no moe_experts kernel was selected")
         if experts.fp8 and kernels.moe_experts_fp8 is None:
             raise ValueError("FP8 experts need the moe_experts_fp8 kernel")
+        if experts.mxfp4 and kernels.moe_experts_mxfp4 is None:
+            raise ValueError("MXFP4 experts need the moe_experts_mxfp4 kernel")
         self.kernels = kernels
         self.gate, self.experts, self.shared_experts = gate, experts, shared_experts
         self.swiglu_limit = swiglu_limit
@@ -130,7 +155,19 @@ class MoE(nn.Module):
         ex = self.experts
         weights, ids = ex.local_routes(weights, ids)
         limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
-        if ex.fp8:
+        if ex.mxfp4:
+            mx = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_mxfp4)
+            out = mx(
+                x,
+                ex.gate_up_proj,
+                ex.gate_up_proj_scale_inv,
+                ex.down_proj,
+                ex.down_proj_scale_inv,
+                ids,
+                weights,
+                **limit,
+            )
+        elif ex.fp8:
             fp8 = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_fp8)
             out = fp8(
                 x,

@@ -224,7 +224,8 @@ def test_block_size_defaults_to_whole_compression_groups(tmp_path):
 
 def test_v4_flash_bench_shape_is_the_leading_layers_one_h200_holds():
     """The bench shape: V4-Flash's config in bf16 cut to the most leading layers whose weights
-    and a 256K-token KV cache fit one H200 (with the activation reserve), patterns kept."""
+    (bf16 experts) and a 256K-token KV cache fit one H200 (with the activation reserve),
+    patterns kept; its routed experts MXFP4, as the checkpoint ships them."""
     from app.bench import memory
     from app.bench.target import V4_FLASH_CONFIG, V4_FLASH_CONTEXT, shape_config
     from stages.loader import stage_memory_plan
@@ -234,6 +235,7 @@ def test_v4_flash_bench_shape_is_the_leading_layers_one_h200_holds():
     cfg = shape_config("deepseek-v4-flash")
     n = cfg["num_hidden_layers"]
     assert "quantization_config" not in cfg and cfg["hidden_size"] == full["hidden_size"]
+    assert cfg["expert_dtype"] == "fp4" and "expert_dtype" not in full
     assert cfg["layer_types"] == full["layer_types"][:n]
     assert cfg["mlp_layer_types"] == full["mlp_layer_types"][:n]
     assert {"moe", "hash_moe"} <= set(cfg["mlp_layer_types"])

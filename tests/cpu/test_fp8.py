@@ -326,23 +326,32 @@ def test_memory_plan_counts_what_the_stage_holds(checkpoints):
 
 
 def test_memory_table_counts_mxfp4_experts_of_a_v4_checkpoint():
-    """A V4 config whose experts are MXFP4: the table prints every row (the FP8 KV columns
-    whether the family has an FP8 cache or not) and the experts' checkpoint size beside what
-    the stage holds once they are dequantized at load."""
+    """A V4 config whose experts are MXFP4: the plan counts them as the loader holds them,
+    packed (half a byte a value and a scale byte per 32) by default and widened with
+    mxfp4_experts dequantize; the table prints every row (the FP8 KV columns whether the family
+    has an FP8 cache or not) and the experts' bytes both ways, the per-GPU table both columns."""
     from app.bench import memory
     from stages.model_config import ModelArgs
     from tests.deepseek_v4_ref import TINY_V4
 
     config = dict(TINY_V4, model_type="deepseek_v4", expert_dtype="fp4")
-    plan = stage_memory_plan(ModelArgs.from_hf_dict(config), 2, fp8_weights=False)
+    args = ModelArgs.from_hf_dict(config)
+    plan = stage_memory_plan(args, 2, fp8_weights=False)
+    wide = stage_memory_plan(args, 2, fp8_weights=False, mxfp4_experts="dequantize")
     experts = TINY_V4["n_routed_experts"] * 3 * TINY_V4["moe_intermediate_size"]
     values = TINY_V4["num_hidden_layers"] * experts * TINY_V4["hidden_size"]
     assert sum(s.routed_expert_values for s in plan) == values
-    assert sum(s.routed_expert_bytes for s in plan) == 2 * values  # held in bf16
+    assert sum(s.routed_expert_bytes for s in plan) == values * 17 // 32  # packed + scales
+    assert sum(s.routed_expert_bytes for s in wide) == 2 * values  # held in bf16
+    assert sum(s.weight_bytes for s in wide) - sum(s.weight_bytes for s in plan) == (
+        2 * values - values * 17 // 32
+    )
     lines = memory.table(config, pp_sizes=(2,)).splitlines()
     assert [line.split(" | ")[:2] for line in lines[2:4]] == [["| 2", "bf16"], ["| 2", "FP8"]]
-    assert lines[-1].startswith("Routed experts:") and "dequantized at load" in lines[-1]
-    assert memory.MXFP4_BYTES_PER_VALUE == 17 / 32
+    assert lines[-1].startswith("Routed experts:") and "held packed" in lines[-1]
+    gpu = memory.per_gpu_table(config, ((2, 1),)).splitlines()[2].split(" | ")
+    fp8_plan = stage_memory_plan(args, 2, True, mxfp4_experts="keep")  # no FP8 KV at this size
+    assert gpu[3] == f"{max(s.weight_bytes for s in fp8_plan) / 1e9:,.1f}"
 
 
 def test_prefill_over_dequantized_prefix_keys_matches_the_fp8_reference(checkpoints):

@@ -253,3 +253,43 @@ def test_hyper_connection_kernels_compile(precision):
         {"N": n, "BLOCK_T": bt, "BLOCK_D": bd},
         num_warps=4,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("dot_scaled", [True, False], ids=["dot-scaled", "own-dequant"])
+@pytest.mark.parametrize("swiglu", [True, False], ids=["gate-up", "down"])
+@pytest.mark.parametrize("tiles", ["DECODE_TILES", "MID_TILES", "PREFILL_TILES"])
+def test_mxfp4_moe_gemm_compiles(swiglu, tiles, dot_scaled):
+    """The W4A16 grouped GEMM over packed MXFP4 experts (e2m1 upcast with the e8m0 scales, bf16
+    MMA) at each of its tile configurations, on both paths."""
+    from stages.kernels import triton_moe_mxfp4
+
+    t = getattr(triton_moe_mxfp4, tiles)
+    strides = ("stride_am", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_cm")
+    _compile(
+        triton_moe_mxfp4._grouped_w4a16,
+        {
+            "a_ptr": "*bf16",
+            "w_ptr": "*u8",
+            "ws_ptr": "*u8",
+            "c_ptr": "*bf16",
+            "tile_expert_ptr": "*i32",
+            "num_tiles_ptr": "*i32",
+            "pair_ptr": "*i32",
+            "weight_ptr": "*fp32",
+            **{s: "i32" for s in ("N", "K", "num_progs", *strides)},
+            "LIMIT": "fp32",
+        },
+        {
+            "SWIGLU": swiglu,
+            "HAS_LIMIT": swiglu,
+            "BF16": True,
+            "DOT_SCALED": dot_scaled,
+            "A_FORMAT": "bf16",
+            "BLOCK_M": t.block_m,
+            "BLOCK_N": t.block_n,
+            "BLOCK_K": t.block_k,
+            "GROUP_M": t.group_m,
+        },
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )

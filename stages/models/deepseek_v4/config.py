@@ -95,6 +95,10 @@ class V4Args:
     compress_rope: RopeArgs
     max_position_embeddings: int
     tie_word_embeddings: bool
+    # the routed experts' storage (expert_dtype): fp4 = MXFP4, kept packed; None = as the
+    # other weights (stages.model_config.mxfp4_experts_as widens fp4 for --mxfp4-experts
+    # dequantize)
+    expert_dtype: str | None = None
 
     def rate(self, layer: int) -> int:
         """Tokens per compressed entry of `layer`, 0 for a sliding-only layer."""
@@ -174,7 +178,6 @@ class V4Args:
             raise ValueError(
                 f"unsupported deepseek_v4 quantization {quant!r} (only block-scaled fp8)"
             )
-        expert_dtype(d)  # refuses an unknown one
         out = cls(
             vocab_size=int(d["vocab_size"]),
             hidden_size=int(d["hidden_size"]),
@@ -207,6 +210,7 @@ class V4Args:
             compress_rope=RopeArgs.from_dict("compress", compress, max_pos),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            expert_dtype=expert_dtype(d),  # refuses an unknown one
         )
         if (
             min(
@@ -231,13 +235,13 @@ class V4Args:
 def expert_dtype(d: dict[str, Any]) -> str | None:
     """The routed experts' storage: `expert_dtype` in quantization_config (V4.1) or at the top
     level (V4; transformers moves it into quantization_config, where one already there wins).
-    fp4 is MXFP4, which the loader dequantizes at load."""
+    fp4 is MXFP4, which the stage keeps packed (or the loader dequantizes at load)."""
     quant = d.get("quantization_config") or {}
     value = quant.get("expert_dtype", d.get("expert_dtype"))
     if value not in EXPERT_DTYPES:
         raise ValueError(
             f"unsupported deepseek_v4 expert_dtype {value!r}; supported: "
-            f"{', '.join(str(v) for v in EXPERT_DTYPES if v)} (fp4: MXFP4, dequantized at load)"
+            f"{', '.join(str(v) for v in EXPERT_DTYPES if v)} (fp4: MXFP4)"
         )
     return value if value is None else str(value)
 

@@ -70,12 +70,22 @@ def v4_moe(
 ) -> MoE:
     """On a tensor-parallel stage the router (and a hash layer's tid2eid table) is whole on
     every rank, each rank holds n_routed_experts / size whole experts and its share of the
-    shared expert's columns, and one all-reduce sums them (stages/models/moe.py)."""
+    shared expert's columns, and one all-reduce sums them (stages/models/moe.py). A checkpoint's
+    MXFP4 routed experts (expert_dtype fp4, unless --mxfp4-experts dequantize) stay packed."""
     h, i = a.hidden_size, a.moe_intermediate_size
     fp8 = kernels.fp8_linear is not None
     return MoE(
         V4Router(a, a.is_hash(layer), dtype, device),
-        Experts(a.n_routed_experts, h, i, dtype, device, fp8=fp8, tp=tp),
+        Experts(
+            a.n_routed_experts,
+            h,
+            i,
+            dtype,
+            device,
+            fp8=fp8,
+            tp=tp,
+            mxfp4=a.expert_dtype == "fp4",
+        ),
         SwiGLU(h, i, a.mlp_bias, kernels, dtype, device, limit=a.swiglu_limit, tp=tp),
         kernels,
         swiglu_limit=a.swiglu_limit,
