@@ -239,11 +239,12 @@ class EngineConfig(Options):
         choices=QUANTIZATIONS,
     )
     mxfp4_experts: str = option(
-        "keep",
-        "A checkpoint's MXFP4 routed experts (DeepSeek-V4's expert_dtype fp4): keep = held "
+        "dequantize",
+        "A checkpoint's MXFP4 routed experts (DeepSeek-V4's expert_dtype fp4): dequantize = "
+        "widened at load to --dtype (or FP8 with FP8 weights), the faster MoE; keep = held "
         "packed as stored (half a byte a value, W4A16: dequantized inside the grouped MoE "
-        "kernel), also under --quantization fp8; dequantize = widened at load to --dtype "
-        "(or FP8 with FP8 weights).",
+        "kernel, about 2x slower than the FP8 MoE on an H200), also under --quantization fp8: "
+        "what lets a model fit that would not (DeepSeek-V4-Pro at PP=8 on eight H200s).",
         choices=MXFP4_EXPERTS,
     )
     kv_cache_dtype: str = option(

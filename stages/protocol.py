@@ -208,7 +208,7 @@ class StageSpec:
     quantization: str  # FP8 weights: auto (the checkpoint's), none, fp8 (loader.py)
     kv_cache_dtype: str  # auto / bfloat16: the model's dtype; fp8 (kv_cache.py)
     fp8_prefill_attention: str = "auto"  # mla_prefill_fp8's backend (registry.py)
-    mxfp4_experts: str = "keep"  # MXFP4 experts packed or dequantized (model_config.py)
+    mxfp4_experts: str = "dequantize"  # MXFP4 experts packed or dequantized (model_config.py)
     # The stage's tensor-parallel ranks: this actor is rank tp_rank of tp_size, all running
     # every plan of the stage (stages/tensor_parallel.py)
     tp_size: int = 1

@@ -6,9 +6,9 @@ stage_memory_plan from a config.json (the stage modules built on the meta device
 
 A family without an FP8 cache gets "n/a" in the FP8 KV columns and the reason under the table.
 A checkpoint whose routed experts are MXFP4 (DeepSeek-V4's `expert_dtype: fp4`, or
---mxfp4-experts) is counted as the loader holds it by default: the experts packed (uint8 e2m1
-pairs + e8m0 scale bytes, --mxfp4-experts keep of ppserve serve), the other weights bf16 or FP8;
-a line under the table gives the experts' bytes packed and dequantized.
+--mxfp4-experts) is counted with the experts as `--mxfp4-experts keep` holds them: packed (uint8
+e2m1 pairs + e8m0 scale bytes), the other weights bf16 or FP8; a line under the table gives the
+experts' bytes packed and dequantized (the engine's default).
 
     python -m app.bench.memory docs/bench/configs/deepseek_v4_pro.json --pp-tp 8x1 4x2 2x4 8x2
 

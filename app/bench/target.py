@@ -155,7 +155,7 @@ def add_memory_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mxfp4-experts",
         choices=MXFP4_EXPERTS,
-        default="keep",
+        default="dequantize",
         help="a model's MXFP4 routed experts (deepseek-v4-flash's) packed or dequantized at "
         "load (--mxfp4-experts of ppserve serve)",
     )
@@ -224,7 +224,7 @@ def lone_prompt_chunk_sizes(
 # take: DeepSeek-V2-Lite's layers and experts with 64 query heads (64 or 128 only), V3's q LoRA
 # (the indexer reads it), V3.2's indexer (top-2048, 64 heads of 128) and 1M positions (the
 # 256K rows). deepseek-v4-flash is DeepSeek-V4-Flash's config (docs/bench/configs) in bf16 with
-# its routed experts MXFP4 (kept packed unless --mxfp4-experts dequantize), cut to the leading
+# its routed experts MXFP4 (dequantized at load unless --mxfp4-experts keep), cut to the leading
 # layers one H200 holds in bf16 beside a 256K-token KV cache (their layer-type and hash/routed
 # pattern kept; app.bench.memory.layers_on_one_gpu).
 MODEL_SHAPES = (

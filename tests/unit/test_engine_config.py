@@ -46,14 +46,14 @@ def test_a_stage_is_told_the_resolved_output_channel():
 
 
 def test_mxfp4_experts_option_reaches_the_stage():
-    """--mxfp4-experts: keep by default, from CLI names, to every StageSpec; a bad value is
+    """--mxfp4-experts: dequantize by default, from CLI names, to every StageSpec; a bad value is
     refused by name."""
     from app.cli import build_parser
 
-    assert EngineConfig().mxfp4_experts == "keep"
-    cfg = EngineConfig.from_dict({"mxfp4-experts": "dequantize"})
-    assert cfg.stage_spec(0, (0, 2), 64, "nccl").mxfp4_experts == "dequantize"
-    assert EngineConfig().stage_spec(0, (0, 2), 64, "nccl").mxfp4_experts == "keep"
+    assert EngineConfig().mxfp4_experts == "dequantize"
+    cfg = EngineConfig.from_dict({"mxfp4-experts": "keep"})
+    assert cfg.stage_spec(0, (0, 2), 64, "nccl").mxfp4_experts == "keep"
+    assert EngineConfig().stage_spec(0, (0, 2), 64, "nccl").mxfp4_experts == "dequantize"
     a = build_parser().parse_args(["serve", "--mxfp4-experts", "dequantize"])
     assert a.mxfp4_experts == "dequantize"
     with pytest.raises(ValueError, match="mxfp4_experts"):
