@@ -87,7 +87,8 @@ class RequestStream:
         ids, held_text = ids + [token_id], held_text + text
         lps = lps + ([lp] if lp else [])
         if reason is not None or (self._sent_prompt and len(ids) < self.stream_interval):
-            self._held = (ids, held_text, lps)  # the final delta goes out with close()
+            # held: the last delta goes out with close(), the others once the interval fills
+            self._held = (ids, held_text, lps)
             return reason
         self._held = ([], "", [])
         self._push(ids, held_text, lps)
