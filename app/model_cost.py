@@ -42,6 +42,9 @@ _V4_KINDS = {
     128: "heavily_compressed_attention",
 }
 _ELEMENT_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+# Bytes a value of MXFP4 routed experts held packed (--mxfp4-experts keep): an e2m1 pair a byte,
+# one e8m0 scale byte per 32 values (stages/kernels/mxfp4.py)
+MXFP4_BYTES = 0.5 + 1 / 32
 
 
 def _experts(cfg: dict[str, Any]) -> tuple[int, int, int]:
@@ -117,24 +120,61 @@ def kv_bytes_per_token(cfg: dict[str, Any], kv_bytes: float) -> float:
     return float(per_layer) * float(cfg["num_hidden_layers"]) * kv_bytes
 
 
+def _experts_touched(cfg: dict[str, Any], rows: int) -> float:
+    """Routed experts any of `rows` tokens picks, expected under uniform routing."""
+    routed, top_k, _ = _experts(cfg)
+    return routed * (1 - (1 - top_k / routed) ** rows) if routed else 0.0
+
+
 def weight_params(cfg: dict[str, Any], rows: int) -> float:
     """Weights one decode step of `rows` tokens reads: the linear layers' (norms are noise), of
-    the routed experts any row picked (expected under uniform routing), the embedding and the
-    LM head."""
-    routed, top_k, _ = _experts(cfg)
-    touched = routed * (1 - (1 - top_k / routed) ** rows) if routed else 0.0
+    the routed experts any row picked, the embedding and the LM head."""
     # ChunkCost counts 2 FLOPs per weight
-    params = sum(_layer_cost(cfg, w).token_cost / 2 for w in _mlp_widths(cfg, touched))
+    widths = _mlp_widths(cfg, _experts_touched(cfg, rows))
+    params = sum(_layer_cost(cfg, w).token_cost / 2 for w in widths)
     return float(params + 2.0 * cfg["hidden_size"] * cfg["vocab_size"])
 
 
+def routed_expert_params(cfg: dict[str, Any], rows: int) -> float:
+    """Of weight_params, the routed experts' (gate, up and down of each expert touched, in
+    every MoE layer)."""
+    if not _experts(cfg)[0]:
+        return 0.0
+    moe_layers = cfg["num_hidden_layers"] - (cfg.get("first_k_dense_replace") or 0)
+    width = float(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+    return float(3.0 * cfg["hidden_size"] * width * _experts_touched(cfg, rows) * moe_layers)
+
+
+def weight_read_bytes(
+    cfg: dict[str, Any], rows: int, weight_bytes: float, expert_bytes: float | None = None
+) -> float:
+    """Bytes of the weights one decode step of `rows` tokens reads; the routed experts at
+    `expert_bytes` a value where they are held otherwise (MXFP4_BYTES packed), else at
+    `weight_bytes`."""
+    total = weight_params(cfg, rows) * weight_bytes
+    if expert_bytes is not None:
+        total += routed_expert_params(cfg, rows) * (expert_bytes - weight_bytes)
+    return total
+
+
+def expert_bytes_held(cfg: dict[str, Any], mxfp4_experts: str) -> float | None:
+    """MXFP4_BYTES where the model's routed experts are MXFP4 and stay packed (--mxfp4-experts
+    keep), else None: they are held as the other weights."""
+    return MXFP4_BYTES if cfg.get("expert_dtype") == "fp4" and mxfp4_experts == "keep" else None
+
+
 def decode_bytes(
-    cfg: dict[str, Any], rows: int, context: int, weight_bytes: float, kv_bytes: float
+    cfg: dict[str, Any],
+    rows: int,
+    context: int,
+    weight_bytes: float,
+    kv_bytes: float,
+    expert_bytes: float | None = None,
 ) -> dict[str, float]:
     """Bytes one decode step of `rows` rows at `context` tokens each reads: the weights it
     touches and the KV."""
     kv = kv_bytes_per_token(cfg, kv_bytes) * rows * context
-    return {"weights": weight_params(cfg, rows) * weight_bytes, "kv": kv}
+    return {"weights": weight_read_bytes(cfg, rows, weight_bytes, expert_bytes), "kv": kv}
 
 
 @dataclass(frozen=True)
@@ -165,8 +205,14 @@ class ModelCost:
     """FLOPs and bytes of a model's rows. The layers' costs are summed once, per kind of
     attention, so a microbatch costs a few multiplications a row."""
 
-    def __init__(self, cfg: dict[str, Any], weight_bytes: float = 2.0, kv_bytes: float = 2.0):
-        self.cfg, self.weight_bytes = cfg, weight_bytes
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        weight_bytes: float = 2.0,
+        kv_bytes: float = 2.0,
+        expert_bytes: float | None = None,
+    ):
+        self.cfg, self.weight_bytes, self.expert_bytes = cfg, weight_bytes, expert_bytes
         _, top_k, _ = _experts(cfg)
         index_pair = 2.0 * (cfg.get("index_n_heads") or 0) * (cfg.get("index_head_dim") or 0)
         groups: dict[str, list[float]] = {}  # kind -> [a layer of it, token, pair, index cost]
@@ -186,7 +232,8 @@ class ModelCost:
     def for_engine(cls, config: EngineConfig, fp8_checkpoint: bool) -> ModelCost | None:
         """The served model's, at the element sizes its stages hold: FP8 weights on CUDA when
         --quantization or the checkpoint says so (stages/loader.py: keep_fp8_weights), an FP8
-        KV cache with --kv-cache-dtype fp8 (1 byte an element), else --dtype's. None, with a
+        KV cache with --kv-cache-dtype fp8 (1 byte an element), else --dtype's; MXFP4 routed
+        experts kept packed at MXFP4_BYTES a value. None, with a
         warning, for a config.json the estimate cannot read: the server runs without the
         work counters rather than not at all."""
         size = _ELEMENT_BYTES.get(config.resolved_dtype, 2.0)
@@ -194,7 +241,8 @@ class ModelCost:
         weights = 1.0 if fp8_w and config.device == "cuda" else size
         kv = 1.0 if config.kv_cache_dtype == "fp8" else size
         try:
-            return cls(load_config(config.model), weights, kv)
+            cfg = load_config(config.model)
+            return cls(cfg, weights, kv, expert_bytes_held(cfg, config.mxfp4_experts))
         except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as e:
             log.warning("no FLOP / byte counts for this model (config.json: %r)", e)
             return None
@@ -210,7 +258,9 @@ class ModelCost:
     def step_weight_bytes(self, tokens: int) -> float:
         """The weights a decode step of `tokens` rows reads, in bytes."""
         if tokens not in self._weights:
-            self._weights[tokens] = weight_params(self.cfg, tokens) * self.weight_bytes
+            self._weights[tokens] = weight_read_bytes(
+                self.cfg, tokens, self.weight_bytes, self.expert_bytes
+            )
         return self._weights[tokens]
 
     def step(self, rows: Sequence[Row]) -> StepWork:

@@ -49,9 +49,11 @@ def decode_distance(
     step_s: float,
     weight_bytes: float = 2.0,
     kv_bytes: float = 2.0,
+    expert_bytes: float | None = None,
 ) -> dict[str, float]:
-    """Bytes a step reads (GB) and that rate's fraction of the HBM bandwidth."""
-    b = decode_bytes(cfg, rows, context, weight_bytes, kv_bytes)
+    """Bytes a step reads (GB) and that rate's fraction of the HBM bandwidth (routed experts at
+    expert_bytes a value where they are held otherwise: model_cost.expert_bytes_held)."""
+    b = decode_bytes(cfg, rows, context, weight_bytes, kv_bytes, expert_bytes)
     total = b["weights"] + b["kv"]
     return {
         "weights_gb": round(b["weights"] / 1e9, 3),

@@ -21,6 +21,7 @@ from typing import Any
 from app.bench.load import decode_parts
 from app.bench.roofline import decode_distance, prefill_distance
 from app.bench.suite_rows import ROWS, Row, select
+from app.model_cost import expert_bytes_held
 
 Figure = dict[str, Any]  # label, value, unit, higher_is_better, distance
 
@@ -102,6 +103,7 @@ def decode_figures(raw: dict[str, Any]) -> list[Figure]:
                     step,
                     1.0 if fp8_w else 2.0,
                     1.0 if fp8_kv else 2.0,
+                    expert_bytes_held(raw["model"], engine.get("mxfp4_experts", "dequantize")),
                 )
                 if step
                 else {}

@@ -77,6 +77,26 @@ def test_element_sizes_follow_the_engine_options():
     assert ModelCost.for_engine(EngineConfig(device="cuda"), fp8_checkpoint=True).weight_bytes == 1
 
 
+def test_packed_mxfp4_experts_follow_the_engine_option(tmp_path):
+    """A checkpoint whose routed experts are MXFP4 (DeepSeek-V4's expert_dtype fp4): the live
+    counters read them at 17/32 bytes a value with --mxfp4-experts keep, else as the rest."""
+    import json
+
+    from app.bench.target import QWEN3_30B_A3B
+    from app.model_cost import MXFP4_BYTES
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(QWEN3_30B_A3B, expert_dtype="fp4")))
+
+    def cost(mode):
+        return ModelCost.for_engine(
+            EngineConfig(model=str(tmp_path), device="cuda", mxfp4_experts=mode), False
+        )
+
+    keep, wide = cost("keep"), cost("dequantize")
+    assert keep.expert_bytes == MXFP4_BYTES and wide.expert_bytes is None
+    assert keep.step_weight_bytes(512) < 0.35 * wide.step_weight_bytes(512)  # experts dominate
+
+
 def test_peak_rates_default_to_an_h200():
     assert EngineConfig().peak_rates == PeakRates({"bf16": 790e12, "fp8": 1580e12}, 4.8e12)
     assert EngineConfig(peak_bf16_tflops=989.5).peak_rates.flops["bf16"] == 989.5e12

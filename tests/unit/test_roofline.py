@@ -30,3 +30,24 @@ def test_moe_decode_reads_more_experts_with_more_rows():
     one = roofline.decode_bytes(QWEN3_30B_A3B, 1, 100, 2, 2)["weights"]
     many = roofline.decode_bytes(QWEN3_30B_A3B, 512, 100, 2, 2)["weights"]
     assert 4e9 < one < 8e9 and 55e9 < many < 65e9  # ~3B active, ~30B in all
+
+
+def test_packed_mxfp4_experts_read_at_their_bytes():
+    """Routed experts kept MXFP4 (--mxfp4-experts keep) are read at 17/32 bytes a value, the
+    rest at the weights' size; dequantized, or on a model without MXFP4 experts, nothing
+    changes."""
+    from app.model_cost import MXFP4_BYTES, expert_bytes_held, routed_expert_params
+
+    fp4 = dict(QWEN3_30B_A3B, expert_dtype="fp4")
+    assert expert_bytes_held(fp4, "keep") == MXFP4_BYTES == 17 / 32
+    assert expert_bytes_held(fp4, "dequantize") is None
+    assert expert_bytes_held(QWEN3_30B_A3B, "keep") is None
+    rows = 512
+    experts = routed_expert_params(fp4, rows)
+    h, width, layers, routed = 2048, 768, 48, 128  # Qwen3-30B-A3B: every expert at 512 rows
+    assert experts == pytest.approx(3 * h * width * layers * routed, rel=1e-6)
+    wide = roofline.decode_bytes(fp4, rows, 100, 1, 1)["weights"]
+    packed = roofline.decode_bytes(fp4, rows, 100, 1, 1, MXFP4_BYTES)["weights"]
+    assert wide - packed == pytest.approx(experts * (1 - MXFP4_BYTES))
+    d = roofline.decode_distance(fp4, rows, 100, 0.01, 1, 1, MXFP4_BYTES)
+    assert d["weights_gb"] == pytest.approx(packed / 1e9, abs=1e-3)
