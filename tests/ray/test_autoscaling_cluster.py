@@ -80,8 +80,11 @@ def _pipeline_nodes(cluster) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for actor in ray.util.list_named_actors(all_namespaces=True):
         if actor["namespace"] == "ppserve" and actor["name"].startswith("ppserve-"):
-            handle = ray.get_actor(actor["name"], namespace="ppserve")
-            node = ray.get(handle.describe.remote(), timeout=60)["node_id"]
+            try:
+                handle = ray.get_actor(actor["name"], namespace="ppserve")
+                node = ray.get(handle.describe.remote(), timeout=60)["node_id"]
+            except (ValueError, ray.exceptions.RayActorError):
+                continue  # a drained pipeline's stage, gone since it was listed
             pid = actor["name"].rsplit("-stage", 1)[0]
             out.setdefault(pid, set()).add(names[node])
     return out
