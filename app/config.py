@@ -25,6 +25,7 @@ from stages.protocol import (
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
     MXFP4_EXPERTS,
+    MXFP4_EXPERTS_DEFAULT,
     OUTPUT_CHANNELS,
     OUTPUT_POSTS,
     QUANTIZATIONS,
@@ -239,7 +240,7 @@ class EngineConfig(Options):
         choices=QUANTIZATIONS,
     )
     mxfp4_experts: str = option(
-        "dequantize",
+        MXFP4_EXPERTS_DEFAULT,
         "A checkpoint's MXFP4 routed experts (DeepSeek-V4's expert_dtype fp4): dequantize = "
         "widened at load to --dtype (or FP8 with FP8 weights), the faster MoE; keep = held "
         "packed as stored (half a byte a value, W4A16: dequantized inside the grouped MoE "

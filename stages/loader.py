@@ -18,7 +18,7 @@ from stages.kernels import fp8_ref, mxfp4
 from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.kernels.registry import Kernels
 from stages.model_config import ModelArgs, mxfp4_experts_as
-from stages.protocol import QUANTIZATIONS
+from stages.protocol import MXFP4_EXPERTS_DEFAULT, QUANTIZATIONS
 from stages.stage_context import Piece, StageContext, StageModel
 from stages.tensor_parallel import TensorParallel, one_rank_unless
 
@@ -379,7 +379,7 @@ def stage_memory_plan(
     kv_cache_dtype: str = "auto",
     dtype: torch.dtype = torch.bfloat16,
     tp_size: int = 1,
-    mxfp4_experts: str = "keep",
+    mxfp4_experts: str = MXFP4_EXPERTS_DEFAULT,
 ) -> list[StageMemory]:
     """Per stage of an even PP split: the weight bytes of the stage module the engine would
     build (on the meta device: nothing allocated) and its KV bytes per token; with tp_size > 1,

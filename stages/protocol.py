@@ -19,6 +19,8 @@ OUTPUT_POSTS = ("early", "late")  # early: output recv posted at dispatch; late:
 OUTPUT_CHANNELS = ("auto", "nccl", "copy", "host")
 QUANTIZATIONS = ("auto", "none", "fp8")  # weights (stages/loader.py: keep_fp8_weights)
 MXFP4_EXPERTS = ("keep", "dequantize")  # a checkpoint's MXFP4 experts (model_config.py)
+# the faster MoE (docs/PERFORMANCE.md, "MXFP4 experts kept in FP4"): every entry point's default
+MXFP4_EXPERTS_DEFAULT = "dequantize"
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # stages/models/families.py: fp8_components
 
 
@@ -208,7 +210,7 @@ class StageSpec:
     quantization: str  # FP8 weights: auto (the checkpoint's), none, fp8 (loader.py)
     kv_cache_dtype: str  # auto / bfloat16: the model's dtype; fp8 (kv_cache.py)
     fp8_prefill_attention: str = "auto"  # mla_prefill_fp8's backend (registry.py)
-    mxfp4_experts: str = "dequantize"  # MXFP4 experts packed or dequantized (model_config.py)
+    mxfp4_experts: str = MXFP4_EXPERTS_DEFAULT  # MXFP4 experts packed or dequantized
     # The stage's tensor-parallel ranks: this actor is rank tp_rank of tp_size, all running
     # every plan of the stage (stages/tensor_parallel.py)
     tp_size: int = 1

@@ -32,13 +32,18 @@ from torch.profiler import ProfilerActivity, profile
 from app.bench.attention import cuda_median_ms
 from app.bench.memory import leading_layers
 from app.bench.standin import SPIN_KERNEL, PendingRecvStandin
-from app.bench.target import kv_block_size, shape_config
+from app.bench.target import kv_block_size, shape_config, stage_args
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import ModelArgs
-from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS
+from stages.protocol import (
+    KV_CACHE_DTYPES,
+    MXFP4_EXPERTS,
+    MXFP4_EXPERTS_DEFAULT,
+    QUANTIZATIONS,
+)
 from stages.stage_context import StageModel
 
 # DeepSeek-V4's ops timed by CUDA events: (module or attention backend class, method, label).
@@ -225,14 +230,16 @@ def alone_and_standin(
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """The stage's kernels and data types: the engine's --linear, --quantization and
-    --kv-cache-dtype; `standin` profiles everything a second time under the stand-in."""
+    """The stage's kernels and data types: the engine's --linear, --quantization,
+    --kv-cache-dtype and --mxfp4-experts; `standin` profiles everything a second time under
+    the stand-in."""
 
     linear: str = "auto"
     fp8_weights: bool = False
     kv_cache_dtype: str = "auto"
     standin: bool = False
     fp8_prefill_attention: str = "auto"
+    mxfp4_experts: str = MXFP4_EXPERTS_DEFAULT
 
 
 def run(
@@ -245,7 +252,7 @@ def run(
     setting: Setting = Setting(),
 ) -> dict[str, Any]:
     config = leading_layers(shape_config(shape), layers)
-    args = ModelArgs.from_hf_dict(config)
+    args = stage_args(config, setting.mxfp4_experts)
     block = kv_block_size(config)
     is_v4 = config["model_type"] == "deepseek_v4"
     timer = OpTimer()
@@ -332,9 +339,15 @@ def main() -> None:
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--standin", action="store_true", help="also profile under the stand-in")
     p.add_argument("--fp8-prefill-attention", default="auto")
+    p.add_argument("--mxfp4-experts", choices=MXFP4_EXPERTS, default=MXFP4_EXPERTS_DEFAULT)
     a = p.parse_args()
     setting = Setting(
-        a.linear, a.quantization == "fp8", a.kv_cache_dtype, a.standin, a.fp8_prefill_attention
+        a.linear,
+        a.quantization == "fp8",
+        a.kv_cache_dtype,
+        a.standin,
+        a.fp8_prefill_attention,
+        a.mxfp4_experts,
     )
     results: list[dict[str, Any]] = []
     for case in a.cases.split(","):

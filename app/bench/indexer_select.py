@@ -1,29 +1,34 @@
-"""V3.2's indexer selection per layer: the per-row loop (Triton scores of one row, its future
-masked, torch.topk) against the batched plan (one scoring launch, one top-k), on V3.2's index
-heads (64 x 128, bf16 keys in a paged cache).
+"""The indexer's selection per layer: the per-row loop (Triton scores of one row, its future
+masked, torch.topk) against the batched plan (one scoring launch, one top-k), on the index heads
+of V3.2 and V4 (64 x 128, keys in a paged cache); the scores over bf16 keys and over FP8 keys
+(FP8 queries, stages/kernels/fp8_indexer.py), and the top-k on torch and on the radix kernel
+(stages/kernels/triton_topk.py), whose picks must equal torch's under the rule.
 
     python -m app.bench.indexer_select --out docs/bench/indexer_select.json
+    python -m app.bench.indexer_select --topk 512 --no-loop --cases 1x8192:262144 \
+        --rate 4 --out docs/bench/indexer_v4_256k.json   # V4's CSA at the 256K last chunk
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from typing import Any
 
 import torch
 
 from app.bench.moe import timed
-from stages.kernels import triton_indexer
+from stages.kernels import fp8_indexer, indexer_select, triton_indexer, triton_topk
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 
-TOPK, HEADS, DIM = 2048, 64, 128
+HEADS, DIM = 64, 128
 # (first token in the batch, tokens, first position, the row's key slots)
 Row = tuple[int, int, int, torch.Tensor]
 
 
 def loop(
-    q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, rows: list[Row], scale: float
+    q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, rows: list[Row], scale: float, k: int
 ) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for off, n, start, slots in rows:
@@ -33,7 +38,7 @@ def loop(
         if n > 1:
             future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
             logits[:, -n:].masked_fill_(future, float("-inf"))
-        best, pos = logits.topk(TOPK, dim=-1)
+        best, pos = logits.topk(k, dim=-1)
         out.append(slots[pos].masked_fill(best == float("-inf"), -1))
     return out
 
@@ -41,44 +46,61 @@ def loop(
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default="512x1:32768,128x1:65536,1x4096:32768,1x4096:131072")
+    p.add_argument("--topk", type=int, default=2048, help="V3.2: 2048; V4: 512")
+    p.add_argument("--rate", type=int, default=1, help="tokens per key (V4's CSA: 4)")
+    p.add_argument("--no-loop", action="store_true", help="skip the per-row loop")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    results: list[dict[str, Any]] = []
-    for case in a.cases.split(","):
-        shape, length = case.split(":")
-        count, n = map(int, shape.split("x"))
-        start = int(length) - n
-        g = torch.Generator(device="cuda").manual_seed(0)
-        slots_total = count * int(length)
-        keys = torch.randn(slots_total, DIM, generator=g, device="cuda").bfloat16()
-        perm = torch.randperm(slots_total, generator=g, device="cuda")
-        rows: list[Row] = [
-            (r * n, n, start, perm[r * int(length) : (r + 1) * int(length)]) for r in range(count)
-        ]
-        q = torch.randn(count * n, HEADS, DIM, generator=g, device="cuda").bfloat16()
-        w = torch.randn(count * n, HEADS, generator=g, device="cuda")
-        plan = SelectPlan.build([(*r, r[1] == 1) for r in rows], torch.device("cuda"))
-        scale = DIM**-0.5
-
-        def batched() -> torch.Tensor:
-            logits = triton_indexer.indexer_logits_rows(q, keys, w, scale, plan)
-            return topk_slots(logits, plan, TOPK)
-
-        row: dict[str, Any] = {"rows": count, "tokens_per_row": n, "keys": int(length)}
-        row["loop_ms"] = timed(lambda: loop(q, keys, w, rows, scale), reps=5)
-        row["batched_ms"] = timed(batched, reps=5)
-        row["batched_logits_ms"] = timed(
-            lambda: triton_indexer.indexer_logits_rows(q, keys, w, scale, plan), reps=5
-        )
-        logits = triton_indexer.indexer_logits_rows(q, keys, w, scale, plan)
-        row["batched_topk_ms"] = timed(lambda: topk_slots(logits, plan, TOPK), reps=5)
-        flops = 2 * HEADS * DIM * count * n * (int(length) - n / 2)
-        row["batched_logits_tflops"] = round(flops / row["batched_logits_ms"] / 1e9, 1)
-        print(json.dumps(row), flush=True)
-        results.append(row)
-        torch.cuda.empty_cache()
+    results = [case_row(case, a.topk, a.rate, not a.no_loop) for case in a.cases.split(",")]
     with open(a.out, "w") as f:
         json.dump({"env": {"torch": torch.__version__}, "rows": results}, f, indent=1)
+
+
+def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
+    """ROWSxTOKENS:LENGTH: ROWS rows of TOKENS tokens each (1: decode rows) at LENGTH tokens,
+    so LENGTH / rate keys a row."""
+    shape, length = case.split(":")
+    count, tokens = map(int, shape.split("x"))
+    keys_per_row = int(length) // rate
+    # token i of a row sees start + i + 1 keys (at rate > 1 a little more than a V4 chunk's)
+    start = keys_per_row - tokens
+    g = torch.Generator(device="cuda").manual_seed(0)
+    slots_total = count * keys_per_row
+    keys = torch.randn(slots_total, DIM, generator=g, device="cuda").bfloat16()
+    perm = torch.randperm(slots_total, generator=g, device="cuda")
+    rows: list[Row] = [
+        (r * tokens, tokens, start, perm[r * keys_per_row : (r + 1) * keys_per_row])
+        for r in range(count)
+    ]
+    q = torch.randn(count * tokens, HEADS, DIM, generator=g, device="cuda").bfloat16()
+    w = torch.randn(count * tokens, HEADS, generator=g, device="cuda")
+    plan = SelectPlan.build([(*r, tokens == 1) for r in rows], torch.device("cuda"))
+    scale = DIM**-0.5
+    fp8_keys = fp8_indexer.quantize(keys)
+    row: dict[str, Any] = {"rows": count, "tokens_per_row": tokens, "keys": keys_per_row, "k": k}
+    if with_loop:
+        row["loop_ms"] = timed(lambda: loop(q, keys, w, rows, scale, k), reps=5)
+    flops = 2 * HEADS * DIM * count * tokens * (keys_per_row - tokens / 2)
+    for name, ks in (("bf16", keys), ("fp8", fp8_keys)):
+        ms = timed(lambda: triton_indexer.indexer_logits_rows(q, ks, w, scale, plan), reps=5)
+        row[f"logits_{name}_ms"] = ms
+        row[f"logits_{name}_tflops"] = round(flops / ms / 1e9, 1)
+    logits = triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan)
+    for name, top_k in (
+        ("torch", indexer_select.top_k_positions),
+        ("triton", triton_topk.top_k_positions),
+        ("triton_g16", functools.partial(triton_topk.top_k_positions, group=16)),
+    ):
+        row[f"topk_{name}_ms"] = timed(lambda: topk_slots(logits, plan, k, top_k), reps=5)
+    row["topk_triton_equals_torch"] = bool(
+        torch.equal(
+            indexer_select.top_k_positions(logits.clone(), k),
+            triton_topk.top_k_positions(logits.clone(), k),
+        )
+    )
+    print(json.dumps(row), flush=True)
+    torch.cuda.empty_cache()
+    return row
 
 
 if __name__ == "__main__":

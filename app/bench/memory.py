@@ -83,7 +83,7 @@ def table(config: dict[str, Any], pp_sizes: tuple[int, ...] = (2, 4, 8)) -> str:
     experts: dict[bool, tuple[int, int]] = {}
     for pp in pp_sizes:
         for fp8 in (False, True):
-            bf16_kv = stage_memory_plan(args, pp, fp8, "auto")
+            bf16_kv = stage_memory_plan(args, pp, fp8, "auto", mxfp4_experts="keep")
             fp8_kv, why = _fp8_kv_plan(args, pp, fp8)
             if why and why not in notes:
                 notes.append(why)

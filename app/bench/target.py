@@ -149,13 +149,18 @@ class BenchEngine:
 
 def add_memory_flags(p: argparse.ArgumentParser) -> None:
     """The weight and KV cache formats of a bench's engine, and how its KV cache is sized."""
-    from stages.protocol import KV_CACHE_DTYPES, MXFP4_EXPERTS, QUANTIZATIONS
+    from stages.protocol import (
+        KV_CACHE_DTYPES,
+        MXFP4_EXPERTS,
+        MXFP4_EXPERTS_DEFAULT,
+        QUANTIZATIONS,
+    )
 
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto")
     p.add_argument(
         "--mxfp4-experts",
         choices=MXFP4_EXPERTS,
-        default="dequantize",
+        default=MXFP4_EXPERTS_DEFAULT,
         help="a model's MXFP4 routed experts (deepseek-v4-flash's) packed or dequantized at "
         "load (--mxfp4-experts of ppserve serve)",
     )
@@ -299,6 +304,17 @@ def v4_flash_bench_config() -> dict[str, Any]:
     # the routed experts MXFP4 as the checkpoint ships them (random init quantizes them)
     cut = leading_layers(full, layers_on_one_gpu(full, V4_FLASH_CONTEXT))
     return dict(cut, expert_dtype="fp4")
+
+
+def stage_args(config: dict[str, Any], mxfp4_experts: str | None = None) -> Any:
+    """ModelArgs of a bench shape as the engine holds it: MXFP4 experts (deepseek-v4-flash's)
+    packed or widened as --mxfp4-experts says, by default the engine's default. Benches that
+    build a stage without an engine start here."""
+    from stages.model_config import ModelArgs, mxfp4_experts_as
+    from stages.protocol import MXFP4_EXPERTS_DEFAULT
+
+    args = ModelArgs.from_hf_dict(config)
+    return mxfp4_experts_as(args, mxfp4_experts or MXFP4_EXPERTS_DEFAULT)
 
 
 def kv_block_size(model: dict[str, Any]) -> int:

@@ -25,13 +25,12 @@ from typing import Any, cast
 import torch
 
 from app.bench.deepseek_breakdown import profiled
-from app.bench.target import kv_block_size, v4_flash_bench_config
+from app.bench.target import kv_block_size, stage_args, v4_flash_bench_config
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
-from stages.model_config import ModelArgs
 from stages.protocol import KV_CACHE_DTYPES, QUANTIZATIONS, Row
 
 
@@ -58,7 +57,7 @@ def run(
     reps: int,
 ) -> dict[str, Any]:
     config = v4_flash_bench_config()
-    args = ModelArgs.from_hf_dict(config)
+    args = stage_args(config)
     layers = args.num_hidden_layers
     block = kv_block_size(config)
     kernels = select_kernels(

@@ -33,12 +33,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from app.bench.memory import leading_layers
-from app.bench.target import kv_block_size, v4_flash_bench_config
+from app.bench.target import kv_block_size, stage_args, v4_flash_bench_config
 from stages.forward_batch import ForwardBatch
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model, resolve_dtype
-from stages.model_config import ModelArgs
 
 # Widths shrunk; every field that sets the step's index arithmetic and op count kept.
 TINY_WIDTHS = dict(
@@ -117,7 +116,7 @@ def build_step(
     """One decode step of `rows` rows at about `context` keys, instrumented by `parts`."""
     torch.manual_seed(0)
     config = tiny_flash_config(layers)
-    args = ModelArgs.from_hf_dict(config)
+    args = stage_args(config)
     block = kv_block_size(config)
     base = select_kernels("cpu")
     stand_ins: dict[str, Any] = {op: parts.wrap(KERNEL, getattr(base, op)) for op in KERNEL_OPS}

@@ -10,6 +10,12 @@ index_head_dim <= 128 the group is the whole key: one scale per token (wider key
 per group: stages.models.deepseek_config refuses them). A power-of-two scale is exact to apply,
 so a score over the FP8 key times its scale equals the score over the dequantized key up to the
 order of the sum.
+
+Against FP8 keys the queries are scored in FP8 too, as DeepSeek's indexer does (``act_quant``
+of q, then ``fp8_index``): each query head's index_head_dim values in e4m3 under the same
+power-of-two rule (`quantize_queries`), its scale folded into the head's weight. relu(s x) =
+s relu(x) for s > 0, so the score is the one over the dequantized query, and the products run on
+FP8 tensor cores.
 """
 
 from __future__ import annotations
@@ -17,8 +23,7 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import fp8_latent
-
-SCALE_BYTES = 4  # one float32 per token
+from stages.kernels.fp8_indexer_layout import SCALE_BYTES
 
 
 def quantize(keys: torch.Tensor) -> torch.Tensor:
@@ -40,3 +45,11 @@ def dequantize(packed: torch.Tensor) -> torch.Tensor:
     values = packed[:, :dim].contiguous().view(torch.float8_e4m3fn).float()
     scale = packed[:, dim:].contiguous().view(torch.float32)  # [T, 1]
     return values * scale
+
+
+def quantize_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, H, D] -> (e4m3 [T, H, D], float32 scales [T, H]): one power-of-two scale per query
+    head, the keys' rule."""
+    values = q.float()
+    scale = fp8_latent.pow2_scale(values.abs().amax(dim=-1))
+    return (values / scale[..., None]).to(torch.float8_e4m3fn), scale

@@ -16,6 +16,7 @@ decode rows sum the heads in another order (bit-level differences only; exact ze
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,9 +92,13 @@ def logits_rows_reference(
     """The indexer_logits_rows contract, a row at a time on torch_ref.indexer_logits:
     q [Ts, Hi, D] and weights [Ts, Hi] of the plan's tokens, keys [slots, D] the flat cache (or
     [slots, D + 4] uint8: FP8 keys, stages/kernels/fp8_indexer.py, of which each row's are
-    dequantized) -> [Ts, Lmax] fp32, -inf where the token does not see the key."""
+    dequantized, scored by the FP8 queries) -> [Ts, Lmax] fp32, -inf where the token does not
+    see the key."""
     ts, lmax = q.shape[0], plan.key_slots.shape[1]
     out = torch.full((ts, lmax), float("-inf"), dtype=torch.float32, device=q.device)
+    if keys.dtype == torch.uint8:  # FP8 keys: FP8 queries (fp8_indexer.quantize_queries)
+        q8, q_scale = fp8_indexer.quantize_queries(q)
+        q, weights = q8.float(), weights.float() * q_scale
     for r, (first, n, length) in enumerate(plan.row_tokens):
         span = slice(first, first + n)
         k = keys.index_select(0, plan.key_slots[r, :length].long())
@@ -104,9 +109,15 @@ def logits_rows_reference(
     return out.masked_fill_(cols[None, :] >= plan.visible[:, None], float("-inf"))
 
 
-def topk_slots(logits: torch.Tensor, plan: SelectPlan, k: int) -> torch.Tensor:
-    """[Ts, k] int32 cache slots of each token's top k keys; -1 where a token sees fewer."""
-    pos = top_k_positions(logits, k)
+def topk_slots(
+    logits: torch.Tensor,
+    plan: SelectPlan,
+    k: int,
+    top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """[Ts, k] int32 cache slots of each token's top k keys; -1 where a token sees fewer.
+    top_k: the kernels' index_topk (the rule's positions), top_k_positions by default."""
+    pos = (top_k or top_k_positions)(logits, k)
     slots = plan.key_slots[plan.token_row[:, None], pos]
     return slots.masked_fill(logits.gather(1, pos) == float("-inf"), -1).int()
 
@@ -126,11 +137,17 @@ def top_k_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     then put in the rule's order by the same keys."""
     scores = scores.add_(0.0)
     if scores.is_cuda:
-        values, pos = scores.topk(k, dim=-1, sorted=False)
-        order = _rule_keys(values, pos, scores.shape[-1]).sort(dim=-1, descending=True).indices
-        return pos.gather(-1, order)
+        return rule_order(scores, scores.topk(k, dim=-1, sorted=False).indices)
     width = scores.shape[-1]
     return _rule_keys(scores, torch.arange(width, device=scores.device), width).topk(k).indices
+
+
+def rule_order(scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The chosen positions of each line of `scores` (-0.0 read as 0.0) put in the rule's order:
+    higher score first, among equal ones the lower position."""
+    values = scores.gather(-1, positions).add_(0.0)
+    keys = _rule_keys(values, positions, scores.shape[-1])
+    return positions.gather(-1, keys.sort(dim=-1, descending=True).indices)
 
 
 def _rule_keys(values: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:

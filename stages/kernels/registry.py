@@ -63,6 +63,12 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.indexer_select:logits_rows_reference",
         "triton": "stages.kernels.triton_indexer:indexer_logits_rows",
     },
+    # The indexer's top-k under the selection rule (indexer_select.top_k_positions): torch's
+    # top-k then the rule's order, or the radix-select kernel.
+    "index_topk": {
+        "torch": "stages.kernels.indexer_select:top_k_positions",
+        "triton": "stages.kernels.triton_topk:top_k_positions",
+    },
     # DeepSeek-V4 attention: a K=V head over selected keys (window + compressed), with sinks.
     "sparse_sink_attention": {
         "torch": "stages.kernels.torch_ref:sparse_sink_attention",
@@ -139,6 +145,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "mla_sparse": ("flash-mla", "torch"),
     "indexer_logits": ("triton", "torch"),
     "indexer_logits_rows": ("triton", "torch"),
+    "index_topk": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
     "sparse_sink_attention": ("flash-mla", "torch"),
     "sparse_sink_attention_fp8": ("flash-mla", "torch"),
@@ -175,6 +182,9 @@ class Kernels:
     # (q [Ts,Hi,D], keys [slots,D], weights [Ts,Hi] fp32, scale, SelectPlan) -> [Ts,Lmax] fp32,
     # -inf where a token does not see the key
     indexer_logits_rows: Callable[..., Any] | None = None
+    # (scores [N, L] fp32, k) -> [N, k] long: each line's top k positions under the selection
+    # rule (highest score, then lower position), in that order
+    index_topk: Callable[..., Any] | None = None
     # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
     sparse_sink_attention: Callable[..., Any] | None = None
     # (q [T,H,512], window pages [blocks,B,1,584], window [T,K] slot ids (-1: none),
@@ -306,6 +316,7 @@ def select_kernels(
             ("mla_sparse", mla_sparse),
             ("indexer_logits", indexer_logits),
             ("indexer_logits_rows", indexer_logits),
+            ("index_topk", indexer_logits),
             ("sparse_sink_attention", "auto"),
             ("sparse_sink_attention_fp8", "auto"),
             ("hc_mix", "auto"),

@@ -12,10 +12,13 @@ fp8_mqa_logits is the FP8 version of the same computation; it does not load on t
 tokens of a row x a block of its keys, the arithmetic of ``indexer_logits``) and one for the
 decode rows (a program: one token's index heads as the MMA's rows x a block of its keys).
 Under an FP8 cache the keys are e4m3 with a float32 scale per token
-(stages/kernels/fp8_indexer.py): both kernels load the e4m3 bytes, widen them to q's dtype for
-the MMA (exact) and multiply each key's column of scores by its scale once, after the ReLU
-and the head sum (a positive power of two: relu(s x) = s relu(x), and scaling by it is exact,
-so the score over the dequantized key to the bit, with the bf16 kernel's inner loop).
+(stages/kernels/fp8_indexer.py) and the queries are quantized to e4m3 per head
+(``fp8_indexer.quantize_queries``, their scales folded into the head weights): the MMA runs on
+FP8 tensor cores (half the bf16 kernel's time on the issue's 256K chunk), and each key's column
+of scores is multiplied by its scale once, after the ReLU and the head sum (a positive power of
+two: relu(s x) = s relu(x), and scaling by it is exact). Decode rows widen both to bf16 in
+registers (exact) for their MMA: one token's heads against a block of keys ran 3x slower on
+FP8 tensor cores than on bf16 ones (docs/PERFORMANCE.md).
 
 Index heads of another width than 64 or 128 (and, for decode rows, fewer than 16 or not a power
 of two) are refused when the stage is built (``supports``); a call that gets them anyway, or
@@ -110,7 +113,7 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
                      HEAD_DIM: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
                      KEY_FP8: tl.constexpr):
         """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic (KEY_FP8:
-        K e4m3, KS each key's float32 scale)."""
+        Q and K e4m3, KS each key's float32 scale)."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 3).to(tl.int64)
         first = tl.load(TILES + tile * 3 + 1)
@@ -131,8 +134,6 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
             offs_d = tl.arange(0, HEAD_DIM)
             k = tl.load(K + slots[None, :] * stride_k + offs_d[:, None],
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
-            if KEY_FP8:
-                k = k.to(Q.dtype.element_ty)
             acc = tl.zeros([BT, BL], tl.float32)
             for h in range(HEADS):
                 q = tl.load(Q + offs_t[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
@@ -168,8 +169,9 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
             hs = tl.arange(0, HEADS)
             q = tl.load(Q + tok * stride_qt + hs[:, None] * stride_qh + offs_d[None, :])
-            if KEY_FP8:
-                k = k.to(Q.dtype.element_ty)
+            if KEY_FP8:  # widened (exact): the FP8 MMA at these shapes is 3x slower than bf16
+                q = q.to(tl.bfloat16)
+                k = k.to(tl.bfloat16)
             s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]
             w = tl.load(W + tok * stride_wt + hs)
             logit = tl.sum(s * w[:, None], 0)
@@ -195,10 +197,7 @@ def indexer_logits_rows(
     lmax = plan.key_slots.shape[1]
     fp8 = keys.dtype == torch.uint8
     if fp8:
-        readable = (
-            q.dtype in (torch.bfloat16, torch.float16)
-            and keys.shape[-1] == dim + fp8_indexer.SCALE_BYTES
-        )
+        readable = q.is_floating_point() and keys.shape[-1] == dim + fp8_indexer.SCALE_BYTES
     else:
         readable = keys.dtype == q.dtype
     if dim not in HEAD_DIMS:
@@ -210,15 +209,17 @@ def indexer_logits_rows(
     if refusal is not None:
         _fall_back("indexer_logits_rows", refusal)
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
-    q = q.contiguous()
-    weights = weights.float().contiguous()
-    out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
-    chunk_kernel, decode_kernel = _rows_kernels()
-    if fp8:  # the e4m3 values, and each key's scale after them (4-byte aligned: D % 4 == 0)
+    weights = weights.float()
+    if fp8:  # FP8 queries against the keys' e4m3 values; each key's scale after them
+        q, q_scale = fp8_indexer.quantize_queries(q)
+        weights = weights * q_scale
         key_scales = keys.view(torch.float32)[:, dim // fp8_indexer.SCALE_BYTES]
         keys = keys.view(torch.float8_e4m3fn)
     else:  # unread: the kernel's FP8 branch is compiled out
         key_scales = keys
+    q, weights = q.contiguous(), weights.contiguous()
+    out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
+    chunk_kernel, decode_kernel = _rows_kernels()
     args = (q, keys, key_scales, weights, plan.key_slots, plan.visible)
     strides = (
         q.stride(0),

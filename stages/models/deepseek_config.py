@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stages.kernels import fp8_indexer_layout
 from stages.kernels.fallbacks import OpShape
 
 if TYPE_CHECKING:
@@ -220,9 +221,6 @@ def latent_components(args: ModelArgs) -> dict[str, int]:
 # FlashMLA's FP8 latent (stages/kernels/fp8_latent.py): the 512 no-rope values in e4m3, an fp32
 # scale per 128 of them, the 64 rope values in bf16.
 FP8_LATENT_SHAPE = (512, 64)
-# The FP8 indexer key (stages/kernels/fp8_indexer.py): its values in e4m3, then one fp32 scale,
-# DeepSeek's 1 x 128 group: keys up to 128 values wide
-FP8_INDEXER_GROUP = 128
 
 
 def fp8_latent_components(args: ModelArgs) -> dict[str, int]:
@@ -241,14 +239,11 @@ def fp8_latent_components(args: ModelArgs) -> dict[str, int]:
             f"the FP8 latent layout holds kv_lora_rank 512 + rope 64, not "
             f"{d.kv_lora_rank} + {d.qk_rope_head_dim}"
         )
-    key = d.indexer.head_dim
-    if key > FP8_INDEXER_GROUP or key % 4:
-        raise ValueError(
-            f"the FP8 indexer key holds one scale over at most {FP8_INDEXER_GROUP} values (a "
-            f"multiple of 4), not index_head_dim {key}"
-        )
     nope, rope = FP8_LATENT_SHAPE
-    return {LATENT: nope + 4 * (nope // 128) + 2 * rope, INDEXER_KEY: key + 4}
+    return {
+        LATENT: nope + 4 * (nope // 128) + 2 * rope,
+        INDEXER_KEY: fp8_indexer_layout.key_bytes(d.indexer.head_dim),
+    }
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:

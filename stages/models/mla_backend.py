@@ -256,5 +256,7 @@ class MLASparseBackend(AttentionBackend[MLADecodeRows | SparseRows]):
             layer.indexer.scale,
             plan,
         )
-        indices[plan.token_index] = topk_slots(logits, plan, indices.shape[1])
+        indices[plan.token_index] = topk_slots(
+            logits, plan, indices.shape[1], _kernel(layer.kernels, "index_topk")
+        )
         return indices

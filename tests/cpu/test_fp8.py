@@ -263,15 +263,20 @@ def test_fp8_keys_select_the_bf16_keys_top_k(checkpoints):
     """A stage's DSA layer selecting over keys written through the FP8 cache (quantized on
     write) and through the bf16 one: the same top-k slots when the keys' scores are well apart
     (every key a positive multiple of one direction, 15 % apart in rank order, so each query's
-    score orders keys by their multiple), for a chunk and a decode row."""
+    score orders keys by their multiple), for a chunk and a decode row. The head weights are
+    made positive, so no query's heads cancel, and the direction's values are powers of two,
+    so a key's FP8 rounding is its multiple's: neither the keys' nor the FP8 queries'
+    rounding can then reorder keys whose scores are 15 % apart."""
     g = torch.Generator().manual_seed(3)
     caches, picked = {}, {}
     for dtype in ("fp8", "auto"):
         chain = Pipeline(checkpoints["plain"], kv_cache_dtype=dtype)
         attn, kv = chain.stages[0].layers["0"].self_attn, chain.caches[0]
+        attn.indexer.weights_proj.weight.data.abs_()
         caches[dtype] = kv
         g.manual_seed(3)
-        u = torch.randn(64, generator=g)
+        # powers of two: each key rounds through e4m3 as its multiple does, staying one
+        u = torch.randn(64, generator=g).sign() * 2.0 ** torch.randint(-2, 2, (64,), generator=g)
         magnitude = 1.15 ** (torch.randperm(128, generator=g).float() - 64)
         kv.write(0, magnitude[:, None] * u, torch.arange(128), INDEXER_KEY)
         # a chunk of 12 tokens from position 40, and a decode row at position 60 (its own
@@ -279,7 +284,7 @@ def test_fp8_keys_select_the_bf16_keys_top_k(checkpoints):
         rows = [(40, 12, list(range(0, 32)), True), (60, 1, list(range(16, 32)), True)]
         batch = ForwardBatch.build(rows, BLOCK, "cpu")
         sparse = SparseRows.build(batch, BLOCK, 8, torch.device("cpu"))
-        x = torch.randn(13, 128, generator=g)
+        x = torch.randn(13, 128, generator=g).abs()
         q_resid = torch.randn(13, 128, generator=g)
         cos, sin = torch.ones(13, 32), torch.zeros(13, 32)
         chosen = attn.backend.select(attn, x, q_resid, cos, sin, sparse, kv, 0)
@@ -336,7 +341,7 @@ def test_memory_table_counts_mxfp4_experts_of_a_v4_checkpoint():
 
     config = dict(TINY_V4, model_type="deepseek_v4", expert_dtype="fp4")
     args = ModelArgs.from_hf_dict(config)
-    plan = stage_memory_plan(args, 2, fp8_weights=False)
+    plan = stage_memory_plan(args, 2, fp8_weights=False, mxfp4_experts="keep")
     wide = stage_memory_plan(args, 2, fp8_weights=False, mxfp4_experts="dequantize")
     experts = TINY_V4["n_routed_experts"] * 3 * TINY_V4["moe_intermediate_size"]
     values = TINY_V4["num_hidden_layers"] * experts * TINY_V4["hidden_size"]

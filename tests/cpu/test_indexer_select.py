@@ -189,3 +189,25 @@ def test_one_token_prefill_chunk_is_scored_as_a_chunk():
     plan = SelectPlan.build(rows, torch.device("cpu"))
     assert plan.chunk_tiles.tolist() == [[0, 0, 1]]
     assert plan.decode_tiles.tolist() == [[1, 1]]
+
+
+def test_interpreted_fp8_kernel_matches_reference(triton_interpreter):
+    """FP8 keys: the kernel scores e4m3 queries (quantized per head, fp8_indexer's rule) against
+    the e4m3 keys; the reference dequantizes both. Equal up to the order of the sums."""
+    from stages.kernels import fp8_indexer, triton_indexer
+
+    q, keys, weights, g = _inputs(5, ties=True)
+    rows, t = _rows(g)
+    plan = decode_plan(rows, "cpu")
+    heads = 16  # the decode tiles' MMA rows are the heads
+    q = q[:t].repeat(1, heads // HEADS, 1) * torch.rand(t, heads, 1, generator=g)
+    w = weights[:t].repeat(1, heads // HEADS) - 0.5
+    packed = fp8_indexer.quantize(keys)
+    out = triton_indexer.indexer_logits_rows(q, packed, w, 0.25, plan)
+    ref = logits_rows_reference(q, packed, w, 0.25, plan)
+    assert torch.equal(out == float("-inf"), ref == float("-inf"))
+    seen = ref != float("-inf")
+    torch.testing.assert_close(out[seen], ref[seen], rtol=1e-4, atol=1e-4)
+    # the FP8 queries are what both score: unquantized queries give other scores
+    unquantized = logits_rows_reference(q, fp8_indexer.dequantize(packed), w, 0.25, plan)
+    assert not torch.allclose(out[seen], unquantized[seen], rtol=1e-3, atol=1e-3)

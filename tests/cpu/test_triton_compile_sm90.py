@@ -110,7 +110,7 @@ def test_indexer_rows_kernels_compile(fp8):
     chunk, decode = triton_indexer._rows_kernels()
     strides = ("stride_qt", "stride_qh", "stride_k", "stride_ks", "stride_wt", "stride_sr")
     sig = {
-        "Q": "*bf16",
+        "Q": "*fp8e4nv" if fp8 else "*bf16",  # FP8 keys: FP8 queries (FP8 MMA)
         "K": "*fp8e4nv" if fp8 else "*bf16",
         "KS": "*fp32" if fp8 else "*bf16",
         "W": "*fp32",
@@ -125,6 +125,18 @@ def test_indexer_rows_kernels_compile(fp8):
     shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8}
     _compile(chunk, sig, {**shape, "BT": 64, "BL": 128}, num_warps=4)
     _compile(decode, sig, {**shape, "BL": 64}, num_warps=4)
+
+
+def test_topk_compaction_compiles():
+    from stages.kernels import triton_topk
+
+    sig = {"S": "*fp32", "THETA": "*fp32", "VAL": "*fp32", "POS": "*i64", "L": "i32", "K": "i32"}
+    _compile(
+        triton_topk.compact_kernel,
+        {**sig, "stride_s": "i64", "stride_c": "i64"},
+        {"BLOCK": triton_topk.BLOCK},
+        num_warps=8,
+    )
 
 
 @pytest.mark.parametrize("dim", [128, 64, 100])

@@ -47,7 +47,8 @@ def test_write_stores_the_quantized_keys_at_their_slots():
 def test_scores_over_fp8_keys_match_and_select_the_same_keys():
     """Chunk rows and decode rows over a shuffled cache: every key a positive multiple of one
     direction (15 % apart in rank order) plus small noise, so the top-k is well separated; the
-    scores over the FP8 keys are the dequantized keys' exactly, and close to the bf16 keys'."""
+    scores over the FP8 keys are those of the dequantized keys and the FP8-rounded queries
+    (fp8_indexer.quantize_queries) exactly, and close to the bf16 keys' and queries'."""
     g = torch.Generator().manual_seed(2)
     heads, dim, n_keys, topk = 4, 64, 150, 16
     u = torch.randn(dim, generator=g)
@@ -66,7 +67,9 @@ def test_scores_over_fp8_keys_match_and_select_the_same_keys():
     scale = dim**-0.5
     got = logits_rows_reference(q, packed, w, scale, plan)
     dequantized = fp8_indexer.dequantize(packed)
-    assert torch.equal(got, logits_rows_reference(q, dequantized, w, scale, plan))
+    q8, q_scale = fp8_indexer.quantize_queries(q)
+    rounded = q8.float() * q_scale[..., None]
+    assert torch.equal(got, logits_rows_reference(rounded, dequantized, w, scale, plan))
     want = logits_rows_reference(q, keys, w, scale, plan)
     seen = want != float("-inf")
     assert torch.equal(got != float("-inf"), seen)

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from stages.kernels.hyper_connection import unweighted_rms_norm
-from stages.kernels.indexer_select import top_k_positions
 from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
@@ -136,12 +135,12 @@ class Indexer(GroupCompressor):
         q = apply_rope(self.q_b_proj(q_resid).view(t, self.heads, self.width), angles)
         weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
         keys = cache.flat(local, INDEX_KEYS)
-        score = _op(self.kernels.indexer_logits_rows)
+        score, top_k = _op(self.kernels.indexer_logits_rows), _op(self.kernels.index_topk)
         k = min(self.topk, plan.max_entries)
         picked = torch.empty(t, k, dtype=torch.long, device=x.device)
         for tokens, select in plan.select:
             scores = score(q[tokens], keys, weights[tokens], self.width**-0.5, select)
-            picked[tokens] = top_k_positions(scores, k)
+            picked[tokens] = top_k(scores, k)
         return picked.masked_fill(picked >= plan.visible[:, None], -1)
 
 

@@ -1,0 +1,50 @@
+"""The long-line top-k (stages/kernels/triton_topk.py: a threshold from group maxima, the Triton
+compaction under Triton's CPU interpreter, the top-k of the candidates) against the one
+selection rule (indexer_select.top_k_positions: highest score, among equal ones the lower
+position, in that order): lines with many exact ties (ReLU zeros, signed zeros, equal sums),
+-inf past a line's visible keys, lines with fewer finite scores than k, all-equal lines, lines
+longer than one block of the kernel, and two group sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.kernels.indexer_select import top_k_positions
+
+
+def _scores(lines: int, width: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(-3, 4, (lines, width), generator=g).float() / 4
+    signs = torch.randint(0, 2, scores.shape, generator=g).bool()
+    scores = torch.where((scores == 0) & signs, -0.0, scores)
+    scores[:, ::5] = torch.randn(lines, len(range(0, width, 5)), generator=g)
+    visible = torch.randint(1, width + 1, (lines, 1), generator=g)
+    visible[0] = 2  # fewer finite scores than k: the threshold is -inf
+    return scores.masked_fill(torch.arange(width)[None, :] >= visible, float("-inf"))
+
+
+@pytest.mark.parametrize(
+    ("lines", "width", "k", "group"),
+    [(3, 40, 1, 8), (3, 200, 5, 8), (2, 2500, 100, 8), (2, 5000, 16, 8), (2, 5000, 16, 16)],
+)
+def test_interpreted_topk_is_the_rule(triton_interpreter, lines, width, k, group):
+    from stages.kernels import triton_topk
+
+    scores = _scores(lines, width, seed=width + k)
+    assert width >= 2 * (k + group * k)  # the candidates' path, not torch's
+    got = triton_topk.top_k_positions(scores.clone(), k, group)
+    assert torch.equal(got, top_k_positions(scores.clone(), k))
+
+
+def test_interpreted_topk_of_equal_and_continuous_lines(triton_interpreter):
+    from stages.kernels import triton_topk
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.stack(
+        [torch.full((3000,), 0.5), torch.randn(3000, generator=g), torch.zeros(3000)]
+    )
+    scores[2, 1::2] = -0.0
+    for k in (1, 40, 300):
+        got = triton_topk.top_k_positions(scores.clone(), k)
+        assert torch.equal(got, top_k_positions(scores.clone(), k)), k
