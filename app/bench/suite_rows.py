@@ -92,6 +92,10 @@ ROWS: tuple[Row, ...] = (
     Row("ttft-v4-flash-fp8", "deepseek-v4-flash", "engine",
         _ttft("deepseek-v4-flash", LONG, *FP8),
         "1xH200", "ttft", "no slower than ttft-v4-flash (session 6: -0.5 to -1.4 %)", ("h200",)),
+    Row("ttft-v4-flash-1m-fp8", "deepseek-v4-flash", "engine",
+        _ttft("deepseek-v4-flash", "524288:8192,1040384:8192", *FP8),
+        "1xH200", "ttft", "512K 14.55 s, 1,040,384 tokens 39.3 s (8a07cde); issue 35: <= 24 s",
+        ("h200",)),
     # decode tok/s at 1 / 64 / 512 rows (CUDA graphs, run-ahead)
     Row("decode-llama8b-1", "llama8b", "load", _decode("llama8b", 1, 128),
         "1xH200", "decode", "a step near the weights' read time (16 GB / 4.8 TB/s = 3.3 ms)",

@@ -6,13 +6,15 @@ position, in that order).
 torch's top-k over a 256K prompt's ~64K compressed entries per query takes 8 ms a CSA layer
 for an 8K chunk (docs/PERFORMANCE.md). Here:
 
-1. the maxima of the line's groups of `group` scores (one read of the scores);
+1. the maxima of the line's groups of `group` scores (a Triton pass reading the scores once;
+   torch's amax over groups of 8 took 4 ms a layer);
 2. theta, the k-th largest of those maxima (torch's top-k over a line `group` times shorter).
    k distinct scores are >= theta, so the line's k-th score is >= theta; and a score above
    theta lies in one of the at most k - 1 groups whose maximum is above theta, so at most
    group * (k - 1) scores are above it;
-3. one Triton pass keeps, in position order, every score above theta (they fit in group * k
-   slots) and the first k equal to it (the rule takes equal ones by lower position);
+3. one Triton pass (a block without a candidate costs its read and two sums) keeps, in
+   position order, every score above theta (they fit in group * k slots) and the first k
+   equal to it (the rule takes equal ones by lower position);
 4. the rule's top-k of those k + group * k candidates (indexer_select.top_k_positions): equal
    scores are in position order in each region, and the regions hold no equal scores, so
    the candidates' order breaks ties as the positions do.
@@ -44,6 +46,15 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
+    def maxima_kernel(S, M, L, G, stride_s, stride_m, GROUP: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        """Each group of GROUP scores' maximum (the line's tail past L as -inf)."""
+        line = tl.program_id(0).to(tl.int64)
+        groups = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
+        offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        s = tl.load(S + line * stride_s + offs, mask=offs < L, other=float("-inf"))
+        tl.store(M + line * stride_m + groups, tl.max(s, 1), mask=groups < G)
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def compact_kernel(S, THETA, VAL, POS, L, K, stride_s, stride_c, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         """A line's scores above theta to slots K.. and its first K equal to theta to slots
         0..K-1, each region in position order (values and positions)."""
@@ -57,14 +68,17 @@ if triton is not None:
             s = tl.load(S + line * stride_s + offs, mask=valid, other=float("-inf"))
             gt = valid & (s > theta)
             eq = valid & (s == theta)
-            gt_slot = K + above + tl.cumsum(gt.to(tl.int32), 0) - 1
-            eq_slot = equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-            slot = tl.where(gt, gt_slot, eq_slot)
-            keep = gt | (eq & (eq_slot < K))
-            tl.store(VAL + line * stride_c + slot, s, mask=keep)
-            tl.store(POS + line * stride_c + slot, offs.to(tl.int64), mask=keep)
-            above += tl.sum(gt.to(tl.int32))
-            equal += tl.sum(eq.to(tl.int32))
+            n_gt = tl.sum(gt.to(tl.int32))
+            n_eq = tl.sum(eq.to(tl.int32))
+            if n_gt + n_eq > 0:  # most blocks hold no candidate: one read, no scan
+                gt_slot = K + above + tl.cumsum(gt.to(tl.int32), 0) - 1
+                eq_slot = equal + tl.cumsum(eq.to(tl.int32), 0) - 1
+                slot = tl.where(gt, gt_slot, eq_slot)
+                keep = gt | (eq & (eq_slot < K))
+                tl.store(VAL + line * stride_c + slot, s, mask=keep)
+                tl.store(POS + line * stride_c + slot, offs.to(tl.int64), mask=keep)
+            above += n_gt
+            equal += n_eq
     # fmt: on
 
 
@@ -75,15 +89,17 @@ def top_k_positions(scores: torch.Tensor, k: int, group: int = GROUP) -> torch.T
     if width < 2 * (k + group * k):  # short lines: no fewer candidates to gain
         return indexer_select.top_k_positions(scores, k)
     flat = scores.reshape(-1, width).float().contiguous()
-    lines = flat.shape[0]
-    tail = -width % group
-    grouped = torch.nn.functional.pad(flat, (0, tail), value=float("-inf")) if tail else flat
-    maxima = grouped.view(lines, -1, group).amax(-1)
-    theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
+    lines, groups = flat.shape[0], -(-width // group)
     slots = k + group * k
     values = torch.full((lines, slots), float("-inf"), device=flat.device)
     positions = torch.zeros(lines, slots, dtype=torch.long, device=flat.device)
     if lines:
+        maxima = torch.empty(lines, groups, device=flat.device)
+        maxima_kernel[(lines, triton.cdiv(groups * group, BLOCK))](
+            flat, maxima, width, groups, flat.stride(0), maxima.stride(0), GROUP=group,
+            BLOCK=BLOCK, num_warps=4,
+        )  # fmt: skip
+        theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
         compact_kernel[(lines,)](
             flat, theta, values, positions, width, k, flat.stride(0), values.stride(0),
             BLOCK=BLOCK, num_warps=8,

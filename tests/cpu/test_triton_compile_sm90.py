@@ -137,6 +137,12 @@ def test_topk_compaction_compiles():
         {"BLOCK": triton_topk.BLOCK},
         num_warps=8,
     )
+    _compile(
+        triton_topk.maxima_kernel,
+        {"S": "*fp32", "M": "*fp32", "L": "i32", "G": "i32", "stride_s": "i64", "stride_m": "i64"},
+        {"GROUP": triton_topk.GROUP, "BLOCK": triton_topk.BLOCK},
+        num_warps=4,
+    )
 
 
 @pytest.mark.parametrize("dim", [128, 64, 100])
