@@ -29,7 +29,9 @@ def block_bytes(entries: int) -> int:
 
 
 def packed_bytes(entry_bytes: int, entries: int) -> int:
-    """block_bytes with the family-level signature (bytes per entry, entries per block): the
-    attention entries as this layout pads their block; the indexer's FP8 keys
-    (stages/kernels/fp8_indexer.py, entries of another size) are plain rows."""
-    return block_bytes(entries) if entry_bytes == ENTRY_BYTES else entry_bytes * entries
+    """block_bytes with the family-level signature (bytes per entry, entries per block)."""
+    if entry_bytes != ENTRY_BYTES:
+        raise ValueError(
+            f"the V4 FP8 layout packs {ENTRY_BYTES} bytes per entry, not {entry_bytes}"
+        )
+    return block_bytes(entries)
