@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_indexer, fp8_latent, fp8_v4, fp8_v4_layout
+from stages.kernels import fp8_indexer, fp8_indexer_layout, fp8_latent, fp8_v4, fp8_v4_layout
 from stages.kernels.fallbacks import record_fallback
 
 
@@ -59,7 +59,7 @@ def write_indexer_key(flat: torch.Tensor, keys: torch.Tensor, slots: torch.Tenso
         flat.index_copy_(0, slots, fp8_indexer.quantize(keys))
         return
     dim = keys.shape[-1]
-    if flat.shape[-1] != dim + fp8_indexer.SCALE_BYTES:
+    if flat.shape[-1] != dim + fp8_indexer_layout.SCALE_BYTES:
         raise ValueError(f"FP8 indexer key pages of {flat.shape[-1]} bytes for keys of {dim}")
     k = keys.contiguous()
     _quantize_write_key[(k.shape[0],)](

@@ -191,13 +191,13 @@ def indexer_logits_rows(
     cache) or [slots, D + 4] uint8 (FP8 keys, stages/kernels/fp8_indexer.py), weights [Ts, Hi],
     plan -> [Ts, Lmax] fp32 (-inf where a token does not see a key). Chunk rows and decode rows
     are one launch each."""
-    from stages.kernels import fp8_indexer, indexer_select
+    from stages.kernels import fp8_indexer, fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
     lmax = plan.key_slots.shape[1]
     fp8 = keys.dtype == torch.uint8
     if fp8:
-        readable = q.is_floating_point() and keys.shape[-1] == dim + fp8_indexer.SCALE_BYTES
+        readable = q.is_floating_point() and keys.shape[-1] == dim + fp8_indexer_layout.SCALE_BYTES
     else:
         readable = keys.dtype == q.dtype
     if dim not in HEAD_DIMS:
@@ -213,7 +213,7 @@ def indexer_logits_rows(
     if fp8:  # FP8 queries against the keys' e4m3 values; each key's scale after them
         q, q_scale = fp8_indexer.quantize_queries(q)
         weights = weights * q_scale
-        key_scales = keys.view(torch.float32)[:, dim // fp8_indexer.SCALE_BYTES]
+        key_scales = keys.view(torch.float32)[:, dim // fp8_indexer_layout.SCALE_BYTES]
         keys = keys.view(torch.float8_e4m3fn)
     else:  # unread: the kernel's FP8 branch is compiled out
         key_scales = keys
