@@ -140,7 +140,7 @@ def profiled(fn: Callable[[], object], standin: PendingRecvStandin | None = None
         "groups_ms": {
             g: round(us / 1e3, 3) for g, us in sorted(groups.items(), key=lambda x: -x[1])
         },
-        "top_kernels_ms": [(name[:120], round(us / 1e3, 3)) for name, us in top],
+        "top_kernels_ms": [(name[:240], round(us / 1e3, 3)) for name, us in top],
     }
 
 

@@ -47,7 +47,7 @@ def test_registry_auto_and_explicit():
     assert kern.names == {"linear": "torch", "attention": "torch", "decode_attention": "torch",
                           "paged_decode": "torch", "mla_decode": "torch",
                           "moe_experts": "torch", "moe_experts_mxfp4": "torch",
-                          "mla_sparse": "torch",
+                          "mla_sparse": "torch", "index_topk": "torch",
                           "indexer_logits": "torch", "indexer_logits_rows": "torch",
                           "sparse_sink_attention": "torch", "sparse_sink_attention_fp8": "torch",
                           "hc_mix": "torch", "hc_merge": "torch", "mla_sparse_fp8": "torch",
