@@ -8,8 +8,9 @@ contiguous one, built on the device with no host sync): the tokens are quantized
 tiles (the count stays on the device) with a grid of SMs, or SMs - 1 leaving an SM to a waiting
 NCCL recv, so a call is sync-free with fixed grids (CUDA graphs capture it). The K loop is
 stages.kernels.triton_gemm's block-scaled one: each 128-wide K tile is one activation group and
-one weight block. Between the two the gate/up product goes through torch_ref.swiglu (with
-DeepSeek-V4's clamp where given) and is quantized again. The down GEMM scales each row by its
+one weight block. Between the two the gate/up product goes through torch_ref.swiglu's steps
+(with DeepSeek-V4's clamp where given) and is quantized again, in one kernel
+(triton_fp8_act.swiglu_quantize_act). The down GEMM scales each row by its
 routing weight and stores it at its (token, k) slot, as triton_moe's does; the k slots of a
 token are summed.
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from stages.kernels import fp8_ref, torch_ref, triton_fp8_act
+from stages.kernels import fp8_ref, triton_fp8_act
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
@@ -160,10 +161,8 @@ def _moe(
     # unwritten and take token 0's scales: their results are never stored at a pair's slot
     r, a = route_and_gather(xq.view(torch.uint8), topk_ids, topk_weights, gate_up.shape[0], block_m)
     a_scale = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
-    gate, up = grouped_gemm(
-        a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid, x.dtype, **cfg
-    ).chunk(2, dim=-1)
-    hq, hs = triton_fp8_act.quantize_act(torch_ref.swiglu(gate, up, limit))
+    h = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid, x.dtype, **cfg)
+    hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit)
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k, **cfg)
     return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
 

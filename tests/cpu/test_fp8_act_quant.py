@@ -39,3 +39,34 @@ def test_padded_group_major_outputs_match_the_reference(m, k, group_major):
     assert torch.equal(q[:m].view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(s[:m], want_s)
     assert not q[m:].view(torch.uint8).any() and bool((s[m:] == 1).all())
+
+
+def _interpreted_quantizer(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_quantize_1x128 launched on the interpreter (whose e4m3 rounding is not CUDA's)."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=fp8_ref.FP8)
+    s = torch.empty(m, -(-k // 128))
+    triton_fp8_act._quantize_1x128[(-(-m // triton_fp8_act.BLOCK_M), s.shape[1])](
+        x, q, s, m, m, k, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
+        INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE,
+        BLOCK_M=triton_fp8_act.BLOCK_M, GROUP=fp8_ref.BLOCK,
+    )  # fmt: skip
+    return q, s
+
+
+@pytest.mark.parametrize("limit", [None, 1.5])
+@pytest.mark.parametrize("m,inter", [(5, 128), (37, 384), (16, 200)])
+def test_interpreted_swiglu_quantizer_matches_the_unfused_path(triton_interpreter, m, inter, limit):
+    """The fused silu(gate) * up (clamped at a limit) and 1 x 128 quantizer against torch_ref's
+    swiglu then the plain quantizer kernel, both interpreted, on fp16 gate/up halves (the
+    interpreter's bf16 and e4m3 roundings are not CUDA's; tests/gpu/test_fp8_kernels.py takes
+    bf16 against fp8_ref on CUDA): the same bits."""
+    from stages.kernels import torch_ref
+
+    g = torch.Generator().manual_seed(m + inter)
+    gate_up = (torch.randn(m, 2 * inter, generator=g) * 2).half()
+    q, s = triton_fp8_act._swiglu_quantize(gate_up, limit)
+    h = torch_ref.swiglu(gate_up[:, :inter], gate_up[:, inter:], limit)
+    want_q, want_s = _interpreted_quantizer(h)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(s, want_s)

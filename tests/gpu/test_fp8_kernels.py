@@ -125,6 +125,25 @@ def test_fused_activation_quantizer_matches_reference(m, k, dtype):
     assert not q[m:].view(torch.uint8).any()
 
 
+@pytest.mark.skipif(triton_fp8_act.triton is None, reason="needs triton")
+@pytest.mark.parametrize("limit", [None, 10.0])
+@pytest.mark.parametrize("m,inter", [(1, 2048), (300, 2048), (77, 200)])
+def test_fused_swiglu_quantizer_matches_the_unfused_path(m, inter, limit):
+    """silu(gate) * up (DeepSeek-V4's clamp at 10) and the 1 x 128 quantizer in one kernel, on
+    the bf16 [gate | up] rows the grouped MoE's first GEMM writes: the bits of torch_ref.swiglu
+    then fp8_ref.quantize_act (libdevice's expf is torch's), and the MoE's result unchanged."""
+    from stages.kernels import torch_ref
+
+    g = torch.Generator(device="cuda").manual_seed(m + inter)
+    gate_up = (torch.randn(m, 2 * inter, generator=g, device="cuda") * 6).bfloat16()
+    q, s = triton_fp8_act.swiglu_quantize_act(gate_up, limit)
+    want_q, want_s = fp8_ref.quantize_act(
+        torch_ref.swiglu(gate_up[:, :inter], gate_up[:, inter:], limit)
+    )
+    assert torch.equal(s, want_s), (s - want_s).abs().max().item()
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
 @pytest.mark.skipif(triton_fp8_latent.triton is None, reason="needs triton")
 def test_fused_quantize_on_write_matches_reference():
     """The fused kernel writes the same bytes at the same slots as quantize + index_copy_, and
