@@ -64,7 +64,8 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton": "stages.kernels.triton_indexer:indexer_logits_rows",
     },
     # The indexer's top-k under the selection rule (indexer_select.top_k_positions): torch's
-    # top-k then the rule's order, or the radix-select kernel.
+    # top-k then the rule's order, or a threshold from group maxima and a Triton compaction of
+    # the candidates first (long lines).
     "index_topk": {
         "torch": "stages.kernels.indexer_select:top_k_positions",
         "triton": "stages.kernels.triton_topk:top_k_positions",

@@ -295,7 +295,7 @@ def v4_fp8_components(args: ModelArgs) -> dict[str, int]:
     attention reads; the compressor inputs and the indexer's keys stay in the model's dtype.
     (V3.2's FP8 indexer keys, 132-byte rows, made decode rows' scores 3x slower than bf16
     keys at 512 rows x 64K keys, which outweighs the chunks' FP8 scores: docs/PERFORMANCE.md,
-    "The FP8 indexer and the candidates' top-k".)"""
+    "The FP8 indexer, the candidates' top-k, the fused MoE activation".)"""
     a: V4Args = args.family_args
     nope = a.head_dim - a.rope_dim
     if (nope, a.rope_dim) != (fp8_v4_layout.NOPE, fp8_v4_layout.ROPE):
