@@ -1,5 +1,5 @@
-"""Tiny random DeepSeek-V4 checkpoints written by transformers (the oracle), for the CPU and Ray
-tests: every layer type, hash and routed MoE, yarn on the compressed rotary, and every
+"""Tiny random DeepSeek-V4 checkpoints written by transformers (the oracle), for the CPU, Ray
+and GPU tests: every layer type, hash and routed MoE, yarn on the compressed rotary, and every
 parameter transformers initialises to a constant (sinks, biases, hash table) drawn at random."""
 
 from __future__ import annotations
@@ -108,9 +108,14 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def write_checkpoint(path: str, overrides: dict, seed: int = 0) -> str:
-    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+    """transformers' model of `overrides` with randomize's weights, saved under `path`: a
+    DeepSeek-V4 unless `overrides` names another model_type (the GPU tests' config.json dicts,
+    e.g. tests/gpu/test_deepseek_decode_graphs.py's FLASH_V32)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = DeepseekV4ForCausalLM(DeepseekV4Config(**overrides))
+    fields = dict(overrides)
+    config = AutoConfig.for_model(fields.pop("model_type", "deepseek_v4"), **fields)
+    model = AutoModelForCausalLM.from_config(config)
     randomize(model, seed)
     model.save_pretrained(path)
     return path

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -122,42 +124,58 @@ def ray_gpu():
     ray.shutdown()
 
 
-def graphed_and_eager_tokens(
-    tmp_path, model=FLASH_V32, block_size=64, widths=(0, 512), **formats
-) -> dict[bool, list[list[int]]]:
-    """Greedy tokens of the engine (V3.2 by default) graphed and --enforce-eager (keyed by
-    eager), after checking that the graphed one replayed its decode steps in every shape."""
-    from app import Engine, EngineConfig, SamplingParams
+T = TypeVar("T")
+# EngineConfig's fields of graphed_and_eager's engines unless the caller gives others
+ENGINE_DEFAULTS = dict(
+    pp_size=1,
+    device="cuda",
+    dtype="bfloat16",
+    max_model_len=512,
+    max_num_seqs=8,
+    chunk_size=128,
+    gpu_memory_utilization=0.3,
+)
 
-    (tmp_path / "config.json").write_text(json.dumps(model))
-    rng = random.Random(4)
-    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (5, 150, 64, 1, 30, 129)]
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+def graphed_and_eager(run: Callable[[Any], T], widths: tuple[int, ...], **config) -> dict[bool, T]:
+    """run(engine) on an engine with decode graphs and on one with --enforce-eager (keyed by
+    eager), one after the other (config: EngineConfig's fields over ENGINE_DEFAULTS), checking
+    after each run that the graphed engine captured graphs of each of `widths` (select widths)
+    and replayed decode steps, the eager one none."""
+    from app import Engine, EngineConfig
+
     outs = {}
     for eager in (False, True):
-        cfg = EngineConfig(
-            model=str(tmp_path),
-            load_format="dummy",
-            pp_size=1,
-            device="cuda",
-            dtype="bfloat16",
-            block_size=block_size,
-            max_model_len=512,
-            max_num_seqs=8,
-            chunk_size=128,
-            gpu_memory_utilization=0.3,
-            enforce_eager=eager,
-            **formats,
-        )
-        with Engine(cfg) as engine:
-            outs[eager] = [o.token_ids for o in engine.generate(prompts, params)]
-            stats, stages = engine.stats(), engine.info["stages"]
+        with Engine(EngineConfig(**{**ENGINE_DEFAULTS, **config, "enforce_eager": eager})) as e:
+            outs[eager] = run(e)
+            stats, stages = e.stats(), e.info["stages"]
         if eager:
             assert stats["decode_graph_steps"] == [0]
         else:
             assert stages[0]["decode_graphs"]["select_widths"] == list(widths)
             assert stats["decode_graph_steps"][0] >= 4
     return outs
+
+
+def graphed_and_eager_tokens(
+    tmp_path, model=FLASH_V32, block_size=64, widths=(0, 512), **formats
+) -> dict[bool, list[list[int]]]:
+    """Greedy tokens of the engine (V3.2 by default, random weights) graphed and
+    --enforce-eager (keyed by eager): graphed_and_eager over six prompts at once."""
+    from app import SamplingParams
+
+    (tmp_path / "config.json").write_text(json.dumps(model))
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 500) for _ in range(n)] for n in (5, 150, 64, 1, 30, 129)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    return graphed_and_eager(
+        lambda engine: [o.token_ids for o in engine.generate(prompts, params)],
+        widths,
+        model=str(tmp_path),
+        load_format="dummy",
+        block_size=block_size,
+        **formats,
+    )
 
 
 def test_engine_graphs_deepseek_decode(ray_gpu, tmp_path):
