@@ -1,8 +1,8 @@
 """The indexer's selection per layer: the per-row loop (Triton scores of one row, its future
 masked, torch.topk) against the batched plan (one scoring launch, one top-k), on the index heads
 of V3.2 and V4 (64 x 128, keys in a paged cache); the scores over bf16 keys and over FP8 keys
-(FP8 queries, stages/kernels/fp8_indexer.py), and the top-k on torch and on the radix kernel
-(stages/kernels/triton_topk.py), whose picks must equal torch's under the rule.
+(FP8 queries, stages/kernels/fp8_indexer.py), and the top-k on torch and on the candidates'
+kernels (stages/kernels/triton_topk.py), whose picks must equal torch's under the rule.
 
     python -m app.bench.indexer_select --out docs/bench/indexer_select.json
     python -m app.bench.indexer_select --topk 512 --no-loop --cases 1x8192:262144 \

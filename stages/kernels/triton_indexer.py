@@ -14,11 +14,11 @@ decode rows (a program: one token's index heads as the MMA's rows x a block of i
 Under an FP8 cache the keys are e4m3 with a float32 scale per token
 (stages/kernels/fp8_indexer.py) and the queries are quantized to e4m3 per head
 (``fp8_indexer.quantize_queries``, their scales folded into the head weights): the MMA runs on
-FP8 tensor cores (half the bf16 kernel's time on the issue's 256K chunk), and each key's column
-of scores is multiplied by its scale once, after the ReLU and the head sum (a positive power of
-two: relu(s x) = s relu(x), and scaling by it is exact). Decode rows widen both to bf16 in
-registers (exact) for their MMA: one token's heads against a block of keys ran 3x slower on
-FP8 tensor cores than on bf16 ones (docs/PERFORMANCE.md).
+FP8 tensor cores (12.5 against 18.8 ms over bf16 keys for 8192 queries x 64K keys), and each
+key's column of scores is multiplied by its scale once, after the ReLU and the head sum (a
+positive power of two: relu(s x) = s relu(x), and scaling by it is exact). Decode rows widen
+both to bf16 in registers (exact) for their MMA, 14.2 -> 12.2 ms at 512 rows x 64K keys; over
+bf16 keys the same rows take 4.2 ms, a gap not explained yet (docs/PERFORMANCE.md).
 
 Index heads of another width than 64 or 128 (and, for decode rows, fewer than 16 or not a power
 of two) are refused when the stage is built (``supports``); a call that gets them anyway, or
@@ -169,7 +169,7 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
             hs = tl.arange(0, HEADS)
             q = tl.load(Q + tok * stride_qt + hs[:, None] * stride_qh + offs_d[None, :])
-            if KEY_FP8:  # widened (exact): the FP8 MMA at these shapes is 3x slower than bf16
+            if KEY_FP8:  # widened (exact): measured faster than the FP8 MMA here
                 q = q.to(tl.bfloat16)
                 k = k.to(tl.bfloat16)
             s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]

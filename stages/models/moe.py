@@ -10,7 +10,7 @@ gate and up projections (DeepSeek-V4).
 
 from __future__ import annotations
 
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -154,35 +154,22 @@ class MoE(nn.Module):
             weights, ids = self.gate(x)
         ex = self.experts
         weights, ids = ex.local_routes(weights, ids)
-        limit = {} if self.swiglu_limit is None else {"limit": self.swiglu_limit}
-        if ex.mxfp4:
-            mx = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_mxfp4)
-            out = mx(
-                x,
+        options: dict[str, Any] = {}
+        if self.swiglu_limit is not None:
+            options["limit"] = self.swiglu_limit
+        if ex.mxfp4 or ex.fp8:  # packed weights and their scales (see __init__ for the kernels)
+            run = self.kernels.moe_experts_mxfp4 if ex.mxfp4 else self.kernels.moe_experts_fp8
+            mats: tuple[torch.Tensor, ...] = (
                 ex.gate_up_proj,
                 ex.gate_up_proj_scale_inv,
                 ex.down_proj,
                 ex.down_proj_scale_inv,
-                ids,
-                weights,
-                **limit,
             )
-        elif ex.fp8:
-            fp8 = cast(Callable[..., torch.Tensor], self.kernels.moe_experts_fp8)
-            out = fp8(
-                x,
-                ex.gate_up_proj,
-                ex.gate_up_proj_scale_inv,
-                ex.down_proj,
-                ex.down_proj_scale_inv,
-                ids,
-                weights,
-                self.kernels.fp8_linear,
-                **limit,
-            )
+            if ex.fp8:
+                options["fp8_linear"] = self.kernels.fp8_linear
         else:
-            run = cast(Callable[..., torch.Tensor], self.kernels.moe_experts)  # see __init__
-            out = run(x, ex.gate_up_proj, ex.down_proj, ids, weights, **limit)
+            run, mats = self.kernels.moe_experts, (ex.gate_up_proj, ex.down_proj)
+        out = cast(Callable[..., torch.Tensor], run)(x, *mats, ids, weights, **options)
         shared = self.shared_experts
         if shared is not None:
             out = out + shared(x, reduce=False)
