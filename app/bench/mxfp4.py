@@ -25,6 +25,7 @@ from stages.kernels import fp8_ref, mxfp4
 # (experts, top-k, hidden, width): V4-Flash's routed experts (app/bench/target.py's shape)
 V4_FLASH = (256, 6, 4096, 2048)
 ROWS = (1, 64, 512, 8192)
+FORMATS = ("bf16", "fp8", "mxfp4")
 # (block_m, block_n, block_k, warps, stages, dot_scaled) tried per row count with --sweep
 SWEEP = (
     (16, 64, 128, 4, 4, True),
@@ -41,24 +42,38 @@ SWEEP = (
 )
 
 
-def experts(shape: tuple[int, int, int, int] = V4_FLASH) -> dict[str, Any]:
-    """The same random experts in bf16, FP8 (128 x 128 blocks) and MXFP4, one expert at a time
-    (the fp32 draws stay small)."""
+def experts(
+    shape: tuple[int, int, int, int] = V4_FLASH, formats: tuple[str, ...] = FORMATS
+) -> dict[str, Any]:
+    """The same random experts in each of `formats` (of FORMATS: bf16, FP8 with 128 x 128
+    blocks, MXFP4), one expert at a time (the fp32 draws stay small; the draws do not depend on
+    the formats asked for)."""
     e, _k, h, inter = shape
     out: dict[str, Any] = {}
     for name, rows, cols, div in (("gate_up", 2 * inter, h, 60), ("down", h, inter, 40)):
-        bf16 = torch.empty(e, rows, cols, dtype=torch.bfloat16, device="cuda")
-        q8 = torch.empty(e, rows, cols, dtype=fp8_ref.FP8, device="cuda")
-        s8 = torch.empty(e, rows // 128, cols // 128, device="cuda")
-        q4 = torch.empty(e, rows, cols // 2, dtype=torch.uint8, device="cuda")
-        s4 = torch.empty(e, rows, cols // mxfp4.GROUP, dtype=torch.uint8, device="cuda")
+        held: dict[str, Any] = {}
+        if "bf16" in formats:
+            held["bf16"] = torch.empty(e, rows, cols, dtype=torch.bfloat16, device="cuda")
+        if "fp8" in formats:
+            held["fp8"] = (
+                torch.empty(e, rows, cols, dtype=fp8_ref.FP8, device="cuda"),
+                torch.empty(e, rows // 128, cols // 128, device="cuda"),
+            )
+        if "mxfp4" in formats:
+            held["mxfp4"] = (
+                torch.empty(e, rows, cols // 2, dtype=torch.uint8, device="cuda"),
+                torch.empty(e, rows, cols // mxfp4.GROUP, dtype=torch.uint8, device="cuda"),
+            )
         g = torch.Generator(device="cuda").manual_seed(len(name))
         for i in range(e):
             w = torch.randn(rows, cols, generator=g, device="cuda") / div
-            bf16[i] = w
-            q8[i], s8[i] = fp8_ref.quantize_weight(w)
-            q4[i], s4[i] = mxfp4.quantize(w)
-        out[name] = {"bf16": bf16, "fp8": (q8, s8), "mxfp4": (q4, s4)}
+            if "bf16" in held:
+                held["bf16"][i] = w
+            if "fp8" in held:
+                held["fp8"][0][i], held["fp8"][1][i] = fp8_ref.quantize_weight(w)
+            if "mxfp4" in held:
+                held["mxfp4"][0][i], held["mxfp4"][1][i] = mxfp4.quantize(w)
+        out[name] = held
     return out
 
 
