@@ -86,6 +86,55 @@ def test_sparse_fp8_decode_with_window_extra_matches_reference(heads, rows, rate
     assert rel_err(out, ref) < TOL
 
 
+def row_errs(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Each row's relative Frobenius error [T] (a whole-tensor norm hides one wrong row)."""
+    diff = (out.float() - ref.float()).flatten(1).norm(dim=1)
+    return diff / ref.float().flatten(1).norm(dim=1).clamp_min(1e-6)
+
+
+@needs_flash_mla
+@pytest.mark.parametrize("rows,rate,topk", [(48, 4, 64), (300, 4, 512), (40, 128, 64)])
+def test_sparse_fp8_decode_rows_do_not_depend_on_their_batch(rows, rate, topk):
+    """Each row batched with others (FlashMLA plans its splits by the batch) against the same
+    row alone and against the reference, row by row: the FP8 decode kernel serves decode rows
+    alone and batched, and a row reading wrong keys in some batch would move that request's
+    tokens. Rows of 1 to `topk` compressed entries and 1 to 128 window keys."""
+    g = torch.Generator(device="cuda").manual_seed(rows + rate)
+    heads, blocks, block = 64, 100, 128
+    window_pages = fp8_pages(blocks, block, g)
+    comp_pages = fp8_pages(blocks, block // rate, g)
+    window = sparse_ids(rows, 128, blocks * block, g, holes=0.0)
+    comp = sparse_ids(rows, topk, blocks * (block // rate), g, holes=0.0)
+    cols = torch.arange(128, device="cuda")
+    window = window.masked_fill(
+        cols >= torch.randint(1, 129, (rows, 1), generator=g, device="cuda"), -1
+    )
+    cols = torch.arange(topk, device="cuda")
+    comp = comp.masked_fill(
+        cols >= torch.randint(0, topk + 1, (rows, 1), generator=g, device="cuda"), -1
+    )
+    q = torch.randn(rows, heads, 512, generator=g, device="cuda").bfloat16()
+    sinks = torch.randn(heads, generator=g, device="cuda")
+    batched = flash_mla_v4.sparse_sink_attention_fp8(
+        q, window_pages, window, comp_pages, comp, sinks, SCALE
+    )
+    alone = torch.cat([
+        flash_mla_v4.sparse_sink_attention_fp8(
+            q[i : i + 1], window_pages, window[i : i + 1], comp_pages, comp[i : i + 1], sinks, SCALE
+        )
+        for i in range(rows)
+    ])  # fmt: skip
+    ref = fp8_v4.sparse_sink_attention(
+        q.float(), window_pages, window, comp_pages, comp, sinks, SCALE
+    )
+    worst_alone, worst_ref = (
+        row_errs(batched, alone).max().item(),
+        row_errs(batched, ref).max().item(),
+    )
+    print(f"rows {rows}: worst row against alone {worst_alone:.2e}, reference {worst_ref:.2e}")
+    assert worst_ref < TOL and worst_alone < TOL, (worst_alone, worst_ref)
+
+
 @pytest.mark.skipif(triton_fp8_latent.triton is None, reason="needs triton")
 @pytest.mark.parametrize("entries", [128, 32, 1])
 def test_fused_v4_quantize_on_write_matches_torch_pack(entries):
