@@ -27,8 +27,8 @@ Asserted, and why not more:
   row's arithmetic follows its batch (GEMM and MoE kernels by row count, a graph bucket's
   padding and select width, chunk cuts by the token budget; docs/PERFORMANCE.md, "Greedy tokens
   batched against alone"). Measured on the H200 (session 12): in bf16 V4's requests kept their
-  lone tokens, the largest step 0.038 nats, V3.2's all but three (parting at margins 0, 0 and
-  0.19); V4 with W8A8 all but one exact tie. BOUNDS sit above those figures (`-rA` prints
+  lone tokens, the largest step 0.038 nats, V3.2's all but three at once (parting at margins
+  0, 0 and 0.19); V4 with W8A8 all but one exact tie. BOUNDS sit above those figures (`-rA` prints
   them): before two runs part every step within `most` and the median within `median`; where
   they part, one run ranks the other's token within `tie` of its own; at least half of all
   tokens compared. A planning error (a row reading another request's keys, a group, window or
@@ -43,9 +43,10 @@ Asserted, and why not more:
   too. On these random checkpoints such rounding flips MoE routing and top-k choices within a
   few steps: V4's requests kept their lone tokens for 51 of 256 steps at once (65 staggered),
   parting where one run's token was outside the other's top 5 as well as at near-ties; with
-  every forward on the FP8 kernel (--fp8-prefill-attention flash-mla) the same. V3.2 with W8A8
-  kept 86 of 224 at once, parting at margins up to 0.34, steps before it up to 0.34 apart
-  (median 0.14); what V3.2 runs under W8A8 that V4 does not is not yet pinned down.
+  every forward on the FP8 kernel (--fp8-prefill-attention flash-mla) and bf16 weights 181
+  (234), one still outside the top 5. V3.2 with W8A8 kept 86 of 224 at once, parting at
+  margins up to 0.34, steps before it up to 0.34 apart (median 0.14); what V3.2 runs under
+  W8A8 that V4 does not is not yet pinned down (docs/PERFORMANCE.md has the table).
 - Not against transformers: in bf16 the same engine on CPU parts from transformers' (fp32)
   tokens on 11 of V4's 15 prompts of up to 300 tokens, at margins in transformers' logits up to
   1.5 nats (V3.2: 7 of 13, up to 2.8), and equals them on every token in fp32. The graphs run
