@@ -95,6 +95,29 @@ CASES["ds_v4_fp8_kv"] = dataclasses.replace(
     options=(("kv_cache_dtype", "fp8"),),
 )
 
+
+def _write_v32_fp8_widths(root: Path) -> str:
+    import transformers as tf
+
+    from tests.cpu.test_fp8 import tiny_v32_config
+
+    path = str(root / "v32_fp8")
+    torch.manual_seed(0)
+    tf.DeepseekV32ForCausalLM(tiny_v32_config()).float().save_pretrained(path)
+    return path
+
+
+# V3.2 with W8A8 (its projections and experts quantized at load) over its FP8 latent: decode rows
+# on mla_sparse_fp8, prefill chunks on mla_prefill_fp8, split where a forward holds both
+CASES["ds_v32_fp8"] = Case(
+    "deepseek_v32",
+    _write_v32_fp8_widths,
+    None,
+    block_size=4,
+    thresholds=(8,),  # index_topk
+    options=(("quantization", "fp8"), ("kv_cache_dtype", "fp8")),
+)
+
 # (case, pp, skip, run_ahead): the fast subset rotates the values over the checkpoints
 FAST = [
     (name, 1 + i % 3, SKIPS[(i + i // 3) % 3], i % 2 == 1) for i, name in enumerate(CASES)
