@@ -4,7 +4,8 @@ script stay out of git, in .gpu-deepgemm/): here, `bash .gpu-deepgemm/pack_deepg
 fetched snapshots into .gpu-deepgemm/deepgemm-src.tar.xz; the device call carries
 [".gpu-deepgemm"] and runs `bash .gpu-deepgemm/deepgemm_build.sh .gpu-deepgemm/deepgemm-src.tar.xz
 /tmp/dg` (builds deep_gemm._C, writes /tmp/dg/env.sh), then `. /tmp/dg/env.sh; python3 -m
-app.bench.deepgemm --out $OUT/deepgemm.json`. If deep_gemm does not import, the JSON says why.
+app.bench.deepgemm --out $OUT/deepgemm.json`. If deep_gemm does not import, or its first kernel
+does not run (a child process tries one: probe_kernel), the JSON says why.
 
 - Grouped W8A8 MoE GEMMs at 4K and 8K-token chunks (256 experts, top-6 on random router logits,
   hidden 4096, width 2048): ``m_grouped_fp8_gemm_nt_contiguous`` against
@@ -40,6 +41,7 @@ from typing import Any
 
 import torch
 
+from app.bench.deepgemm_probe import probe_kernel
 from app.bench.fp8 import V4_DECODE_LINEARS
 from app.bench.mxfp4 import V4_FLASH, batch, experts
 from app.bench.standin import CYCLES_PER_MS
@@ -456,6 +458,13 @@ def main(argv: list[str] | None = None) -> int:
     dg, result["deep_gemm"] = load_deep_gemm()
     print(json.dumps(result["deep_gemm"]), flush=True)
     if dg is not None and torch.cuda.is_available():
+        result["probe"] = probe_kernel()
+        print(json.dumps({"probe": result["probe"]}), flush=True)
+        save()
+        if not result["probe"]["ok"]:
+            result["error"] = "DeepGEMM's probe kernel did not run (see probe)"
+            save()
+            return 1
         result["device"] = torch.cuda.get_device_name()
         result["peak_tflops"] = {
             "fp8_datasheet": H200_FP8_PEAK_TFLOPS,

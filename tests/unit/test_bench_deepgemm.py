@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from app.bench.deepgemm import by_pair, contiguous_layout, gather
+from app.bench.deepgemm_probe import probe_kernel
 from stages.kernels import fp8_ref
 from stages.kernels.moe_routing import route
 
@@ -64,3 +65,11 @@ def test_gather_moves_fp8_rows_with_their_scales():
     assert rows.dtype == fp8_ref.FP8
     assert torch.equal(rows.view(torch.uint8), q.view(torch.uint8)[index])
     assert torch.equal(scales, s[index])
+
+
+def test_probe_reports_a_kernel_that_cannot_run_without_dying():
+    """The probe's child fails here (no deep_gemm, no GPU): the bench records why and goes on
+    (on the H200 host the child segfaults; a negative return code names the signal)."""
+    probe = probe_kernel(timeout_s=120)
+    assert probe["ok"] is False and probe["returncode"] not in (0, None)
+    assert "deep_gemm" in probe["tail"] or "CUDA" in probe["tail"] or "cuda" in probe["tail"]
