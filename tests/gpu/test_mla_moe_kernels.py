@@ -55,6 +55,35 @@ def test_flash_mla_decode_matches_reference(heads, lengths):
 
 @needs_cuda
 @pytest.mark.skipif(not flash_mla.is_available("cuda"), reason="needs sgl-flash-mla on SM90")
+@pytest.mark.parametrize("lengths", [[5, 63, 64, 65, 120, 127, 250, 490] * 2, [3] * 40 + [4090]])
+def test_flash_mla_decode_rows_against_the_same_rows_alone(lengths):
+    """Each decode row in a batch against the same row alone (a fresh plan each: FlashMLA splits
+    the keys by the batch) and against the reference, row by row. Records how far a row moves
+    with its batch: V3.2's dense decode rows run this kernel, and with W8A8 its batched requests
+    part from their lone runs on the H200 (tests/gpu/test_batched_vs_alone_cuda.py)."""
+    g = torch.Generator(device="cuda").manual_seed(len(lengths))
+    need = sum(-(-n // 64) for n in lengths)
+    pages, table, seqlens = _pages_and_tables(lengths, need + 7, g)
+    q = torch.randn(len(lengths), 16, 576, generator=g, device="cuda").bfloat16()
+    scale = 192**-0.5
+    batched = flash_mla.mla_decode(q, pages, table, seqlens, 512, scale, {})
+    rows = [slice(i, i + 1) for i in range(len(lengths))]
+    alone = torch.cat([
+        flash_mla.mla_decode(q[r], pages, table[r], seqlens[r], 512, scale, {}) for r in rows
+    ])  # fmt: skip
+    ref = torch_ref.mla_decode(q.float(), pages.float(), table, seqlens, 512, scale, {})
+
+    def worst(out: torch.Tensor, ref: torch.Tensor) -> float:
+        diff = (out.float() - ref.float()).flatten(1).norm(dim=1)
+        return (diff / ref.float().flatten(1).norm(dim=1)).max().item()
+
+    against_alone, against_ref = worst(batched, alone), worst(batched, ref)
+    print(f"{len(lengths)} rows: worst against alone {against_alone:.2e}, ref {against_ref:.2e}")
+    assert against_alone < TOL and against_ref < TOL
+
+
+@needs_cuda
+@pytest.mark.skipif(not flash_mla.is_available("cuda"), reason="needs sgl-flash-mla on SM90")
 def test_flash_mla_plan_is_shared_by_layers():
     """One state dict across layers (as the model passes it): same results as fresh plans."""
     g = torch.Generator(device="cuda").manual_seed(5)
