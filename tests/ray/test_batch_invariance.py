@@ -4,7 +4,8 @@ prefix, served together with staggered arrivals (so prefill chunks and decode ro
 requests share microbatches, and the token budget cuts chunks where a lone request's would not
 be cut), over PP 1/2/3, every skip mode, run-ahead on and off: each request's greedy tokens
 equal transformers' (whose sparse indexers keep ppserve's tie rule: tests/conftest.py) and the
-same request's served alone.
+same request's served alone. The FP8 cases (V4 over its FP8 cache, V3.2 with W8A8 over its FP8
+latent) hold batched == alone only: quantization moves their tokens off transformers'.
 
 A family is covered by one entry of CASES: its tiny checkpoint, how transformers loads it, and
 its thresholds. The fast subset (one configuration per checkpoint, rotating PP, skip mode and
