@@ -155,6 +155,37 @@ def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, i
     assert torch.equal(got, rounded)
 
 
+def test_chunk_beside_decode_rows_equals_the_chunk_alone(checkpoint):
+    """Over FP8 pages a forward holding a prefill chunk and decode rows splits them
+    (V4Backend.split_fp8): the chunk's logits equal those of the same chunk in a forward of its
+    own (its keys gathered dequantized either way), and the decode rows' those of a
+    decode-only forward. Two requests on their own blocks: A (a 30-token prefix, then a
+    chunk of 15 whose CSA groups straddle the cut) and B, C decoding, C past A's HCA entries
+    (the chunk's HCA columns are cut to its own rows' width)."""
+    a_table, b_table, c_table = [9, 2, 7, 0], [5, 11], [3, 4, 1, 6]
+    b_prompt, c_prompt = PROMPT[:20], (PROMPT + PROMPT)[:50]
+
+    def prefill(pipe: Pipeline) -> None:
+        pipe.logits(PROMPT[:30], [(0, 30, a_table, False)])
+        pipe.logits(b_prompt, [(0, len(b_prompt), b_table, False)])
+        pipe.logits(c_prompt, [(0, len(c_prompt), c_table, False)])
+
+    alone, mixed = Pipeline(checkpoint, "fp8"), Pipeline(checkpoint, "fp8")
+    prefill(alone)
+    prefill(mixed)
+    chunk, decode = PROMPT[30:45], [PROMPT[20], PROMPT[23]]
+    want_chunk = alone.logits(chunk, [(30, 15, a_table, True)])
+    want_decode = alone.logits(decode, [(20, 1, b_table, True), (50, 1, c_table, True)])
+    got = mixed.logits(
+        [decode[0], *chunk, decode[1]],
+        [(20, 1, b_table, True), (30, 15, a_table, True), (50, 1, c_table, True)],
+    )
+    want = torch.cat((want_decode[:1], want_chunk, want_decode[1:]))
+    # fp32 GEMMs of 17 rows and of 15 round apart on the CPU (2e-6 measured, as with a bf16
+    # cache); a chunk query given another row's keys moves its logits by tenths
+    assert (got - want).abs().max().item() < 1e-4
+
+
 def test_flash_backends_fall_back_to_the_reference_saying_why_once(caplog):
     """A call FlashMLA cannot take (here fp32 queries) runs the torch reference; the reason is
     logged once, not per layer, and counted per call (tests/cpu/test_kernel_fallbacks.py)."""

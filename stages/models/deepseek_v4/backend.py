@@ -6,9 +6,10 @@ Per forward it plans the index arithmetic every layer shares (V4Plan: window slo
 each rate's entries and completing groups; a decode-only microbatch's from its static buffers).
 Per layer it gathers the key pool (window latents, then compressed entries) and attends on
 sparse_sink_attention, or over an FP8 cache reads the pages in place at the keys' traced
-addresses on sparse_sink_attention_fp8: the bf16/FP8 choice is the backend's. A forward of
-prefill chunks only over FP8 gathers its keys dequantized for the bf16 prefill kernel unless
-mla_prefill_fp8 chose FlashMLA's FP8 kernel (fp8_prefill_in_place).
+addresses on sparse_sink_attention_fp8: the bf16/FP8 choice is the backend's. Over FP8, prefill
+chunks gather their keys dequantized for the bf16 prefill kernel (in a forward that also holds
+decode rows, split from them: split_fp8) unless mla_prefill_fp8 chose FlashMLA's FP8 kernel
+for every query (fp8_prefill_in_place).
 """
 
 from __future__ import annotations
@@ -98,8 +99,11 @@ class V4Backend(AttentionBackend[V4Plan]):
         """The rotated queries [T, H, D] over their window and compressed keys -> [T, H, D]
         (before the inverse rope)."""
         kernels, scale = layer.kernels, self.a.head_dim**-0.5
-        if cache.fp8 and (not plan.chunks_only or fp8_prefill_in_place(kernels)):
+        in_place = fp8_prefill_in_place(kernels)
+        if cache.fp8 and (not plan.chunks_only or in_place):
             traced, indices = self.keys(layer, x, q_resid, angles, plan, cache.addresses(), local)
+            if plan.split is not None and not in_place:
+                return self.split_fp8(layer, q, traced, indices, plan, cache, local)
             window, comp = cache.split_addresses(traced, indices)
             out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
@@ -108,6 +112,50 @@ class V4Backend(AttentionBackend[V4Plan]):
             return out
         pool, indices = self.keys(layer, x, q_resid, angles, plan, cache, local)
         return _op(kernels.sparse_sink_attention)(q, pool, indices, layer.sinks, scale)
+
+    def split_fp8(
+        self,
+        layer: V4Attention,
+        q: torch.Tensor,
+        traced: torch.Tensor,
+        indices: torch.Tensor,
+        plan: V4Plan,
+        cache: V4Cache,
+        local: int,
+    ) -> torch.Tensor:
+        """A forward of chunks and decode rows over the FP8 cache (plan.split): the chunks'
+        queries on the bf16 prefill kernel over their rows' keys gathered dequantized, as a
+        forward of chunks alone gathers them (so a chunk's rows do not depend on the decode
+        rows beside it), the decode rows' on the FP8 kernel over the pages in place. traced
+        [N, 1] / indices [T, K]: keys() over cache.addresses(), pool = [window latents, then
+        the layer's rate entries]."""
+        s, kernels, scale = plan.split, layer.kernels, self.a.head_dim**-0.5
+        assert s is not None
+        rp = plan.rates.get(layer.rate)
+        pool_index, pool = s.window_pool, cache.read(local, KV, plan.window_slots[s.window_pool])
+        if rp is not None and rp.max_entries:  # keys() put the rate's entries after the window
+            entries = s.entry_pool[layer.rate]
+            pool_index = torch.cat((pool_index, entries + plan.window_slots.shape[0]))
+            pool = torch.cat((pool, cache.read(local, COMP, rp.entry_slots[entries])))
+        # full pool position -> position among the chunks' rows' keys
+        rank = torch.full((traced.shape[0],), -1, dtype=indices.dtype, device=q.device)
+        rank[pool_index] = torch.arange(pool_index.shape[0], dtype=rank.dtype, device=q.device)
+        mine = indices.index_select(0, s.chunk_tokens)
+        if rp is not None and rp.dense_indices is not None and layer.indexer is None:
+            # HCA: every entry a row has, padded to the forward's longest row (a decode row's,
+            # maybe far longer); the bf16 kernel reads every column, so as wide as the chunks'
+            mine = mine[:, : plan.window_indices.shape[1] + s.entry_width[layer.rate]]
+        mine = torch.where(mine >= 0, rank[mine.clamp(min=0).long()], -1)
+        out = q.new_empty(q.shape)
+        out[s.chunk_tokens] = _op(kernels.sparse_sink_attention)(
+            q.index_select(0, s.chunk_tokens), pool, mine, layer.sinks, scale
+        )
+        window, comp = cache.split_addresses(traced, indices.index_select(0, s.decode_tokens))
+        out[s.decode_tokens] = _op(kernels.sparse_sink_attention_fp8)(
+            q.index_select(0, s.decode_tokens), cache.pages(local, KV), window,
+            cache.pages(local, COMP), comp, layer.sinks, scale,
+        )  # fmt: skip
+        return out
 
     @staticmethod
     def keys(

@@ -60,6 +60,20 @@ class RatePlan:
 
 
 @dataclass
+class ChunkSplit:
+    """A forward holding prefill chunks and decode rows: the chunks' tokens and the decode rows'
+    tokens, and the key pool positions of the chunks' rows, so that over an FP8 cache the
+    chunks attend on the bf16 prefill kernel to their keys gathered dequantized, as in a
+    forward of chunks only, and the decode rows on the FP8 kernel reading the pages in place."""
+
+    chunk_tokens: torch.Tensor  # [Tc] long
+    decode_tokens: torch.Tensor  # [Td] long
+    window_pool: torch.Tensor  # [Nw'] long: the chunks' rows' window latents in the pool
+    entry_pool: dict[int, torch.Tensor]  # rate -> [Ne'] long: their entries, from the rate's 0
+    entry_width: dict[int, int]  # rate -> the most entries one of the chunks' rows has (host)
+
+
+@dataclass
 class V4Plan:
     window_slots: torch.Tensor  # [Nw] long: KV slots of each row's window, rows concatenated
     window_indices: torch.Tensor  # [T, window] int32: pool index of each query's window keys
@@ -67,6 +81,7 @@ class V4Plan:
     # every row is a prefill chunk (more than one token): its keys may be gathered as a pool
     # (decode rows' pools would hold all their compressed entries)
     chunks_only: bool = False
+    split: ChunkSplit | None = None  # chunks and decode rows alike in the forward
 
     @classmethod
     def build(
@@ -89,7 +104,16 @@ class V4Plan:
         host["window_offset"] = win_base[rows.token_row]
         host["token_row"] = rows.token_row
         nw = int(host["window_slots"].size)
+        chunk_rows = ~rows.decode
+        mixed = bool(chunk_rows.any() and rows.decode.any())
+        if mixed:
+            host["split.chunk_tokens"] = np.flatnonzero(chunk_rows[rows.token_row])
+            host["split.decode_tokens"] = np.flatnonzero(rows.decode[rows.token_row])
+            win_len = rows.ends - w0
+            host["split.window"] = _ragged((np.cumsum(win_len) - win_len)[chunk_rows],
+                                           win_len[chunk_rows])[1]  # fmt: skip
         shapes: dict[int, dict[str, int]] = {}
+        chunk_widths: dict[int, int] = {}
         tiles: dict[int, list[tuple[slice, list[tuple[int, int, int]], int, int]]] = {}
         for rate, (_, selects) in rates.items():
             per_block = block_size // rate
@@ -111,6 +135,9 @@ class V4Plan:
                 f"{rate}.group_slots": rows.slots(g_rows, g_ids, per_block),
             }
             shapes[rate] = {"groups": int(g_ids.size), "max": most}
+            if mixed:
+                host[f"split.{rate}"] = _ragged((base - nw)[chunk_rows], counts[chunk_rows])[1]
+                chunk_widths[rate] = int(counts[chunk_rows].max())
             if selects and most:
                 tiles[rate] = []
                 for i, (span, chunk, decode, row_tokens) in enumerate(
@@ -170,7 +197,16 @@ class V4Plan:
                 select=select,
             )
         chunks_only = not any(batch.row_decode)
-        return cls(parts["window_slots"], window_indices, plans, chunks_only)
+        split = None
+        if mixed:
+            split = ChunkSplit(
+                parts["split.chunk_tokens"],
+                parts["split.decode_tokens"],
+                parts["split.window"],
+                {rate: parts[f"split.{rate}"] for rate in rates},
+                chunk_widths,
+            )
+        return cls(parts["window_slots"], window_indices, plans, chunks_only, split)
 
     @classmethod
     def paged(
