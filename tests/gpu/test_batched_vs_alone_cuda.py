@@ -39,8 +39,9 @@ Asserted, and why not more:
   V3.2 with W8A8. FP8 KV decode rows run FlashMLA's sparse FP8 decode kernel, which plans its
   splits by the batch: a row batched differs from the same row alone by up to 2.8e-3
   (relative, per row; tests/gpu/test_flash_mla_v4.py holds it under 1e-2), where the bf16
-  kernel computes a row the same in any batch; mixed forwards run prefill rows on that kernel
-  too. On these random checkpoints such rounding flips MoE routing and top-k choices within a
+  kernel computes a row the same in any batch; mixed forwards ran prefill rows on that kernel
+  too when these figures were taken (since b15ff42 they split, as V3.2's do: not yet measured
+  here). On these random checkpoints such rounding flips MoE routing and top-k choices within a
   few steps: V4's requests kept their lone tokens for 51 of 256 steps at once (65 staggered),
   parting where one run's token was outside the other's top 5 as well as at near-ties; with
   every forward on the FP8 kernel (--fp8-prefill-attention flash-mla) and bf16 weights 181
