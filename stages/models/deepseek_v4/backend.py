@@ -63,7 +63,8 @@ class V4Backend(AttentionBackend[V4Plan]):
         window = self.a.sliding_window
         if isinstance(batch, PagedDecodeBatch):
             return V4Plan.paged(batch, window, self.rates)
-        return V4Plan.build(batch, window, self.rates, cache.block_size, batch.positions.device)
+        device = batch.positions.device
+        return V4Plan.build(batch, window, self.rates, cache.block_size, device, cache.fp8)
 
     @classmethod
     def capture_refusal(cls, setting: GraphSetting) -> tuple[str, Refusal] | None:

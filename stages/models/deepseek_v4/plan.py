@@ -91,9 +91,11 @@ class V4Plan:
         rates: dict[int, tuple[bool, bool]],
         block_size: int,
         device: torch.device,
+        split: bool = False,
     ) -> "V4Plan":
         """rates: rate -> (whether a layer attends to every entry, whether one selects by the
-        indexer) among the stage's layers."""
+        indexer) among the stage's layers. split: plan a ChunkSplit where chunks and decode
+        rows share the forward (an FP8 cache's)."""
         rows = _Rows(batch)
         w0 = np.maximum(rows.starts - window + 1, 0)
         win_rows, win_pos = _ragged(w0, rows.ends - w0)
@@ -105,7 +107,7 @@ class V4Plan:
         host["token_row"] = rows.token_row
         nw = int(host["window_slots"].size)
         chunk_rows = ~rows.decode
-        mixed = bool(chunk_rows.any() and rows.decode.any())
+        mixed = split and bool(chunk_rows.any() and rows.decode.any())
         if mixed:
             host["split.chunk_tokens"] = np.flatnonzero(chunk_rows[rows.token_row])
             host["split.decode_tokens"] = np.flatnonzero(rows.decode[rows.token_row])
@@ -197,16 +199,16 @@ class V4Plan:
                 select=select,
             )
         chunks_only = not any(batch.row_decode)
-        split = None
+        chunk_split = None
         if mixed:
-            split = ChunkSplit(
+            chunk_split = ChunkSplit(
                 parts["split.chunk_tokens"],
                 parts["split.decode_tokens"],
                 parts["split.window"],
                 {rate: parts[f"split.{rate}"] for rate in rates},
                 chunk_widths,
             )
-        return cls(parts["window_slots"], window_indices, plans, chunks_only, split)
+        return cls(parts["window_slots"], window_indices, plans, chunks_only, chunk_split)
 
     @classmethod
     def paged(
