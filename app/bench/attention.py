@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from app.bench.standin import CYCLES_PER_MS
 from stages.kernels import cudnn_attention, torch_ref
 
 HQ, HKV, D = 32, 8, 128
@@ -38,13 +39,17 @@ CASES = [(4096, 8192), (4096, 32768), (8192, 16384), (8192, 65536), (8192, 13107
 SQUARES = [8192, 16384, 32768]
 
 
-def cuda_median_ms(fn: Callable[[], object], reps: int = 5) -> float:
-    """Median milliseconds of fn() over reps, CUDA events, after one warm-up call."""
+def cuda_median_ms(fn: Callable[[], object], reps: int = 5, spin_ms: float = 0.0) -> float:
+    """Median milliseconds of fn() over reps, CUDA events, after one warm-up call. spin_ms: each
+    timing starts behind a spin that long on the stream (torch.cuda._sleep), so the host has
+    queued the whole call before the clock starts: the GPU's time, not the launch's."""
     fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if spin_ms:
+            torch.cuda._sleep(int(spin_ms * CYCLES_PER_MS))
         a.record()
         fn()
         b.record()

@@ -32,7 +32,6 @@ import argparse
 import importlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -41,10 +40,10 @@ from typing import Any
 
 import torch
 
+from app.bench.attention import cuda_median_ms
 from app.bench.deepgemm_probe import probe_kernel
 from app.bench.fp8 import V4_DECODE_LINEARS
 from app.bench.mxfp4 import V4_FLASH, batch, experts
-from app.bench.standin import CYCLES_PER_MS
 from app.model_cost import H200_FP8_PEAK_TFLOPS, H200_FP8_TFLOPS
 from stages.kernels import fp8_ref
 
@@ -104,22 +103,10 @@ def rate_of(flops: float, ms: float) -> dict[str, float]:
 
 
 def gpu_ms(fn: Callable[[], object], reps: int = REPS) -> float:
-    """Median milliseconds of fn over reps after a warm-up call, between CUDA events queued
-    behind a SPIN_MS spin (torch.cuda._sleep) so that the host has queued the whole call before
-    the clock starts: the GPU's time, not the host's launch time (DeepGEMM's heuristics and
-    descriptors, Triton's launcher, the torch glue), which a small GEMM can take longer for."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(SPIN_MS * CYCLES_PER_MS))
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(statistics.median(times))
+    """fn's GPU time behind a SPIN_MS spin (cuda_median_ms): not the host's launch time
+    (DeepGEMM's heuristics and descriptors, Triton's launcher, the torch glue), which a small
+    GEMM can take longer for."""
+    return cuda_median_ms(fn, reps, spin_ms=SPIN_MS)
 
 
 def rate(flops: float, fn: Callable[[], object], reps: int = REPS) -> dict[str, Any]:
