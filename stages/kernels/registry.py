@@ -97,6 +97,12 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.hyper_connection:merge",
         "triton": "stages.kernels.triton_hyper:merge",
     },
+    # DeepSeek-V4's rope on a head's trailing channels, in place, optionally after the head's
+    # unweighted RMS norm (its queries).
+    "rope_tail": {
+        "torch": "stages.kernels.rope_tail:rope_tail",
+        "triton": "stages.kernels.triton_rope:rope_tail",
+    },
     # W8A8 linears over block-scaled FP8 weights (128 x 128 scales, activations in 1 x 128).
     "fp8_linear": {
         "torch": "stages.kernels.fp8_ref:linear",
@@ -152,6 +158,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "sparse_sink_attention_fp8": ("flash-mla", "torch"),
     "hc_mix": ("triton", "torch"),
     "hc_merge": ("triton", "torch"),
+    "rope_tail": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
@@ -196,6 +203,9 @@ class Kernels:
     hc_mix: Callable[..., Any] | None = None
     # (streams [T,N,D], out [T,D], post [T,N], comb [T,N,N]) -> [T,N,D]
     hc_merge: Callable[..., Any] | None = None
+    # (x [T,D] or [T,H,D], cos [T,r] fp32, sin [T,r] fp32 signed, norm_eps | None) -> x, in
+    # place: stages/kernels/rope_tail
+    rope_tail: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -322,6 +332,7 @@ def select_kernels(
             ("sparse_sink_attention_fp8", "auto"),
             ("hc_mix", "auto"),
             ("hc_merge", "auto"),
+            ("rope_tail", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

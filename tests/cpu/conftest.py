@@ -233,3 +233,18 @@ def triton_interpreter(monkeypatch):
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
+    convert = interpreter._convert_float
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        """float32 -> bfloat16 rounded to nearest even, as compiled kernels cast by default
+        (the interpreter truncates, and its own rounding mode does not carry into the
+        exponent)."""
+        import numpy as np
+        import triton.language as tl
+
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16:
+            values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
+            return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return convert(input, input_dtype, output_dtype, rounding_mode)
+
+    monkeypatch.setattr(interpreter, "_convert_float", convert_float)

@@ -50,7 +50,8 @@ def test_registry_auto_and_explicit():
                           "mla_sparse": "torch", "index_topk": "torch",
                           "indexer_logits": "torch", "indexer_logits_rows": "torch",
                           "sparse_sink_attention": "torch", "sparse_sink_attention_fp8": "torch",
-                          "hc_mix": "torch", "hc_merge": "torch", "mla_sparse_fp8": "torch",
+                          "hc_mix": "torch", "hc_merge": "torch", "rope_tail": "torch",
+                          "mla_sparse_fp8": "torch",
                           "mla_prefill_fp8": "torch"}
     with pytest.raises(ValueError, match="not available"):
         select_kernels("cpu", linear="triton-persistent")

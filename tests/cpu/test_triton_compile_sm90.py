@@ -332,3 +332,24 @@ def test_mxfp4_moe_gemm_compiles(swiglu, tiles, dot_scaled):
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_rope_tail_compiles(norm):
+    from stages.kernels import triton_rope
+
+    ints = ("H", "D", "stride_t", "stride_h", "stride_c", "stride_s")
+    _compile(
+        triton_rope._rope_tail,
+        {
+            "x_ptr": "*bf16",
+            "cos_ptr": "*fp32",
+            "sin_ptr": "*fp32",
+            **{name: "i32" for name in ints},
+            "inv_d": "fp32",
+            "eps": "fp32",
+        },
+        {"R": 64, "NORM": norm, "CUDA_RSQRT": True, "BLOCK_H": 8 if norm else 64, "BLOCK_D": 512},
+        num_warps=4,
+        enable_fp_fusion=False,
+    )

@@ -15,7 +15,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from stages.kernels.hyper_connection import unweighted_rms_norm
 from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
@@ -60,6 +59,7 @@ class GroupCompressor(nn.Module):
             torch.empty(rate, series * width, dtype=torch.float32, device=device)
         )
         self.kv_norm = V4RMSNorm(width, a.rms_norm_eps, device)
+        self.kernels = kernels
 
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
         """[T, 2 * series * width]: what the cache keeps per token until its group completes."""
@@ -91,7 +91,7 @@ class GroupCompressor(nn.Module):
         else:
             kv, gate = kv[:, 0], gate[:, 0]
         pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1)
-        entries = apply_rope(self.kv_norm(pooled), angles)
+        entries = apply_rope(self.kv_norm(pooled), angles, self.kernels)
         cache.write(local, entries_name, entries, groups.entry_slots)
 
 
@@ -132,7 +132,8 @@ class Indexer(GroupCompressor):
         """[T, k] entry ids each query attends to (-1: none), k <= index_topk: every token
         scored against its own row's entries, in token tiles of bounded memory."""
         t = x.shape[0]
-        q = apply_rope(self.q_b_proj(q_resid).view(t, self.heads, self.width), angles)
+        q = self.q_b_proj(q_resid).view(t, self.heads, self.width)
+        q = apply_rope(q, angles, self.kernels)
         weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
         keys = cache.flat(local, INDEX_KEYS)
         score, top_k = _op(self.kernels.indexer_logits_rows), _op(self.kernels.index_topk)
@@ -224,8 +225,8 @@ class V4Attention(nn.Module):
         a, t = self.a, x.shape[0]
         q_resid = self.q_a_norm(self.q_a_proj(x))
         q = self.q_b_proj(q_resid).view(t, self.heads, a.head_dim)
-        q = apply_rope(unweighted_rms_norm(q, a.rms_norm_eps), angles.tokens)
-        kv = apply_rope(self.kv_norm(self.kv_proj(x)), angles.tokens)
+        q = apply_rope(q, angles.tokens, self.kernels, norm_eps=a.rms_norm_eps)
+        kv = apply_rope(self.kv_norm(self.kv_proj(x)), angles.tokens, self.kernels)
         cache.write(local, KV, kv, slot_mapping)
         if self.compressor is not None:
             groups = plan.rates[self.rate].groups
@@ -241,7 +242,7 @@ class V4Attention(nn.Module):
                     )
         # the window and compressed keys, on bf16 or FP8 pages: the stage's backend
         out = self.backend.forward(self, x, q, q_resid, angles.tokens, plan, cache, local)
-        out = apply_rope(out, angles.inverse)
+        out = apply_rope(out, angles.inverse, self.kernels)
         g = self.groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)

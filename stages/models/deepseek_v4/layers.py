@@ -93,18 +93,15 @@ class ForwardAngles:
         )
 
 
-def apply_rope(x: torch.Tensor, angles: Angles) -> torch.Tensor:
-    """Rotate the trailing r channels of x [T, ..., D] in interleaved pairs (x0, x1), (x2, x3)...
-    in fp32, layout kept (V4's K is also its V): (x0 c - x1 s, x1 c + x0 s) per pair."""
-    cos, sin = angles.cos, angles.sin
-    while cos.dim() < x.dim():
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    width = cos.shape[-1]
-    rope = x[..., -width:].float()
-    swapped = rope.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    rotated = rope * cos + swapped * sin
-    out = x.clone()
-    out[..., -width:] = rotated  # cast to x's dtype by the copy
+def apply_rope(
+    x: torch.Tensor, angles: Angles, kernels: Kernels, norm_eps: float | None = None
+) -> torch.Tensor:
+    """x [T, ..., D] rotated in place on its trailing r channels in interleaved pairs (V4's K is
+    also its V, so the layout is kept), after the head's unweighted RMS norm if norm_eps is
+    given: the rope_tail op (stages/kernels/rope_tail.py). x must be the caller's own."""
+    if kernels.rope_tail is None:
+        raise RuntimeError("DeepSeek-V4 layers need kernels.rope_tail, unset here")
+    out: torch.Tensor = kernels.rope_tail(x, angles.cos, angles.sin, norm_eps)
     return out
 
 

@@ -1,0 +1,126 @@
+"""The `rope_tail` op (stages/kernels/rope_tail.py) in one Triton kernel: per token and block
+of heads, the optional unweighted RMS norm over the head and the interleaved rotation of its
+trailing r channels, in place. The torch form took about seven passes (an fp32 copy, the
+square, the mean, the product, the slice's cast, the flip, the products and sum, a full clone)
+over tensors as large as V4's [T, 64, 512] query; here the rotation alone touches only the r
+channels, and with the norm each head is read and written once.
+
+The same roundings as the torch form: products and sums in fp32 without FMA contraction
+(``enable_fp_fusion=False``), the norm's factor rounded to x's dtype before the product, and
+libdevice's rsqrtf (torch's). Only the order of the norm's sum of squares differs. x must be
+[T, D] or [T, H, D] with unit stride along D and r a power of two; anything else, other
+devices, or no triton take the torch form, counted and logged once
+(stages/kernels/fallbacks.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stages.kernels import rope_tail as reference
+from stages.kernels.fallbacks import record_fallback
+
+ELEMENTS = 4096  # per program: heads x (the head, or with no norm its r rotated channels)
+
+
+def is_available(device: str = "cuda") -> bool:
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return False
+    return triton is not None
+
+
+def rope_tail(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_eps: float | None = None
+) -> torch.Tensor:
+    reason = _refusal(x, cos, sin)
+    if reason is not None:
+        if x.shape[0]:  # an empty batch does no work on either path
+            detail = f"x {tuple(x.shape)} {x.dtype} on {x.device}, r {cos.shape[-1]} -> torch"
+            record_fallback("rope_tail", "triton", reason, detail)
+        return reference.rope_tail(x, cos, sin, norm_eps)
+    return launch(x, cos, sin, norm_eps)
+
+
+def _refusal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str | None:
+    r = cos.shape[-1]
+    if triton is None:
+        return "no_triton"
+    if not x.is_cuda:
+        return "device"
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return "dtype"
+    if x.shape[0] == 0 or x.dim() not in (2, 3) or x.stride(-1) != 1:
+        return "shape"
+    if r & (r - 1) or r < 2 or r > x.shape[-1] or (x.shape[-1] - r) % 2:
+        return "shape"
+    if cos.shape != (x.shape[0], r) or sin.shape != cos.shape or cos.stride(-1) != 1:
+        return "shape"
+    if sin.stride(-1) != 1 or cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        return "shape"
+    return None
+
+
+def launch(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_eps: float | None
+) -> torch.Tensor:
+    """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
+    t, d, r = x.shape[0], x.shape[-1], cos.shape[-1]
+    heads, stride_h = (x.shape[1], x.stride(1)) if x.dim() == 3 else (1, 0)
+    norm = norm_eps is not None
+    block_d = triton.next_power_of_2(d)
+    block_h = max(1, min(triton.next_power_of_2(heads), ELEMENTS // (block_d if norm else r)))
+    options = {"enable_fp_fusion": False} if x.is_cuda else {}
+    _rope_tail[(t, triton.cdiv(heads, block_h))](
+        x, cos, sin, heads, d, x.stride(0), stride_h, cos.stride(0), sin.stride(0),
+        float(torch.tensor(1.0 / d, dtype=torch.float32)), 0.0 if norm_eps is None else norm_eps,
+        R=r, NORM=norm, CUDA_RSQRT=x.is_cuda, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+        **options,
+    )  # fmt: skip
+    return x
+
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+    # fmt: off
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _rope_tail(  # type: ignore[no-untyped-def]
+        x_ptr, cos_ptr, sin_ptr, H, D, stride_t, stride_h, stride_c, stride_s, inv_d, eps,
+        R: tl.constexpr, NORM: tl.constexpr, CUDA_RSQRT: tl.constexpr, BLOCK_H: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        t = tl.program_id(0).to(tl.int64)
+        heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        in_h = (heads < H)[:, None]
+        row = x_ptr + t * stride_t + heads.to(tl.int64)[:, None] * stride_h
+        rot = tl.arange(0, R)
+        tail = D - R + rot
+        c = tl.load(cos_ptr + t * stride_c + rot)[None, :]
+        s = tl.load(sin_ptr + t * stride_s + rot)[None, :]
+        own = tl.load(row + tail[None, :], mask=in_h, other=0.0)
+        partner = tl.load(row + (tail ^ 1)[None, :], mask=in_h, other=0.0)  # its pair's other
+        dtype = own.dtype
+        if NORM:
+            cols = tl.arange(0, BLOCK_D)[None, :]
+            head = tl.load(row + cols, mask=in_h & (cols < D), other=0.0).to(tl.float32)
+            mean = tl.sum(head * head, axis=1) * inv_d
+            if CUDA_RSQRT:  # rsqrtf, as torch.rsqrt on CUDA
+                factor = libdevice.rsqrt(mean + eps)
+            else:  # Triton's interpreter: 1 / sqrt, as torch.rsqrt on the CPU
+                factor = 1.0 / tl.sqrt(mean + eps)
+            factor = factor.to(dtype).to(tl.float32)[:, None]
+            own = (own.to(tl.float32) * factor).to(dtype)
+            partner = (partner.to(tl.float32) * factor).to(dtype)
+            tl.debug_barrier()  # every read of the heads before any write
+            tl.store(row + cols, (head * factor).to(dtype), mask=in_h & (cols < D - R))
+        else:
+            tl.debug_barrier()
+        rotated = own.to(tl.float32) * c + partner.to(tl.float32) * s
+        tl.store(row + tail[None, :], rotated.to(dtype), mask=in_h)
+    # fmt: on

@@ -1,0 +1,56 @@
+"""The rope_tail op's Triton kernel (stages/kernels/triton_rope.py) against its torch form
+(stages/kernels/rope_tail.py) on CUDA, at DeepSeek-V4-Flash's shapes: the rotation alone the same
+bits, the query's norm + rotation within one bf16 unit where the sum of squares' order tips a
+rounding; and captured in a CUDA graph, the same as eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.kernels import rope_tail as torch_form
+from stages.kernels import triton_rope
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+# (x's shape, rotated channels): queries / outputs, the indexer's queries, the latent; one row
+SHAPES = [((8192, 64, 512), 64), ((333, 64, 128), 64), ((1000, 512), 64), ((1, 64, 512), 64)]
+
+
+def _inputs(shape: tuple[int, ...], r: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(shape, generator=g, device="cuda") * 3).bfloat16()
+    theta = torch.rand(shape[0], r // 2, generator=g, device="cuda") * 6.3
+    cos, sin = theta.cos().bfloat16().float(), theta.sin().bfloat16().float()
+    return x, cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("shape,r", SHAPES)
+@pytest.mark.parametrize("norm", [False, True])
+def test_kernel_matches_the_torch_form(shape, r, norm):
+    x, cos, sin = _inputs(shape, r, seed=r + len(shape))
+    eps = 1e-6 if norm else None
+    want = torch_form.rope_tail(x.clone(), cos, sin, eps)
+    got = triton_rope.rope_tail(x, cos, sin, eps)
+    assert got.data_ptr() == x.data_ptr()
+    if not norm:
+        assert torch.equal(got, want)
+        return
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
+    assert (got != want).float().mean().item() < 1e-3
+
+
+def test_kernel_in_a_cuda_graph_equals_eager():
+    x, cos, sin = _inputs((64, 64, 512), 64, seed=9)
+    eager = triton_rope.rope_tail(x.clone(), cos, sin, 1e-6)
+    static = x.clone()
+    triton_rope.rope_tail(static.clone(), cos, sin, 1e-6)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        triton_rope.rope_tail(static, cos, sin, 1e-6)
+    static.copy_(x)
+    graph.replay()
+    assert torch.equal(static, eager)
