@@ -61,19 +61,25 @@ def _refusal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str | Non
 
 
 def launch(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_eps: float | None
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_eps: float | None,
+    elements: int = ELEMENTS,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
+    """The kernel's launch on any device Triton runs on (its interpreter's tests call it);
+    elements / num_warps: the tile (app/bench sweeps them)."""
     t, d, r = x.shape[0], x.shape[-1], cos.shape[-1]
     heads, stride_h = (x.shape[1], x.stride(1)) if x.dim() == 3 else (1, 0)
     norm = norm_eps is not None
     block_d = triton.next_power_of_2(d)
-    block_h = max(1, min(triton.next_power_of_2(heads), ELEMENTS // (block_d if norm else r)))
+    block_h = max(1, min(triton.next_power_of_2(heads), elements // (block_d if norm else r)))
     options = {"enable_fp_fusion": False} if x.is_cuda else {}
     _rope_tail[(t, triton.cdiv(heads, block_h))](
         x, cos, sin, heads, d, x.stride(0), stride_h, cos.stride(0), sin.stride(0),
         float(torch.tensor(1.0 / d, dtype=torch.float32)), 0.0 if norm_eps is None else norm_eps,
-        R=r, NORM=norm, CUDA_RSQRT=x.is_cuda, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+        R=r, NORM=norm, CUDA_RSQRT=x.is_cuda, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=num_warps,
         **options,
     )  # fmt: skip
     return x

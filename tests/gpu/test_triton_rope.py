@@ -39,8 +39,10 @@ def test_kernel_matches_the_torch_form(shape, r, norm):
     if not norm:
         assert torch.equal(got, want)
         return
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
-    assert (got != want).float().mean().item() < 1e-3
+    # a bf16 rounding of the normed head that the sum's order tipped moves a rotated channel by
+    # up to one unit of its inputs (so an atol: a rotation can cancel to near zero)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-4)
+    assert (got != want).float().mean().item() < 1e-4
 
 
 def test_kernel_in_a_cuda_graph_equals_eager():
