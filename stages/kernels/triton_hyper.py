@@ -83,18 +83,19 @@ def mix(
     x = streams.contiguous()
     w = fn.float().contiguous()
     k = n * d
-    blocks = triton.cdiv(t, BLOCK_T)
+    block_t, warps = project_tile(t)
+    blocks = triton.cdiv(t, block_t)
     split = max(1, min(MAX_SPLIT, TARGET_PROGRAMS // blocks, triton.cdiv(k, BLOCK_K)))
     k_per_split = triton.cdiv(triton.cdiv(k, split), BLOCK_K) * BLOCK_K
     split = triton.cdiv(k, k_per_split)
     parts = torch.empty(split, t, m, dtype=torch.float32, device=x.device)
     squares = torch.empty(split, t, dtype=torch.float32, device=x.device)
-    grid = (blocks,)
     _project[(blocks, split)](
         x, w, parts, squares, t, k, m, k_per_split,
-        BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, BLOCK_M=triton.next_power_of_2(max(m, 16)),
-        PRECISION=precision, num_warps=4,
+        BLOCK_T=block_t, BLOCK_K=BLOCK_K, BLOCK_M=triton.next_power_of_2(max(m, 16)),
+        PRECISION=precision, num_warps=warps,
     )  # fmt: skip
+    grid = (triton.cdiv(t, BLOCK_T),)
     post = torch.empty(t, n, dtype=torch.float32, device=x.device)
     comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
     collapsed = torch.empty(t, d, dtype=x.dtype, device=x.device)
@@ -104,6 +105,17 @@ def mix(
         N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4,
     )  # fmt: skip
     return post, comb, collapsed
+
+
+def project_tile(tokens: int) -> tuple[int, int]:
+    """(_project's tokens per program, warps): a tall tile for long batches, where sixteen-token
+    programs each re-read and re-split the whole fp32 weight (V4-Flash's 8K chunk: 0.57 ms a
+    call at 16, 0.11 at 128, docs/bench/session13/call2/sweep.jsonl); decode rows keep 16."""
+    if tokens >= 4096:
+        return 128, 8
+    if tokens >= 256:
+        return 64, 4
+    return BLOCK_T, 4
 
 
 def merge(

@@ -20,7 +20,9 @@ import torch
 from stages.kernels import rope_tail as reference
 from stages.kernels.fallbacks import record_fallback
 
-ELEMENTS = 4096  # per program: heads x (the head, or with no norm its r rotated channels)
+# per program: heads x the head (with the norm) or x its r rotated channels (without); the best
+# of a sweep at V4-Flash's [8192, 64, 512] (docs/bench/session13/call2/sweep.jsonl)
+ELEMENTS_NORM, ELEMENTS_ROTATE = 2048, 512
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -65,7 +67,7 @@ def launch(
     cos: torch.Tensor,
     sin: torch.Tensor,
     norm_eps: float | None,
-    elements: int = ELEMENTS,
+    elements: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """The kernel's launch on any device Triton runs on (its interpreter's tests call it);
@@ -74,6 +76,8 @@ def launch(
     heads, stride_h = (x.shape[1], x.stride(1)) if x.dim() == 3 else (1, 0)
     norm = norm_eps is not None
     block_d = triton.next_power_of_2(d)
+    if elements is None:
+        elements = ELEMENTS_NORM if norm else ELEMENTS_ROTATE
     block_h = max(1, min(triton.next_power_of_2(heads), elements // (block_d if norm else r)))
     options = {"enable_fp_fusion": False} if x.is_cuda else {}
     _rope_tail[(t, triton.cdiv(heads, block_h))](
