@@ -103,6 +103,11 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.rope_tail:rope_tail",
         "triton": "stages.kernels.triton_rope:rope_tail",
     },
+    # DeepSeek-V4's RMSNorm (its weight in fp32, the product in fp32, cast once).
+    "rms_norm_fp32": {
+        "torch": "stages.kernels.rope_tail:fp32_rms_norm",
+        "triton": "stages.kernels.triton_rope:rms_norm",
+    },
     # W8A8 linears over block-scaled FP8 weights (128 x 128 scales, activations in 1 x 128).
     "fp8_linear": {
         "torch": "stages.kernels.fp8_ref:linear",
@@ -159,6 +164,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "hc_mix": ("triton", "torch"),
     "hc_merge": ("triton", "torch"),
     "rope_tail": ("triton", "torch"),
+    "rms_norm_fp32": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
@@ -206,6 +212,8 @@ class Kernels:
     # (x [T,D] or [T,H,D], cos [T,r] fp32, sin [T,r] fp32 signed, norm_eps | None) -> x, in
     # place: stages/kernels/rope_tail
     rope_tail: Callable[..., Any] | None = None
+    # (x [..., D], weight [D] fp32, eps) -> [..., D] in x's dtype: rope_tail.fp32_rms_norm
+    rms_norm_fp32: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -333,6 +341,7 @@ def select_kernels(
             ("hc_mix", "auto"),
             ("hc_merge", "auto"),
             ("rope_tail", "auto"),
+            ("rms_norm_fp32", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

@@ -1,24 +1,41 @@
 """DeepSeek-V4's rope on the trailing channels, in place (the `rope_tail` op's torch form):
-optionally the head's unweighted RMS norm first (hyper_connection.unweighted_rms_norm's steps),
-then the last r channels of x [T, ..., D] rotated in interleaved pairs (x0, x1), (x2, x3), ...
-in fp32 and cast back: (x0 c - x1 s, x1 c + x0 s). cos / sin come per channel, [T, r] fp32:
-(c0, c0, c1, c1, ...) and (-s0, s0, -s1, s1, ...) (deepseek_v4.layers.Angles). In place,
-because V4 rotates its queries, keys and attention outputs right after making them: the
-composite's full copy of a [8192, 64, 512] query per layer was most of its cost."""
+optionally the head's RMS norm first, unweighted (hyper_connection.unweighted_rms_norm's steps:
+the queries) or with an fp32 weight (`fp32_rms_norm`, V4RMSNorm's: the latent and the
+compressed entries), then the last r channels of x [T, ..., D] rotated in interleaved pairs
+(x0, x1), (x2, x3), ... in fp32 and cast back: (x0 c - x1 s, x1 c + x0 s). cos / sin come per
+channel, [T, r] fp32: (c0, c0, c1, c1, ...) and (-s0, s0, -s1, s1, ...)
+(deepseek_v4.layers.Angles). In place, because V4 rotates its queries, keys and attention
+outputs right after making them: the composite's full copy of a [8192, 64, 512] query per layer
+was most of its cost."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from stages.kernels.hyper_connection import unweighted_rms_norm
 
 
+def fp32_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """DeepSeek-V4's RMSNorm: the product with its fp32 weight taken in fp32, cast once.
+    torch's rms_norm: the same ops on the CPU (bit for bit), one fused kernel on CUDA."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+
+
 def rope_tail(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_eps: float | None = None
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_eps: float | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [T, ..., D] normed (norm_eps given) and rotated in place; returns x."""
+    """x [T, ..., D] normed (norm_eps given; with weight [D] fp32, weighted) and rotated in
+    place; returns x."""
     if norm_eps is not None:
-        x.copy_(unweighted_rms_norm(x, norm_eps))
+        if weight is None:
+            x.copy_(unweighted_rms_norm(x, norm_eps))
+        else:
+            x.copy_(fp32_rms_norm(x, weight, norm_eps))
     while cos.dim() < x.dim():
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     width = cos.shape[-1]

@@ -6,11 +6,16 @@ over tensors as large as V4's [T, 64, 512] query; here the rotation alone touche
 channels, and with the norm each head is read and written once.
 
 The same roundings as the torch form: products and sums in fp32 without FMA contraction
-(``enable_fp_fusion=False``), the norm's factor rounded to x's dtype before the product, and
-libdevice's rsqrtf (torch's). Only the order of the norm's sum of squares differs. x must be
+(``enable_fp_fusion=False``), the unweighted norm's factor rounded to x's dtype before the
+product (the weighted one's kept in fp32, then times the weight), and libdevice's rsqrtf
+(torch's). Only the order of the norm's sum of squares differs. x must be
 [T, D] or [T, H, D] with unit stride along D and r a power of two; anything else, other
 devices, or no triton take the torch form, counted and logged once
 (stages/kernels/fallbacks.py).
+
+`rms_norm` is the `rms_norm_fp32` op (rope_tail.fp32_rms_norm, V4RMSNorm's norm without a
+rotation) the same way: one kernel reading x and writing the result in x's dtype, where torch
+took three (the fp32 copy, its fused rms_norm, the cast back).
 """
 
 from __future__ import annotations
@@ -32,18 +37,28 @@ def is_available(device: str = "cuda") -> bool:
 
 
 def rope_tail(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_eps: float | None = None
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_eps: float | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    reason = _refusal(x, cos, sin)
+    reason = _refusal(x, cos, sin, norm_eps, weight)
     if reason is not None:
         if x.shape[0]:  # an empty batch does no work on either path
             detail = f"x {tuple(x.shape)} {x.dtype} on {x.device}, r {cos.shape[-1]} -> torch"
             record_fallback("rope_tail", "triton", reason, detail)
-        return reference.rope_tail(x, cos, sin, norm_eps)
-    return launch(x, cos, sin, norm_eps)
+        return reference.rope_tail(x, cos, sin, norm_eps, weight)
+    return launch(x, cos, sin, norm_eps, weight)
 
 
-def _refusal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str | None:
+def _refusal(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm_eps: float | None,
+    weight: torch.Tensor | None,
+) -> str | None:
     r = cos.shape[-1]
     if triton is None:
         return "no_triton"
@@ -59,6 +74,10 @@ def _refusal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str | Non
         return "shape"
     if sin.stride(-1) != 1 or cos.dtype != torch.float32 or sin.dtype != torch.float32:
         return "shape"
+    if weight is not None and (norm_eps is None or weight.shape != (x.shape[-1],)):
+        return "shape"
+    if weight is not None and (weight.dtype != torch.float32 or weight.stride(-1) != 1):
+        return "dtype"
     return None
 
 
@@ -67,6 +86,7 @@ def launch(
     cos: torch.Tensor,
     sin: torch.Tensor,
     norm_eps: float | None,
+    weight: torch.Tensor | None = None,
     elements: int | None = None,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -81,12 +101,54 @@ def launch(
     block_h = max(1, min(triton.next_power_of_2(heads), elements // (block_d if norm else r)))
     options = {"enable_fp_fusion": False} if x.is_cuda else {}
     _rope_tail[(t, triton.cdiv(heads, block_h))](
-        x, cos, sin, heads, d, x.stride(0), stride_h, cos.stride(0), sin.stride(0),
+        x, cos, sin, cos if weight is None else weight, heads, d, x.stride(0), stride_h,
+        cos.stride(0), sin.stride(0),
         float(torch.tensor(1.0 / d, dtype=torch.float32)), 0.0 if norm_eps is None else norm_eps,
-        R=r, NORM=norm, CUDA_RSQRT=x.is_cuda, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=num_warps,
+        R=r, NORM=norm, WEIGHTED=weight is not None, CUDA_RSQRT=x.is_cuda, BLOCK_H=block_h,
+        BLOCK_D=block_d, num_warps=num_warps,
         **options,
     )  # fmt: skip
     return x
+
+
+NORM_ROWS = 4  # rows per program of rms_norm (a 4096-wide V4 hidden row is 16 KiB in fp32)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rope_tail.fp32_rms_norm(x, weight, eps) for x [..., D] in one kernel."""
+    d = x.shape[-1]
+    reason = None
+    if triton is None:
+        reason = "no_triton"
+    elif not x.is_cuda:
+        reason = "device"
+    elif x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        reason = "dtype"
+    elif weight.dtype != torch.float32 or weight.shape != (d,) or weight.stride(-1) != 1:
+        reason = "dtype"
+    if reason is not None or x.numel() == 0:
+        if reason is not None and x.numel():
+            detail = f"x {tuple(x.shape)} {x.dtype} on {x.device} -> torch"
+            record_fallback("rms_norm_fp32", "triton", reason, detail)
+        return reference.fp32_rms_norm(x, weight, eps)
+    return launch_rms_norm(x, weight, eps)
+
+
+def launch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
+    d = x.shape[-1]
+    rows = x.reshape(-1, d)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    options = {"enable_fp_fusion": False} if x.is_cuda else {}
+    _rms_norm[(triton.cdiv(rows.shape[0], NORM_ROWS),)](
+        rows, weight, out, rows.shape[0], d, rows.stride(0), out.stride(0),
+        float(torch.tensor(1.0 / d, dtype=torch.float32)), eps,
+        CUDA_RSQRT=x.is_cuda, BLOCK_R=NORM_ROWS, BLOCK_D=triton.next_power_of_2(d),
+        num_warps=8, **options,
+    )  # fmt: skip
+    return out.view(x.shape)
 
 
 try:
@@ -101,9 +163,9 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _rope_tail(  # type: ignore[no-untyped-def]
-        x_ptr, cos_ptr, sin_ptr, H, D, stride_t, stride_h, stride_c, stride_s, inv_d, eps,
-        R: tl.constexpr, NORM: tl.constexpr, CUDA_RSQRT: tl.constexpr, BLOCK_H: tl.constexpr,
-        BLOCK_D: tl.constexpr,
+        x_ptr, cos_ptr, sin_ptr, w_ptr, H, D, stride_t, stride_h, stride_c, stride_s, inv_d,
+        eps, R: tl.constexpr, NORM: tl.constexpr, WEIGHTED: tl.constexpr,
+        CUDA_RSQRT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -124,13 +186,42 @@ if triton is not None:
                 factor = libdevice.rsqrt(mean + eps)
             else:  # Triton's interpreter: 1 / sqrt, as torch.rsqrt on the CPU
                 factor = 1.0 / tl.sqrt(mean + eps)
-            factor = factor.to(dtype).to(tl.float32)[:, None]
-            own = (own.to(tl.float32) * factor).to(dtype)
-            partner = (partner.to(tl.float32) * factor).to(dtype)
+            factor = factor[:, None]
+            if WEIGHTED:  # (x * factor) * weight in fp32, cast once (V4RMSNorm)
+                w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
+                w_own = tl.load(w_ptr + tail)[None, :]
+                w_partner = tl.load(w_ptr + (tail ^ 1))[None, :]
+                own = (own.to(tl.float32) * factor * w_own).to(dtype)
+                partner = (partner.to(tl.float32) * factor * w_partner).to(dtype)
+                normed = (head * factor * w).to(dtype)
+            else:  # the factor rounded to x's dtype first (unweighted_rms_norm)
+                factor = factor.to(dtype).to(tl.float32)
+                own = (own.to(tl.float32) * factor).to(dtype)
+                partner = (partner.to(tl.float32) * factor).to(dtype)
+                normed = (head * factor).to(dtype)
             tl.debug_barrier()  # every read of the heads before any write
-            tl.store(row + cols, (head * factor).to(dtype), mask=in_h & (cols < D - R))
+            tl.store(row + cols, normed, mask=in_h & (cols < D - R))
         else:
             tl.debug_barrier()
         rotated = own.to(tl.float32) * c + partner.to(tl.float32) * s
         tl.store(row + tail[None, :], rotated.to(dtype), mask=in_h)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _rms_norm(  # type: ignore[no-untyped-def]
+        x_ptr, w_ptr, out_ptr, N, D, stride_x, stride_o, inv_d, eps,
+        CUDA_RSQRT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        """out = (x * rsqrt(mean(x^2) + eps)) * w in fp32, cast to x's dtype, per row."""
+        rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
+        cols = tl.arange(0, BLOCK_D)[None, :]
+        mask = (rows < N) & (cols < D)
+        v = tl.load(x_ptr + rows * stride_x + cols, mask=mask, other=0.0)
+        h = v.to(tl.float32)
+        mean = tl.sum(h * h, axis=1) * inv_d
+        if CUDA_RSQRT:  # rsqrtf, as torch's rms_norm on CUDA
+            factor = libdevice.rsqrt(mean + eps)
+        else:  # Triton's interpreter: 1 / sqrt
+            factor = 1.0 / tl.sqrt(mean + eps)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
+        tl.store(out_ptr + rows * stride_o + cols, (h * factor[:, None] * w).to(v.dtype), mask=mask)
     # fmt: on

@@ -334,8 +334,8 @@ def test_mxfp4_moe_gemm_compiles(swiglu, tiles, dot_scaled):
     )
 
 
-@pytest.mark.parametrize("norm", [True, False])
-def test_rope_tail_compiles(norm):
+@pytest.mark.parametrize("norm,weighted", [(True, False), (True, True), (False, False)])
+def test_rope_tail_compiles(norm, weighted):
     from stages.kernels import triton_rope
 
     ints = ("H", "D", "stride_t", "stride_h", "stride_c", "stride_s")
@@ -345,11 +345,32 @@ def test_rope_tail_compiles(norm):
             "x_ptr": "*bf16",
             "cos_ptr": "*fp32",
             "sin_ptr": "*fp32",
+            "w_ptr": "*fp32",
             **{name: "i32" for name in ints},
             "inv_d": "fp32",
             "eps": "fp32",
         },
-        {"R": 64, "NORM": norm, "CUDA_RSQRT": True, "BLOCK_H": 8 if norm else 64, "BLOCK_D": 512},
+        {"R": 64, "NORM": norm, "WEIGHTED": weighted, "CUDA_RSQRT": True,
+         "BLOCK_H": 4 if norm else 8, "BLOCK_D": 512},
         num_warps=4,
+        enable_fp_fusion=False,
+    )
+
+
+def test_rms_norm_fp32_compiles():
+    from stages.kernels import triton_rope
+
+    _compile(
+        triton_rope._rms_norm,
+        {
+            "x_ptr": "*bf16",
+            "w_ptr": "*fp32",
+            "out_ptr": "*bf16",
+            **{name: "i32" for name in ("N", "D", "stride_x", "stride_o")},
+            "inv_d": "fp32",
+            "eps": "fp32",
+        },
+        {"CUDA_RSQRT": True, "BLOCK_R": triton_rope.NORM_ROWS, "BLOCK_D": 4096},
+        num_warps=8,
         enable_fp_fusion=False,
     )

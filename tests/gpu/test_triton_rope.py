@@ -1,7 +1,8 @@
 """The rope_tail op's Triton kernel (stages/kernels/triton_rope.py) against its torch form
 (stages/kernels/rope_tail.py) on CUDA, at DeepSeek-V4-Flash's shapes: the rotation alone the same
-bits, the query's norm + rotation within one bf16 unit where the sum of squares' order tips a
-rounding; and captured in a CUDA graph, the same as eager."""
+bits; after the queries' unweighted norm or V4RMSNorm's weighted one, within one bf16 unit where
+the sum of squares' order tips a rounding; and captured in a CUDA graph, the same as eager. Also
+rms_norm_fp32, V4RMSNorm's norm alone, against torch's."""
 
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ def _inputs(shape: tuple[int, ...], r: int, seed: int):
 
 
 @pytest.mark.parametrize("shape,r", SHAPES)
-@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("norm", ["none", "unweighted", "weighted"])
 def test_kernel_matches_the_torch_form(shape, r, norm):
     x, cos, sin = _inputs(shape, r, seed=r + len(shape))
-    eps = 1e-6 if norm else None
-    want = torch_form.rope_tail(x.clone(), cos, sin, eps)
-    got = triton_rope.rope_tail(x, cos, sin, eps)
+    eps = None if norm == "none" else 1e-6
+    weight = None
+    if norm == "weighted":  # V4RMSNorm's fp32 weight
+        weight = torch.rand(shape[-1], device="cuda") + 0.5
+    want = torch_form.rope_tail(x.clone(), cos, sin, eps, weight)
+    got = triton_rope.rope_tail(x, cos, sin, eps, weight)
     assert got.data_ptr() == x.data_ptr()
-    if not norm:
+    if norm == "none":
         assert torch.equal(got, want)
         return
     # a bf16 rounding of the normed head that the sum's order tipped moves a rotated channel by
@@ -56,3 +60,16 @@ def test_kernel_in_a_cuda_graph_equals_eager():
     static.copy_(x)
     graph.replay()
     assert torch.equal(static, eager)
+
+
+@pytest.mark.parametrize("shape", [(8192, 4096), (1, 4096), (512, 1024), (3, 2, 512)])
+def test_rms_norm_matches_the_torch_form(shape):
+    """rms_norm_fp32 (V4RMSNorm) on Triton against fp32_rms_norm (torch's fused rms_norm over
+    fp32): within one bf16 unit where the sum's order tips a rounding."""
+    g = torch.Generator(device="cuda").manual_seed(shape[-1])
+    x = (torch.randn(shape, generator=g, device="cuda") * 3).bfloat16()
+    weight = torch.rand(shape[-1], generator=g, device="cuda") + 0.5
+    want = torch_form.fp32_rms_norm(x, weight, 1e-6)
+    got = triton_rope.rms_norm(x, weight, 1e-6)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
+    assert (got != want).float().mean().item() < 1e-3

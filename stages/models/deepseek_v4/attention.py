@@ -91,7 +91,7 @@ class GroupCompressor(nn.Module):
         else:
             kv, gate = kv[:, 0], gate[:, 0]
         pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1)
-        entries = apply_rope(self.kv_norm(pooled), angles, self.kernels)
+        entries = apply_rope(pooled, angles, self.kernels, norm=self.kv_norm)
         cache.write(local, entries_name, entries, groups.entry_slots)
 
 
@@ -174,7 +174,7 @@ class V4Attention(nn.Module):
         self.heads = a.num_heads // a.o_groups * self.groups
         h, heads, d = a.hidden_size, a.num_heads, a.head_dim
         self.q_a_proj = Linear(h, a.q_lora_rank, False, kernels, dtype, device)
-        self.q_a_norm = V4RMSNorm(a.q_lora_rank, a.rms_norm_eps, device)
+        self.q_a_norm = V4RMSNorm(a.q_lora_rank, a.rms_norm_eps, device, kernels)
         self.q_b_proj = Linear(
             a.q_lora_rank, heads * d, False, kernels, dtype, device, tp=tp, split="column"
         )
@@ -226,7 +226,7 @@ class V4Attention(nn.Module):
         q_resid = self.q_a_norm(self.q_a_proj(x))
         q = self.q_b_proj(q_resid).view(t, self.heads, a.head_dim)
         q = apply_rope(q, angles.tokens, self.kernels, norm_eps=a.rms_norm_eps)
-        kv = apply_rope(self.kv_norm(self.kv_proj(x)), angles.tokens, self.kernels)
+        kv = apply_rope(self.kv_proj(x), angles.tokens, self.kernels, norm=self.kv_norm)
         cache.write(local, KV, kv, slot_mapping)
         if self.compressor is not None:
             groups = plan.rates[self.rate].groups

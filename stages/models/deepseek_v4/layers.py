@@ -12,6 +12,7 @@ from torch import nn
 
 from stages.kernels.hyper_connection import unweighted_rms_norm
 from stages.kernels.registry import Kernels
+from stages.kernels.rope_tail import fp32_rms_norm
 from stages.models.deepseek_v4.config import RopeArgs, V4Args
 from stages.models.layers import RMSNorm
 from stages.models.mla import yarn_inv_freq
@@ -19,16 +20,19 @@ from stages.models.mla import yarn_inv_freq
 
 class V4RMSNorm(RMSNorm):
     """The shared RMSNorm with V4's precision: the weight kept in fp32, the product taken in
-    fp32 and cast once."""
+    fp32 and cast once (rope_tail.fp32_rms_norm); on the kernels' rms_norm_fp32 when given."""
 
-    def __init__(self, dim: int, eps: float, device: str | torch.device):
+    def __init__(
+        self, dim: int, eps: float, device: str | torch.device, kernels: Kernels | None = None
+    ):
         super().__init__(dim, eps, torch.float32, device)
+        self._norm = fp32_rms_norm
+        if kernels is not None and kernels.rms_norm_fp32 is not None:
+            self._norm = kernels.rms_norm_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # torch's rms_norm: the same ops on the CPU (bit for bit), one fused kernel on CUDA
-        # where the composite took six (a decode step is bound by its kernel count)
-        h = F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps)
-        return h.to(x.dtype)
+        out: torch.Tensor = self._norm(x, self.weight, self.eps)
+        return out
 
 
 class Rotary(nn.Module):
@@ -94,14 +98,22 @@ class ForwardAngles:
 
 
 def apply_rope(
-    x: torch.Tensor, angles: Angles, kernels: Kernels, norm_eps: float | None = None
+    x: torch.Tensor,
+    angles: Angles,
+    kernels: Kernels,
+    norm_eps: float | None = None,
+    norm: V4RMSNorm | None = None,
 ) -> torch.Tensor:
     """x [T, ..., D] rotated in place on its trailing r channels in interleaved pairs (V4's K is
-    also its V, so the layout is kept), after the head's unweighted RMS norm if norm_eps is
-    given: the rope_tail op (stages/kernels/rope_tail.py). x must be the caller's own."""
+    also its V, so the layout is kept), after the head's RMS norm: unweighted with norm_eps
+    (the queries), or `norm`'s (the latent, the compressed entries): the rope_tail op
+    (stages/kernels/rope_tail.py). x must be the caller's own."""
     if kernels.rope_tail is None:
         raise RuntimeError("DeepSeek-V4 layers need kernels.rope_tail, unset here")
-    out: torch.Tensor = kernels.rope_tail(x, angles.cos, angles.sin, norm_eps)
+    if norm is not None:
+        out: torch.Tensor = kernels.rope_tail(x, angles.cos, angles.sin, norm.eps, norm.weight)
+    else:
+        out = kernels.rope_tail(x, angles.cos, angles.sin, norm_eps)
     return out
 
 

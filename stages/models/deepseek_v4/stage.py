@@ -53,8 +53,8 @@ class V4DecoderLayer(nn.Module):
         self.is_sliding = a.layer_types[layer] == SLIDING
         self.self_attn = V4Attention(a, layer, kernels, dtype, device, tp, backend)
         self.mlp = v4_moe(a, layer, kernels, dtype, device, tp)
-        self.input_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
-        self.post_attention_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
+        self.input_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device, kernels)
+        self.post_attention_layernorm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device, kernels)
         self.attn_hc = HyperConnection(a, kernels, device)
         self.ffn_hc = HyperConnection(a, kernels, device)
 
@@ -85,7 +85,7 @@ class DeepseekV4Stage(Stage):
         self.a = a
         device = ctx.device
         if ctx.is_last:  # V4 keeps its norms' weights in fp32
-            self.norm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device)
+            self.norm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device, ctx.kernels)
             self.hc_head = HyperHead(a, device)
         self.main_rotary = Rotary(a, a.main_rope, device)
         self.compress_rotary = Rotary(a, a.compress_rope, device)
