@@ -52,6 +52,22 @@ def rope_tail(
     return launch(x, cos, sin, norm_eps, weight)
 
 
+def _input_refusal(x: torch.Tensor, weight: torch.Tensor | None) -> str | None:
+    """What both kernels refuse: no triton, x off CUDA or in another dtype, a weight not
+    [D] fp32 with unit stride."""
+    if triton is None:
+        return "no_triton"
+    if not x.is_cuda:
+        return "device"
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return "dtype"
+    if weight is not None and (weight.dtype != torch.float32 or weight.stride(-1) != 1):
+        return "dtype"
+    if weight is not None and weight.shape != (x.shape[-1],):
+        return "shape"
+    return None
+
+
 def _refusal(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -60,12 +76,9 @@ def _refusal(
     weight: torch.Tensor | None,
 ) -> str | None:
     r = cos.shape[-1]
-    if triton is None:
-        return "no_triton"
-    if not x.is_cuda:
-        return "device"
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return "dtype"
+    reason = _input_refusal(x, weight)
+    if reason is not None:
+        return reason
     if x.shape[0] == 0 or x.dim() not in (2, 3) or x.stride(-1) != 1:
         return "shape"
     if r & (r - 1) or r < 2 or r > x.shape[-1] or (x.shape[-1] - r) % 2:
@@ -74,10 +87,8 @@ def _refusal(
         return "shape"
     if sin.stride(-1) != 1 or cos.dtype != torch.float32 or sin.dtype != torch.float32:
         return "shape"
-    if weight is not None and (norm_eps is None or weight.shape != (x.shape[-1],)):
+    if weight is not None and norm_eps is None:
         return "shape"
-    if weight is not None and (weight.dtype != torch.float32 or weight.stride(-1) != 1):
-        return "dtype"
     return None
 
 
@@ -91,7 +102,7 @@ def launch(
     num_warps: int = 4,
 ) -> torch.Tensor:
     """The kernel's launch on any device Triton runs on (its interpreter's tests call it);
-    elements / num_warps: the tile (app/bench sweeps them)."""
+    elements / num_warps: the tile (docs/bench/scripts/session13_sweep.py sweeps them)."""
     t, d, r = x.shape[0], x.shape[-1], cos.shape[-1]
     heads, stride_h = (x.shape[1], x.stride(1)) if x.dim() == 3 else (1, 0)
     norm = norm_eps is not None
@@ -103,7 +114,7 @@ def launch(
     _rope_tail[(t, triton.cdiv(heads, block_h))](
         x, cos, sin, cos if weight is None else weight, heads, d, x.stride(0), stride_h,
         cos.stride(0), sin.stride(0),
-        float(torch.tensor(1.0 / d, dtype=torch.float32)), 0.0 if norm_eps is None else norm_eps,
+        1.0 / d, 0.0 if norm_eps is None else norm_eps,
         R=r, NORM=norm, WEIGHTED=weight is not None, CUDA_RSQRT=x.is_cuda, BLOCK_H=block_h,
         BLOCK_D=block_d, num_warps=num_warps,
         **options,
@@ -116,16 +127,7 @@ NORM_ROWS = 4  # rows per program of rms_norm (a 4096-wide V4 hidden row is 16 K
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """rope_tail.fp32_rms_norm(x, weight, eps) for x [..., D] in one kernel."""
-    d = x.shape[-1]
-    reason = None
-    if triton is None:
-        reason = "no_triton"
-    elif not x.is_cuda:
-        reason = "device"
-    elif x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        reason = "dtype"
-    elif weight.dtype != torch.float32 or weight.shape != (d,) or weight.stride(-1) != 1:
-        reason = "dtype"
+    reason = _input_refusal(x, weight)
     if reason is not None or x.numel() == 0:
         if reason is not None and x.numel():
             detail = f"x {tuple(x.shape)} {x.dtype} on {x.device} -> torch"
@@ -144,7 +146,7 @@ def launch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     options = {"enable_fp_fusion": False} if x.is_cuda else {}
     _rms_norm[(triton.cdiv(rows.shape[0], NORM_ROWS),)](
         rows, weight, out, rows.shape[0], d, rows.stride(0), out.stride(0),
-        float(torch.tensor(1.0 / d, dtype=torch.float32)), eps,
+        1.0 / d, eps,
         CUDA_RSQRT=x.is_cuda, BLOCK_R=NORM_ROWS, BLOCK_D=triton.next_power_of_2(d),
         num_warps=8, **options,
     )  # fmt: skip

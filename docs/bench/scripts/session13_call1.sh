@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
-# Session 13, call 1 (one H200, Ray not needed): the rope_tail kernel's GPU tests and the V4
+# Session 13, call 1 (one H200, Ray carried): the rope_tail kernel's GPU tests and the V4
 # tests it touches, the per-row kernel tests session 12 left, and A/B benches at the same commit
 # with rope_tail on its torch form (pinned by with_kernels.py) and on Triton: the 256K FP8
 # chunk's breakdown, the V4 decode stage in FP8. Results under $OUT/r.
 set -u
-R=$OUT/r; mkdir -p "$R"
-step() { local name=$1; shift; echo "== $(date +%T) $name: $*"; local t0=$SECONDS
-  timeout "${LIMIT:-300}" "$@" > "$R/$name.log" 2>&1; echo "rc $? in $((SECONDS - t0)) s" | tee -a "$R/$name.log"; tail -4 "$R/$name.log"; }
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-(test -d /tmp/site/transformers || tar -C /tmp/site -xJf .tfw/tf-slim.tar.xz)
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PPSERVE_COMMIT=$(cat .commit)
+. docs/bench/scripts/host_env.sh
 W=docs/bench/scripts/with_kernels.py
 LIMIT=150 step rope_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider tests/gpu/test_triton_rope.py
 LIMIT=120 step kernels python3 -m pytest -q -rA -m gpu -p no:cacheprovider -k "alone or batch" \

@@ -4,13 +4,7 @@
 # 256K chunk's breakdown in FP8 and bf16, the V4 decode stage in FP8 and bf16, and V4-Flash FP8
 # TTFT at 64K-256K through the engine. Results under $OUT/r.
 set -u
-R=$OUT/r; mkdir -p "$R"
-step() { local name=$1; shift; echo "== $(date +%T) $name: $*"; local t0=$SECONDS
-  timeout "${LIMIT:-300}" "$@" > "$R/$name.log" 2>&1; echo "rc $? in $((SECONDS - t0)) s" | tee -a "$R/$name.log"; tail -3 "$R/$name.log"; }
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-(test -d /tmp/site/transformers || tar -C /tmp/site -xJf .tfw/tf-slim.tar.xz)
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PPSERVE_COMMIT=$(cat .commit)
+. docs/bench/scripts/host_env.sh
 LIMIT=200 step gpu_tests python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_triton_rope.py \
   tests/gpu/test_triton_hyper.py tests/gpu/test_deepseek_v4_decode_graphs.py
 for q in fp8 none; do

@@ -4,13 +4,7 @@
 # weighted mode, rms_norm_fp32): their GPU tests, V4's decode graphs against eager, the V4 decode
 # stage in FP8 and bf16, the 256K FP8 chunk's breakdown, the FP8 TTFT row.
 set -u
-R=$OUT/r; mkdir -p "$R"
-step() { local name=$1; shift; echo "== $(date +%T) $name: $*"; local t0=$SECONDS
-  timeout "${LIMIT:-300}" "$@" > "$R/$name.log" 2>&1; echo "rc $? in $((SECONDS - t0)) s" | tee -a "$R/$name.log"; tail -2 "$R/$name.log"; }
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-(test -d /tmp/site/transformers || tar -C /tmp/site -xJf .tfw/tf-slim.tar.xz)
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PPSERVE_COMMIT=$(cat .commit)
+. docs/bench/scripts/host_env.sh
 LIMIT=60 step rope_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider tests/gpu/test_triton_rope.py
 LIMIT=110 step v4_graphs python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_deepseek_v4_decode_graphs.py
 LIMIT=40 step v4_decode_fp8 python3 -m app.bench.v4_decode --rows 1,64,512 --context 512 \
