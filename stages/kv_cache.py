@@ -24,7 +24,7 @@ def layer_bytes_per_block(
     elem = torch.empty((), dtype=dtype).element_size()
     packed = fp8_components(args, kv_cache_dtype)
     return sum(
-        args.family.fp8_block_bytes(packed[name], block_size // per)
+        args.family.fp8_block_bytes(name, packed[name], block_size // per)
         if name in packed
         else width * elem * (block_size // per)
         for name, (width, per) in args.family.components_of_layer(args, layer).items()

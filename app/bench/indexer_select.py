@@ -23,6 +23,7 @@ from stages.kernels import fp8_indexer, indexer_select, triton_indexer, triton_t
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 
 HEADS, DIM = 64, 128
+PAGE_ENTRIES = 16  # V4's indexer keys: a 64-token block at rate 4
 # (first token in the batch, tokens, first position, the row's key slots)
 Row = tuple[int, int, int, torch.Tensor]
 
@@ -76,7 +77,7 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
     w = torch.randn(count * tokens, HEADS, generator=g, device="cuda")
     plan = SelectPlan.build([(*r, tokens == 1) for r in rows], torch.device("cuda"))
     scale = DIM**-0.5
-    fp8_keys = fp8_indexer.quantize(keys)
+    fp8_keys = fp8_indexer.pack(keys, PAGE_ENTRIES)
     row: dict[str, Any] = {"rows": count, "tokens_per_row": tokens, "keys": keys_per_row, "k": k}
     if with_loop:
         row["loop_ms"] = timed(lambda: loop(q, keys, w, rows, scale, k), reps=5)

@@ -90,20 +90,21 @@ def logits_rows_reference(
     q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, scale: float, plan: SelectPlan
 ) -> torch.Tensor:
     """The indexer_logits_rows contract, a row at a time on torch_ref.indexer_logits:
-    q [Ts, Hi, D] and weights [Ts, Hi] of the plan's tokens, keys [slots, D] the flat cache (or
-    [slots, D + 4] uint8: FP8 keys, stages/kernels/fp8_indexer.py, of which each row's are
-    dequantized, scored by the FP8 queries) -> [Ts, Lmax] fp32, -inf where the token does not
-    see the key."""
+    q [Ts, Hi, D] and weights [Ts, Hi] of the plan's tokens, keys the layer's key pages
+    ([blocks, E, D], or [blocks, E, D + 4] uint8: FP8 keys, stages/kernels/fp8_indexer.py, of
+    which each row's are dequantized, scored by the FP8 queries) -> [Ts, Lmax] fp32, -inf where
+    the token does not see the key."""
     ts, lmax = q.shape[0], plan.key_slots.shape[1]
     out = torch.full((ts, lmax), float("-inf"), dtype=torch.float32, device=q.device)
-    if keys.dtype == torch.uint8:  # FP8 keys: FP8 queries (fp8_indexer.quantize_queries)
+    fp8 = keys.dtype == torch.uint8
+    if fp8:  # FP8 keys: FP8 queries (fp8_indexer.quantize_queries)
         q8, q_scale = fp8_indexer.quantize_queries(q)
         q, weights = q8.float(), weights.float() * q_scale
+    flat = None if fp8 else keys.reshape(-1, keys.shape[-1])
     for r, (first, n, length) in enumerate(plan.row_tokens):
         span = slice(first, first + n)
-        k = keys.index_select(0, plan.key_slots[r, :length].long())
-        if keys.dtype == torch.uint8:
-            k = fp8_indexer.dequantize(k)
+        slots = plan.key_slots[r, :length].long()
+        k = fp8_indexer.read(keys, slots) if flat is None else flat.index_select(0, slots)
         out[span, :length] = torch_ref.indexer_logits(q[span], k, weights[span], scale)
     cols = torch.arange(lmax, device=q.device)
     return out.masked_fill_(cols[None, :] >= plan.visible[:, None], float("-inf"))

@@ -8,9 +8,9 @@ e4m3's 448 under a power-of-two scale (the same scale, from the same bits, in bo
 - ``write_v4(pages, values, slots)``: DeepSeek-V4's 584-byte layout
   (stages/kernels/fp8_v4_layout.py), 448 no-rope values in 7 tiles of 64 and the rope values in
   the block's value rows, the e8m0 scales after them; matches ``fp8_v4.write_reference``.
-- ``write_indexer_key(flat, keys, slots)``: DeepSeek-V3.2's FP8 indexer key
-  (stages/kernels/fp8_indexer.py), the key as one tile and its float32 scale; matches
-  ``flat.index_copy_(0, slots, fp8_indexer.quantize(keys))``.
+- ``write_indexer_key(pages, keys, slots)``: the FP8 indexer key (stages/kernels/fp8_indexer.py,
+  V3.2's and V4's), the key as one tile in its block's value rows, its float32 scale after them;
+  matches ``fp8_indexer.write_reference``.
 
 Anything not on CUDA takes the torch path; so does a CUDA cache without triton, counted and
 logged once (stages/kernels/fallbacks.py).
@@ -53,21 +53,26 @@ def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None
     )
 
 
-def write_indexer_key(flat: torch.Tensor, keys: torch.Tensor, slots: torch.Tensor) -> None:
-    """flat [slots, D + 4] uint8, keys [T, D] (any float), slots [T] long."""
-    if _torch_path("fp8_indexer_key_write", flat, keys.shape[0]):
-        flat.index_copy_(0, slots, fp8_indexer.quantize(keys))
+def write_indexer_key(pages: torch.Tensor, keys: torch.Tensor, slots: torch.Tensor) -> None:
+    """pages [blocks, E, D + 4] (or [blocks, E, 1, D + 4]) uint8 in fp8_indexer's block layout,
+    keys [T, D] (any float), slots [T] long."""
+    if _torch_path("fp8_indexer_key_write", pages, keys.shape[0]):
+        fp8_indexer.write_reference(pages, keys, slots)
         return
     dim = keys.shape[-1]
-    if flat.shape[-1] != dim + fp8_indexer_layout.SCALE_BYTES:
-        raise ValueError(f"FP8 indexer key pages of {flat.shape[-1]} bytes for keys of {dim}")
+    if pages.shape[-1] != dim + fp8_indexer_layout.SCALE_BYTES:
+        raise ValueError(f"FP8 indexer key pages of {pages.shape[-1]} bytes for keys of {dim}")
+    values, scales = fp8_indexer.split(pages)
     k = keys.contiguous()
     _quantize_write_key[(k.shape[0],)](
         k,
         slots.contiguous(),
-        flat.view(torch.float8_e4m3fn),
-        flat.view(torch.float32),
+        values,
+        scales,
         k.stride(0),
+        values.stride(0),
+        scales.stride(0),
+        pages.shape[1],
         DIM=dim,
         BLOCK=triton.next_power_of_2(dim),
         FP8_MAX=fp8_latent.FP8_MAX,
@@ -151,22 +156,26 @@ if triton is not None:
     def _quantize_write_key(  # type: ignore[no-untyped-def]
         k_ptr,
         slot_ptr,
-        q_ptr,
-        scale_ptr,
+        values_ptr,
+        scales_ptr,
         stride_k,
+        stride_vb,
+        stride_sb,
+        entries,
         DIM: tl.constexpr,
         BLOCK: tl.constexpr,
         FP8_MAX: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + t).to(tl.int64)
-        row_bytes: tl.constexpr = DIM + 4
+        block, entry = slot // entries, slot % entries
         offs = tl.arange(0, BLOCK)
         mask = offs < DIM
         x = tl.load(k_ptr + t * stride_k + offs, mask=mask, other=0.0).to(tl.float32)
         scale, _exponent = _pow2_scale(x, FP8_MAX)
-        tl.store(q_ptr + slot * row_bytes + offs, (x / scale).to(tl.float8e4nv), mask=mask)
-        tl.store(scale_ptr + slot * (row_bytes // 4) + DIM // 4, scale)
+        row = values_ptr + block * stride_vb + entry * DIM
+        tl.store(row + offs, (x / scale).to(tl.float8e4nv), mask=mask)
+        tl.store(scales_ptr + block * stride_sb + entry, scale)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _quantize_write_v4(  # type: ignore[no-untyped-def]

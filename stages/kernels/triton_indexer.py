@@ -29,6 +29,7 @@ keys in another dtype, goes to the torch reference, counted and logged once
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,7 +73,7 @@ def _kernel() -> Any:  # a Triton JITFunction (untyped)
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
-    def logits_kernel(Q, K, W, OUT, T, L, scale, stride_qt, stride_qh, stride_kl, stride_wt,  # type: ignore[no-untyped-def]
+    def logits_kernel(Q, K, W, OUT, T, L, stride_qt, stride_qh, stride_kl, stride_wt,  # type: ignore[no-untyped-def]
                       stride_ot, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                       BT: tl.constexpr, BL: tl.constexpr):
         t0 = tl.program_id(0) * BT
@@ -88,9 +89,8 @@ def _kernel() -> Any:  # a Triton JITFunction (untyped)
         for h in range(HEADS):
             q = tl.load(Q + offs_t[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
                         mask=t_mask[:, None], other=0.0)  # [BT, D]
-            s = tl.maximum(tl.dot(q, k) * scale, 0.0)
             w = tl.load(W + offs_t * stride_wt + h, mask=t_mask, other=0.0)
-            acc += s * w[:, None]
+            acc += tl.maximum(tl.dot(q, k), 0.0) * w[:, None]
         tl.store(OUT + offs_t[:, None] * stride_ot + offs_l[None, :], acc,
                  mask=t_mask[:, None] & l_mask[None, :])
     # fmt: on
@@ -101,6 +101,21 @@ def _kernel() -> Any:  # a Triton JITFunction (untyped)
 DECODE_BLOCK_L = 64
 
 
+@dataclass(frozen=True)
+class ChunkConfig:
+    """The chunk kernel's launch: keys a program scores (BL), index heads per unrolled step,
+    warps and pipeline stages."""
+
+    block_l: int = BLOCK_L
+    head_step: int = 1
+    warps: int = 4
+    stages: int = 3
+    keys_as_rows: bool = False
+
+
+CHUNK_CONFIG = ChunkConfig()
+
+
 @functools.lru_cache(maxsize=None)
 def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     import triton
@@ -108,12 +123,14 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
-    def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,  # type: ignore[no-untyped-def]
-                     stride_k, stride_ks, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
+    def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
+                     stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot,
+                     HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr,
+                     BL: tl.constexpr, HEAD_STEP: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
                      KEY_FP8: tl.constexpr):
         """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic (KEY_FP8:
-        Q and K e4m3, KS each key's float32 scale)."""
+        Q and K e4m3, KS each key's float32 scale). Slot s is entry s % ENTRIES of block
+        s // ENTRIES (fp8_indexer's pages; bf16 keys are one entry's values after another)."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 3).to(tl.int64)
         first = tl.load(TILES + tile * 3 + 1)
@@ -131,27 +148,43 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
         else:
             l_mask = offs_l < seen
             slots = tl.load(SLOTS + row * stride_sr + offs_l, mask=l_mask, other=0).to(tl.int64)
+            block = slots // ENTRIES
+            entry = slots - block * ENTRIES
             offs_d = tl.arange(0, HEAD_DIM)
-            k = tl.load(K + slots[None, :] * stride_k + offs_d[:, None],
-                        mask=l_mask[None, :], other=0.0)  # [D, BL]
-            acc = tl.zeros([BT, BL], tl.float32)
-            for h in range(HEADS):
-                q = tl.load(Q + offs_t[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                            mask=t_mask[:, None], other=0.0)  # [BT, D]
-                s = tl.maximum(tl.dot(q, k) * scale, 0.0)
-                w = tl.load(W + offs_t * stride_wt + h, mask=t_mask, other=0.0)
-                acc += s * w[:, None]
+            key_rows = block * stride_kb + entry * HEAD_DIM
+            if KEYS_AS_ROWS:  # S^T = K Q^T: the queries, loaded per head, are the MMA's B
+                k = tl.load(K + key_rows[:, None] + offs_d[None, :],
+                            mask=l_mask[:, None], other=0.0)  # [BL, D]
+                acc_t = tl.zeros([BL, BT], tl.float32)
+                for h0 in range(0, HEADS, HEAD_STEP):
+                    for j in tl.static_range(HEAD_STEP):
+                        q = tl.load(Q + offs_t[None, :] * stride_qt + (h0 + j) * stride_qh
+                                    + offs_d[:, None], mask=t_mask[None, :], other=0.0)  # [D, BT]
+                        w = tl.load(W + offs_t * stride_wt + h0 + j, mask=t_mask, other=0.0)
+                        acc_t += tl.maximum(tl.dot(k, q), 0.0) * w[None, :]
+                acc = tl.trans(acc_t)
+            else:
+                k = tl.load(K + key_rows[None, :] + offs_d[:, None],
+                            mask=l_mask[None, :], other=0.0)  # [D, BL]
+                acc = tl.zeros([BT, BL], tl.float32)
+                for h0 in range(0, HEADS, HEAD_STEP):
+                    for j in tl.static_range(HEAD_STEP):
+                        q = tl.load(Q + offs_t[:, None] * stride_qt + (h0 + j) * stride_qh
+                                    + offs_d[None, :], mask=t_mask[:, None], other=0.0)  # [BT, D]
+                        w = tl.load(W + offs_t * stride_wt + h0 + j, mask=t_mask, other=0.0)
+                        acc += tl.maximum(tl.dot(q, k), 0.0) * w[:, None]
             if KEY_FP8:  # a positive power of two: relu and the head sum commute with it
-                acc = acc * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)[None, :]
+                acc = acc * tl.load(KS + block * stride_sb + entry, mask=l_mask, other=0.0)[None, :]
             acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
             tl.store(out_ptrs, acc, mask=store_mask)
     # fmt: on
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
-    def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, scale, stride_qt, stride_qh,  # type: ignore[no-untyped-def]
-                      stride_k, stride_ks, stride_wt, stride_sr, stride_ot, HEADS: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, BL: tl.constexpr, KEY_FP8: tl.constexpr):
+    def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
+                      stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot,
+                      HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BL: tl.constexpr,
+                      KEY_FP8: tl.constexpr, WIDEN: tl.constexpr):
         """One token (a decode row) x BL of its keys; the index heads are the MMA's rows."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 2).to(tl.int64)
@@ -164,19 +197,22 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
         else:
             l_mask = offs_l < visible
             slots = tl.load(SLOTS + row * stride_sr + offs_l, mask=l_mask, other=0).to(tl.int64)
+            block = slots // ENTRIES
+            entry = slots - block * ENTRIES
             offs_d = tl.arange(0, HEAD_DIM)
-            k = tl.load(K + slots[None, :] * stride_k + offs_d[:, None],
+            key_rows = block * stride_kb + entry * HEAD_DIM
+            k = tl.load(K + key_rows[None, :] + offs_d[:, None],
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
             hs = tl.arange(0, HEADS)
             q = tl.load(Q + tok * stride_qt + hs[:, None] * stride_qh + offs_d[None, :])
-            if KEY_FP8:  # widened (exact): measured faster than the FP8 MMA here
+            if WIDEN:  # FP8 values widened to bf16 (exact)
                 q = q.to(tl.bfloat16)
                 k = k.to(tl.bfloat16)
-            s = tl.maximum(tl.dot(q, k) * scale, 0.0)  # [HEADS, BL]
+            s = tl.maximum(tl.dot(q, k), 0.0)  # [HEADS, BL]
             w = tl.load(W + tok * stride_wt + hs)
             logit = tl.sum(s * w[:, None], 0)
             if KEY_FP8:  # as in chunk_kernel: each key's scale after the head sum
-                logit = logit * tl.load(KS + slots * stride_ks, mask=l_mask, other=0.0)
+                logit = logit * tl.load(KS + block * stride_sb + entry, mask=l_mask, other=0.0)
             logit = tl.where(l_mask, logit, float("-inf"))
             tl.store(out_ptrs, logit, mask=offs_l < LMAX)
     # fmt: on
@@ -184,13 +220,34 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     return chunk_kernel, decode_kernel
 
 
+def _key_views(keys: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
+    """(values, scales, entries per block, the values' and scales' block strides) of the key
+    pages: FP8 pages split in place (fp8_indexer.split); bf16 keys as one block of entries
+    (their scales unread: the kernel's FP8 branch is compiled out)."""
+    from stages.kernels import fp8_indexer
+
+    if keys.dtype == torch.uint8:
+        values, scales = fp8_indexer.split(keys)
+        return values, scales, values.shape[1], values.stride(0), scales.stride(0)
+    flat = keys.reshape(-1, dim)
+    return flat, flat, flat.shape[0], 0, 0
+
+
 def indexer_logits_rows(
-    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, scale: float, plan: Any
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    weights: torch.Tensor,
+    scale: float,
+    plan: Any,
+    config: ChunkConfig = CHUNK_CONFIG,
+    widen: bool = True,
 ) -> torch.Tensor:
-    """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys [slots, D] (the flat
-    cache) or [slots, D + 4] uint8 (FP8 keys, stages/kernels/fp8_indexer.py), weights [Ts, Hi],
-    plan -> [Ts, Lmax] fp32 (-inf where a token does not see a key). Chunk rows and decode rows
-    are one launch each."""
+    """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys the layer's key
+    pages ([blocks, E, D] in q's dtype, or [blocks, E, D + 4] uint8: FP8 keys in
+    stages/kernels/fp8_indexer.py's layout), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf
+    where a token does not see a key). Chunk rows and decode rows are one launch each.
+    config / widen: the chunk kernel's launch and whether decode rows widen FP8 to bf16 (benches
+    sweep them)."""
     from stages.kernels import fp8_indexer, fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
@@ -199,7 +256,7 @@ def indexer_logits_rows(
     if fp8:
         readable = q.is_floating_point() and keys.shape[-1] == dim + fp8_indexer_layout.SCALE_BYTES
     else:
-        readable = keys.dtype == q.dtype
+        readable = keys.dtype == q.dtype and keys.shape[-1] == dim
     if dim not in HEAD_DIMS:
         refusal: Refusal | None = Refusal("head_dim", f"index heads {dim} wide")
     elif not readable:
@@ -209,41 +266,43 @@ def indexer_logits_rows(
     if refusal is not None:
         _fall_back("indexer_logits_rows", refusal)
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
-    weights = weights.float()
+    # relu(s x) = s relu(x) for s > 0: the softmax scale rides on the head weights
+    weights = weights.float() * scale
     if fp8:  # FP8 queries against the keys' e4m3 values; each key's scale after them
         q, q_scale = fp8_indexer.quantize_queries(q)
         weights = weights * q_scale
-        key_scales = keys.view(torch.float32)[:, dim // fp8_indexer_layout.SCALE_BYTES]
-        keys = keys.view(torch.float8_e4m3fn)
-    else:  # unread: the kernel's FP8 branch is compiled out
-        key_scales = keys
+    values, scales, entries, stride_kb, stride_sb = _key_views(keys, dim)
     q, weights = q.contiguous(), weights.contiguous()
     out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
     chunk_kernel, decode_kernel = _rows_kernels()
-    args = (q, keys, key_scales, weights, plan.key_slots, plan.visible)
+    args = (q, values, scales, weights, plan.key_slots, plan.visible)
     strides = (
         q.stride(0),
         q.stride(1),
-        keys.stride(0),
-        key_scales.stride(0),
+        stride_kb,
+        stride_sb,
         weights.stride(0),
         plan.key_slots.stride(0),
         out.stride(0),
     )
     if plan.chunk_tiles.shape[0]:
-        grid = (plan.chunk_tiles.shape[0], -(-lmax // BLOCK_L))
+        grid = (plan.chunk_tiles.shape[0], -(-lmax // config.block_l))
         chunk_kernel[grid](
             *args,
             plan.chunk_tiles,
             out,
             lmax,
-            scale,
+            entries,
             *strides,
             HEADS=heads,
             HEAD_DIM=dim,
             BT=indexer_select.CHUNK_TILE,
-            BL=BLOCK_L,
+            BL=config.block_l,
+            HEAD_STEP=config.head_step,
+            KEYS_AS_ROWS=config.keys_as_rows,
             KEY_FP8=fp8,
+            num_warps=config.warps,
+            num_stages=config.stages,
         )
     if plan.decode_tiles.shape[0]:
         grid = (plan.decode_tiles.shape[0], -(-lmax // DECODE_BLOCK_L))
@@ -252,12 +311,13 @@ def indexer_logits_rows(
             plan.decode_tiles,
             out,
             lmax,
-            scale,
+            entries,
             *strides,
             HEADS=heads,
             HEAD_DIM=dim,
             BL=DECODE_BLOCK_L,
             KEY_FP8=fp8,
+            WIDEN=fp8 and widen,
         )
     return out
 
@@ -275,7 +335,7 @@ def indexer_logits(
         _fall_back("indexer_logits", Refusal(reason, f"{dim} wide, {q.dtype} / {k.dtype}"))
         return torch_ref.indexer_logits(q, k, weights, scale)
     q, k = q.contiguous(), k.contiguous()
-    weights = weights.float().contiguous()
+    weights = (weights.float() * scale).contiguous()  # as indexer_logits_rows: scale on weights
     out = torch.empty(t, length, dtype=torch.float32, device=q.device)
     grid = (-(-t // BLOCK_T), -(-length // BLOCK_L))
     _kernel()[grid](
@@ -285,7 +345,6 @@ def indexer_logits(
         out,
         t,
         length,
-        scale,
         q.stride(0),
         q.stride(1),
         k.stride(0),

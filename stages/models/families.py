@@ -38,7 +38,6 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from stages.kernels import fp8_v4_layout
 from stages.kernels.fallbacks import OpShape
 from stages.models.deepseek_config import (
     DEEPSEEK_MODEL_TYPES,
@@ -49,6 +48,7 @@ from stages.models.deepseek_config import (
 )
 from stages.models.deepseek_v4.config import (
     v4_fields,
+    v4_fp8_block_bytes,
     v4_fp8_components,
     v4_hidden_shape,
     v4_layer_components,
@@ -188,7 +188,8 @@ class Family:
     kv_components: Callable[[ModelArgs], dict[str, int]] = _key_value
     kv_description: str = "K and V"
     fp8_kv: Callable[[ModelArgs], dict[str, int]] | None = None
-    fp8_block_bytes: Callable[[int, int], int] = lambda entry_bytes, entries: entry_bytes * entries
+    # (component, bytes per entry, entries per block) -> bytes a block of it takes
+    fp8_block_bytes: Callable[[str, int, int], int] = lambda _name, entry, entries: entry * entries
     hidden_shape: Callable[[ModelArgs], tuple[int, ...]] = _token_hidden
     # whether the decode step's ops beside attention capture (paged_decode_graphs)
     graph_ops: Callable[[GraphSetting], bool] = _never
@@ -377,7 +378,7 @@ DEEPSEEK_V4 = Family(
     cache_class="stages.models.deepseek_v4.cache:V4Cache",
     kv_description="V4 window latents, compressed entries, compressor inputs",
     fp8_kv=v4_fp8_components,
-    fp8_block_bytes=fp8_v4_layout.packed_bytes,
+    fp8_block_bytes=v4_fp8_block_bytes,
     hidden_shape=v4_hidden_shape,
     layer_kv_components=v4_layer_components,
     block_multiple=lambda args: args.family_args.max_rate,

@@ -248,10 +248,10 @@ class MLASparseBackend(AttentionBackend[MLADecodeRows | SparseRows]):
         indexer_logits_rows = _kernel(layer.kernels, "indexer_logits_rows")
         plan, indices = rows.plan, rows.dense.clone()
         q, weights = layer.indexer.queries(x, q_resid, cos, sin)
-        keys = kv.pages(local_layer, INDEXER_KEY)
+        pages = kv.pages(local_layer, INDEXER_KEY)  # [blocks, block_size, 1, width]
         logits = indexer_logits_rows(
             q[plan.token_index],
-            keys.view(-1, keys.shape[-1]),
+            pages.view(pages.shape[0], pages.shape[1], pages.shape[-1]),
             weights[plan.token_index],
             layer.indexer.scale,
             plan,

@@ -11,22 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_indexer, fp8_latent, triton_fp8_latent
+from stages.kernels import fp8_latent, triton_fp8_latent
 from stages.model_config import ModelArgs
 from stages.models.deepseek_config import INDEXER_KEY, LATENT, latent_components
 from stages.models.families import fp8_components
 
-# An FP8 component's (quantize-on-write into flat pages at slots, dequantize gathered rows)
-FP8_CODECS = {
-    LATENT: (triton_fp8_latent.write, fp8_latent.dequantize),
-    INDEXER_KEY: (triton_fp8_latent.write_indexer_key, fp8_indexer.dequantize),
-}
-
 
 class LatentKVCache:
     """kv_cache_dtype "fp8" (DeepSeek-V3.2): the latent is stored in FlashMLA's 656-byte FP8
-    layout (stages/kernels/fp8_latent.py), the indexer key as e4m3 values and a float32 scale
-    (stages/kernels/fp8_indexer.py): uint8 pages, quantized as they are written."""
+    layout (stages/kernels/fp8_latent.py), the indexer key as e4m3 values and a float32 scale in
+    stages/kernels/fp8_indexer.py's block layout: uint8 pages, quantized as they are written."""
 
     def __init__(
         self,
@@ -77,15 +71,20 @@ class LatentKVCache:
     ) -> None:
         """Store values [T, width] at slots [T]."""
         flat = self._flat(local_layer, name)
-        if name in self.packed:  # quantized as it is written (one fused kernel on CUDA)
-            FP8_CODECS[name][0](flat, values, slot_mapping)
-            return
-        flat.index_copy_(0, slot_mapping, values.to(flat.dtype))
+        if name == LATENT and name in self.packed:  # quantized as written (one fused kernel)
+            triton_fp8_latent.write(flat, values, slot_mapping)
+        elif name in self.packed:  # the indexer key, in its block layout
+            triton_fp8_latent.write_indexer_key(self.pages(local_layer, name), values, slot_mapping)
+        else:
+            flat.index_copy_(0, slot_mapping, values.to(flat.dtype))
 
     def gather(
         self, local_layer: int, idx: torch.Tensor | slice, name: str = LATENT
     ) -> torch.Tensor:
-        """[L, width] of a row's prefix: idx its slots, or a slice (consecutive blocks: a view)."""
+        """[L, width] of a row's prefix: idx its slots, or a slice (consecutive blocks: a view);
+        an FP8 latent dequantized."""
+        if name == INDEXER_KEY and name in self.packed:
+            raise ValueError("the FP8 indexer key is read where it is scored (fp8_indexer.read)")
         flat = self._flat(local_layer, name)
         out = flat[idx] if isinstance(idx, slice) else flat.index_select(0, idx)
-        return FP8_CODECS[name][1](out) if name in self.packed else out
+        return fp8_latent.dequantize(out) if name in self.packed else out

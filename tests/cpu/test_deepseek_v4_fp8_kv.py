@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from stages.forward_batch import ForwardBatch
-from stages.kernels import fp8_v4, triton_fp8_latent
+from stages.kernels import fp8_indexer, fp8_v4, indexer_select, triton_fp8_latent
 from stages.kernels.fp8_v4_layout import BLOCK_ALIGN, ENTRY_BYTES, VALUE_BYTES, block_bytes
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import bytes_per_block, make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import load_model_args
 from stages.models.deepseek_v4.cache import V4Cache
-from stages.models.deepseek_v4.config import COMP, KV
+from stages.models.deepseek_v4.config import COMP, INDEX_KEYS, KV
 from stages.partition import layer_ranges
 from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
 
@@ -75,9 +75,10 @@ def test_bytes_per_block_and_refusals(checkpoint):
     args = load_model_args(checkpoint)
     a, b = args.family_args, BLOCK
     d, di = a.head_dim, a.index_head_dim
-    # layers: sliding, CSA (rate 4), HCA (rate 8), CSA; kv and comp packed, blocks padded
+    # layers: sliding, CSA (rate 4), HCA (rate 8), CSA; kv and comp packed, blocks padded; the
+    # indexer's keys in FP8 (di e4m3 bytes and a float32 scale each)
     kv, comp4, comp8 = block_bytes(b), block_bytes(b // 4), block_bytes(b // 8)
-    csa = kv + comp4 + 2 * (b * 4 * d + b * 4 * di) + 2 * (b // 4) * di
+    csa = kv + comp4 + 2 * (b * 4 * d + b * 4 * di) + (b // 4) * (di + 4)
     hca = kv + comp8 + 2 * b * 2 * d
     assert bytes_per_block(args, range(0, 4), b, torch.bfloat16, "fp8") == kv + csa + hca + csa
     tiny = load_model_args(write_checkpoint(str(checkpoint) + "-tiny", TINY_V4))
@@ -130,12 +131,12 @@ def _chunked_then_decode(pipe: Pipeline) -> tuple[torch.Tensor, list[int]]:
 def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, in_place):
     """Chunked prefill and decode on FP8 pages against the unquantized cache: logits within
     quantization tolerance; and against the unquantized cache fed the values the FP8 pages
-    hold (each kv / comp value rounded through pack and unpack), where only the reading
-    differs: equal to the bit. Chunks read their keys dequantized (the bf16 prefill kernel's
-    path) or, in_place, the pages at the keys' traced addresses as decode rows do, whose
-    torch reference attends over the gathered pool's columns in its order: a bound on fp32
-    noise would not hold on every CPU (an AVX2 EPYC measured 2.9e-4, and a score near the
-    indexer's ReLU edge turns noise into another selection)."""
+    hold (each kv / comp value, and the indexer's keys and queries, rounded through FP8),
+    where only the reading differs: equal to the bit. Chunks read their keys dequantized (the
+    bf16 prefill kernel's path) or, in_place, the pages at the keys' traced addresses as
+    decode rows do, whose torch reference attends over the gathered pool's columns in its
+    order: a bound on fp32 noise would not hold on every CPU (an AVX2 EPYC measured 2.9e-4,
+    and a score near the indexer's ReLU edge turns noise into another selection)."""
     fp8 = Pipeline(checkpoint, "fp8", in_place)
     assert fp8.caches[0].fp8 and fp8.caches[0].pages(0, "kv").shape[-1] == ENTRY_BYTES
     got, _tokens = _chunked_then_decode(fp8)
@@ -148,9 +149,18 @@ def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, i
     def write_rounded(self, local, name, values, slots):
         if name in (KV, COMP):
             values = fp8_v4.dequantize(*fp8_v4.quantize(values)).to(values.dtype)
+        if name == INDEX_KEYS:
+            values = fp8_indexer.dequantize(*fp8_indexer.quantize(values)).to(values.dtype)
         write(self, local, name, values, slots)
 
+    score = indexer_select.logits_rows_reference
+
+    def score_rounded(q, keys, weights, scale, plan):  # the indexer's queries FP8 too
+        q8, q_scale = fp8_indexer.quantize_queries(q)
+        return score(q8.float() * q_scale[..., None], keys, weights, scale, plan)
+
     monkeypatch.setattr(V4Cache, "write", write_rounded)
+    monkeypatch.setattr(indexer_select, "logits_rows_reference", score_rounded)
     rounded, _tokens = _chunked_then_decode(Pipeline(checkpoint, "auto"))
     assert torch.equal(got, rounded)
 

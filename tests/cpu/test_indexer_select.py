@@ -202,12 +202,13 @@ def test_interpreted_fp8_kernel_matches_reference(triton_interpreter):
     heads = 16  # the decode tiles' MMA rows are the heads
     q = q[:t].repeat(1, heads // HEADS, 1) * torch.rand(t, heads, 1, generator=g)
     w = weights[:t].repeat(1, heads // HEADS) - 0.5
-    packed = fp8_indexer.quantize(keys)
+    packed = fp8_indexer.pack(keys, 4)  # the block layout: 4 entries a block
     out = triton_indexer.indexer_logits_rows(q, packed, w, 0.25, plan)
     ref = logits_rows_reference(q, packed, w, 0.25, plan)
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
     seen = ref != float("-inf")
     torch.testing.assert_close(out[seen], ref[seen], rtol=1e-4, atol=1e-4)
     # the FP8 queries are what both score: unquantized queries give other scores
-    unquantized = logits_rows_reference(q, fp8_indexer.dequantize(packed), w, 0.25, plan)
+    dequantized = fp8_indexer.dequantize(*fp8_indexer.quantize(keys))
+    unquantized = logits_rows_reference(q, dequantized, w, 0.25, plan)
     assert not torch.allclose(out[seen], unquantized[seen], rtol=1e-3, atol=1e-3)

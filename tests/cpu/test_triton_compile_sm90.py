@@ -108,7 +108,7 @@ def test_indexer_rows_kernels_compile(fp8):
     from stages.kernels import triton_indexer
 
     chunk, decode = triton_indexer._rows_kernels()
-    strides = ("stride_qt", "stride_qh", "stride_k", "stride_ks", "stride_wt", "stride_sr")
+    strides = ("stride_qt", "stride_qh", "stride_kb", "stride_sb", "stride_wt", "stride_sr")
     sig = {
         "Q": "*fp8e4nv" if fp8 else "*bf16",  # FP8 keys: FP8 queries (FP8 MMA)
         "K": "*fp8e4nv" if fp8 else "*bf16",
@@ -119,12 +119,20 @@ def test_indexer_rows_kernels_compile(fp8):
         "TILES": "*i32",
         "OUT": "*fp32",
         "LMAX": "i32",
-        "scale": "fp32",
+        "ENTRIES": "i32",
         **{s: "i32" for s in (*strides, "stride_ot")},
     }
     shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8}
-    _compile(chunk, sig, {**shape, "BT": 64, "BL": 128}, num_warps=4)
-    _compile(decode, sig, {**shape, "BL": 64}, num_warps=4)
+    cfg = triton_indexer.CHUNK_CONFIG
+    chunk_shape = {
+        **shape,
+        "BT": 64,
+        "BL": cfg.block_l,
+        "HEAD_STEP": cfg.head_step,
+        "KEYS_AS_ROWS": cfg.keys_as_rows,
+    }
+    _compile(chunk, sig, chunk_shape, num_warps=cfg.warps, num_stages=cfg.stages)
+    _compile(decode, sig, {**shape, "BL": 64, "WIDEN": fp8}, num_warps=4)
 
 
 def test_topk_compaction_compiles():
@@ -154,9 +162,12 @@ def test_fp8_indexer_key_write_compiles(dim):
         {
             "k_ptr": "*bf16",
             "slot_ptr": "*i64",
-            "q_ptr": "*fp8e4nv",
-            "scale_ptr": "*fp32",
+            "values_ptr": "*fp8e4nv",
+            "scales_ptr": "*fp32",
             "stride_k": "i32",
+            "stride_vb": "i32",
+            "stride_sb": "i32",
+            "entries": "i32",
         },
         {"DIM": dim, "BLOCK": triton.next_power_of_2(dim), "FP8_MAX": fp8_latent.FP8_MAX},
         num_warps=1,
@@ -350,8 +361,14 @@ def test_rope_tail_compiles(norm, weighted):
             "inv_d": "fp32",
             "eps": "fp32",
         },
-        {"R": 64, "NORM": norm, "WEIGHTED": weighted, "CUDA_RSQRT": True,
-         "BLOCK_H": 4 if norm else 8, "BLOCK_D": 512},
+        {
+            "R": 64,
+            "NORM": norm,
+            "WEIGHTED": weighted,
+            "CUDA_RSQRT": True,
+            "BLOCK_H": 4 if norm else 8,
+            "BLOCK_D": 512,
+        },
         num_warps=4,
         enable_fp_fusion=False,
     )

@@ -66,9 +66,9 @@ def test_indexer_logits_rows_match_reference(group_rows, fp8):
     keys = torch.randn(total + 100, 128, generator=g, device="cuda").bfloat16()
     q = torch.randn(off, 64, 128, generator=g, device="cuda").bfloat16()
     w = torch.randn(off, 64, generator=g, device="cuda")
-    if fp8:
-        keys = fp8_indexer.quantize(keys)
-        assert keys.shape == (total + 100, 132) and keys.dtype == torch.uint8
+    if fp8:  # V3.2's 64-token blocks: a page of 64 keys
+        keys = fp8_indexer.pack(keys, 64)
+        assert keys.shape == (-(-(total + 100) // 64), 64, 132) and keys.dtype == torch.uint8
     out = triton_indexer.indexer_logits_rows(q, keys, w, 128**-0.5, plan)
     ref = logits_rows_reference(q.float(), keys if fp8 else keys.float(), w, 128**-0.5, plan)
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
@@ -79,8 +79,9 @@ def test_indexer_logits_rows_match_reference(group_rows, fp8):
 
 @pytest.mark.parametrize("dim", [128, 64])
 def test_fp8_key_write_matches_the_torch_quantizer(dim):
-    """The quantize-on-write kernel stores fp8_indexer.quantize's bytes at the given slots of the
-    flat [slots, D + 4] pages and leaves every other slot alone."""
+    """The quantize-on-write kernel stores fp8_indexer.write_reference's bytes at the given
+    slots of the block pages (16 entries a block, V4's; [blocks, E, 1, D + 4], V3.2's) and
+    leaves every other byte alone."""
     g = torch.Generator(device="cuda").manual_seed(dim)
     keys = (
         torch.randn(300, dim, generator=g, device="cuda")
@@ -88,11 +89,12 @@ def test_fp8_key_write_matches_the_torch_quantizer(dim):
     ).bfloat16()
     keys[7] = 0  # an all-zero key: the scale's floor
     slots = torch.randperm(1024, generator=g, device="cuda")[:300]
-    fused = torch.randint(0, 255, (1024, dim + 4), generator=g, device="cuda", dtype=torch.uint8)
-    ref = fused.clone()
-    triton_fp8_latent.write_indexer_key(fused, keys, slots)
-    ref.index_copy_(0, slots, fp8_indexer.quantize(keys))
-    assert torch.equal(fused, ref)
+    for shape in ((64, 16, dim + 4), (16, 64, 1, dim + 4)):
+        fused = torch.randint(0, 255, shape, generator=g, device="cuda", dtype=torch.uint8)
+        ref = fused.clone()
+        triton_fp8_latent.write_indexer_key(fused, keys, slots)
+        fp8_indexer.write_reference(ref, keys, slots)
+        assert torch.equal(fused, ref)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])
@@ -115,9 +117,9 @@ def test_batched_selection_equals_the_row_loop_with_ties(fp8):
     keys = torch.randn(total, 128, generator=g, device="cuda")
     keys[::2] = -keys[::2].abs()
     keys = keys.bfloat16()
-    packed = fp8_indexer.quantize(keys) if fp8 else keys
+    packed = fp8_indexer.pack(keys, 64) if fp8 else keys
     if fp8:
-        keys = fp8_indexer.dequantize(packed).bfloat16()
+        keys = fp8_indexer.dequantize(*fp8_indexer.quantize(keys)).bfloat16()
     perm = torch.randperm(total, generator=g, device="cuda")
     rows, off, used = [], 0, 0
     for n, start in shapes:

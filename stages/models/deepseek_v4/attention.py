@@ -135,7 +135,7 @@ class Indexer(GroupCompressor):
         q = self.q_b_proj(q_resid).view(t, self.heads, self.width)
         q = apply_rope(q, angles, self.kernels)
         weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
-        keys = cache.flat(local, INDEX_KEYS)
+        keys = cache.component(local, INDEX_KEYS)  # scored in place, FP8 or not
         score, top_k = _op(self.kernels.indexer_logits_rows), _op(self.kernels.index_topk)
         k = min(self.topk, plan.max_entries)
         picked = torch.empty(t, k, dtype=torch.long, device=x.device)

@@ -20,7 +20,9 @@ block's `comp_in`, so no compressor state is restored or recomputed.
 
 With kv_cache_dtype "fp8", `kv` and `comp` (what attention reads) are stored in FlashMLA's
 584-byte V4 layout (stages/kernels/fp8_v4.py), quantized as they are written; FlashMLA's sparse
-FP8 decode reads them in place, at the addresses `addresses()` traces (see there).
+FP8 decode reads them in place, at the addresses `addresses()` traces (see there). The indexer's
+`index_keys` are FP8 indexer keys (stages/kernels/fp8_indexer.py: e4m3 values, a float32 scale
+each, in their block layout), which the indexer's scores read in place.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ import copy
 
 import torch
 
-from stages.kernels import fp8_v4, triton_fp8_latent
+from stages.kernels import fp8_indexer, fp8_v4, triton_fp8_latent
 from stages.model_config import ModelArgs
-from stages.models.deepseek_v4.config import COMP, KV, layer_components
+from stages.models.deepseek_v4.config import COMP, INDEX_KEYS, KV, layer_components
 from stages.models.families import fp8_components
 
 
@@ -57,6 +59,8 @@ class V4Cache:
         self.tracing = False  # addresses(): KV / COMP reads give the entries' addresses
 
         def component(name: str, width: int, per: int) -> torch.Tensor:
+            if name == INDEX_KEYS and name in self.packed:  # [num_blocks, entries, D + 4]
+                return fp8_indexer.allocate(num_blocks, block_size // per, width, device)
             if name in self.packed:  # [num_blocks, entries, 1, 584] FP8 pages
                 return fp8_v4.allocate(num_blocks, block_size // per, device)
             return torch.zeros(num_blocks, block_size // per, width, dtype=dtype, device=device)
@@ -81,12 +85,20 @@ class V4Cache:
             raise ValueError(f"cache component {name!r} is not stored in FP8")
         return self.layers[local_layer].get(name)
 
+    def component(self, local_layer: int, name: str) -> torch.Tensor:
+        """The component's tensor as stored, [num_blocks, entries per block, ...]: slot s is
+        entry s % entries of block s // entries."""
+        return self.layers[local_layer][name]
+
     def flat(self, local_layer: int, name: str) -> torch.Tensor:
         """[num_blocks * entries per block, width]: addressed by `slots`."""
         t = self.layers[local_layer][name]
         return t.view(-1, t.shape[-1])
 
     def write(self, local_layer: int, name: str, values: torch.Tensor, slots: torch.Tensor) -> None:
+        if name == INDEX_KEYS and name in self.packed:
+            triton_fp8_latent.write_indexer_key(self.layers[local_layer][name], values, slots)
+            return
         if name in self.packed:  # quantized as it is written (one fused kernel on CUDA)
             triton_fp8_latent.write_v4(self.layers[local_layer][name], values, slots)
             return
@@ -96,6 +108,8 @@ class V4Cache:
     def read(self, local_layer: int, name: str, slots: torch.Tensor) -> torch.Tensor:
         if self.tracing and name in (KV, COMP):
             return self._address(name, slots)[:, None]
+        if name == INDEX_KEYS and name in self.packed:
+            return fp8_indexer.read(self.layers[local_layer][name], slots)
         if name in self.packed:
             return fp8_v4.read(self.layers[local_layer][name], slots)
         return self.flat(local_layer, name).index_select(0, slots)

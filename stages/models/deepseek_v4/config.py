@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stages.kernels import fp8_v4_layout
+from stages.kernels import fp8_indexer_layout, fp8_v4_layout
 
 if TYPE_CHECKING:
     from stages.model_config import ModelArgs
@@ -290,12 +290,11 @@ def layer_components(a: V4Args, layer: int) -> dict[str, tuple[int, int]]:
 
 
 def v4_fp8_components(args: ModelArgs) -> dict[str, int]:
-    """Bytes per entry of the components an FP8 cache stores in FlashMLA's 584-byte V4 layout
-    (stages/kernels/fp8_v4_layout.py): the window latents and the compressed entries, what
-    attention reads; the compressor inputs and the indexer's keys stay in the model's dtype.
-    (V3.2's FP8 indexer keys, 132-byte rows, made decode rows' scores 3x slower than bf16
-    keys at 512 rows x 64K keys, which outweighs the chunks' FP8 scores: docs/PERFORMANCE.md,
-    "The FP8 indexer, the candidates' top-k, the fused MoE activation".)"""
+    """Bytes per entry of the components an FP8 cache stores: the window latents and the
+    compressed entries, what attention reads, in FlashMLA's 584-byte V4 layout
+    (stages/kernels/fp8_v4_layout.py); the indexer's keys as e4m3 values and a float32 scale in
+    their block layout (stages/kernels/fp8_indexer.py), scored on FP8 tensor cores. The
+    compressor inputs stay in the model's dtype."""
     a: V4Args = args.family_args
     nope = a.head_dim - a.rope_dim
     if (nope, a.rope_dim) != (fp8_v4_layout.NOPE, fp8_v4_layout.ROPE):
@@ -303,7 +302,19 @@ def v4_fp8_components(args: ModelArgs) -> dict[str, int]:
             f"--kv-cache-dtype fp8: the V4 FP8 layout holds {fp8_v4_layout.NOPE} no-rope + "
             f"{fp8_v4_layout.ROPE} rope values (head_dim 512), not {nope} + {a.rope_dim}"
         )
-    return {KV: fp8_v4_layout.ENTRY_BYTES, COMP: fp8_v4_layout.ENTRY_BYTES}
+    return {
+        KV: fp8_v4_layout.ENTRY_BYTES,
+        COMP: fp8_v4_layout.ENTRY_BYTES,
+        INDEX_KEYS: fp8_indexer_layout.key_bytes(a.index_head_dim),
+    }
+
+
+def v4_fp8_block_bytes(name: str, entry_bytes: int, entries: int) -> int:
+    """Bytes a block of an FP8 component takes: FlashMLA's V4 layout pads its blocks; the
+    indexer keys' block is its entries' bytes."""
+    if name == INDEX_KEYS:
+        return entry_bytes * entries
+    return fp8_v4_layout.packed_bytes(entry_bytes, entries)
 
 
 def v4_layer_components(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
