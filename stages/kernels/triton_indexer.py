@@ -110,10 +110,23 @@ class ChunkConfig:
     head_step: int = 1
     warps: int = 4
     stages: int = 3
-    keys_as_rows: bool = False
 
 
-CHUNK_CONFIG = ChunkConfig()
+# per key dtype, from the session-14 sweep on the H200 (docs/bench/session14/, 8192 queries x
+# 64K keys): FP8 11.27 ms at 256 keys / 2 heads a step / 8 warps against 11.53 at the bf16 best
+CHUNK_CONFIGS = {"fp8": ChunkConfig(256, 2, 8, 3), "bf16": ChunkConfig()}
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The decode kernel's launch: keys a program scores, warps."""
+
+    block_l: int = DECODE_BLOCK_L
+    warps: int = 4
+
+
+DECODE_CONFIG = DecodeConfig()
+QUANTIZE_TOKENS = 4  # tokens a program of the query quantizer takes
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,8 +139,7 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
                      stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot,
                      HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr,
-                     BL: tl.constexpr, HEAD_STEP: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
-                     KEY_FP8: tl.constexpr):
+                     BL: tl.constexpr, HEAD_STEP: tl.constexpr, KEY_FP8: tl.constexpr):
         """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic (KEY_FP8:
         Q and K e4m3, KS each key's float32 scale). Slot s is entry s % ENTRIES of block
         s // ENTRIES (fp8_indexer's pages; bf16 keys are one entry's values after another)."""
@@ -152,27 +164,15 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
             entry = slots - block * ENTRIES
             offs_d = tl.arange(0, HEAD_DIM)
             key_rows = block * stride_kb + entry * HEAD_DIM
-            if KEYS_AS_ROWS:  # S^T = K Q^T: the queries, loaded per head, are the MMA's B
-                k = tl.load(K + key_rows[:, None] + offs_d[None, :],
-                            mask=l_mask[:, None], other=0.0)  # [BL, D]
-                acc_t = tl.zeros([BL, BT], tl.float32)
-                for h0 in range(0, HEADS, HEAD_STEP):
-                    for j in tl.static_range(HEAD_STEP):
-                        q = tl.load(Q + offs_t[None, :] * stride_qt + (h0 + j) * stride_qh
-                                    + offs_d[:, None], mask=t_mask[None, :], other=0.0)  # [D, BT]
-                        w = tl.load(W + offs_t * stride_wt + h0 + j, mask=t_mask, other=0.0)
-                        acc_t += tl.maximum(tl.dot(k, q), 0.0) * w[None, :]
-                acc = tl.trans(acc_t)
-            else:
-                k = tl.load(K + key_rows[None, :] + offs_d[:, None],
-                            mask=l_mask[None, :], other=0.0)  # [D, BL]
-                acc = tl.zeros([BT, BL], tl.float32)
-                for h0 in range(0, HEADS, HEAD_STEP):
-                    for j in tl.static_range(HEAD_STEP):
-                        q = tl.load(Q + offs_t[:, None] * stride_qt + (h0 + j) * stride_qh
-                                    + offs_d[None, :], mask=t_mask[:, None], other=0.0)  # [BT, D]
-                        w = tl.load(W + offs_t * stride_wt + h0 + j, mask=t_mask, other=0.0)
-                        acc += tl.maximum(tl.dot(q, k), 0.0) * w[:, None]
+            k = tl.load(K + key_rows[None, :] + offs_d[:, None],
+                        mask=l_mask[None, :], other=0.0)  # [D, BL]
+            acc = tl.zeros([BT, BL], tl.float32)
+            for h0 in range(0, HEADS, HEAD_STEP):
+                for j in tl.static_range(HEAD_STEP):
+                    q = tl.load(Q + offs_t[:, None] * stride_qt + (h0 + j) * stride_qh
+                                + offs_d[None, :], mask=t_mask[:, None], other=0.0)  # [BT, D]
+                    w = tl.load(W + offs_t * stride_wt + h0 + j, mask=t_mask, other=0.0)
+                    acc += tl.maximum(tl.dot(q, k), 0.0) * w[:, None]
             if KEY_FP8:  # a positive power of two: relu and the head sum commute with it
                 acc = acc * tl.load(KS + block * stride_sb + entry, mask=l_mask, other=0.0)[None, :]
             acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
@@ -184,7 +184,7 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
                       stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot,
                       HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BL: tl.constexpr,
-                      KEY_FP8: tl.constexpr, WIDEN: tl.constexpr):
+                      KEY_FP8: tl.constexpr):
         """One token (a decode row) x BL of its keys; the index heads are the MMA's rows."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 2).to(tl.int64)
@@ -205,9 +205,6 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
             hs = tl.arange(0, HEADS)
             q = tl.load(Q + tok * stride_qt + hs[:, None] * stride_qh + offs_d[None, :])
-            if WIDEN:  # FP8 values widened to bf16 (exact)
-                q = q.to(tl.bfloat16)
-                k = k.to(tl.bfloat16)
             s = tl.maximum(tl.dot(q, k), 0.0)  # [HEADS, BL]
             w = tl.load(W + tok * stride_wt + hs)
             logit = tl.sum(s * w[:, None], 0)
@@ -218,6 +215,59 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     # fmt: on
 
     return chunk_kernel, decode_kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _quantize_kernel() -> Any:  # a Triton JITFunction (untyped)
+    import triton
+    import triton.language as tl
+
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def quantize_kernel(Q, W, QOUT, WOUT, T, scale, stride_qt, stride_qh, stride_wt,  # type: ignore[no-untyped-def]
+                        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS: tl.constexpr,
+                        FP8_MAX: tl.constexpr):
+        """fp8_indexer.quantize_queries of TOKENS tokens (each head its power-of-two scale,
+        the same bits), and their head weights times the softmax scale and that scale."""
+        offs_d = tl.arange(0, HEAD_DIM)
+        hs = tl.arange(0, HEADS)
+        for i in tl.static_range(TOKENS):
+            t = tl.program_id(0) * TOKENS + i
+            if t < T:
+                x = tl.load(Q + t * stride_qt + hs[:, None] * stride_qh
+                            + offs_d[None, :]).to(tl.float32)  # [HEADS, D]
+                amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / FP8_MAX
+                bits = amax.to(tl.int32, bitcast=True)
+                exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+                q_scale = (exponent << 23).to(tl.float32, bitcast=True)  # [HEADS]
+                tl.store(QOUT + t * HEADS * HEAD_DIM + hs[:, None] * HEAD_DIM + offs_d[None, :],
+                         (x / q_scale[:, None]).to(tl.float8e4nv))
+                w = tl.load(W + t * stride_wt + hs).to(tl.float32)
+                tl.store(WOUT + t * HEADS + hs, w * scale * q_scale)
+    # fmt: on
+
+    return quantize_kernel
+
+
+def quantize_queries(
+    q: torch.Tensor, weights: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 [T, H, D], float32 [T, H]): fp8_indexer.quantize_queries's values, and the head
+    weights times the softmax scale and each head's scale (what the FP8 scores weigh each
+    head's relu by): one kernel on CUDA, where torch took about ten."""
+    from stages.kernels import fp8_latent
+
+    ts, heads, dim = q.shape
+    values = torch.empty(ts, heads, dim, dtype=torch.float8_e4m3fn, device=q.device)
+    scaled = torch.empty(ts, heads, dtype=torch.float32, device=q.device)
+    if ts:
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        weights = weights if weights.stride(-1) == 1 else weights.contiguous()
+        _quantize_kernel()[(-(-ts // QUANTIZE_TOKENS),)](
+            q, weights, values, scaled, ts, scale, q.stride(0), q.stride(1), weights.stride(0),
+            HEADS=heads, HEAD_DIM=dim, TOKENS=QUANTIZE_TOKENS, FP8_MAX=fp8_latent.FP8_MAX,
+        )  # fmt: skip
+    return values, scaled
 
 
 def _key_views(keys: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
@@ -239,16 +289,15 @@ def indexer_logits_rows(
     weights: torch.Tensor,
     scale: float,
     plan: Any,
-    config: ChunkConfig = CHUNK_CONFIG,
-    widen: bool = True,
+    config: ChunkConfig | None = None,
+    decode: DecodeConfig = DECODE_CONFIG,
 ) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys the layer's key
     pages ([blocks, E, D] in q's dtype, or [blocks, E, D + 4] uint8: FP8 keys in
     stages/kernels/fp8_indexer.py's layout), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf
     where a token does not see a key). Chunk rows and decode rows are one launch each.
-    config / widen: the chunk kernel's launch and whether decode rows widen FP8 to bf16 (benches
-    sweep them)."""
-    from stages.kernels import fp8_indexer, fp8_indexer_layout, indexer_select
+    config / decode: the kernels' launches (benches sweep them; CHUNK_CONFIGS by default)."""
+    from stages.kernels import fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
     lmax = plan.key_slots.shape[1]
@@ -266,11 +315,11 @@ def indexer_logits_rows(
     if refusal is not None:
         _fall_back("indexer_logits_rows", refusal)
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
-    # relu(s x) = s relu(x) for s > 0: the softmax scale rides on the head weights
-    weights = weights.float() * scale
     if fp8:  # FP8 queries against the keys' e4m3 values; each key's scale after them
-        q, q_scale = fp8_indexer.quantize_queries(q)
-        weights = weights * q_scale
+        q, weights = quantize_queries(q, weights, scale)
+    else:  # relu(s x) = s relu(x) for s > 0: the softmax scale rides on the head weights
+        weights = weights.float() * scale
+    config = config or CHUNK_CONFIGS["fp8" if fp8 else "bf16"]
     values, scales, entries, stride_kb, stride_sb = _key_views(keys, dim)
     q, weights = q.contiguous(), weights.contiguous()
     out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
@@ -299,13 +348,12 @@ def indexer_logits_rows(
             BT=indexer_select.CHUNK_TILE,
             BL=config.block_l,
             HEAD_STEP=config.head_step,
-            KEYS_AS_ROWS=config.keys_as_rows,
             KEY_FP8=fp8,
             num_warps=config.warps,
             num_stages=config.stages,
         )
     if plan.decode_tiles.shape[0]:
-        grid = (plan.decode_tiles.shape[0], -(-lmax // DECODE_BLOCK_L))
+        grid = (plan.decode_tiles.shape[0], -(-lmax // decode.block_l))
         decode_kernel[grid](
             *args,
             plan.decode_tiles,
@@ -315,9 +363,9 @@ def indexer_logits_rows(
             *strides,
             HEADS=heads,
             HEAD_DIM=dim,
-            BL=DECODE_BLOCK_L,
+            BL=decode.block_l,
             KEY_FP8=fp8,
-            WIDEN=fp8 and widen,
+            num_warps=decode.warps,
         )
     return out
 

@@ -236,8 +236,8 @@ def triton_interpreter(monkeypatch):
     convert = interpreter._convert_float
 
     def convert_float(input, input_dtype, output_dtype, rounding_mode):
-        """float32 -> bfloat16 rounded to nearest even, as compiled kernels cast by default
-        (the interpreter truncates, and its own rounding mode does not carry into the
+        """float32 -> bfloat16 or e4m3 rounded to nearest even, as compiled kernels cast by
+        default (the interpreter truncates, and its own rounding mode does not carry into the
         exponent)."""
         import numpy as np
         import triton.language as tl
@@ -245,6 +245,9 @@ def triton_interpreter(monkeypatch):
         if input_dtype == tl.float32 and output_dtype == tl.bfloat16:
             values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
             return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        if input_dtype == tl.float32 and output_dtype == tl.float8e4nv:
+            values = torch.from_numpy(np.ascontiguousarray(input).view(np.float32))
+            return values.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
         return convert(input, input_dtype, output_dtype, rounding_mode)
 
     monkeypatch.setattr(interpreter, "_convert_float", convert_float)

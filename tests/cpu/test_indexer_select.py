@@ -212,3 +212,19 @@ def test_interpreted_fp8_kernel_matches_reference(triton_interpreter):
     dequantized = fp8_indexer.dequantize(*fp8_indexer.quantize(keys))
     unquantized = logits_rows_reference(q, dequantized, w, 0.25, plan)
     assert not torch.allclose(out[seen], unquantized[seen], rtol=1e-3, atol=1e-3)
+
+
+def test_interpreted_query_quantizer_matches_the_torch_rule(triton_interpreter):
+    """The FP8 scores' query quantizer (one kernel) gives fp8_indexer.quantize_queries's bytes
+    and the head weights times the softmax scale and each head's scale, in the order the torch
+    path multiplies them."""
+    from stages.kernels import fp8_indexer, triton_indexer
+
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(9, 16, 64, generator=g) * torch.logspace(-4, 3, 16)[None, :, None]
+    q[2, 5] = 0  # a zero head: the scale's floor
+    w = torch.randn(9, 16, generator=g)
+    values, weights = triton_indexer.quantize_queries(q.bfloat16(), w, 0.125)
+    want_values, q_scale = fp8_indexer.quantize_queries(q.bfloat16())
+    assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8))
+    assert torch.equal(weights, w * 0.125 * q_scale)

@@ -123,16 +123,20 @@ def test_indexer_rows_kernels_compile(fp8):
         **{s: "i32" for s in (*strides, "stride_ot")},
     }
     shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8}
-    cfg = triton_indexer.CHUNK_CONFIG
-    chunk_shape = {
-        **shape,
-        "BT": 64,
-        "BL": cfg.block_l,
-        "HEAD_STEP": cfg.head_step,
-        "KEYS_AS_ROWS": cfg.keys_as_rows,
-    }
+    cfg = triton_indexer.CHUNK_CONFIGS["fp8" if fp8 else "bf16"]
+    chunk_shape = {**shape, "BT": 64, "BL": cfg.block_l, "HEAD_STEP": cfg.head_step}
     _compile(chunk, sig, chunk_shape, num_warps=cfg.warps, num_stages=cfg.stages)
-    _compile(decode, sig, {**shape, "BL": 64, "WIDEN": fp8}, num_warps=4)
+    dec = triton_indexer.DECODE_CONFIG
+    _compile(decode, sig, {**shape, "BL": dec.block_l}, num_warps=dec.warps)
+
+
+def test_query_quantizer_compiles():
+    from stages.kernels import fp8_latent, triton_indexer
+
+    sig = {"Q": "*bf16", "W": "*bf16", "QOUT": "*fp8e4nv", "WOUT": "*fp32", "T": "i32"}
+    sig |= {"scale": "fp32", "stride_qt": "i32", "stride_qh": "i32", "stride_wt": "i32"}
+    shape = {"HEADS": 64, "HEAD_DIM": 128, "TOKENS": triton_indexer.QUANTIZE_TOKENS}
+    _compile(triton_indexer._quantize_kernel(), sig, {**shape, "FP8_MAX": fp8_latent.FP8_MAX})
 
 
 def test_topk_compaction_compiles():

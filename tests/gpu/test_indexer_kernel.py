@@ -175,3 +175,17 @@ def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k):
     want = torch.sort(scores + 0.0, dim=-1, descending=True, stable=True).indices[:, :k]
     assert torch.equal(triton_topk.top_k_positions(scores.clone(), k), want)
     assert torch.equal(top_k_positions(scores, k), want)
+
+
+def test_query_quantizer_matches_the_torch_rule():
+    """The FP8 scores' query quantizer gives fp8_indexer.quantize_queries's bytes and the head
+    weights times the softmax scale and each head's scale, at V4's index heads."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(333, 64, 128, generator=g, device="cuda")
+    q = (q * torch.logspace(-4, 3, 64, device="cuda")[None, :, None]).bfloat16()
+    q[7, 3] = 0  # a zero head: the scale's floor
+    w = torch.randn(333, 64, generator=g, device="cuda").bfloat16()
+    values, weights = triton_indexer.quantize_queries(q, w, 128**-0.5)
+    want, q_scale = fp8_indexer.quantize_queries(q)
+    assert torch.equal(values.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(weights, w.float() * 128**-0.5 * q_scale)

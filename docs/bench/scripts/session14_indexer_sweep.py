@@ -1,8 +1,10 @@
-"""Session 14: the indexer's chunk kernel swept on the H200 over its launch (tokens a tile,
-keys a program, heads unrolled, warps, stages, which operand the keys are), FP8 pages and bf16 keys, V4's CSA at the last
-8K chunk of a 256K prompt (8192 queries x 64K keys, 64 x 128 heads); and the decode rows (512 x
-64K) over FP8 pages widened or not, against bf16 keys. Each config's scores are checked against
-the default's (a broken config is reported, not timed). One JSON line a config.
+"""Session 14: the indexer's kernels swept on the H200 over their launches. The chunk kernel
+(keys a program, heads unrolled, warps, stages; call 2 also swept 128-token tiles and the keys as
+the MMA's rows, both slower), FP8 pages and bf16 keys, V4's CSA at the last 8K chunk of a 256K
+prompt (8192 queries x 64K keys, 64 x 128 heads); the decode rows (512 x 64K) over FP8 pages and
+bf16 keys (keys a program, warps); the query quantizer, one kernel against torch's ops. Each
+config's scores are checked against the default's (a broken config is reported, not timed).
+One JSON line a config.
 
     python docs/bench/scripts/session14_indexer_sweep.py --out sweep.jsonl
 """
@@ -17,7 +19,7 @@ import torch
 
 from app.bench.moe import timed
 from stages.kernels import fp8_indexer, indexer_select, triton_indexer
-from stages.kernels.triton_indexer import ChunkConfig
+from stages.kernels.triton_indexer import ChunkConfig, DecodeConfig
 
 HEADS, DIM, ENTRIES = 64, 128, 16
 
@@ -54,19 +56,19 @@ def main() -> None:
     scale = DIM**-0.5
     with open(a.out, "w") as out:
         refs = {}
-        for tile in (64, 128):
+        for tile in (64,):
             q, keys, pages, w, plan, flops = case(1, 8192, a.keys, tile)
             for name, ks in (("fp8", pages), ("bf16", keys)):
                 if name not in refs:
-                    refs[name] = triton_indexer.indexer_logits_rows(q, ks, w, scale, plan)
+                    refs[name] = triton_indexer.indexer_logits_rows(
+                        q, ks, w, scale, plan, ChunkConfig()
+                    )
                 ref = refs[name]
-                grid = itertools.product((128, 256), (1, 2), (4, 8), (2, 3), (False, True))
-                for bl, step, warps, stages, keys_as_rows in grid:
+                grid = itertools.product((128, 256), (1, 2), (4, 8), (3,))
+                for bl, step, warps, stages in grid:
                     if tile * bl // (32 * warps) > 128:
                         continue  # the accumulator alone would spill
-                    if name == "bf16" and (stages == 2 or step == 2):
-                        continue
-                    cfg = ChunkConfig(bl, step, warps, stages, keys_as_rows)
+                    cfg = ChunkConfig(bl, step, warps, stages)
                     row = {"keys": name, "tile": tile, **cfg.__dict__}
                     try:
                         got = triton_indexer.indexer_logits_rows(q, ks, w, scale, plan, cfg)
@@ -90,22 +92,44 @@ def main() -> None:
             torch.cuda.empty_cache()
         q, keys, pages, w, plan, flops = case(512, 1, a.keys, 64)
         ref = triton_indexer.indexer_logits_rows(q, keys, w, scale, plan)
-        for name, ks, widen in (("bf16", keys, True), ("fp8", pages, True), ("fp8", pages, False)):
-            got = triton_indexer.indexer_logits_rows(q, ks, w, scale, plan, widen=widen)
-            fn = lambda: triton_indexer.indexer_logits_rows(q, ks, w, scale, plan, widen=widen)  # noqa: E731
-            ms = timed(fn, reps=5)
-            seen = ref != float("-inf")
-            err = ((got[seen] - ref[seen]).norm() / ref[seen].norm()).item()
-            emit(
-                out,
-                {
-                    "decode": 512,
-                    "keys": name,
-                    "widen": widen,
-                    "ms": round(ms, 3),
-                    "rel_err_vs_bf16": round(err, 4),
-                },
-            )
+        seen = ref != float("-inf")
+        for name, ks in (("bf16", keys), ("fp8", pages)):
+            for bl, warps in itertools.product((32, 64, 128), (4, 8)):
+                cfg = DecodeConfig(bl, warps)
+                row = {"decode": 512, "keys": name, **cfg.__dict__}
+                try:
+                    got = triton_indexer.indexer_logits_rows(q, ks, w, scale, plan, decode=cfg)
+                    err = ((got[seen] - ref[seen]).norm() / ref[seen].norm()).item()
+                    row["rel_err_vs_bf16"] = round(err, 4)
+                    row["ms"] = round(
+                        timed(
+                            lambda: triton_indexer.indexer_logits_rows(
+                                q, ks, w, scale, plan, decode=cfg
+                            ),
+                            reps=5,
+                        ),
+                        3,
+                    )
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                emit(out, row)
+        qs = q.view(512, HEADS, DIM)
+        emit(
+            out,
+            {
+                "quantize_queries_512_ms": round(
+                    timed(lambda: triton_indexer.quantize_queries(qs, w, scale), reps=5), 4
+                )
+            },
+        )
+        emit(
+            out,
+            {
+                "quantize_queries_torch_512_ms": round(
+                    timed(lambda: fp8_indexer.quantize_queries(qs), reps=5), 4
+                )
+            },
+        )
 
 
 if __name__ == "__main__":
