@@ -98,7 +98,9 @@ def _kernel() -> Any:  # a Triton JITFunction (untyped)
     return logits_kernel
 
 
-DECODE_BLOCK_L = 64
+# 512 decode rows x 64K keys (session 14, call 3): 128 keys a program, FP8 3.04 ms and bf16
+# 3.78, against 8.84 and 4.82 at 64
+DECODE_BLOCK_L = 128
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,9 @@ class ChunkConfig:
     stages: int = 3
 
 
-# per key dtype, from the session-14 sweep on the H200 (docs/bench/session14/, 8192 queries x
-# 64K keys): FP8 11.27 ms at 256 keys / 2 heads a step / 8 warps against 11.53 at the bf16 best
-CHUNK_CONFIGS = {"fp8": ChunkConfig(256, 2, 8, 3), "bf16": ChunkConfig()}
+# the session-14 sweeps on the H200 (docs/bench/session14/call2-3, 8192 queries x 64K keys):
+# no other launch beat this one over both key dtypes (FP8 10.5 ms, bf16 17.5)
+CHUNK_CONFIG = ChunkConfig()
 
 
 @dataclass(frozen=True)
@@ -289,14 +291,14 @@ def indexer_logits_rows(
     weights: torch.Tensor,
     scale: float,
     plan: Any,
-    config: ChunkConfig | None = None,
+    config: ChunkConfig = CHUNK_CONFIG,
     decode: DecodeConfig = DECODE_CONFIG,
 ) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys the layer's key
     pages ([blocks, E, D] in q's dtype, or [blocks, E, D + 4] uint8: FP8 keys in
     stages/kernels/fp8_indexer.py's layout), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf
     where a token does not see a key). Chunk rows and decode rows are one launch each.
-    config / decode: the kernels' launches (benches sweep them; CHUNK_CONFIGS by default)."""
+    config / decode: the kernels' launches (benches sweep them)."""
     from stages.kernels import fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
@@ -319,7 +321,6 @@ def indexer_logits_rows(
         q, weights = quantize_queries(q, weights, scale)
     else:  # relu(s x) = s relu(x) for s > 0: the softmax scale rides on the head weights
         weights = weights.float() * scale
-    config = config or CHUNK_CONFIGS["fp8" if fp8 else "bf16"]
     values, scales, entries, stride_kb, stride_sb = _key_views(keys, dim)
     q, weights = q.contiguous(), weights.contiguous()
     out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)

@@ -123,7 +123,7 @@ def test_indexer_rows_kernels_compile(fp8):
         **{s: "i32" for s in (*strides, "stride_ot")},
     }
     shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8}
-    cfg = triton_indexer.CHUNK_CONFIGS["fp8" if fp8 else "bf16"]
+    cfg = triton_indexer.CHUNK_CONFIG
     chunk_shape = {**shape, "BT": 64, "BL": cfg.block_l, "HEAD_STEP": cfg.head_step}
     _compile(chunk, sig, chunk_shape, num_warps=cfg.warps, num_stages=cfg.stages)
     dec = triton_indexer.DECODE_CONFIG
