@@ -31,6 +31,9 @@ from stages.kernels import indexer_select, triton_paged_decode
 
 GROUP = 8  # scores per group whose maximum bounds the threshold
 BLOCK = 2048  # scores a program reads per step
+# the compaction's (scores a step, warps): a program walks one whole line, so its steps'
+# reads are what hides the memory's latency (session 14 sweeps it)
+COMPACT = (2048, 8)
 
 
 def is_available(device: str) -> bool:
@@ -82,9 +85,11 @@ if triton is not None:
     # fmt: on
 
 
-def top_k_positions(scores: torch.Tensor, k: int, group: int = GROUP) -> torch.Tensor:
+def top_k_positions(
+    scores: torch.Tensor, k: int, group: int = GROUP, compact: tuple[int, int] = COMPACT
+) -> torch.Tensor:
     """indexer_select.top_k_positions's contract: [..., L] fp32 -> [..., k] long, the rule's
-    positions in the rule's order."""
+    positions in the rule's order. compact: the compaction's launch (benches sweep it)."""
     width = scores.shape[-1]
     if width < 2 * (k + group * k):  # short lines: no fewer candidates to gain
         return indexer_select.top_k_positions(scores, k)
@@ -102,7 +107,7 @@ def top_k_positions(scores: torch.Tensor, k: int, group: int = GROUP) -> torch.T
         theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
         compact_kernel[(lines,)](
             flat, theta, values, positions, width, k, flat.stride(0), values.stride(0),
-            BLOCK=BLOCK, num_warps=8,
+            BLOCK=compact[0], num_warps=compact[1],
         )  # fmt: skip
     picked = positions.gather(-1, indexer_select.top_k_positions(values, k))
     return picked.view(*scores.shape[:-1], k)

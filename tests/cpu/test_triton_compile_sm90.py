@@ -146,8 +146,8 @@ def test_topk_compaction_compiles():
     _compile(
         triton_topk.compact_kernel,
         {**sig, "stride_s": "i64", "stride_c": "i64"},
-        {"BLOCK": triton_topk.BLOCK},
-        num_warps=8,
+        {"BLOCK": triton_topk.COMPACT[0]},
+        num_warps=triton_topk.COMPACT[1],
     )
     _compile(
         triton_topk.maxima_kernel,
