@@ -3,22 +3,23 @@ contract): logits[t, l] = sum_h weights[t, h] * relu(scale * q[t, h] . k[l]).
 
 Each program owns a tile of queries x keys and loops over the index heads, so the [T, heads, L]
 products the torch reference materialises tile by tile never leave registers. q and k are read
-in their own dtype (bf16 on the GPU: tensor cores), accumulated in fp32. DeepGEMM's
-fp8_mqa_logits is the FP8 version of the same computation; it does not load on this host.
+in their own dtype (bf16 on the GPU: tensor cores), accumulated in fp32; the softmax scale rides
+on the head weights (relu(s x) = s relu(x) for s > 0). DeepGEMM's fp8_mqa_logits is the FP8
+version of the same computation; it does not load on this host.
 
 ``indexer_logits_rows`` scores every selecting row of a batch at once
 (stages.kernels.indexer_select), keys read from the paged cache through each row's slot table,
 -inf where a token does not see a key: one launch for the chunk rows (a program: up to 64
 tokens of a row x a block of its keys, the arithmetic of ``indexer_logits``) and one for the
 decode rows (a program: one token's index heads as the MMA's rows x a block of its keys).
-Under an FP8 cache the keys are e4m3 with a float32 scale per token
-(stages/kernels/fp8_indexer.py) and the queries are quantized to e4m3 per head
-(``fp8_indexer.quantize_queries``, their scales folded into the head weights): the MMA runs on
-FP8 tensor cores (12.5 against 18.8 ms over bf16 keys for 8192 queries x 64K keys), and each
-key's column of scores is multiplied by its scale once, after the ReLU and the head sum (a
-positive power of two: relu(s x) = s relu(x), and scaling by it is exact). Decode rows widen
-both to bf16 in registers (exact) for their MMA, 14.2 -> 12.2 ms at 512 rows x 64K keys; over
-bf16 keys the same rows take 4.2 ms, a gap not explained yet (docs/PERFORMANCE.md).
+Under an FP8 cache the keys are e4m3 with a float32 scale each, in stages/kernels/fp8_indexer.py's
+block layout (a block's values, 16-byte aligned, then its scales), and the queries are quantized
+to e4m3 per head (``quantize_queries``: one kernel, fp8_indexer's rule, its scales folded into
+the head weights): both kernels' MMAs run on FP8 tensor cores, and each key's column of scores
+is multiplied by its scale once, after the ReLU and the head sum (a positive power of two:
+relu(s x) = s relu(x), and scaling by it is exact). On the H200 (docs/PERFORMANCE.md, session
+14): 8192 queries x 64K keys 10.5 ms over FP8 keys against 17.5 over bf16; 512 decode rows x 64K
+keys 3.0 against 3.8 ms.
 
 Index heads of another width than 64 or 128 (and, for decode rows, fewer than 16 or not a power
 of two) are refused when the stage is built (``supports``); a call that gets them anyway, or
