@@ -282,7 +282,7 @@ def _key_views(keys: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor
     if keys.dtype == torch.uint8:
         values, scales = fp8_indexer.split(keys)
         return values, scales, values.shape[1], values.stride(0), scales.stride(0)
-    flat = keys.reshape(-1, dim)
+    flat = keys.reshape(-1, dim).contiguous()  # the kernels step D values from key to key
     return flat, flat, flat.shape[0], 0, 0
 
 
@@ -315,6 +315,8 @@ def indexer_logits_rows(
         refusal = Refusal("dtype", f"queries in {q.dtype}, keys {tuple(keys.shape)} {keys.dtype}")
     else:  # decode tiles' MMA rows are the heads
         refusal = _heads_refused(heads) if plan.decode_tiles.shape[0] else None
+    if heads % config.head_step:
+        raise ValueError(f"{heads} index heads in steps of {config.head_step}")
     if refusal is not None:
         _fall_back("indexer_logits_rows", refusal)
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
