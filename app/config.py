@@ -251,9 +251,8 @@ class EngineConfig(Options):
     kv_cache_dtype: str = option(
         "auto",
         "KV cache: auto / bfloat16 = the model's dtype; fp8 = DeepSeek-V3.2's 656-byte "
-        "FP8 latent and FP8 indexer keys (132 bytes) or DeepSeek-V4's 584-byte FP8 KV "
-        "(FlashMLA's sparse FP8 kernels on "
-        "CUDA). DeepSeek-V2/V3 (dense MLA) keep "
+        "FP8 latent, or DeepSeek-V4's 584-byte FP8 KV (FlashMLA's sparse FP8 kernels on "
+        "CUDA), and both models' FP8 indexer keys (132 bytes). DeepSeek-V2/V3 (dense MLA) keep "
         "bfloat16: FlashMLA's dense FP8 decode is not among its SM90 kernels.",
         choices=KV_CACHE_DTYPES,
     )
