@@ -117,10 +117,11 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _pow2_scale(x, FP8_MAX: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _pow2_scale(x, FP8_MAX: tl.constexpr, AXIS: tl.constexpr = 0):  # type: ignore[no-untyped-def]
         """(scale, its float32 exponent field): the least power of two >= max(|x|) / FP8_MAX
-        (floored at 1e-4 / FP8_MAX), from its bits (exact, as fp8_latent.pow2_scale)."""
-        amax = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-4) / FP8_MAX
+        (floored at 1e-4 / FP8_MAX) along AXIS, from its bits (exact, as
+        fp8_latent.pow2_scale)."""
+        amax = tl.maximum(tl.max(tl.abs(x), axis=AXIS), 1e-4) / FP8_MAX
         bits = amax.to(tl.int32, bitcast=True)
         exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         return (exponent << 23).to(tl.float32, bitcast=True), exponent

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from stages.kernels import triton_paged_decode
+from stages.kernels import triton_fp8_latent, triton_paged_decode
 from stages.kernels.fallbacks import KernelTarget, Refusal, record_fallback
 
 BLOCK_T, BLOCK_L = 64, 128
@@ -106,11 +106,9 @@ DECODE_BLOCK_L = 128
 
 @dataclass(frozen=True)
 class ChunkConfig:
-    """The chunk kernel's launch: keys a program scores (BL), index heads per unrolled step,
-    warps and pipeline stages."""
+    """The chunk kernel's launch: keys a program scores (BL), warps and pipeline stages."""
 
     block_l: int = BLOCK_L
-    head_step: int = 1
     warps: int = 4
     stages: int = 3
 
@@ -142,7 +140,7 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
                      stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot,
                      HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr,
-                     BL: tl.constexpr, HEAD_STEP: tl.constexpr, KEY_FP8: tl.constexpr):
+                     BL: tl.constexpr, KEY_FP8: tl.constexpr):
         """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic (KEY_FP8:
         Q and K e4m3, KS each key's float32 scale). Slot s is entry s % ENTRIES of block
         s // ENTRIES (fp8_indexer's pages; bf16 keys are one entry's values after another)."""
@@ -170,12 +168,11 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
             k = tl.load(K + key_rows[None, :] + offs_d[:, None],
                         mask=l_mask[None, :], other=0.0)  # [D, BL]
             acc = tl.zeros([BT, BL], tl.float32)
-            for h0 in range(0, HEADS, HEAD_STEP):
-                for j in tl.static_range(HEAD_STEP):
-                    q = tl.load(Q + offs_t[:, None] * stride_qt + (h0 + j) * stride_qh
-                                + offs_d[None, :], mask=t_mask[:, None], other=0.0)  # [BT, D]
-                    w = tl.load(W + offs_t * stride_wt + h0 + j, mask=t_mask, other=0.0)
-                    acc += tl.maximum(tl.dot(q, k), 0.0) * w[:, None]
+            for h in range(HEADS):
+                q = tl.load(Q + offs_t[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                            mask=t_mask[:, None], other=0.0)  # [BT, D]
+                w = tl.load(W + offs_t * stride_wt + h, mask=t_mask, other=0.0)
+                acc += tl.maximum(tl.dot(q, k), 0.0) * w[:, None]
             if KEY_FP8:  # a positive power of two: relu and the head sum commute with it
                 acc = acc * tl.load(KS + block * stride_sb + entry, mask=l_mask, other=0.0)[None, :]
             acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
@@ -239,10 +236,8 @@ def _quantize_kernel() -> Any:  # a Triton JITFunction (untyped)
             if t < T:
                 x = tl.load(Q + t * stride_qt + hs[:, None] * stride_qh
                             + offs_d[None, :]).to(tl.float32)  # [HEADS, D]
-                amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) / FP8_MAX
-                bits = amax.to(tl.int32, bitcast=True)
-                exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-                q_scale = (exponent << 23).to(tl.float32, bitcast=True)  # [HEADS]
+                # the keys' rule, the same bits: [HEADS], a scale a head
+                q_scale, _exponent = triton_fp8_latent._pow2_scale(x, FP8_MAX, 1)
                 tl.store(QOUT + t * HEADS * HEAD_DIM + hs[:, None] * HEAD_DIM + offs_d[None, :],
                          (x / q_scale[:, None]).to(tl.float8e4nv))
                 w = tl.load(W + t * stride_wt + hs).to(tl.float32)
@@ -315,8 +310,6 @@ def indexer_logits_rows(
         refusal = Refusal("dtype", f"queries in {q.dtype}, keys {tuple(keys.shape)} {keys.dtype}")
     else:  # decode tiles' MMA rows are the heads
         refusal = _heads_refused(heads) if plan.decode_tiles.shape[0] else None
-    if heads % config.head_step:
-        raise ValueError(f"{heads} index heads in steps of {config.head_step}")
     if refusal is not None:
         _fall_back("indexer_logits_rows", refusal)
         return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
@@ -351,7 +344,6 @@ def indexer_logits_rows(
             HEAD_DIM=dim,
             BT=indexer_select.CHUNK_TILE,
             BL=config.block_l,
-            HEAD_STEP=config.head_step,
             KEY_FP8=fp8,
             num_warps=config.warps,
             num_stages=config.stages,

@@ -124,7 +124,7 @@ def test_indexer_rows_kernels_compile(fp8):
     }
     shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8}
     cfg = triton_indexer.CHUNK_CONFIG
-    chunk_shape = {**shape, "BT": 64, "BL": cfg.block_l, "HEAD_STEP": cfg.head_step}
+    chunk_shape = {**shape, "BT": 64, "BL": cfg.block_l}
     _compile(chunk, sig, chunk_shape, num_warps=cfg.warps, num_stages=cfg.stages)
     dec = triton_indexer.DECODE_CONFIG
     _compile(decode, sig, {**shape, "BL": dec.block_l}, num_warps=dec.warps)
