@@ -103,6 +103,11 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.rope_tail:rope_tail",
         "triton": "stages.kernels.triton_rope:rope_tail",
     },
+    # DeepSeek-V4's compression of a group of tokens into one entry (softmax-gated pooling).
+    "group_pool": {
+        "torch": "stages.kernels.group_pool:pool_groups",
+        "triton": "stages.kernels.triton_group_pool:pool_groups",
+    },
     # DeepSeek-V4's RMSNorm (its weight in fp32, the product in fp32, cast once).
     "rms_norm_fp32": {
         "torch": "stages.kernels.rope_tail:fp32_rms_norm",
@@ -165,6 +170,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "hc_merge": ("triton", "torch"),
     "rope_tail": ("triton", "torch"),
     "rms_norm_fp32": ("triton", "torch"),
+    "group_pool": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
@@ -214,6 +220,9 @@ class Kernels:
     rope_tail: Callable[..., Any] | None = None
     # (x [..., D], weight [D] fp32, eps) -> [..., D] in x's dtype: rope_tail.fp32_rms_norm
     rms_norm_fp32: Callable[..., Any] | None = None
+    # (inputs [S, 2*series*w], slots [G, 2*rate] long, first [G] bool, bias [rate, series*w]
+    #  fp32, rate, overlap, live [G] bool | None) -> [G, w]: stages/kernels/group_pool
+    group_pool: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -342,6 +351,7 @@ def select_kernels(
             ("hc_merge", "auto"),
             ("rope_tail", "auto"),
             ("rms_norm_fp32", "auto"),
+            ("group_pool", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

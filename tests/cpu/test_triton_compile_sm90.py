@@ -395,3 +395,37 @@ def test_rms_norm_fp32_compiles():
         num_warps=8,
         enable_fp_fusion=False,
     )
+
+
+@pytest.mark.parametrize(
+    "rate,overlap,live", [(4, True, False), (4, True, True), (128, False, True)]
+)
+def test_group_pool_compiles(rate, overlap, live):
+    from stages.kernels import triton_group_pool
+
+    block_s = 2 * rate if overlap else rate
+    _compile(
+        triton_group_pool._pool_groups,
+        {
+            "in_ptr": "*bf16",
+            "slot_ptr": "*i64",
+            "first_ptr": "*i1",
+            "live_ptr": "*i1",
+            "bias_ptr": "*fp32",
+            "out_ptr": "*bf16",
+            **{
+                name: "i32"
+                for name in ("W", "stride_in", "stride_slot", "stride_bias", "stride_out")
+            },
+        },
+        {
+            "RATE": rate,
+            "OVERLAP": overlap,
+            "LIVE": live,
+            "CUDA_EXP": True,
+            "BLOCK_S": block_s,
+            "BLOCK_W": min(512, triton_group_pool.TILE_ELEMENTS // block_s),
+        },
+        num_warps=4,
+        enable_fp_fusion=False,
+    )

@@ -77,20 +77,13 @@ class GroupCompressor(nn.Module):
         """Compute and store the entries of every group whose last token is in the forward."""
         if not groups.count:
             return
-        r, w = self.rate, self.width
-        slots = groups.input_slots if self.overlap else groups.input_slots[:, r:]
-        inputs = cache.read(local, inputs_name, slots.reshape(-1))
-        kv, gate = inputs.view(groups.count, -1, r, inputs.shape[-1]).chunk(2, dim=-1)
-        gate = gate + self.position_bias
-        if self.overlap:  # group g - 1's first series then group g's second
-            first = groups.first[:, None, None]  # entry 0: zero kv, gate -inf (weight 0)
-            kv = torch.cat((kv[:, 0, :, :w].masked_fill(first, 0), kv[:, 1, :, w:]), dim=1)
-            gate = torch.cat(
-                (gate[:, 0, :, :w].masked_fill(first, float("-inf")), gate[:, 1, :, w:]), dim=1
-            )
-        else:
-            kv, gate = kv[:, 0], gate[:, 0]
-        pooled = (kv * gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)).sum(dim=1)
+        if self.kernels.group_pool is None:
+            raise RuntimeError("DeepSeek-V4 layers need kernels.group_pool, unset here")
+        inputs = cache.flat(local, inputs_name)  # read in place, by slot
+        pooled = self.kernels.group_pool(
+            inputs, groups.input_slots, groups.first, self.position_bias, self.rate,
+            self.overlap, groups.live,
+        )  # fmt: skip
         entries = apply_rope(pooled, angles, self.kernels, norm=self.kv_norm)
         cache.write(local, entries_name, entries, groups.entry_slots)
 

@@ -38,6 +38,10 @@ class GroupPlan:
     first: torch.Tensor  # [G] bool: g == 0 (no group before it; its half is a dummy slot)
     positions: torch.Tensor  # [G] long: g * rate, where entry g's rope is taken
     entry_slots: torch.Tensor  # [G] long: where entry g goes
+    # [G] bool: the groups that complete (a graphed decode step plans a group per row, most not
+    # complete: their entries go to the scratch block, and group_pool reads nothing for them);
+    # None: every group
+    live: torch.Tensor | None = None
 
 
 @dataclass
@@ -282,6 +286,7 @@ class V4Plan:
                     group == 0,
                     group * rate,
                     torch.where(completes, entry, scratch_block * per_block),
+                    completes,
                 ),
                 dense_indices=dense_indices,
                 select=select,
