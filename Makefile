@@ -41,8 +41,13 @@ lint: install
 	$(VENV)/bin/mypy $(TYPED)
 
 # CI: lint, then everything but GPU tests and the slow soak; the fuzz run at its small CI size.
+# The Triton kernels' interpreter tests run apart: TRITON_INTERPRET must be set before triton is
+# imported, and it changes what every @triton.jit builds.
 test: install lint
-	$(PY) -m pytest tests -m "not gpu and not slow" -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not gpu and not slow and not interpreter" -q -p no:cacheprovider \
+		$(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(PY) -m pytest tests/cpu -m "interpreter and not slow" -q \
+		-p no:cacheprovider $(PYTEST_ARGS)
 
 # The exhaustive matrices `make test` leaves out (PP x chunk sizes x skip modes per family, the
 # 200-client cancellation burst sizes, the soak): tens of minutes on 2 cores.

@@ -215,6 +215,14 @@ def tensor_reads(monkeypatch) -> Reads:
     return read
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests on the triton_interpreter fixture carry the `interpreter` marker: `make test` runs
+    them apart, with TRITON_INTERPRET=1."""
+    for item in items:
+        if "triton_interpreter" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.interpreter)
+
+
 @pytest.fixture
 def triton_interpreter(monkeypatch):
     """Triton kernels run by Triton's CPU interpreter: needs triton and TRITON_INTERPRET=1 set
