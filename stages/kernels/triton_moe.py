@@ -27,6 +27,7 @@ from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.moe_tuning import MoeConfig, TileConfig, pick_moe_config
 from stages.kernels.triton_gemm import num_sms
+from stages.kernels.triton_moe_combine import combine
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -119,7 +120,7 @@ def run_moe(
     r, a = route_and_gather(x, topk_ids, topk_weights, down.shape[0], cfg.block_m)
     h = gate_up_silu(a, gate_up, r, grid, cfg.gate, limit)
     y = down_scatter(h, down, r, t * k, grid, cfg.down)
-    return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return combine(y, topk_ids, x.dtype)
 
 
 def gate_up_silu(
@@ -178,8 +179,8 @@ def down_scatter(
 
     rows, inter = h.shape
     experts, hidden = down.shape[0], down.shape[1]
-    # zeros: a skipped pick (id -1, expert parallelism) has no row to write its slot
-    y = torch.zeros(pairs, hidden, dtype=h.dtype, device=h.device)
+    # a skipped pick's slot (id -1, expert parallelism) stays unwritten: combine skips it
+    y = torch.empty(pairs, hidden, dtype=h.dtype, device=h.device)
     h_desc = TensorDescriptor(h, [rows, inter], [inter, 1], [r.block_m, d.block_k])
     d_desc = TensorDescriptor(
         down, [experts, hidden, inter], [hidden * inter, inter, 1], [1, d.block_n, d.block_k]

@@ -28,6 +28,7 @@ from stages.kernels import fp8_ref, triton_fp8_act
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
+from stages.kernels.triton_moe_combine import combine
 
 BLOCK = fp8_ref.BLOCK
 # (BLOCK_M, warps, stages). Prefill (at least 128 rows an expert on average): 128-row tiles on
@@ -97,9 +98,8 @@ def grouped_gemm(
     rows, k = q.shape
     n = w.shape[1]
     out_rows = rows if pairs is None else pairs
-    # scattered to pairs: zeros, as a skipped pick (id -1, expert parallelism) writes nothing
-    alloc = torch.empty if pairs is None else torch.zeros
-    c = alloc(out_rows, n, dtype=dtype, device=q.device)
+    # scattered to pairs: a skipped pick's slot (id -1) stays unwritten; combine skips it
+    c = torch.empty(out_rows, n, dtype=dtype, device=q.device)
     ws = w_scale.float().contiguous()
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, BLOCK)))
     _grouped_w8a8[(progs,)](
@@ -164,7 +164,7 @@ def _moe(
     h = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid, x.dtype, **cfg)
     hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit)
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k, **cfg)
-    return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return combine(y, topk_ids, x.dtype)
 
 
 try:

@@ -34,6 +34,7 @@ from stages.kernels import mxfp4
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.triton_gemm import num_sms
+from stages.kernels.triton_moe_combine import combine
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def run_moe(
     r, a = route_and_gather(x, topk_ids, topk_weights, gate_up.shape[0], tiles.block_m)
     h = grouped_w4a16(a, gate_up, gate_up_scale, r, grid, tiles, inter, limit=limit)
     y = grouped_w4a16(h, down, down_scale, r, grid, tiles, down.shape[1], pairs=t * k)
-    return y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return combine(y, topk_ids, x.dtype)
 
 
 def grouped_w4a16(
@@ -168,16 +169,14 @@ def grouped_w4a16(
     """a [rows, K] (the layout's rows) times each tile's expert of w [E, N', K/2] (scales
     [E, N', K/32]). Without ``pairs``: gate/up, N' = 2n, returns h [rows, n] =
     silu(gate) * up; with it: down, N' = n, returns y [pairs, n], each row times its routing
-    weight at its pair's slot (zeros where no row lands: a skipped pick)."""
+    weight at its pair's slot (unwritten where no row lands: a skipped pick)."""
     rows, k = a.shape
     if k % mxfp4.GROUP or w.shape[2] * 2 != k or w_scale.shape[2] * mxfp4.GROUP != k:
         raise ValueError(f"MXFP4 weights {tuple(w.shape)} do not match K = {k}")
     w, ws = w.contiguous().view(torch.uint8), w_scale.contiguous().view(torch.uint8)
     swiglu = pairs is None
-    if pairs is None:
-        c = torch.empty(rows, n, dtype=a.dtype, device=a.device)
-    else:
-        c = torch.zeros(pairs, n, dtype=a.dtype, device=a.device)
+    # a skipped pick's slot (id -1) stays unwritten: combine skips it
+    c = torch.empty(rows if pairs is None else pairs, n, dtype=a.dtype, device=a.device)
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, tiles.block_n)))
     scaled = tiles.dot_scaled and _DOT_SCALED_BUILDS[0]
     try:

@@ -429,3 +429,19 @@ def test_group_pool_compiles(rate, overlap, live):
         num_warps=4,
         enable_fp_fusion=False,
     )
+
+
+def test_moe_combine_compiles():
+    from stages.kernels import triton_moe_combine as c
+
+    _compile(
+        c._combine,
+        {
+            "y_ptr": "*bf16",
+            "ids_ptr": "*i64",
+            "out_ptr": "*bf16",
+            **{name: "i32" for name in ("T", "H", "stride_y", "stride_ids", "stride_out")},
+        },
+        {"K": 6, "BLOCK_T": c.BLOCK_T, "BLOCK_H": c.BLOCK_H},
+        num_warps=4,
+    )

@@ -1,0 +1,64 @@
+"""The last step of the grouped MoE kernels (triton_moe, triton_moe_fp8, triton_moe_mxfp4): each
+token's sum over its k picks of the down projection's rows (already times their routing
+weights), in fp32, cast once. One kernel reads the [t * k, H] rows once; torch took three (the
+zero fill the rows' buffer needed for picks no row writes, the fp32 sum over k, the cast).
+
+A pick with id -1 (another rank's expert, or none) has no row: its slot is never written and is
+skipped here, so the buffer needs no zeros. The picks are added in order 0..k-1 in fp32; bf16
+rows differ from torch's order only where their sum is inexact in fp32 (rare: k terms of 8
+significant bits).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# tokens x channels of a program (a 4096-wide hidden row: 8 programs across it)
+BLOCK_T, BLOCK_H = 4, 512
+
+
+def combine(y: torch.Tensor, topk_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """y [t * k, H] (pair t * k + j: token t's pick j), topk_ids [t, k] (-1: no row) ->
+    [t, H] in dtype: the valid picks' rows summed in fp32."""
+    t, k = topk_ids.shape
+    hidden = y.shape[1]
+    out = torch.empty(t, hidden, dtype=dtype, device=y.device)
+    if t == 0:
+        return out
+    if y.stride(-1) != 1 or topk_ids.stride(-1) != 1:
+        raise ValueError("combine needs rows and ids with unit stride along their last dim")
+    grid = (triton.cdiv(t, BLOCK_T), triton.cdiv(hidden, BLOCK_H))
+    _combine[grid](
+        y, topk_ids, out, t, hidden, y.stride(0), topk_ids.stride(0), out.stride(0),
+        K=k, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+    # fmt: off
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _combine(  # type: ignore[no-untyped-def]
+        y_ptr, ids_ptr, out_ptr, T, H, stride_y, stride_ids, stride_out, K: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    ):
+        rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        in_t, in_h = rows < T, (cols < H)[None, :]
+        acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+        for j in tl.static_range(K):
+            picked = tl.load(ids_ptr + rows * stride_ids + j, mask=in_t, other=-1) >= 0
+            pair = rows * K + j
+            v = tl.load(y_ptr + pair[:, None] * stride_y + cols[None, :],
+                        mask=picked[:, None] & in_h, other=0.0)
+            acc += v.to(tl.float32)
+        out = out_ptr + rows[:, None] * stride_out + cols[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=in_t[:, None] & in_h)
+    # fmt: on
