@@ -95,6 +95,19 @@ def linear(
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
 
+def swiglu_linear(
+    gate_up: torch.Tensor,
+    limit: float | None,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """linear(torch_ref.swiglu(gate, up, limit), weight, scale_inv, bias) of gate_up [..., 2I]
+    (gate | up): a SwiGLU's W8A8 down projection (the fp8_swiglu_linear op)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return linear(torch_ref.swiglu(gate, up, limit), weight, scale_inv, bias)
+
+
 def moe_experts(
     x: torch.Tensor,
     gate_up: torch.Tensor,

@@ -120,6 +120,14 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent": "stages.kernels.fp8_gemm:linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:linear_sm1",
     },
+    # A SwiGLU's W8A8 down projection fed its gate | up: the swiglu folded into the activations'
+    # quantizer (the same backends as fp8_linear, chosen with it).
+    "fp8_swiglu_linear": {
+        "torch": "stages.kernels.fp8_ref:swiglu_linear",
+        "scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_scaled_mm",
+        "triton-persistent": "stages.kernels.fp8_gemm:swiglu_linear",
+        "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",
+    },
     # Routed experts with FP8 weights: a grouped persistent W8A8 Triton GEMM, or (torch) each
     # expert's GEMMs on the chosen fp8_linear.
     "moe_experts_fp8": {
@@ -172,6 +180,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "rms_norm_fp32": ("triton", "torch"),
     "group_pool": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
+    "fp8_swiglu_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
@@ -226,6 +235,9 @@ class Kernels:
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
+    # (gate_up [..., 2I], limit | None, weight [N, I] fp8, scale_inv, bias) -> [..., N]:
+    # fp8_linear(torch_ref.swiglu(gate, up, limit), ...), set with fp8_linear
+    fp8_swiglu_linear: Callable[..., Any] | None = None
     # moe_experts with FP8 weights and their scales (fp8_ref.moe_experts's arguments, limit
     # included)
     moe_experts_fp8: Callable[..., Any] | None = None
@@ -327,6 +339,7 @@ def select_kernels(
     "auto" (logged and counted: stages/kernels/fallbacks.py) and an error when named."""
     optional = {
         "fp8_linear": fp8_linear,
+        "fp8_swiglu_linear": fp8_linear,
         "mla_sparse_fp8": mla_sparse_fp8,
         "mla_prefill_fp8": mla_prefill_fp8,
         "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear),

@@ -31,19 +31,14 @@ def quantize_act(
     if x.dim() != 2:
         raise ValueError(f"quantize_act takes x [M, K], got shape {tuple(x.shape)}")
     m, k = x.shape
-    rows = m + (-m % rows_multiple)
-    groups = -(-k // fp8_ref.BLOCK)
     if triton is None or not x.is_cuda:
         if x.is_cuda:  # off CUDA fp8_ref is the one path
             record_fallback("fp8_act_quant", "triton", "no_triton", "-> fp8_ref")
-        return _reference(x, rows, group_major)
+        return _reference(x, m + (-m % rows_multiple), group_major)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    q = torch.empty(rows, k, dtype=fp8_ref.FP8, device=x.device)
-    if group_major:
-        scale = torch.empty(groups, rows, dtype=torch.float32, device=x.device).T
-    else:
-        scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    q, scale = _buffers(m, k, rows_multiple, group_major, x.device)
+    rows, groups = q.shape[0], scale.shape[1]
     if rows:
         _quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
             x,
@@ -66,11 +61,15 @@ def quantize_act(
 
 
 def swiglu_quantize_act(
-    gate_up: torch.Tensor, limit: float | None = None
+    gate_up: torch.Tensor,
+    limit: float | None = None,
+    rows_multiple: int = 1,
+    group_major: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """gate_up [M, 2I] (the gate and up halves side by side) -> quantize_act(torch_ref.swiglu(
-    gate, up, limit)) in one kernel: the MoE's activation between its GEMMs, where the
-    clamps, silu, product and quantizer were five passes over [rows, I] in torch (the clamps
+    gate, up, limit), rows_multiple, group_major) in one kernel: the activation between a SwiGLU's
+    GEMMs (the grouped MoE's, the shared experts' and dense MLPs' W8A8 down projections), where
+    the clamps, silu, product and quantizer were five passes over [rows, I] in torch (the clamps
     alone took 8 ms of V4-Flash's FP8 8K chunk). The same bits as the unfused path: torch's
     rounding steps, IEEE divisions and libdevice's expf, the one torch's silu calls."""
     from stages.kernels import torch_ref
@@ -78,21 +77,35 @@ def swiglu_quantize_act(
     width = gate_up.shape[1]
     if triton is None or not gate_up.is_cuda or width % 2 or gate_up.stride(-1) != 1:
         half = width // 2
-        return quantize_act(torch_ref.swiglu(gate_up[:, :half], gate_up[:, half:], limit))
-    return _swiglu_quantize(gate_up, limit)
+        h = torch_ref.swiglu(gate_up[:, :half], gate_up[:, half:], limit)
+        return quantize_act(h, rows_multiple, group_major)
+    return _swiglu_quantize(gate_up, limit, rows_multiple, group_major)
+
+
+def _buffers(
+    m: int, k: int, rows_multiple: int, group_major: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [R, K] e4m3, scale [R, groups] fp32, group-major or not), R = M rounded up."""
+    rows = m + (-m % rows_multiple)
+    groups = -(-k // fp8_ref.BLOCK)
+    q = torch.empty(rows, k, dtype=fp8_ref.FP8, device=device)
+    if group_major:
+        scale = torch.empty(groups, rows, dtype=torch.float32, device=device).T
+    else:
+        scale = torch.empty(rows, groups, dtype=torch.float32, device=device)
+    return q, scale
 
 
 def _swiglu_quantize(
-    gate_up: torch.Tensor, limit: float | None
+    gate_up: torch.Tensor, limit: float | None, rows_multiple: int = 1, group_major: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch (any device Triton runs on: its interpreter's tests call it)."""
     m, inter = gate_up.shape[0], gate_up.shape[1] // 2
-    groups = -(-inter // fp8_ref.BLOCK)
-    q = torch.empty(m, inter, dtype=fp8_ref.FP8, device=gate_up.device)
-    scale = torch.empty(m, groups, dtype=torch.float32, device=gate_up.device)
-    if m:
-        _swiglu_quantize_1x128[(triton.cdiv(m, BLOCK_M), groups)](
-            gate_up, q, scale, m, m, inter, gate_up.stride(0), q.stride(0), scale.stride(0),
+    q, scale = _buffers(m, inter, rows_multiple, group_major, gate_up.device)
+    rows, groups = q.shape[0], scale.shape[1]
+    if rows:
+        _swiglu_quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
+            gate_up, q, scale, m, rows, inter, gate_up.stride(0), q.stride(0), scale.stride(0),
             scale.stride(1), 0.0 if limit is None else _rounded(limit, gate_up.dtype),
             HAS_LIMIT=limit is not None, CUDA_EXP=gate_up.is_cuda,
             INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=BLOCK_M,

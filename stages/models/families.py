@@ -96,7 +96,7 @@ def _deepseek_graphs(s: GraphSetting) -> bool:
     quantizer) and the grouped Triton FP8 MoE, each a fixed launch with no host sync."""
     ops = ["moe_experts"]
     if "fp8_linear" in s.kernels:  # set only where FP8 weights stay FP8
-        ops += ["fp8_linear", "moe_experts_fp8"]
+        ops += ["fp8_linear", "fp8_swiglu_linear", "moe_experts_fp8"]
     return _fast(s, ops)
 
 
@@ -105,7 +105,7 @@ def _deepseek_v4_graphs(s: GraphSetting) -> bool:
     and hyper-connections; FP8 weights on the W8A8 GEMMs and the grouped FP8 MoE."""
     ops = ["moe_experts", "moe_experts_mxfp4", "hc_mix", "hc_merge"]
     if "fp8_linear" in s.kernels:
-        ops += ["fp8_linear", "moe_experts_fp8"]
+        ops += ["fp8_linear", "fp8_swiglu_linear", "moe_experts_fp8"]
     return _fast(s, ops)
 
 

@@ -196,11 +196,13 @@ def test_deepseek_graphs_need_sync_free_kernels():
     fast |= {"indexer_logits_rows": "triton", "moe_experts": "triton-persistent"}
     fast |= {"mla_sparse_fp8": "flash-mla"}
     w8a8 = {"fp8_linear": "scaled-mm", "moe_experts_fp8": "triton-persistent"}
+    w8a8 |= {"fp8_swiglu_linear": "scaled-mm"}
+    triton_w8a8 = {"fp8_linear": "triton-persistent", "fp8_swiglu_linear": "triton-persistent"}
     for ok in (
         GraphSetting(fast, 64, "auto", "bfloat16"),
         GraphSetting(fast, 64, "fp8", "bfloat16"),  # FlashMLA's sparse FP8 kernel
         GraphSetting(fast | w8a8, 64, "auto", "bfloat16"),  # W8A8 GEMMs, grouped FP8 MoE
-        GraphSetting(fast | w8a8 | {"fp8_linear": "triton-persistent"}, 64, "fp8", "bfloat16"),
+        GraphSetting(fast | w8a8 | triton_w8a8, 64, "fp8", "bfloat16"),
     ):
         assert DEEPSEEK.paged_decode_graphs(ok), ok
     for bad in (
@@ -208,6 +210,7 @@ def test_deepseek_graphs_need_sync_free_kernels():
         GraphSetting(fast, 16, "auto", "bfloat16"),  # not FlashMLA's page
         GraphSetting(fast | {"mla_sparse_fp8": "torch"}, 64, "fp8", "bfloat16"),
         GraphSetting(fast | w8a8 | {"fp8_linear": "torch"}, 64, "auto", "bfloat16"),
+        GraphSetting(fast | w8a8 | {"fp8_swiglu_linear": "torch"}, 64, "auto", "bfloat16"),
         GraphSetting(fast | w8a8 | {"moe_experts_fp8": "torch"}, 64, "auto", "bfloat16"),
         GraphSetting(fast, 64, "auto", "float32"),
     ):

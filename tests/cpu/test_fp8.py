@@ -196,7 +196,8 @@ def test_fp8_weights_kept_match_dequantized(checkpoints, caplog):
     for stage in kept.stages:
         for module in stage.modules():
             if hasattr(module, "kernels"):
-                module.kernels = replace(module.kernels, fp8_linear=weight_only)
+                unfused = {"fp8_linear": weight_only, "fp8_swiglu_linear": None}
+                module.kernels = replace(module.kernels, **unfused)
     assert torch.equal(kept.logits(PROMPT, [(0, len(PROMPT), table, True)]), want)
     # W8A8: within FP8 tolerance
     kept = Pipeline(checkpoints["fp8"], fp8_weights=True)

@@ -70,3 +70,45 @@ def test_interpreted_swiglu_quantizer_matches_the_unfused_path(triton_interprete
     want_q, want_s = _interpreted_quantizer(h)
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(s, want_s)
+
+
+@pytest.mark.parametrize("group_major", [False, True])
+def test_interpreted_swiglu_quantizer_in_the_scaled_mm_layout(triton_interpreter, group_major):
+    """The padded, group-major outputs cuBLASLt's GEMM reads (fp8_gemm.swiglu_linear_scaled_mm):
+    the rows the unpadded call writes, zeros with scale 1 after them."""
+    g = torch.Generator().manual_seed(9)
+    gate_up = (torch.randn(21, 512, generator=g) * 2).half()
+    want_q, want_s = triton_fp8_act._swiglu_quantize(gate_up, 2.0)
+    q, s = triton_fp8_act._swiglu_quantize(gate_up, 2.0, rows_multiple=16, group_major=group_major)
+    assert q.shape == (32, 256) and s.shape == (32, 2)
+    if group_major:
+        assert s.stride() == (1, 32)
+    assert torch.equal(q[:21].view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(s[:21], want_s)
+    assert not q[21:].view(torch.uint8).any() and bool((s[21:] == 1).all())
+
+
+@pytest.mark.parametrize("limit", [None, 3.0])
+def test_swiglu_down_projection_is_the_down_projection_of_the_swiglu(limit):
+    """Linear.forward_swiglu (a SwiGLU's down projection fed gate | up) on FP8 weights with the
+    torch kernels (fp8_swiglu_linear's reference) and on bf16 weights: forward(swiglu(...))."""
+    from stages.kernels import torch_ref
+    from stages.kernels.registry import select_kernels
+    from stages.models.layers import Linear
+
+    g = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(7, 512, generator=g) * 2).bfloat16()
+    gate, up = gate_up.chunk(2, dim=-1)
+    for fp8 in ("torch", None):
+        kernels = select_kernels("cpu", fp8_linear=fp8)
+        down = Linear(256, 128, False, kernels, torch.bfloat16, "cpu")
+        with torch.no_grad():
+            if down.weight_scale_inv is not None:
+                w = torch.randn(128, 256, generator=g)
+                down.weight.copy_(w.to(fp8_ref.FP8))
+                down.weight_scale_inv.copy_(torch.rand(1, 2, generator=g) + 0.5)
+            else:
+                down.weight.copy_(torch.randn(128, 256, generator=g).bfloat16())
+        assert (down.weight_scale_inv is not None) == (fp8 is not None)
+        want = down(torch_ref.swiglu(gate, up, limit))
+        assert torch.equal(down.forward_swiglu(gate_up, limit), want)

@@ -174,7 +174,7 @@ def fp8_prompt_logits(tp, path):
     )
     for module in model.modules():
         if hasattr(module, "kernels"):
-            module.kernels = replace(module.kernels, fp8_linear=weight_only)
+            module.kernels = replace(module.kernels, fp8_linear=weight_only, fp8_swiglu_linear=None)
     cache_args = args.family.rank_args(args, tp.size)
     kv = make_kv_cache(cache_args, range(layers), 4, BLOCK, torch.float32, "cpu")
     batch = ForwardBatch.build([(0, len(PROMPT), list(range(3)), True)], BLOCK)

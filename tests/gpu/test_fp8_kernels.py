@@ -144,6 +144,31 @@ def test_fused_swiglu_quantizer_matches_the_unfused_path(m, inter, limit):
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
 
 
+SWIGLU_BACKENDS = {
+    "scaled-mm": (fp8_gemm.swiglu_linear_scaled_mm, fp8_gemm.linear_scaled_mm),
+    "triton-persistent": (fp8_gemm.swiglu_linear, fp8_gemm.linear),
+    "triton-persistent-sm1": (fp8_gemm.swiglu_linear_sm1, fp8_gemm.linear_sm1),
+}
+
+
+@pytest.mark.skipif(triton_fp8_act.triton is None, reason="needs triton")
+@pytest.mark.parametrize("backend", list(SWIGLU_BACKENDS))
+@pytest.mark.parametrize("m", [1, 300, 8192])
+def test_swiglu_down_projection_equals_the_unfused_one(backend, m):
+    """fp8_swiglu_linear (a SwiGLU's W8A8 down projection fed its gate | up, the swiglu folded
+    into the quantizer) against fp8_linear of torch_ref.swiglu's output, at V4-Flash's shared
+    expert (2048 -> 4096, clamp 10): the same bits."""
+    from stages.kernels import torch_ref
+
+    fused, unfused = SWIGLU_BACKENDS[backend]
+    g = torch.Generator(device="cuda").manual_seed(m)
+    gate_up = (torch.randn(m, 2 * 2048, generator=g, device="cuda") * 6).bfloat16()
+    weight = (torch.randn(4096, 2048, generator=g, device="cuda") * 0.05).to(fp8_ref.FP8)
+    scale_inv = torch.rand(32, 16, generator=g, device="cuda") + 0.5
+    want = unfused(torch_ref.swiglu(gate_up[:, :2048], gate_up[:, 2048:], 10.0), weight, scale_inv)
+    assert torch.equal(fused(gate_up, 10.0, weight, scale_inv), want)
+
+
 @pytest.mark.skipif(triton_fp8_latent.triton is None, reason="needs triton")
 def test_fused_quantize_on_write_matches_reference():
     """The fused kernel writes the same bytes at the same slots as quantize + index_copy_, and
