@@ -12,9 +12,10 @@ for an 8K chunk (docs/PERFORMANCE.md). Here:
    k distinct scores are >= theta, so the line's k-th score is >= theta; and a score above
    theta lies in one of the at most k - 1 groups whose maximum is above theta, so at most
    group * (k - 1) scores are above it;
-3. one Triton pass (a block without a candidate costs its read and two sums) keeps, in
-   position order, every score above theta (they fit in group * k slots) and the first k
-   equal to it (the rule takes equal ones by lower position);
+3. one Triton pass over each line's maxima keeps, in position order, every score above theta
+   (they fit in group * k slots) and the first k equal to it (the rule takes equal ones by
+   lower position), reading the scores only of the groups whose maximum reaches theta: about
+   k groups of a 64K-score line's 8K, where the pass had read every score;
 4. the rule's top-k of those k + group * k candidates (indexer_select.top_k_positions): equal
    scores are in position order in each region, and the regions hold no equal scores, so
    the candidates' order breaks ties as the positions do.
@@ -31,9 +32,9 @@ from stages.kernels import indexer_select, triton_paged_decode
 
 GROUP = 8  # scores per group whose maximum bounds the threshold
 BLOCK = 2048  # scores a program reads per step
-# the compaction's (scores a step, warps): a program walks one whole line, so its steps'
-# reads are what hides the memory's latency (session 14 sweeps it)
-COMPACT = (2048, 8)
+# the compaction's (group maxima a step, warps): a program walks one whole line's maxima, and
+# reads the scores of a step's groups only if one of them may hold a candidate
+COMPACT = (512, 8)
 
 
 def is_available(device: str) -> bool:
@@ -58,30 +59,40 @@ if triton is not None:
         tl.store(M + line * stride_m + groups, tl.max(s, 1), mask=groups < G)
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def compact_kernel(S, THETA, VAL, POS, L, K, stride_s, stride_c, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def compact_kernel(  # type: ignore[no-untyped-def]
+        S, M, THETA, VAL, POS, L, G, K, stride_s, stride_m, stride_c, GROUP: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+    ):
         """A line's scores above theta to slots K.. and its first K equal to theta to slots
-        0..K-1, each region in position order (values and positions)."""
+        0..K-1, each region in position order (values and positions). It walks the line's
+        group maxima M and reads the scores only of groups whose maximum reaches theta (no
+        other group holds a candidate): those above it (at most K - 1), and those equal to it
+        while fewer than K equal scores are kept (a later one's are past the first K)."""
         line = tl.program_id(0).to(tl.int64)
         theta = tl.load(THETA + line)
         above = 0
         equal = 0
-        for start in range(0, L, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            valid = offs < L
-            s = tl.load(S + line * stride_s + offs, mask=valid, other=float("-inf"))
-            gt = valid & (s > theta)
-            eq = valid & (s == theta)
-            n_gt = tl.sum(gt.to(tl.int32))
-            n_eq = tl.sum(eq.to(tl.int32))
-            if n_gt + n_eq > 0:  # most blocks hold no candidate: one read, no scan
+        for start in range(0, G, BLOCK_G):
+            groups = start + tl.arange(0, BLOCK_G)
+            m = tl.load(M + line * stride_m + groups, mask=groups < G, other=float("-inf"))
+            take = (groups < G) & ((m > theta) | ((m == theta) & (equal < K)))
+            if tl.sum(take.to(tl.int32)) > 0:  # most steps: the maxima read, nothing else
+                offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+                valid = take[:, None] & (offs < L)
+                s = tl.load(S + line * stride_s + offs, mask=valid, other=float("-inf"))
+                s = tl.reshape(s, (BLOCK_G * GROUP,))  # in position order
+                offs = tl.reshape(offs, (BLOCK_G * GROUP,))
+                valid = tl.reshape(valid, (BLOCK_G * GROUP,))
+                gt = valid & (s > theta)
+                eq = valid & (s == theta)
                 gt_slot = K + above + tl.cumsum(gt.to(tl.int32), 0) - 1
                 eq_slot = equal + tl.cumsum(eq.to(tl.int32), 0) - 1
                 slot = tl.where(gt, gt_slot, eq_slot)
                 keep = gt | (eq & (eq_slot < K))
                 tl.store(VAL + line * stride_c + slot, s, mask=keep)
                 tl.store(POS + line * stride_c + slot, offs.to(tl.int64), mask=keep)
-            above += n_gt
-            equal += n_eq
+                above += tl.sum(gt.to(tl.int32))
+                equal += tl.sum(eq.to(tl.int32))
     # fmt: on
 
 
@@ -106,8 +117,9 @@ def top_k_positions(
         )  # fmt: skip
         theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
         compact_kernel[(lines,)](
-            flat, theta, values, positions, width, k, flat.stride(0), values.stride(0),
-            BLOCK=compact[0], num_warps=compact[1],
+            flat, maxima, theta, values, positions, width, groups, k, flat.stride(0),
+            maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=compact[0],
+            num_warps=compact[1],
         )  # fmt: skip
     picked = positions.gather(-1, indexer_select.top_k_positions(values, k))
     return picked.view(*scores.shape[:-1], k)

@@ -142,11 +142,12 @@ def test_query_quantizer_compiles():
 def test_topk_compaction_compiles():
     from stages.kernels import triton_topk
 
-    sig = {"S": "*fp32", "THETA": "*fp32", "VAL": "*fp32", "POS": "*i64", "L": "i32", "K": "i32"}
+    sig = {"S": "*fp32", "M": "*fp32", "THETA": "*fp32", "VAL": "*fp32", "POS": "*i64"}
     _compile(
         triton_topk.compact_kernel,
-        {**sig, "stride_s": "i64", "stride_c": "i64"},
-        {"BLOCK": triton_topk.COMPACT[0]},
+        {**sig, "L": "i32", "G": "i32", "K": "i32", "stride_s": "i64", "stride_m": "i64",
+         "stride_c": "i64"},
+        {"GROUP": triton_topk.GROUP, "BLOCK_G": triton_topk.COMPACT[0]},
         num_warps=triton_topk.COMPACT[1],
     )
     _compile(

@@ -11,7 +11,7 @@ LIMIT=200 step gpu_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
   tests/gpu/test_indexer_kernel.py tests/gpu/test_dsa_cuda.py tests/gpu/test_deepseek_v4_cuda.py \
   tests/gpu/test_deepseek_v4_decode_graphs.py
 LIMIT=300 step batched python3 -m pytest -rA -s -m gpu -p no:cacheprovider tests/gpu/test_batched_vs_alone_cuda.py
-LIMIT=40 step topk_sweep python3 docs/bench/scripts/session14_topk_sweep.py --out "$R/topk.jsonl"
+LIMIT=40 step topk_sweep python3 docs/bench/scripts/session15_topk_sweep.py --out "$R/topk.jsonl"
 LIMIT=45 step breakdown_fp8 python3 -m app.bench.deepseek_breakdown --linear auto --quantization fp8 \
   --kv-cache-dtype fp8 --cases deepseek-v4-flash:8:262144:8192:512:512 --out "$R/breakdown_fp8.json"
 tar czf "$OUT/results.tgz" -C "$OUT" r

@@ -1,9 +1,10 @@
-"""Session 14: the candidates' top-k (stages/kernels/triton_topk.py) on the H200 over the
-compaction's launch (scores a step, warps), at V4's CSA of the last 8K chunk of a 256K prompt:
+"""The candidates' top-k (stages/kernels/triton_topk.py) on the H200 over the compaction's
+launch (group maxima a step, warps; written in session 14, its compaction reworked in session 15
+to read only the groups that may hold a candidate), at V4's CSA of the last 8K chunk of a 256K prompt:
 8192 lines x 64K scores, k = 512, a causal tail of -inf; each launch's picks checked against the
 default's. One JSON line a launch.
 
-    python docs/bench/scripts/session14_topk_sweep.py --out topk.jsonl
+    python docs/bench/scripts/session15_topk_sweep.py --out topk.jsonl
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def main() -> None:
     scores.masked_fill_(torch.arange(width, device="cuda")[None, :] >= visible, float("-inf"))
     want = triton_topk.top_k_positions(scores, k)
     with open(a.out, "w") as out:
-        for compact in ((2048, 8), (4096, 8), (8192, 8), (8192, 16), (16384, 16), (1024, 4)):
+        for compact in ((512, 8), (256, 4), (1024, 8), (2048, 16), (128, 4), (64, 4)):
             row = {"compact": compact}
             got = triton_topk.top_k_positions(scores, k, compact=compact)
             row["equal"] = bool(torch.equal(got, want))
