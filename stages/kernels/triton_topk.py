@@ -8,11 +8,12 @@ for an 8K chunk (docs/PERFORMANCE.md). Here:
 
 1. the maxima of the line's groups of `group` scores (a Triton pass reading the scores once;
    torch's amax over groups of 8 took 4 ms a layer);
-2. theta, the k-th largest of those maxima (torch's top-k over a line `group` times shorter).
+2. theta, the k-th largest of those maxima (a radix select in the next pass's kernel, four
+   histogram passes over the line's maxima; torch's top-k over them took a few ms a chunk).
    k distinct scores are >= theta, so the line's k-th score is >= theta; and a score above
    theta lies in one of the at most k - 1 groups whose maximum is above theta, so at most
    group * (k - 1) scores are above it;
-3. one Triton pass over each line's maxima keeps, in position order, every score above theta
+3. then one pass over each line's maxima keeps, in position order, every score above theta
    (they fit in group * k slots) and the first k equal to it (the rule takes equal ones by
    lower position), reading the scores only of the groups whose maximum reaches theta: about
    k groups of a 64K-score line's 8K, where the pass had read every score;
@@ -59,17 +60,50 @@ if triton is not None:
         tl.store(M + line * stride_m + groups, tl.max(s, 1), mask=groups < G)
 
     @triton.jit  # type: ignore[untyped-decorator]
+    def _kth_largest(M, G, K, BLOCK_G: tl.constexpr):  # type: ignore[no-untyped-def]
+        """The K-th largest of M[0..G) counting repeats (what topk(K).values.amin() gives; of
+        equal zeros either sign): a radix select over the floats' order-preserving uint32 keys,
+        a byte a pass from the top, each pass a histogram of the keys that match the bytes
+        found so far."""
+        bins = tl.arange(0, 256)
+        prefix = tl.zeros((), dtype=tl.uint32)
+        left = K  # how many of the largest are still to pass, among the keys matching prefix
+        for byte in tl.static_range(4):
+            counts = tl.zeros((256,), dtype=tl.int32)
+            for start in range(0, G, BLOCK_G):
+                groups = start + tl.arange(0, BLOCK_G)
+                m = tl.load(M + groups, mask=groups < G, other=float("-inf"))
+                bits = m.to(tl.int32, bitcast=True)
+                ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+                key = (ordered ^ -2147483648).to(tl.uint32, bitcast=True)
+                match = groups < G
+                if byte > 0:
+                    match = match & ((key >> (32 - 8 * byte)) == prefix)
+                digit = (key >> (24 - 8 * byte)) & 0xFF
+                counts += tl.histogram(digit.to(tl.int32), 256, mask=match)
+            # the highest byte value b whose keys, with every higher one's, reach `left`
+            at_or_above = tl.sum(counts) - tl.cumsum(counts, 0) + counts
+            b = tl.max(tl.where(at_or_above >= left, bins, -1))
+            left -= tl.sum(tl.where(bins > b, counts, 0))
+            prefix = (prefix << 8) | b.to(tl.uint32)
+        ordered = (prefix ^ 0x80000000).to(tl.int32, bitcast=True)
+        bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def compact_kernel(  # type: ignore[no-untyped-def]
         S, M, THETA, VAL, POS, L, G, K, stride_s, stride_m, stride_c, GROUP: tl.constexpr,
         BLOCK_G: tl.constexpr,
     ):
-        """A line's scores above theta to slots K.. and its first K equal to theta to slots
-        0..K-1, each region in position order (values and positions). It walks the line's
-        group maxima M and reads the scores only of groups whose maximum reaches theta (no
-        other group holds a candidate): those above it (at most K - 1), and those equal to it
-        while fewer than K equal scores are kept (a later one's are past the first K)."""
+        """theta, the K-th largest of a line's group maxima M (written to THETA); then the
+        line's scores above theta to slots K.. and its first K equal to theta to slots 0..K-1,
+        each region in position order (values and positions). It walks the maxima and reads the
+        scores only of groups whose maximum reaches theta (no other group holds a candidate):
+        those above it (at most K - 1), and those equal to it while fewer than K equal scores
+        are kept (a later one's are past the first K)."""
         line = tl.program_id(0).to(tl.int64)
-        theta = tl.load(THETA + line)
+        theta = _kth_largest(M + line * stride_m, G, K, BLOCK_G)
+        tl.store(THETA + line, theta)
         above = 0
         equal = 0
         for start in range(0, G, BLOCK_G):
@@ -115,7 +149,7 @@ def top_k_positions(
             flat, maxima, width, groups, flat.stride(0), maxima.stride(0), GROUP=group,
             BLOCK=BLOCK, num_warps=4,
         )  # fmt: skip
-        theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
+        theta = torch.empty(lines, device=flat.device)
         compact_kernel[(lines,)](
             flat, maxima, theta, values, positions, width, groups, k, flat.stride(0),
             maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=compact[0],

@@ -60,3 +60,30 @@ def test_interpreted_topk_is_the_rule_at_any_compaction_step(triton_interpreter,
     scores = _scores(2, 5000, seed=11)
     got = triton_topk.top_k_positions(scores.clone(), 16, compact=compact)
     assert torch.equal(got, top_k_positions(scores.clone(), 16))
+
+
+@pytest.mark.parametrize("k", [1, 7, 64])
+def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k):
+    """The compaction kernel's theta (a radix select over the group maxima) against torch's
+    top-k of them: negative and positive values, signed zeros, repeats, -inf, lines shorter
+    and longer than a step."""
+    from stages.kernels import triton_topk
+
+    g = torch.Generator().manual_seed(k)
+    lines, width, group = 6, 4000, 8
+    scores = torch.randn(lines, width, generator=g) * torch.logspace(-20, 20, lines)[:, None]
+    scores[1] = torch.randint(-2, 3, (width,), generator=g).float() * 0.0  # zeros of both signs
+    scores[1, ::3] = -0.0
+    scores[2, : width // 2] = float("-inf")
+    scores[3] = 1.5
+    scores[4] = -scores[4].abs()
+    groups = width // group
+    maxima = scores.view(lines, groups, group).amax(-1)
+    theta = torch.empty(lines)
+    values = torch.full((lines, k + group * k), float("-inf"))
+    positions = torch.zeros(lines, k + group * k, dtype=torch.long)
+    triton_topk.compact_kernel[(lines,)](
+        scores, maxima, theta, values, positions, width, groups, k, scores.stride(0),
+        maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=128,
+    )  # fmt: skip
+    assert torch.equal(theta, maxima.topk(k, dim=-1).values.amin(-1))  # -0.0 == 0.0
