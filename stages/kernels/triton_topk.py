@@ -8,8 +8,9 @@ for an 8K chunk (docs/PERFORMANCE.md). Here:
 
 1. the maxima of the line's groups of `group` scores (a Triton pass reading the scores once;
    torch's amax over groups of 8 took 4 ms a layer);
-2. theta, the k-th largest of those maxima (a radix select in the next pass's kernel, four
-   histogram passes over the line's maxima; torch's top-k over them took a few ms a chunk).
+2. theta, the k-th largest of those maxima: torch's top-k over a line `group` times shorter,
+   or (find_theta) the next pass's kernel, 32 counts over the line's maxima held in
+   registers, a bit of the answer each.
    k distinct scores are >= theta, so the line's k-th score is >= theta; and a score above
    theta lies in one of the at most k - 1 groups whose maximum is above theta, so at most
    group * (k - 1) scores are above it;
@@ -35,7 +36,12 @@ GROUP = 8  # scores per group whose maximum bounds the threshold
 BLOCK = 2048  # scores a program reads per step
 # the compaction's (group maxima a step, warps): a program walks one whole line's maxima, and
 # reads the scores of a step's groups only if one of them may hold a candidate
-COMPACT = (512, 8)
+COMPACT = (256, 8)
+# theta found in the compaction kernel (a bit at a time over the maxima, one program a line),
+# or by torch's top-k over the maxima: not measured yet, so torch's (the one measured) stays
+FIND_THETA = False
+# a line's group maxima the kernel's select keeps in registers (a 256K prompt's CSA lines: 8K)
+RESIDENT_KEYS = 8192
 
 
 def is_available(device: str) -> bool:
@@ -59,51 +65,59 @@ if triton is not None:
         s = tl.load(S + line * stride_s + offs, mask=offs < L, other=float("-inf"))
         tl.store(M + line * stride_m + groups, tl.max(s, 1), mask=groups < G)
 
+    @triton.jit
+    def _keys(M, groups, G):  # type: ignore[no-untyped-def]
+        """The maxima M[groups] as uint32 keys in the floats' order (-inf past G)."""
+        m = tl.load(M + groups, mask=groups < G, other=float("-inf"))
+        bits = m.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        return (ordered ^ -2147483648).to(tl.uint32, bitcast=True)
+
     @triton.jit  # type: ignore[untyped-decorator]
-    def _kth_largest(M, G, K, BLOCK_G: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _kth_largest(M, G, K, SELECT: tl.constexpr, RESIDENT: tl.constexpr):  # type: ignore[no-untyped-def]
         """The K-th largest of M[0..G) counting repeats (what topk(K).values.amin() gives; of
-        equal zeros either sign): a radix select over the floats' order-preserving uint32 keys,
-        a byte a pass from the top, each pass a histogram of the keys that match the bytes
-        found so far."""
-        bins = tl.arange(0, 256)
-        prefix = tl.zeros((), dtype=tl.uint32)
-        left = K  # how many of the largest are still to pass, among the keys matching prefix
-        for byte in tl.static_range(4):
-            counts = tl.zeros((256,), dtype=tl.int32)
-            for start in range(0, G, BLOCK_G):
-                groups = start + tl.arange(0, BLOCK_G)
-                m = tl.load(M + groups, mask=groups < G, other=float("-inf"))
-                bits = m.to(tl.int32, bitcast=True)
-                ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-                key = (ordered ^ -2147483648).to(tl.uint32, bitcast=True)
-                match = groups < G
-                if byte > 0:
-                    match = match & ((key >> (32 - 8 * byte)) == prefix)
-                digit = (key >> (24 - 8 * byte)) & 0xFF
-                counts += tl.histogram(digit.to(tl.int32), 256, mask=match)
-            # the highest byte value b whose keys, with every higher one's, reach `left`
-            at_or_above = tl.sum(counts) - tl.cumsum(counts, 0) + counts
-            b = tl.max(tl.where(at_or_above >= left, bins, -1))
-            left -= tl.sum(tl.where(bins > b, counts, 0))
-            prefix = (prefix << 8) | b.to(tl.uint32)
-        ordered = (prefix ^ 0x80000000).to(tl.int32, bitcast=True)
+        equal zeros either sign): the largest key t with at least K keys >= t, found a bit at
+        a time from the top over the floats' order-preserving uint32 keys. RESIDENT (G <=
+        SELECT): the line's keys stay in registers for the 32 counts; else each count walks
+        the line in SELECT-key steps."""
+        found = tl.zeros((), dtype=tl.uint32)
+        one = tl.full((), 1, dtype=tl.uint32)
+        if RESIDENT:
+            keys = _keys(M, tl.arange(0, SELECT), G)
+            for bit in tl.static_range(32):
+                trial = found | (one << (31 - bit))
+                found = tl.where(tl.sum((keys >= trial).to(tl.int32)) >= K, trial, found)
+        else:
+            for bit in tl.static_range(32):
+                trial = found | (one << (31 - bit))
+                n = 0
+                for start in range(0, G, SELECT):
+                    keys = _keys(M, start + tl.arange(0, SELECT), G)
+                    n += tl.sum((keys >= trial).to(tl.int32))
+                found = tl.where(n >= K, trial, found)
+        ordered = (found ^ 0x80000000).to(tl.int32, bitcast=True)
         bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def compact_kernel(  # type: ignore[no-untyped-def]
         S, M, THETA, VAL, POS, L, G, K, stride_s, stride_m, stride_c, GROUP: tl.constexpr,
-        BLOCK_G: tl.constexpr,
+        BLOCK_G: tl.constexpr, FIND_THETA: tl.constexpr, SELECT: tl.constexpr,
+        RESIDENT: tl.constexpr,
     ):
-        """theta, the K-th largest of a line's group maxima M (written to THETA); then the
-        line's scores above theta to slots K.. and its first K equal to theta to slots 0..K-1,
-        each region in position order (values and positions). It walks the maxima and reads the
-        scores only of groups whose maximum reaches theta (no other group holds a candidate):
-        those above it (at most K - 1), and those equal to it while fewer than K equal scores
-        are kept (a later one's are past the first K)."""
+        """theta, the K-th largest of a line's group maxima M (FIND_THETA: found here and
+        written to THETA; else read from it); then the line's scores above theta to slots
+        K.. and its first K equal to theta to slots 0..K-1, each region in position order
+        (values and positions). It walks the maxima and reads the scores only of groups whose
+        maximum reaches theta (no other group holds a candidate): those above it (at most
+        K - 1), and those equal to it while fewer than K equal scores are kept (a later one's
+        are past the first K)."""
         line = tl.program_id(0).to(tl.int64)
-        theta = _kth_largest(M + line * stride_m, G, K, BLOCK_G)
-        tl.store(THETA + line, theta)
+        if FIND_THETA:
+            theta = _kth_largest(M + line * stride_m, G, K, SELECT, RESIDENT)
+            tl.store(THETA + line, theta)
+        else:
+            theta = tl.load(THETA + line)
         above = 0
         equal = 0
         for start in range(0, G, BLOCK_G):
@@ -130,11 +144,24 @@ if triton is not None:
     # fmt: on
 
 
+def _select_launch(groups: int) -> dict[str, int | bool]:
+    """theta's select: a line's maxima in registers up to RESIDENT_KEYS of them, else walked in
+    steps of that many for each of its 32 counts."""
+    resident = groups <= RESIDENT_KEYS
+    return {"SELECT": triton.next_power_of_2(groups) if resident else RESIDENT_KEYS,
+            "RESIDENT": resident}  # fmt: skip
+
+
 def top_k_positions(
-    scores: torch.Tensor, k: int, group: int = GROUP, compact: tuple[int, int] = COMPACT
+    scores: torch.Tensor,
+    k: int,
+    group: int = GROUP,
+    compact: tuple[int, int] = COMPACT,
+    find_theta: bool = FIND_THETA,
 ) -> torch.Tensor:
     """indexer_select.top_k_positions's contract: [..., L] fp32 -> [..., k] long, the rule's
-    positions in the rule's order. compact: the compaction's launch (benches sweep it)."""
+    positions in the rule's order. compact: the compaction's launch; find_theta: theta found by
+    the compaction kernel, else by torch's top-k of the maxima (benches sweep both)."""
     width = scores.shape[-1]
     if width < 2 * (k + group * k):  # short lines: no fewer candidates to gain
         return indexer_select.top_k_positions(scores, k)
@@ -149,11 +176,14 @@ def top_k_positions(
             flat, maxima, width, groups, flat.stride(0), maxima.stride(0), GROUP=group,
             BLOCK=BLOCK, num_warps=4,
         )  # fmt: skip
-        theta = torch.empty(lines, device=flat.device)
+        if find_theta:
+            theta = torch.empty(lines, device=flat.device)
+        else:
+            theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
         compact_kernel[(lines,)](
             flat, maxima, theta, values, positions, width, groups, k, flat.stride(0),
             maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=compact[0],
-            num_warps=compact[1],
+            FIND_THETA=find_theta, **_select_launch(groups), num_warps=compact[1],
         )  # fmt: skip
     picked = positions.gather(-1, indexer_select.top_k_positions(values, k))
     return picked.view(*scores.shape[:-1], k)

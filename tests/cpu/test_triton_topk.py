@@ -51,22 +51,26 @@ def test_interpreted_topk_of_equal_and_continuous_lines(triton_interpreter):
 
 
 @pytest.mark.parametrize("compact", [(4, 4), (64, 4), (1024, 16)])
-def test_interpreted_topk_is_the_rule_at_any_compaction_step(triton_interpreter, compact):
+@pytest.mark.parametrize("find_theta", [False, True])
+def test_interpreted_topk_is_the_rule_at_any_compaction_step(
+    triton_interpreter, compact, find_theta
+):
     """The compaction's launch (group maxima a step, warps) changes how a line is walked, not
     what it keeps: many steps a line (the equal groups' cut-off taken step by step), or the
     whole line in one."""
     from stages.kernels import triton_topk
 
     scores = _scores(2, 5000, seed=11)
-    got = triton_topk.top_k_positions(scores.clone(), 16, compact=compact)
+    got = triton_topk.top_k_positions(scores.clone(), 16, compact=compact, find_theta=find_theta)
     assert torch.equal(got, top_k_positions(scores.clone(), 16))
 
 
 @pytest.mark.parametrize("k", [1, 7, 64])
-def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k):
-    """The compaction kernel's theta (a radix select over the group maxima) against torch's
-    top-k of them: negative and positive values, signed zeros, repeats, -inf, lines shorter
-    and longer than a step."""
+@pytest.mark.parametrize("resident", [True, False])
+def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k, resident):
+    """The compaction kernel's theta (the k-th largest group maximum, a bit at a time) against
+    torch's top-k of them: negative and positive values, signed zeros, repeats, -inf; a line's
+    maxima held in registers, or walked in steps."""
     from stages.kernels import triton_topk
 
     g = torch.Generator().manual_seed(k)
@@ -84,6 +88,7 @@ def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k)
     positions = torch.zeros(lines, k + group * k, dtype=torch.long)
     triton_topk.compact_kernel[(lines,)](
         scores, maxima, theta, values, positions, width, groups, k, scores.stride(0),
-        maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=128,
+        maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=128, FIND_THETA=True,
+        **(triton_topk._select_launch(groups) if resident else {"SELECT": 64, "RESIDENT": False}),
     )  # fmt: skip
     assert torch.equal(theta, maxima.topk(k, dim=-1).values.amin(-1))  # -0.0 == 0.0

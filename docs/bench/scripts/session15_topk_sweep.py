@@ -1,6 +1,6 @@
 """The candidates' top-k (stages/kernels/triton_topk.py) on the H200 over the compaction's
 launch (group maxima a step, warps; written in session 14, its compaction reworked in session 15
-to read only the groups that may hold a candidate), at V4's CSA of the last 8K chunk of a 256K prompt:
+to read only the groups that may hold a candidate) and theta found by torch or by the kernel, at V4's CSA of the last 8K chunk of a 256K prompt:
 8192 lines x 64K scores, k = 512, a causal tail of -inf; each launch's picks checked against the
 default's. One JSON line a launch.
 
@@ -29,13 +29,15 @@ def main() -> None:
     scores.masked_fill_(torch.arange(width, device="cuda")[None, :] >= visible, float("-inf"))
     want = triton_topk.top_k_positions(scores, k)
     with open(a.out, "w") as out:
-        for compact in ((512, 8), (256, 4), (1024, 8), (2048, 16), (128, 4), (64, 4)):
-            row = {"compact": compact}
-            got = triton_topk.top_k_positions(scores, k, compact=compact)
-            row["equal"] = bool(torch.equal(got, want))
-            row["ms"] = round(
-                timed(lambda: triton_topk.top_k_positions(scores, k, compact=compact), reps=5), 3
-            )
+        launches = ((256, 8), (512, 8), (128, 4), (256, 4), (1024, 16), (64, 4))
+        for compact, find in [(c, f) for f in (False, True) for c in launches]:
+            row = {"compact": compact, "find_theta": find}
+
+            def run(compact=compact, find=find):
+                return triton_topk.top_k_positions(scores, k, compact=compact, find_theta=find)
+
+            row["equal"] = bool(torch.equal(run(), want))
+            row["ms"] = round(timed(run, reps=5), 3)
             print(json.dumps(row), flush=True)
             out.write(json.dumps(row) + "\n")
 
