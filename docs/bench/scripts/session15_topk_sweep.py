@@ -1,8 +1,8 @@
 """The candidates' top-k (stages/kernels/triton_topk.py) on the H200 over the compaction's
 launch (group maxima a step, warps; written in session 14, its compaction reworked in session 15
-to read only the groups that may hold a candidate) and theta found by torch or by the kernel, at V4's CSA of the last 8K chunk of a 256K prompt:
-8192 lines x 64K scores, k = 512, a causal tail of -inf; each launch's picks checked against the
-default's. One JSON line a launch.
+to read only the groups that may hold a candidate) and theta found by torch or by the kernel,
+at V4's CSA of the last 8K chunk of a 256K prompt: 8192 lines x 64K scores, k = 512, a causal
+tail of -inf; each launch's picks checked against the default's. One JSON line a launch.
 
     python docs/bench/scripts/session15_topk_sweep.py --out topk.jsonl
 """
