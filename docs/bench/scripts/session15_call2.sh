@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 15, call 2 (one H200, after call 1 passes): V4's decode graphs (graphed == eager ==
 # the general path; the engine's graphed tokens == --enforce-eager's) and the batched-vs-alone
-# engine test on the new kernels; then TTFT, FP8 weights + FP8 KV, 64K-256K (issue 35's rows).
+# engine test on the new kernels.
 set -u
 . docs/bench/scripts/host_env.sh
 LIMIT=200 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
