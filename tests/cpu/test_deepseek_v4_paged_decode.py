@@ -29,6 +29,9 @@ LENGTHS = (1, 7, 15, 3, 22)
 STEPS = 10
 FP8_KV_V4 = dict(TINY_V4, head_dim=512, partial_rotary_factor=0.125, index_head_dim=64)
 FP8_WEIGHTS_V4 = dict(TINY_V4, hidden_size=128, moe_intermediate_size=128)
+# two HCA layers of one rate: the second attends the FP8 slots the first traced (V4Plan.fp8_slots)
+HCA = "heavily_compressed_attention"
+FP8_KV_TWO_HCA = dict(FP8_KV_V4, layer_types=[HCA, "compressed_sparse_attention", HCA, HCA])
 
 
 def _args(tmp_path, config: dict) -> ModelArgs:
@@ -37,8 +40,13 @@ def _args(tmp_path, config: dict) -> ModelArgs:
 
 @pytest.mark.parametrize(
     "config,fp8_weights,kv_cache_dtype",
-    [(TINY_V4, False, "auto"), (FP8_WEIGHTS_V4, True, "auto"), (FP8_KV_V4, False, "fp8")],
-    ids=["bf16_layout", "fp8_weights", "fp8_kv"],
+    [
+        (TINY_V4, False, "auto"),
+        (FP8_WEIGHTS_V4, True, "auto"),
+        (FP8_KV_V4, False, "fp8"),
+        (FP8_KV_TWO_HCA, False, "fp8"),
+    ],
+    ids=["bf16_layout", "fp8_weights", "fp8_kv", "fp8_kv_shared_hca_slots"],
 )
 def test_v4_paged_decode_matches_the_general_path(tmp_path, config, fp8_weights, kv_cache_dtype):
     args = _args(tmp_path, config)

@@ -102,10 +102,19 @@ class V4Backend(AttentionBackend[V4Plan]):
         kernels, scale = layer.kernels, self.a.head_dim**-0.5
         in_place = fp8_prefill_in_place(kernels)
         if cache.fp8 and (not plan.chunks_only or in_place):
-            traced, indices = self.keys(layer, x, q_resid, angles, plan, cache.addresses(), local)
-            if plan.split is not None and not in_place:
-                return self.split_fp8(layer, q, traced, indices, plan, cache, local)
-            window, comp = cache.split_addresses(traced, indices)
+            whole = plan.split is None or in_place  # every query on the FP8 kernel
+            shared = plan.fp8_slots.get(layer.rate) if layer.indexer is None else None
+            if whole and shared is not None:
+                window, comp = shared
+            else:
+                traced, indices = self.keys(
+                    layer, x, q_resid, angles, plan, cache.addresses(), local
+                )
+                if not whole:
+                    return self.split_fp8(layer, q, traced, indices, plan, cache, local)
+                window, comp = cache.split_addresses(traced, indices)
+                if layer.indexer is None:  # the next layer of this rate attends the same keys
+                    plan.fp8_slots[layer.rate] = (window, comp)
             out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
                 layer.sinks, scale,

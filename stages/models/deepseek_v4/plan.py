@@ -16,7 +16,7 @@ The key pool of a layer is [every row's window latents, then every row's compres
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -86,6 +86,10 @@ class V4Plan:
     # (decode rows' pools would hold all their compressed entries)
     chunks_only: bool = False
     split: ChunkSplit | None = None  # chunks and decode rows alike in the forward
+    # rate -> the FP8 pages' (window, comp) slot ids [T, K] of the layers that attend without
+    # selecting (HCA at that rate, 0: sliding): the same for every such layer, so the backend
+    # traces them once a forward
+    fp8_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
     def build(
