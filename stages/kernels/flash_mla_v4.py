@@ -16,6 +16,8 @@ call that gets such an input anyway goes to the torch reference, counted and log
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from stages.kernels import flash_mla, fp8_v4, torch_ref
@@ -24,6 +26,8 @@ from stages.kernels.fp8_v4_layout import HEAD_DIM
 
 is_available = flash_mla.is_available
 MAX_HEADS = max(flash_mla.SPARSE_HEADS)
+# sparse_sink_attention_fp8's entries in the caller's state: the packed ids, the schedule
+PACKED, SCHEDULE = "flash_mla_v4.packed", "flash_mla_v4.schedule"
 
 
 def supports(op: str, target: KernelTarget) -> Refusal | None:
@@ -99,32 +103,43 @@ def sparse_sink_attention_fp8(
     comp: torch.Tensor | None,
     sinks: torch.Tensor,
     scale: float,
+    state: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """fp8_v4.sparse_sink_attention's contract: q [T, H, 512] bf16, pages [blocks, P, 1, 584],
-    window / comp [T, K] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]."""
+    window / comp [T, K] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]. state: a dict the
+    caller passes again only with the same window and comp (the layers of one kind in one
+    forward); the ids packed for the kernel and its schedule, derived from them, are kept there
+    for the next call."""
     if _fall_back("sparse_sink_attention_fp8", q, None) or (qp := flash_mla.pad_heads(q)) is None:
         return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
     fm = flash_mla.wheel()
-    window_ids, window_counts = _valid_first(window)
+    state = {} if state is None else state
+    packed = state.get(PACKED)
+    if packed is None:
+        comp_ids = None if comp is None or comp_pages is None else _valid_first(comp)
+        packed = state[PACKED] = (_valid_first(window), comp_ids)
+    (window_ids, window_counts), comp_packed = packed
     extra = {}
-    if comp_pages is None or comp is None:  # a sliding-only layer: the window is the cache
+    if comp_pages is None or comp_packed is None:  # sliding only: the window is the cache
         pages, ids, counts = window_pages, window_ids, window_counts
     else:
-        pages = comp_pages
-        ids, counts = _valid_first(comp)
+        pages, (ids, counts) = comp_pages, comp_packed
         extra = dict(
             extra_k_cache=window_pages,
             extra_indices_in_kvcache=window_ids,
             extra_topk_length=window_counts,
         )
-    # a fresh plan per call: it depends on the rows' counts, which differ between layers
+    # the schedule depends on the rows' counts: shared only through `state`
+    meta = state.get(SCHEDULE)
+    if meta is None:
+        meta = state[SCHEDULE] = fm.get_mla_metadata()[0]
     out, _lse = fm.flash_mla_with_kvcache(
         qp.unsqueeze(1).contiguous(),
         pages,
         None,
         None,
         HEAD_DIM,
-        fm.get_mla_metadata()[0],
+        meta,
         softmax_scale=scale,
         causal=False,
         is_fp8_kvcache=True,

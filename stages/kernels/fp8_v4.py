@@ -8,6 +8,8 @@ an entry's slot is block * P + offset, as in every other cache component.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from stages.kernels import fp8_latent, torch_ref
@@ -103,11 +105,12 @@ def sparse_sink_attention(
     comp: torch.Tensor | None,
     sinks: torch.Tensor,
     scale: float,
+    state: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """torch_ref.sparse_sink_attention over FP8 pages [blocks, P, 1, 584], read in place:
     query t attends to the window entries at slots window[t] and the compressed ones at
     comp[t] (-1: none). Only the slots some query names are dequantized. -> [T, H, 512] in
-    q's dtype."""
+    q's dtype. state: what a kernel backend keeps between calls over the same ids (unused)."""
     pools, parts, base = [], [], 0
     for pages, idx in ((window_pages, window), (comp_pages, comp)):
         if pages is None or idx is None:

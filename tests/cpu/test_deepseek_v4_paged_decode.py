@@ -29,7 +29,7 @@ LENGTHS = (1, 7, 15, 3, 22)
 STEPS = 10
 FP8_KV_V4 = dict(TINY_V4, head_dim=512, partial_rotary_factor=0.125, index_head_dim=64)
 FP8_WEIGHTS_V4 = dict(TINY_V4, hidden_size=128, moe_intermediate_size=128)
-# two HCA layers of one rate: the second attends the FP8 slots the first traced (V4Plan.fp8_slots)
+# two HCA layers of one rate: the second attends the FP8 slots the first traced (V4Plan.fp8_shared)
 HCA = "heavily_compressed_attention"
 FP8_KV_TWO_HCA = dict(FP8_KV_V4, layer_types=[HCA, "compressed_sparse_attention", HCA, HCA])
 

@@ -86,6 +86,28 @@ def test_sparse_fp8_decode_with_window_extra_matches_reference(heads, rows, rate
     assert rel_err(out, ref) < TOL
 
 
+@needs_flash_mla
+@pytest.mark.parametrize("rows,rate,topk", [(1, 128, 64), (512, 128, 64), (64, 0, 0)])
+def test_layers_sharing_their_ids_share_packed_ids_and_schedule(rows, rate, topk):
+    """The layers of one kind in a forward (V4's HCA layers of a rate, its sliding ones) pass
+    one `state`: the second layer, over its own pages and queries, reuses the first's packed
+    ids and schedule and gets what a fresh call gets."""
+    g = torch.Generator(device="cuda").manual_seed(rows + rate)
+    blocks, block = 64, 128
+    window = sparse_ids(rows, 128, blocks * block, g, holes=0.1)
+    comp = sparse_ids(rows, topk, blocks * (block // rate), g, holes=0.3) if rate else None
+    state: dict = {}
+    for layer in range(3):
+        window_pages = fp8_pages(blocks, block, g)
+        comp_pages = fp8_pages(blocks, block // rate, g) if rate else None
+        q = torch.randn(rows, 64, 512, generator=g, device="cuda").bfloat16()
+        sinks = torch.randn(64, generator=g, device="cuda")
+        args = (window_pages, window, comp_pages, comp, sinks, SCALE)
+        shared = flash_mla_v4.sparse_sink_attention_fp8(q, *args, state=state)
+        assert torch.equal(shared, flash_mla_v4.sparse_sink_attention_fp8(q, *args)), layer
+    assert flash_mla_v4.PACKED in state and flash_mla_v4.SCHEDULE in state
+
+
 def row_errs(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """Each row's relative Frobenius error [T] (a whole-tensor norm hides one wrong row)."""
     diff = (out.float() - ref.float()).flatten(1).norm(dim=1)

@@ -40,6 +40,7 @@ GRAPH_LENGTHS = (4096, 32768, 262144)
 # indexer's scores, top-k scratch and slot tables at rate 4 (16 bytes an entry), and an HCA
 # layer's gathered entries and their concatenation (2 x 1 KiB at rate 128)
 GRAPH_BYTES_PER_TOKEN = 20
+SLOTS = "v4.fp8_slots"  # V4Plan.fp8_shared's (window, comp) slot ids
 
 
 class V4Backend(AttentionBackend[V4Plan]):
@@ -103,9 +104,10 @@ class V4Backend(AttentionBackend[V4Plan]):
         in_place = fp8_prefill_in_place(kernels)
         if cache.fp8 and (not plan.chunks_only or in_place):
             whole = plan.split is None or in_place  # every query on the FP8 kernel
-            shared = plan.fp8_slots.get(layer.rate) if layer.indexer is None else None
-            if whole and shared is not None:
-                window, comp = shared
+            # layers that do not select attend the same keys as the rate's first one
+            shared = plan.fp8_shared.setdefault(layer.rate, {}) if layer.indexer is None else None
+            if whole and shared is not None and SLOTS in shared:
+                window, comp = shared[SLOTS]
             else:
                 traced, indices = self.keys(
                     layer, x, q_resid, angles, plan, cache.addresses(), local
@@ -113,11 +115,11 @@ class V4Backend(AttentionBackend[V4Plan]):
                 if not whole:
                     return self.split_fp8(layer, q, traced, indices, plan, cache, local)
                 window, comp = cache.split_addresses(traced, indices)
-                if layer.indexer is None:  # the next layer of this rate attends the same keys
-                    plan.fp8_slots[layer.rate] = (window, comp)
+                if shared is not None:
+                    shared[SLOTS] = (window, comp)
             out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
-                layer.sinks, scale,
+                layer.sinks, scale, state=shared,
             )  # fmt: skip
             return out
         pool, indices = self.keys(layer, x, q_resid, angles, plan, cache, local)

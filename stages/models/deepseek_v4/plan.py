@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,10 +87,10 @@ class V4Plan:
     # (decode rows' pools would hold all their compressed entries)
     chunks_only: bool = False
     split: ChunkSplit | None = None  # chunks and decode rows alike in the forward
-    # rate -> the FP8 pages' (window, comp) slot ids [T, K] of the layers that attend without
-    # selecting (HCA at that rate, 0: sliding): the same for every such layer, so the backend
-    # traces them once a forward
-    fp8_slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # rate -> what the layers that attend without selecting (HCA at that rate, 0: sliding)
+    # share over an FP8 cache: the same keys for every such layer, so the backend traces their
+    # slot ids (SLOTS) once a forward and the attention kernel keeps what it derives from them
+    fp8_shared: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def build(
