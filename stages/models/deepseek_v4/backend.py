@@ -103,20 +103,12 @@ class V4Backend(AttentionBackend[V4Plan]):
         kernels, scale = layer.kernels, self.a.head_dim**-0.5
         in_place = fp8_prefill_in_place(kernels)
         if cache.fp8 and (not plan.chunks_only or in_place):
-            whole = plan.split is None or in_place  # every query on the FP8 kernel
-            # layers that do not select attend the same keys as the rate's first one
-            shared = plan.fp8_shared.setdefault(layer.rate, {}) if layer.indexer is None else None
-            if whole and shared is not None and SLOTS in shared:
-                window, comp = shared[SLOTS]
-            else:
+            if plan.split is not None and not in_place:
                 traced, indices = self.keys(
                     layer, x, q_resid, angles, plan, cache.addresses(), local
                 )
-                if not whole:
-                    return self.split_fp8(layer, q, traced, indices, plan, cache, local)
-                window, comp = cache.split_addresses(traced, indices)
-                if shared is not None:
-                    shared[SLOTS] = (window, comp)
+                return self.split_fp8(layer, q, traced, indices, plan, cache, local)
+            window, comp, shared = self.fp8_slots(layer, x, q_resid, angles, plan, cache, local)
             out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
                 layer.sinks, scale, state=shared,
@@ -124,6 +116,46 @@ class V4Backend(AttentionBackend[V4Plan]):
             return out
         pool, indices = self.keys(layer, x, q_resid, angles, plan, cache, local)
         return _op(kernels.sparse_sink_attention)(q, pool, indices, layer.sinks, scale)
+
+    def fp8_slots(
+        self,
+        layer: V4Attention,
+        x: torch.Tensor,
+        q_resid: torch.Tensor,
+        angles: Angles,
+        plan: V4Plan,
+        cache: V4Cache,
+        local: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]:
+        """(window, comp) [T, K] slot ids (-1: none) of the FP8 pages each query attends, and
+        the state the layers of its kind share this forward. Layers that do not select (HCA
+        of a rate, sliding) attend the keys the rate's first one traces (keys() over the
+        cache's addresses); a CSA layer's decode-only rows take their picked entries' slots
+        from the entry table beside the window slots every layer shares."""
+        rp = plan.rates.get(layer.rate)
+        if layer.indexer is not None and rp is not None and rp.entry_table is not None:
+            picked = layer.indexer.select(x, q_resid, angles, rp, cache, local)
+            chosen = rp.entry_table.gather(1, picked.clamp(min=0))
+            return self.window_slots(plan), torch.where(picked < 0, -1, chosen).int(), None
+        shared = plan.fp8_shared.setdefault(layer.rate, {}) if layer.indexer is None else None
+        if shared is not None and SLOTS in shared:
+            window, comp = shared[SLOTS]
+            return window, comp, shared
+        traced, indices = self.keys(layer, x, q_resid, angles, plan, cache.addresses(), local)
+        window, comp = cache.split_addresses(traced, indices)
+        if shared is not None:
+            shared[SLOTS] = (window, comp)
+        return window, comp, shared
+
+    @staticmethod
+    def window_slots(plan: V4Plan) -> torch.Tensor:
+        """[T, window] int32: the KV slot of each query's window keys (-1: none), once a
+        forward."""
+        if plan.fp8_window is None:
+            wi = plan.window_indices
+            slots = plan.window_slots[wi.clamp(min=0).long()]
+            plan.fp8_window = torch.where(wi >= 0, slots, -1).int()
+        return plan.fp8_window
 
     def split_fp8(
         self,

@@ -91,6 +91,7 @@ class V4Plan:
     # share over an FP8 cache: the same keys for every such layer, so the backend traces their
     # slot ids (SLOTS) once a forward and the attention kernel keeps what it derives from them
     fp8_shared: dict[int, dict[str, Any]] = field(default_factory=dict)
+    fp8_window: torch.Tensor | None = None  # [T, window] window slot ids, once a forward
 
     @classmethod
     def build(
