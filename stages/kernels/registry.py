@@ -108,6 +108,12 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.group_pool:pool_groups",
         "triton": "stages.kernels.triton_group_pool:pool_groups",
     },
+    # DeepSeek-V4's router after its gate GEMM: scores, the biased top-k (or a hash layer's
+    # ids), the weights renormalised and scaled.
+    "route_topk": {
+        "torch": "stages.kernels.route_topk:route_topk",
+        "triton": "stages.kernels.triton_route_topk:route_topk",
+    },
     # DeepSeek-V4's RMSNorm (its weight in fp32, the product in fp32, cast once).
     "rms_norm_fp32": {
         "torch": "stages.kernels.rope_tail:fp32_rms_norm",
@@ -179,6 +185,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "rope_tail": ("triton", "torch"),
     "rms_norm_fp32": ("triton", "torch"),
     "group_pool": ("triton", "torch"),
+    "route_topk": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "fp8_swiglu_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
@@ -234,6 +241,9 @@ class Kernels:
     # (inputs [S, 2*series*w], slots [G, 2*rate] long, first [G] bool, bias [rate, series*w]
     #  fp32, rate, overlap, live [G] bool | None) -> [G, w]: stages/kernels/group_pool
     group_pool: Callable[..., Any] | None = None
+    # (logits [T, E], k, scoring, scale, bias [E] fp32 | None, ids [T, k] | None) ->
+    # (weights [T, k] in logits' dtype, ids [T, k] long): stages/kernels/route_topk
+    route_topk: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -367,6 +377,7 @@ def select_kernels(
             ("rope_tail", "auto"),
             ("rms_norm_fp32", "auto"),
             ("group_pool", "auto"),
+            ("route_topk", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

@@ -449,3 +449,31 @@ def test_moe_combine_compiles():
         {"K": 6, "BLOCK_T": c.BLOCK_T, "BLOCK_H": c.BLOCK_H},
         num_warps=4,
     )
+
+
+@pytest.mark.parametrize("pick,sqrtsoftplus", [(True, True), (False, True), (True, False)])
+def test_route_topk_compiles(pick, sqrtsoftplus):
+    from stages.kernels import triton_route_topk as r
+
+    _compile(
+        r._route_topk,
+        {
+            "logit_ptr": "*bf16",
+            "bias_ptr": "*fp32",
+            "ids_ptr": "*i64",
+            "w_ptr": "*bf16",
+            **{name: "i32" for name in ("T", "E", "stride_l", "stride_i", "stride_w")},
+            "scale": "fp32",
+        },
+        {
+            "K": 6,
+            "SQRTSOFTPLUS": sqrtsoftplus,
+            "PICK": pick,
+            "CUDA_MATH": True,
+            "BLOCK_T": r.BLOCK_T,
+            "BLOCK_E": 256,
+            "K_POW2": 8,
+        },
+        num_warps=4,
+        enable_fp_fusion=False,
+    )

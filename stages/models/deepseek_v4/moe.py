@@ -19,9 +19,13 @@ from stages.tensor_parallel import TensorParallel
 class V4Router(nn.Module):
     """Checkpoint name `gate`: its weight, and the bias correction or the hash table."""
 
-    def __init__(self, a: V4Args, is_hash: bool, dtype: torch.dtype, device: Device):
+    def __init__(
+        self, a: V4Args, is_hash: bool, kernels: Kernels, dtype: torch.dtype, device: Device
+    ):
         super().__init__()
-        self.a, self.routes_by_token = a, is_hash
+        if kernels.route_topk is None:
+            raise RuntimeError("DeepSeek-V4 layers need kernels.route_topk, unset here")
+        self.a, self.routes_by_token, self._route = a, is_hash, kernels.route_topk
         self.weight = nn.Parameter(
             torch.empty(a.n_routed_experts, a.hidden_size, dtype=dtype, device=device)
         )
@@ -39,25 +43,21 @@ class V4Router(nn.Module):
     def forward(
         self, x: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [T, k], expert ids [T, k])."""
+        """(weights [T, k], expert ids [T, k]): the route_topk op after the gate's GEMM."""
         logits = F.linear(x, self.weight)
-        scores = (
-            F.softplus(logits).sqrt() if self.a.scoring_func == "sqrtsoftplus" else logits.sigmoid()
-        )
+        k, a = self.a.num_experts_per_tok, self.a
         if self.routes_by_token:
             if token_ids is None:
                 raise ValueError("a hash-routed layer needs the token ids of its rows")
             ids = self.tid2eid[token_ids]
+            routed: tuple[torch.Tensor, torch.Tensor] = self._route(
+                logits, k, a.scoring_func, a.routed_scaling_factor, ids=ids
+            )
         else:
-            ids = torch.topk(
-                scores + self.e_score_correction_bias,
-                self.a.num_experts_per_tok,
-                dim=-1,
-                sorted=False,
-            ).indices
-        weights = scores.gather(1, ids)
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * self.a.routed_scaling_factor, ids
+            routed = self._route(
+                logits, k, a.scoring_func, a.routed_scaling_factor, self.e_score_correction_bias
+            )
+        return routed
 
 
 def v4_moe(
@@ -75,7 +75,7 @@ def v4_moe(
     h, i = a.hidden_size, a.moe_intermediate_size
     fp8 = kernels.fp8_linear is not None
     return MoE(
-        V4Router(a, a.is_hash(layer), dtype, device),
+        V4Router(a, a.is_hash(layer), kernels, dtype, device),
         Experts(
             a.n_routed_experts,
             h,
