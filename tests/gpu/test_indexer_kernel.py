@@ -174,6 +174,9 @@ def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k):
     scores[:, -5:] = float("-inf")
     want = torch.sort(scores + 0.0, dim=-1, descending=True, stable=True).indices[:, :k]
     assert torch.equal(triton_topk.top_k_positions(scores.clone(), k), want)
+    # theta found in the compaction kernel: the maxima in registers (65536 / 8 groups), or
+    # walked (400000 / 8)
+    assert torch.equal(triton_topk.top_k_positions(scores.clone(), k, find_theta=True), want)
     assert torch.equal(top_k_positions(scores, k), want)
 
 
