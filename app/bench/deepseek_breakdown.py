@@ -66,6 +66,11 @@ V4_KERNEL_OPS = (
 )
 # first matching substring of a kernel's name -> the op it belongs to
 GROUPS = [
+    ("_route_topk", "moe routing"),
+    ("_combine", "moe combine"),
+    ("_pool_groups", "compressor pooling"),
+    ("compact_kernel", "top-k (Triton)"),
+    ("maxima_kernel", "top-k (Triton)"),
     ("_gate_up_silu", "moe gate/up"),
     ("_down_scatter", "moe down"),
     ("_grouped_w8a8", "moe (FP8)"),

@@ -24,6 +24,7 @@ from stages.kernels import triton_moe
 from stages.kernels.moe_routing import route_and_gather
 from stages.kernels.moe_tuning import DEFAULT, MoeConfig, TileConfig, pick_moe_config
 from stages.kernels.triton_gemm import num_sms
+from stages.kernels.triton_moe_combine import combine
 
 # name -> (experts, top-k, hidden, expert width)
 SHAPES = {
@@ -173,7 +174,8 @@ def phases(
     grid: int,
     cfg: MoeConfig,
 ) -> dict[str, float]:
-    """Each launch of one call timed alone (ms): routing + row copy, gate/up, down, the sum."""
+    """Each launch of one call timed alone (ms): routing + row copy, gate/up, down, the sum
+    (triton_moe_combine)."""
     t, k = ids.shape
     r, a = route_and_gather(x, ids, weights, down.shape[0], cfg.block_m)
     h = triton_moe.gate_up_silu(a, gate_up, r, grid, cfg.gate)
@@ -182,7 +184,7 @@ def phases(
         "route_and_gather": lambda: route_and_gather(x, ids, weights, down.shape[0], cfg.block_m),
         "gate_up_silu": lambda: triton_moe.gate_up_silu(a, gate_up, r, grid, cfg.gate),
         "down_scatter": lambda: triton_moe.down_scatter(h, down, r, t * k, grid, cfg.down),
-        "sum_over_k": lambda: y.view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype),
+        "sum_over_k": lambda: combine(y, ids, x.dtype),
     }
     return {name: round(timed(fn, inner=3), 4) for name, fn in steps.items()}
 
