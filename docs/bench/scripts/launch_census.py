@@ -1,0 +1,186 @@
+"""A CPU census of what a DeepSeek-V4 decode step launches, per part of a layer: one paged
+decode step (the static buffers a CUDA graph replays, run eager) of the deepseek-v4-flash bench
+shape's 8 leading layers at small widths, FP8 weights and FP8 KV, every op counted as the GPU
+would launch it. Each kernel-registry call counts as its GPU backend's launches (GPU_LAUNCHES,
+read off the backends' code: e.g. a W8A8 linear is its activation quantizer and cuBLASLt's
+GEMM); every other aten op that is not a view counts one. An estimate to plan fusions with, not
+a measurement: at 8b16e33 it counts 970 where the profiler counted 1,351 launches in a graphed
+FP8 step of one row (session 14), so it misses about a quarter (cuBLAS's split-K reductions,
+FlashMLA's and torch's top-k's inner kernels, counted here as GPU_LAUNCHES guesses).
+
+    python docs/bench/scripts/launch_census.py [--rows 1] [--out census.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from dataclasses import fields, replace
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from app.bench.target import v4_flash_bench_config
+from stages.decode_graphs import DecodeGraphs
+from stages.forward_batch import ForwardBatch
+from stages.kernels.registry import select_kernels
+from stages.kv_cache import make_kv_cache
+from stages.loader import build_stage_model
+from stages.model_config import ModelArgs
+from stages.protocol import Row
+
+# GPU launches of one call of each registry op's CUDA backend (the rest: 1)
+GPU_LAUNCHES = {
+    "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM
+    "fp8_swiglu_linear": 2,  # the swiglu-quantizer, cuBLASLt's GEMM
+    # quantizer, routing (4), gather, 2 grouped GEMMs + swiglu-quantizer, combine
+    "moe_experts_fp8": 9,
+    # ids packed twice (argsort, gather, sum, pad), schedule, kernel, combine
+    "sparse_sink_attention_fp8": 12,
+    "indexer_logits_rows": 3,  # query quantizer, scores, mask
+    "index_topk": 4,  # torch's top-k of short lines and the rule's order
+    "hc_mix": 2,  # _project, _finish
+}
+REUSED_STATE_LAUNCHES = 2  # FlashMLA's kernel and its split combine, the ids packed before
+FREE = {"empty", "empty_strided", "empty_like", "detach", "alias", "lift_fresh", "_unsafe_view"}
+SMALL = dict(
+    hidden_size=512, moe_intermediate_size=128, n_routed_experts=16, num_attention_heads=16,
+    o_groups=4, o_lora_rank=128, q_lora_rank=128, index_n_heads=8, vocab_size=512,
+    expert_dtype="bf16",
+)  # fmt: skip
+
+
+class Census(TorchDispatchMode):
+    """Counts the aten ops dispatched outside registry calls, per scope."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.scope: list[str] = []
+        self.muted = 0
+        self.active = False
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        self.active = True
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.active = False
+        super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__
+        if not self.muted and not func.is_view and name not in FREE:
+            self.counts[(self.where(), name)] += 1
+        return func(*args, **(kwargs or {}))
+
+    def where(self) -> str:
+        return "/".join(self.scope[-2:]) or "stage"
+
+
+def counting(census: Census, op: str, fn: Any) -> Any:
+    """fn counted as its GPU launches, the ops of its torch form muted."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if census.active and not census.muted:  # not inside another op's torch form
+            launches = GPU_LAUNCHES.get(op, 1)
+            state = kwargs.get("state")
+            if op == "sparse_sink_attention_fp8" and state is not None:
+                # FlashMLA's backend packs the ids and plans once per state
+                launches = REUSED_STATE_LAUNCHES if state.get("census.seen") else launches
+                state["census.seen"] = True
+            census.counts[(census.where(), f"[{op}]")] += launches
+        census.muted += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            census.muted -= 1
+
+    return call
+
+
+def wrapped(census: Census, kernels: Any) -> Any:
+    """The kernels with each op counted as its GPU launches."""
+    ops = {f.name: getattr(kernels, f.name) for f in fields(kernels) if f.name != "names"}
+    return replace(
+        kernels, **{op: counting(census, op, fn) for op, fn in ops.items() if callable(fn)}
+    )
+
+
+def count_writes(census: Census) -> None:
+    """The FP8 cache writes, one Triton kernel each on CUDA (their torch forms here)."""
+    from stages.kernels import triton_fp8_latent
+
+    for name in ("write_v4", "write_indexer_key"):
+        fn = getattr(triton_fp8_latent, name)
+        setattr(triton_fp8_latent, name, counting(census, name, fn))
+
+
+def scoped(census: Census, model: torch.nn.Module) -> None:
+    def enter(module: torch.nn.Module, *_: Any) -> None:
+        census.scope.append(type(module).__name__)
+
+    def leave(*_: Any) -> None:
+        census.scope.pop()
+
+    for m in model.modules():
+        if type(m).__name__ in ("V4Attention", "MoE", "HyperConnection", "V4Router", "SwiGLU",
+                                "Linear", "V4RMSNorm", "Indexer", "GroupCompressor"):  # fmt: skip
+            m.register_forward_pre_hook(enter)
+            m.register_forward_hook(leave)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--out")
+    a = p.parse_args()
+    config = dict(v4_flash_bench_config(), **SMALL)
+    config.pop("quantization_config", None)
+    args = ModelArgs.from_hf_dict(config)
+    census = Census()
+    count_writes(census)
+    kernels = wrapped(census, select_kernels("cpu", fp8_linear="torch"))
+    layers = args.num_hidden_layers
+    model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cpu")
+    scoped(census, model)
+    block, length = 128, 600
+    per_row = -(-(length + 8) // block)
+    num_blocks = a.rows * per_row + 1
+    kv = make_kv_cache(args, range(layers), num_blocks, block, torch.bfloat16, "cpu", "fp8")
+    tables = [list(range(r * per_row, (r + 1) * per_row)) for r in range(a.rows)]
+    with torch.inference_mode():
+        batch = ForwardBatch.build([(0, length, t, True) for t in tables], block, "cpu",
+                                   args.family.attention_prefixes)  # fmt: skip
+        model(torch.randint(3, 500, (a.rows * length,)), batch, kv)
+        graphs = DecodeGraphs(
+            model, kv, num_slots=a.rows, max_model_len=2048, scratch_slot=(num_blocks - 1) * block,
+            hidden_shape=args.family.hidden_shape(args), dtype=torch.bfloat16,
+            device=torch.device("cpu"), is_first=True, max_rows=max(8, a.rows), eager=True,
+        )  # fmt: skip
+        graphs.update_tables([(i, 0, tuple(t)) for i, t in enumerate(tables)])
+        rows = tuple(Row(str(i), i, length, 1, None, sample=True, is_prefill=False)
+                     for i in range(a.rows))  # fmt: skip
+        key = graphs.bucket_for(rows)
+        by_req = {str(i): t for i, t in enumerate(tables)}
+        with census:
+            graphs.run(key, rows, torch.randint(3, 500, (a.rows,)), by_req)
+    by_scope: Counter[str] = Counter()
+    for (scope, _op), n in census.counts.items():
+        by_scope[scope] += n
+    report = {
+        "layers": layers,
+        "launches": sum(census.counts.values()),
+        "by_scope": dict(by_scope.most_common()),
+        "ops": {f"{s} {o}": n for (s, o), n in census.counts.most_common()},
+    }
+    print(json.dumps({k: report[k] for k in ("layers", "launches", "by_scope")}, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
