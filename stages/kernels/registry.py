@@ -114,6 +114,15 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.route_topk:route_topk",
         "triton": "stages.kernels.triton_route_topk:route_topk",
     },
+    # The index arithmetic of a DeepSeek-V4 decode step on its graphs' static buffers.
+    "v4_window_index": {
+        "torch": "stages.kernels.v4_paged_index:window_index",
+        "triton": "stages.kernels.triton_v4_paged_index:window_index",
+    },
+    "v4_rate_index": {
+        "torch": "stages.kernels.v4_paged_index:rate_index",
+        "triton": "stages.kernels.triton_v4_paged_index:rate_index",
+    },
     # DeepSeek-V4's RMSNorm (its weight in fp32, the product in fp32, cast once).
     "rms_norm_fp32": {
         "torch": "stages.kernels.rope_tail:fp32_rms_norm",
@@ -186,6 +195,8 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "rms_norm_fp32": ("triton", "torch"),
     "group_pool": ("triton", "torch"),
     "route_topk": ("triton", "torch"),
+    "v4_window_index": ("triton", "torch"),
+    "v4_rate_index": ("triton", "torch"),
     "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
     "fp8_swiglu_linear": ("scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
@@ -244,6 +255,11 @@ class Kernels:
     # (logits [T, E], k, scoring, scale, bias [E] fp32 | None, ids [T, k] | None) ->
     # (weights [T, k] in logits' dtype, ids [T, k] long): stages/kernels/route_topk
     route_topk: Callable[..., Any] | None = None
+    # a V4 decode step's index arithmetic (positions, lengths, table_rows, block_tables,
+    # block_size, window[, rate, most, dense, scratch_slot]) -> WindowIndex / RateIndex:
+    # stages/kernels/v4_paged_index
+    v4_window_index: Callable[..., Any] | None = None
+    v4_rate_index: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -378,6 +394,8 @@ def select_kernels(
             ("rms_norm_fp32", "auto"),
             ("group_pool", "auto"),
             ("route_topk", "auto"),
+            ("v4_window_index", "auto"),
+            ("v4_rate_index", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

@@ -83,7 +83,8 @@ def test_paged_plan_groups_and_padding():
         select_width=24,
         scratch_slot=5 * bs,
     )
-    plan = V4Plan.paged(batch, window, {4: (False, True), 8: (True, False)})
+    rates = {4: (False, True), 8: (True, False)}
+    plan = V4Plan.paged(batch, window, rates, select_kernels("cpu"))
     assert plan.window_indices[1].tolist() == [-1] * window
     assert plan.window_indices[0].tolist() == list(range(window))
     r4, r8 = plan.rates[4], plan.rates[8]

@@ -477,3 +477,30 @@ def test_route_topk_compiles(pick, sqrtsoftplus):
         num_warps=4,
         enable_fp_fusion=False,
     )
+
+
+@pytest.mark.parametrize("rate,dense", [(4, False), (128, True)])
+def test_v4_paged_index_compiles(rate, dense):
+    from stages.kernels import triton_v4_paged_index as k
+
+    ints = {"pos_ptr": "*i64", "len_ptr": "*i64", "trow_ptr": "*i64", "tab_ptr": "*i32"}
+    scalars = {name: "i32" for name in ("stride_tab", "max_cols", "BS", "W")}
+    _compile(
+        k._window_index,
+        {**ints, "idx_ptr": "*i32", "slot_ptr": "*i64", **scalars},
+        {"BLOCK_W": 128},
+        num_warps=1,
+    )
+    outs = {
+        "table_ptr": "*i64", "table32_ptr": "*i32", "visible_ptr": "*i64", "base_ptr": "*i64",
+        "input_ptr": "*i64", "first_ptr": "*i1", "gpos_ptr": "*i64", "entry_ptr": "*i64",
+        "completes_ptr": "*i1", "dense_ptr": "*i32",
+    }  # fmt: skip
+    more = {name: "i32" for name in ("N", "MOST", "scratch_entry")}
+    _compile(
+        k._rate_index,
+        {**ints, **outs, **scalars, **more},
+        {"RATE": rate, "DENSE": dense, "BLOCK_M": k.ENTRIES_A_STEP, "BLOCK_G": 2 * rate,
+         "BLOCK_W": 128},  # fmt: skip
+        num_warps=4,
+    )

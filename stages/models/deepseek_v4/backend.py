@@ -63,7 +63,7 @@ class V4Backend(AttentionBackend[V4Plan]):
         microbatch's from its static buffers: what a CUDA graph replays)."""
         window = self.a.sliding_window
         if isinstance(batch, PagedDecodeBatch):
-            return V4Plan.paged(batch, window, self.rates)
+            return V4Plan.paged(batch, window, self.rates, self.ctx.kernels)
         device = batch.positions.device
         return V4Plan.build(batch, window, self.rates, cache.block_size, device, cache.fp8)
 

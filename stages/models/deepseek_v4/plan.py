@@ -24,6 +24,7 @@ import torch
 
 from stages.forward_batch import ForwardBatch, PagedDecodeBatch
 from stages.kernels.indexer_select import CHUNK_TILE, SelectPlan
+from stages.kernels.registry import Kernels
 
 # Bytes of indexer scores ([tokens, entries] fp32) one call computes: a long prompt's chunk
 # is scored in token tiles below it (an 8K chunk over a 256K prefix would need 2 GiB at once).
@@ -226,80 +227,52 @@ class V4Plan:
         batch: PagedDecodeBatch,
         window: int,
         rates: dict[int, tuple[bool, bool]],
+        kernels: Kernels,
     ) -> "V4Plan":
         """A decode-only microbatch from its static buffers with device ops only (what a CUDA
         graph replays), every width fixed: the window padded to `window` keys, each rate's
         entries to what a row of batch.select_width tokens has, one compression group per row
         and rate (written to the scratch block unless the row's token completes it). Padding
-        rows (length 0) see no key; their outputs are dropped."""
-        bs, n = batch.block_size, batch.num_tokens
-        positions = batch.positions
-        live = batch.lengths > 0
-        tables = batch.block_tables.index_select(0, batch.table_rows).long()
-
-        def slots(index: torch.Tensor, per_block: int) -> torch.Tensor:
-            """Slots of entry `index` [B, k] >= 0 of every row (past its table: its last block,
-            for the caller to mask)."""
-            cols = (index // per_block).clamp(max=tables.shape[1] - 1)
-            found: torch.Tensor = tables.gather(1, cols) * per_block + index % per_block
-            return found
-
-        dev = positions.device
-        keys = positions[:, None] - window + 1 + torch.arange(window, device=dev)
-        seen = (keys >= 0) & live[:, None]
-        own = torch.arange(n * window, device=dev).view(n, window)
-        window_indices = torch.where(seen, own, -1).int()
-        pool_window = n * window
-        scratch_block = batch.scratch_slot // bs
+        rows (length 0) see no key; their outputs are dropped. The index arithmetic is the
+        kernels' v4_window_index / v4_rate_index (stages/kernels/v4_paged_index.py)."""
+        if kernels.v4_window_index is None or kernels.v4_rate_index is None:
+            raise RuntimeError("DeepSeek-V4 decode graphs need kernels.v4_*_index, unset here")
+        n, dev = batch.num_tokens, batch.positions.device
+        buffers = (batch.positions, batch.lengths, batch.table_rows, batch.block_tables)
+        win = kernels.v4_window_index(*buffers, batch.block_size, window)
         plans = {}
         for rate, (dense, selects) in rates.items():
-            per_block = bs // rate
             most = -(-batch.select_width // rate)
-            entries = torch.arange(most, device=dev).expand(n, most)
-            table = slots(entries, per_block)
-            visible = torch.where(live, (positions + 1) // rate, 0)
-            base = pool_window + torch.arange(n, device=dev) * most
-            group = torch.where(live, positions // rate, 0)
-            completes = live & ((positions + 1) % rate == 0)
-            tokens = (group[:, None] - 1) * rate + torch.arange(2 * rate, device=dev)
-            entry = slots(group[:, None], per_block)[:, 0]
-            dense_indices = None
-            if dense:
-                comp = torch.where(entries < visible[:, None], entries + base[:, None], -1)
-                dense_indices = torch.cat((window_indices, comp.int()), dim=1)
+            r = kernels.v4_rate_index(
+                *buffers, batch.block_size, window, rate, most, dense, batch.scratch_slot
+            )
             select: list[tuple[slice, SelectPlan]] = []
             if selects:
                 rows = torch.arange(n, device=dev)
                 plan = SelectPlan(
                     token_index=rows,
                     token_row=rows,
-                    visible=visible.int(),
-                    key_slots=table.int(),
+                    visible=r.visible.int(),
+                    key_slots=r.table32,
                     chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=dev),
                     decode_tiles=torch.stack((rows, rows), dim=1).int(),
-                    row_tokens=[(r, 1, most) for r in range(n)],
+                    row_tokens=[(i, 1, most) for i in range(n)],
                 )
                 select.append((slice(0, n), plan))
             plans[rate] = RatePlan(
                 rate=rate,
                 max_entries=most,
-                entry_slots=table.reshape(-1),
-                token_base=base,
-                visible=visible,
+                entry_slots=r.table.reshape(-1),
+                token_base=r.base,
+                visible=r.visible,
                 groups=GroupPlan(
-                    n,
-                    slots(tokens.clamp(min=0), bs),
-                    group == 0,
-                    group * rate,
-                    torch.where(completes, entry, scratch_block * per_block),
-                    completes,
+                    n, r.input_slots, r.first, r.group_positions, r.entry_slots, r.completes
                 ),
-                dense_indices=dense_indices,
+                dense_indices=r.dense,
                 select=select,
-                entry_table=table if selects else None,
+                entry_table=r.table if selects else None,
             )
-        window_slots = slots(keys.clamp(min=0), bs).reshape(-1)
-        return cls(window_slots, window_indices, plans)
+        return cls(win.slots, win.indices, plans)
 
 
 class _Rows:
