@@ -200,10 +200,10 @@ def test_tensor_parallel_ranks_keep_their_fp4_experts(checkpoints: dict[str, str
 def test_fp8_weights_keep_the_experts_fp4(tmp_path: Path) -> None:
     """--quantization fp8 with MXFP4 experts (here W8A8 on the torch reference): the 128-aligned
     linears go FP8 while the routed experts stay packed; with --mxfp4-experts dequantize they
-    go FP8 too. Against the fp32 stage W8A8 moves this random model's logits (max 4.0) by 1.6
-    with the experts packed and 1.8 with them in FP8 as well (measured; its layers amplify
-    rounding about tenfold, tests/cpu/test_deepseek_v4_fp8_weights.py): the packed experts add
-    no error of their own."""
+    go FP8 too. Against the fp32 stage W8A8 moves this random model's logits by 0.32 of their
+    norm with the experts packed and 0.32 with them in FP8 as well (measured; its layers amplify
+    rounding about tenfold, tests/cpu/test_deepseek_v4_fp8_weights.py, so the two differ by
+    chance more than by the experts' FP8): the packed experts add no error of their own."""
     from tests.cpu.test_deepseek_v4_fp8_weights import FP8_WEIGHTS_V4
 
     plain = Path(write_checkpoint(str(tmp_path / "plain"), FP8_WEIGHTS_V4))
@@ -236,5 +236,6 @@ def test_fp8_weights_keep_the_experts_fp4(tmp_path: Path) -> None:
         batch = ForwardBatch.build([(0, len(PROMPT), list(range(8)), True)], BLOCK)
         with torch.no_grad():
             got = stage.compute_logits(stage(torch.tensor(PROMPT), batch, cache))
-        err[mode] = (got - want).abs().max().item()
-    assert 0 < err["keep"] <= err["dequantize"] < 2.5
+        err[mode] = ((got - want).norm() / want.norm()).item()
+    # within 5 %: the two runs' W8A8 roundings differ only in the experts, amplified alike
+    assert 0 < err["keep"] <= 1.05 * err["dequantize"] and err["dequantize"] < 0.4

@@ -53,8 +53,10 @@ class GroupCompressor(nn.Module):
         super().__init__()
         series = 2 if overlap else 1
         self.width, self.rate, self.overlap = width, rate, overlap
-        self.kv_proj = Linear(a.hidden_size, series * width, False, kernels, dtype, device)
-        self.gate_proj = Linear(a.hidden_size, series * width, False, kernels, dtype, device)
+        # the checkpoint's kv_proj and gate_proj in one GEMM: what the cache keeps per token
+        n = series * width
+        parts = (("kv_proj", n), ("gate_proj", n))
+        self.kv_gate_proj = Linear(a.hidden_size, 2 * n, False, kernels, dtype, device, parts)
         self.position_bias = nn.Parameter(
             torch.empty(rate, series * width, dtype=torch.float32, device=device)
         )
@@ -62,8 +64,10 @@ class GroupCompressor(nn.Module):
         self.kernels = kernels
 
     def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, 2 * series * width]: what the cache keeps per token until its group completes."""
-        return torch.cat((self.kv_proj(x), self.gate_proj(x)), dim=-1)
+        """[T, 2 * series * width] (kv, then gate): what the cache keeps per token until its
+        group completes."""
+        out: torch.Tensor = self.kv_gate_proj(x)
+        return out
 
     def complete_groups(
         self,
