@@ -4,10 +4,10 @@ BLOCK_M, so every M tile of the grouped GEMMs belongs to one expert.
 
 ``route`` builds it with torch ops (the reference the CPU tests read); ``route_and_gather``
 builds the same layout with three small Triton kernels and copies each pair's token row into
-it on the way. Within an expert the rows' order follows atomic counters, so it may differ from
-``route``'s: each row of a GEMM is computed on its own, so the results do not depend on it. A
-pick of id -1 (an expert another rank holds, under expert parallelism) gets no row; the grouped
-GEMMs leave its output slot zero.
+it on the way (``route_and_gather_scaled``: an FP8 row's scales too). Within an expert the
+rows' order follows atomic counters, so it may differ from ``route``'s: each row of a GEMM is
+computed on its own, so the results do not depend on it. A pick of id -1 (an expert another
+rank holds, under expert parallelism) gets no row and its output slot is never written.
 Buffers are sized by the layout's upper bound; the number of real tiles stays on the device.
 """
 
@@ -75,6 +75,34 @@ def route_and_gather(
     block_m: int,
 ) -> tuple[Routing, torch.Tensor]:
     """(the layout, x's rows in it [rows, H]; padding rows are left unwritten)."""
+    r, a, _ = _route_gather(x, None, topk_ids, topk_weights, num_experts, block_m)
+    return r, a
+
+
+def route_and_gather_scaled(
+    x: torch.Tensor,
+    x_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+) -> tuple[Routing, torch.Tensor, torch.Tensor]:
+    """route_and_gather of quantized rows x with their scales x_scale [T, S] fp32 gathered
+    beside them by the same kernel: (the layout, rows [rows, H], scales [rows, S]; padding rows
+    of both unwritten)."""
+    r, a, scale = _route_gather(x, x_scale, topk_ids, topk_weights, num_experts, block_m)
+    assert scale is not None
+    return r, a, scale
+
+
+def _route_gather(
+    x: torch.Tensor,
+    x_scale: torch.Tensor | None,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+) -> tuple[Routing, torch.Tensor, torch.Tensor | None]:
     import triton
 
     t, k = topk_ids.shape
@@ -88,6 +116,10 @@ def route_and_gather(
     pair_of_row = torch.full((bound * block_m,), -1, dtype=torch.int32, device=device)
     row_weight = torch.empty(bound * block_m, dtype=torch.float32, device=device)
     a = torch.empty(bound * block_m, hidden, dtype=x.dtype, device=device)
+    scales = x_scale.contiguous() if x_scale is not None else None
+    a_scale = None
+    if scales is not None:
+        a_scale = torch.empty(bound * block_m, scales.shape[1], dtype=scales.dtype, device=device)
     block = 256
     _count[(triton.cdiv(n, block),)](ids, counters, n, BLOCK=block)
     _plan[(1,)](
@@ -111,14 +143,19 @@ def route_and_gather(
         row_weight,
         tile_start,
         counters[1],
+        a if scales is None else scales,
+        a if a_scale is None else a_scale,
         n,
         hidden,
         k,
         block_m,
+        0 if scales is None else scales.shape[1],
         BLOCK_P=pairs,
         BLOCK_H=256,
+        SCALES=scales is not None,
+        BLOCK_S=triton.next_power_of_2(1 if scales is None else scales.shape[1]),
     )
-    return Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m), a
+    return Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m), a, a_scale
 
 
 try:
@@ -172,12 +209,17 @@ if triton is not None:
         row_weight_ptr,
         tile_start_ptr,
         fill_ptr,
+        scale_ptr,
+        a_scale_ptr,
         N,
         H,
         TOPK,
         BLOCK_M,
+        S,
         BLOCK_P: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        SCALES: tl.constexpr,
+        BLOCK_S: tl.constexpr,
     ):
         pairs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         expert = tl.load(ids_ptr + pairs, mask=pairs < N, other=-1)
@@ -193,3 +235,8 @@ if triton is not None:
             both = keep[:, None] & (cols[None, :] < H)
             v = tl.load(x_ptr + token[:, None] * H + cols[None, :], mask=both)
             tl.store(a_ptr + dest[:, None] * H + cols[None, :], v, mask=both)
+        if SCALES:  # the row's quantization scales beside it
+            cols = tl.arange(0, BLOCK_S)
+            both = keep[:, None] & (cols[None, :] < S)
+            v = tl.load(scale_ptr + token[:, None] * S + cols[None, :], mask=both)
+            tl.store(a_scale_ptr + dest[:, None] * S + cols[None, :], v, mask=both)

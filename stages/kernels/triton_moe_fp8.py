@@ -26,7 +26,7 @@ import torch
 
 from stages.kernels import fp8_ref, triton_fp8_act
 from stages.kernels.fallbacks import record_fallback
-from stages.kernels.moe_routing import Routing, route_and_gather
+from stages.kernels.moe_routing import Routing, route_and_gather_scaled
 from stages.kernels.triton_gemm import num_sms
 from stages.kernels.triton_moe_combine import combine
 
@@ -157,10 +157,11 @@ def _moe(
     block_m, warps, stages = tiles_for(t * k, gate_up.shape[0])
     cfg = dict(num_warps=warps, num_stages=stages)
     xq, xs = triton_fp8_act.quantize_act(x)
-    # the FP8 rows travel as bytes (the gather copies them unchanged); padding rows stay
-    # unwritten and take token 0's scales: their results are never stored at a pair's slot
-    r, a = route_and_gather(xq.view(torch.uint8), topk_ids, topk_weights, gate_up.shape[0], block_m)
-    a_scale = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
+    # the FP8 rows travel as bytes (the gather copies them unchanged) with their scales; padding
+    # rows stay unwritten: their results are never stored at a pair's slot
+    r, a, a_scale = route_and_gather_scaled(
+        xq.view(torch.uint8), xs, topk_ids, topk_weights, gate_up.shape[0], block_m
+    )
     h = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid, x.dtype, **cfg)
     hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit)
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k, **cfg)

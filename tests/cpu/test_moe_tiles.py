@@ -126,3 +126,22 @@ def test_interpreted_routing_matches_reference_layout(triton_interpreter):
         pair = mine[used].long()
         torch.testing.assert_close(r.row_weight[span][used], weights.reshape(-1)[pair])
         torch.testing.assert_close(a[span][used], x[pair // 3], atol=0, rtol=0)
+
+
+def test_interpreted_scaled_routing_copies_each_rows_scales(triton_interpreter):
+    """route_and_gather_scaled (the FP8 MoE's): each pair's quantized row (as bytes) and its
+    1 x 128 scales land in the same row of the layout; a pick of id -1 gets neither."""
+    from stages.kernels.moe_routing import route_and_gather_scaled
+
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 5, (40, 2), generator=g)
+    ids[3, 1] = -1
+    weights = torch.rand(40, 2, generator=g)
+    rows = torch.randint(0, 256, (40, 384), generator=g, dtype=torch.uint8)
+    scales = torch.rand(40, 3, generator=g)
+    r, a, a_scale = route_and_gather_scaled(rows, scales, ids, weights, 5, 16)
+    used = r.pair_of_row >= 0
+    pair = r.pair_of_row[used].long()
+    assert sorted(pair.tolist()) == [p for p in range(80) if p != 7]
+    assert torch.equal(a[used], rows[pair // 2])
+    assert torch.equal(a_scale[used], scales[pair // 2])

@@ -83,24 +83,28 @@ def test_moe_routing_compiles():
         },
         {"BLOCK_E": 256, "BLOCK_T": 32},
     )
-    _compile(
-        moe_routing._scatter,
-        {
-            "x_ptr": "*bf16",
-            "ids_ptr": "*i32",
-            "w_ptr": "*fp32",
-            "a_ptr": "*bf16",
-            "pair_ptr": "*i32",
-            "row_weight_ptr": "*fp32",
-            "tile_start_ptr": "*i32",
-            "fill_ptr": "*i32",
-            "N": "i32",
-            "H": "i32",
-            "TOPK": "i32",
-            "BLOCK_M": "i32",
-        },
-        {"BLOCK_P": 16, "BLOCK_H": 256},
-    )
+    for scales in (False, True):  # bf16 rows, or FP8 rows (bytes) with their scales
+        _compile(
+            moe_routing._scatter,
+            {
+                "x_ptr": "*u8" if scales else "*bf16",
+                "ids_ptr": "*i32",
+                "w_ptr": "*fp32",
+                "a_ptr": "*u8" if scales else "*bf16",
+                "pair_ptr": "*i32",
+                "row_weight_ptr": "*fp32",
+                "tile_start_ptr": "*i32",
+                "fill_ptr": "*i32",
+                "scale_ptr": "*fp32",
+                "a_scale_ptr": "*fp32",
+                "N": "i32",
+                "H": "i32",
+                "TOPK": "i32",
+                "BLOCK_M": "i32",
+                "S": "i32",
+            },
+            {"BLOCK_P": 16, "BLOCK_H": 256, "SCALES": scales, "BLOCK_S": 32},
+        )
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])

@@ -35,8 +35,10 @@ from stages.protocol import Row
 GPU_LAUNCHES = {
     "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM
     "fp8_swiglu_linear": 2,  # the swiglu-quantizer, cuBLASLt's GEMM
-    # quantizer, routing (4), gather, 2 grouped GEMMs + swiglu-quantizer, combine
-    "moe_experts_fp8": 9,
+    # quantizer, routing (ids / weights casts, two fills, count, plan, scatter with the scales),
+    # 2 grouped GEMMs + swiglu-quantizer, combine (session 14's: 19, the scales' gather and
+    # the zero fill, sum and cast besides)
+    "moe_experts_fp8": 12,
     # ids packed twice (argsort, gather, sum, pad), schedule, kernel, combine
     "sparse_sink_attention_fp8": 12,
     "indexer_logits_rows": 3,  # query quantizer, scores, mask
