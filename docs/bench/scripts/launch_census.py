@@ -4,8 +4,8 @@ shape's 8 leading layers at small widths, FP8 weights and FP8 KV, every op count
 would launch it. Each kernel-registry call counts as its GPU backend's launches (GPU_LAUNCHES,
 read off the backends' code: e.g. a W8A8 linear is its activation quantizer and cuBLASLt's
 GEMM); every other aten op that is not a view counts one. An estimate to plan fusions with, not
-a measurement: at 8b16e33 it counts 970 where the profiler counted 1,351 launches in a graphed
-FP8 step of one row (session 14), so it misses about a quarter (cuBLAS's split-K reductions,
+a measurement: at 8b16e33 it counts 1,050 where the profiler counted 1,351 launches in a graphed
+FP8 step of one row (session 14), so it misses about a fifth (cuBLAS's split-K reductions,
 FlashMLA's and torch's top-k's inner kernels, counted here as GPU_LAUNCHES guesses).
 
     python docs/bench/scripts/launch_census.py [--rows 1] [--out census.json]
