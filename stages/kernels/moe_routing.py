@@ -108,12 +108,12 @@ def _route_gather(
     t, k = topk_ids.shape
     n, hidden, device = t * k, x.shape[1], x.device
     bound = max_tiles(n, num_experts, block_m)
-    ids = topk_ids.reshape(-1).int().contiguous()
+    ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels read it as is
     counters = torch.zeros(2, num_experts, dtype=torch.int32, device=device)
     tile_start = torch.empty(num_experts, dtype=torch.int32, device=device)
     tile_expert = torch.empty(bound, dtype=torch.int32, device=device)
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
-    pair_of_row = torch.full((bound * block_m,), -1, dtype=torch.int32, device=device)
+    pair_of_row = torch.empty(bound * block_m, dtype=torch.int32, device=device)  # _plan: -1
     row_weight = torch.empty(bound * block_m, dtype=torch.float32, device=device)
     a = torch.empty(bound * block_m, hidden, dtype=x.dtype, device=device)
     scales = x_scale.contiguous() if x_scale is not None else None
@@ -127,17 +127,19 @@ def _route_gather(
         tile_start,
         tile_expert,
         num_tiles,
+        pair_of_row,
         num_experts,
         bound,
         block_m,
         BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_T=32,
+        BLOCK_R=1024,
     )
     pairs = 16
     _scatter[(triton.cdiv(n, pairs),)](
         x.contiguous(),
         ids,
-        topk_weights.reshape(-1).float().contiguous(),
+        topk_weights.reshape(-1).contiguous(),  # read as float32 by the kernel
         a,
         pair_of_row,
         row_weight,
@@ -169,7 +171,7 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def _count(ids_ptr, counts_ptr, N, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        expert = tl.load(ids_ptr + offs, mask=offs < N, other=-1)
+        expert = tl.load(ids_ptr + offs, mask=offs < N, other=-1).to(tl.int32)
         keep = expert >= 0  # -1: a pick no expert here runs
         tl.atomic_add(counts_ptr + expert, 1, mask=keep)
 
@@ -179,11 +181,13 @@ if triton is not None:
         tile_start_ptr,
         tile_expert_ptr,
         num_tiles_ptr,
+        pair_ptr,
         E,
         MAX_TILES,
         BLOCK_M,
         BLOCK_E: tl.constexpr,
         BLOCK_T: tl.constexpr,
+        BLOCK_R: tl.constexpr,
     ):
         es = tl.arange(0, BLOCK_E)
         real = es < E
@@ -198,6 +202,11 @@ if triton is not None:
             before = (cum[None, :] <= ms[:, None]) & real[None, :]
             expert = tl.minimum(tl.sum(before.to(tl.int32), 1), E - 1)
             tl.store(tile_expert_ptr + ms, expert, mask=ms < MAX_TILES)
+        for r0 in range(0, MAX_TILES * BLOCK_M, BLOCK_R):  # every row a padding row until
+            rows = r0 + tl.arange(0, BLOCK_R)  # _scatter places the pairs
+            tl.store(
+                pair_ptr + rows, tl.full((BLOCK_R,), -1, tl.int32), mask=rows < MAX_TILES * BLOCK_M
+            )
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _scatter(  # type: ignore[no-untyped-def]
@@ -222,12 +231,13 @@ if triton is not None:
         BLOCK_S: tl.constexpr,
     ):
         pairs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-        expert = tl.load(ids_ptr + pairs, mask=pairs < N, other=-1)
+        expert = tl.load(ids_ptr + pairs, mask=pairs < N, other=-1).to(tl.int32)
         keep = expert >= 0
         rank = tl.atomic_add(fill_ptr + expert, 1, mask=keep)
         dest = tl.load(tile_start_ptr + expert, mask=keep, other=0) * BLOCK_M + rank
         tl.store(pair_ptr + dest, pairs, mask=keep)
-        tl.store(row_weight_ptr + dest, tl.load(w_ptr + pairs, mask=keep, other=0.0), mask=keep)
+        weight = tl.load(w_ptr + pairs, mask=keep, other=0.0).to(tl.float32)
+        tl.store(row_weight_ptr + dest, weight, mask=keep)
         token = (pairs // TOPK).to(tl.int64)
         dest = dest.to(tl.int64)
         for hi in range((H + BLOCK_H - 1) // BLOCK_H):

@@ -68,7 +68,7 @@ def test_moe_routing_compiles():
     from stages.kernels import moe_routing
 
     _compile(
-        moe_routing._count, {"ids_ptr": "*i32", "counts_ptr": "*i32", "N": "i32"}, {"BLOCK": 256}
+        moe_routing._count, {"ids_ptr": "*i64", "counts_ptr": "*i32", "N": "i32"}, {"BLOCK": 256}
     )
     _compile(
         moe_routing._plan,
@@ -77,19 +77,20 @@ def test_moe_routing_compiles():
             "tile_start_ptr": "*i32",
             "tile_expert_ptr": "*i32",
             "num_tiles_ptr": "*i32",
+            "pair_ptr": "*i32",
             "E": "i32",
             "MAX_TILES": "i32",
             "BLOCK_M": "i32",
         },
-        {"BLOCK_E": 256, "BLOCK_T": 32},
+        {"BLOCK_E": 256, "BLOCK_T": 32, "BLOCK_R": 1024},
     )
     for scales in (False, True):  # bf16 rows, or FP8 rows (bytes) with their scales
         _compile(
             moe_routing._scatter,
             {
                 "x_ptr": "*u8" if scales else "*bf16",
-                "ids_ptr": "*i32",
-                "w_ptr": "*fp32",
+                "ids_ptr": "*i64",
+                "w_ptr": "*bf16",
                 "a_ptr": "*u8" if scales else "*bf16",
                 "pair_ptr": "*i32",
                 "row_weight_ptr": "*fp32",

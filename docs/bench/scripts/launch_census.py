@@ -35,10 +35,10 @@ from stages.protocol import Row
 GPU_LAUNCHES = {
     "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM
     "fp8_swiglu_linear": 2,  # the swiglu-quantizer, cuBLASLt's GEMM
-    # quantizer, routing (ids / weights casts, two fills, count, plan, scatter with the scales),
-    # 2 grouped GEMMs + swiglu-quantizer, combine (session 14's: 19, the scales' gather and
-    # the zero fill, sum and cast besides)
-    "moe_experts_fp8": 12,
+    # quantizer, routing (the counters' zeros, count, plan, scatter with the scales), 2 grouped
+    # GEMMs + swiglu-quantizer, combine (session 14's: 19, with the ids' and weights' casts, the
+    # rows' -1 fill, the scales' gather and the zero fill, sum and cast besides)
+    "moe_experts_fp8": 9,
     # ids packed twice (argsort, gather, sum, pad), schedule, kernel, combine
     "sparse_sink_attention_fp8": 12,
     "indexer_logits_rows": 3,  # query quantizer, scores, mask
