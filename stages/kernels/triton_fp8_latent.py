@@ -90,7 +90,7 @@ def write_v4(pages: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> 
             f"the V4 FP8 layout holds {fp8_v4_layout.HEAD_DIM} values per entry, "
             f"got {values.shape[-1]}"
         )
-    v = values.contiguous()
+    v = values if values.stride(-1) == 1 else values.contiguous()  # rows may be strided
     _quantize_write_v4[(v.shape[0],)](
         v,
         slots.contiguous(),

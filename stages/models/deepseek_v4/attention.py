@@ -53,21 +53,14 @@ class GroupCompressor(nn.Module):
         super().__init__()
         series = 2 if overlap else 1
         self.width, self.rate, self.overlap = width, rate, overlap
-        # the checkpoint's kv_proj and gate_proj in one GEMM: what the cache keeps per token
-        n = series * width
-        parts = (("kv_proj", n), ("gate_proj", n))
-        self.kv_gate_proj = Linear(a.hidden_size, 2 * n, False, kernels, dtype, device, parts)
+        # its kv_proj and gate_proj (what the cache keeps per token until the group completes)
+        # are rows of the attention's x_proj
+        self.input_width = 2 * series * width
         self.position_bias = nn.Parameter(
             torch.empty(rate, series * width, dtype=torch.float32, device=device)
         )
         self.kv_norm = V4RMSNorm(width, a.rms_norm_eps, device)
         self.kernels = kernels
-
-    def inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, 2 * series * width] (kv, then gate): what the cache keeps per token until its
-        group completes."""
-        out: torch.Tensor = self.kv_gate_proj(x)
-        return out
 
     def complete_groups(
         self,
@@ -146,10 +139,11 @@ class V4Attention(nn.Module):
     """On a tensor-parallel stage each rank holds whole output groups (o_groups / size) and
     their query heads: its rows of q_b_proj and o_a_proj, its heads' sinks, its groups'
     columns of o_b_proj, whose all-reduce is the layer's one collective. What every head
-    shares stays whole on every rank: q_a_proj (also the indexer's input), the K=V latent's
-    kv_proj, the compressor, the indexer (its score sums over its heads before a top-k: split,
-    every score would need an all-reduce, whose order of addition could change which entries
-    tie into the top-k) and the cache, whose entries every rank's heads read."""
+    shares stays whole on every rank: x_proj (q_a_proj, also the indexer's input, the K=V
+    latent's kv_proj, the compressors' inputs), the compressor, the indexer (its score sums
+    over its heads before a top-k: split, every score would need an all-reduce, whose order of
+    addition could change which entries tie into the top-k) and the cache, whose entries
+    every rank's heads read."""
 
     def __init__(
         self,
@@ -170,12 +164,10 @@ class V4Attention(nn.Module):
         self.groups = tp.part(a.o_groups, "o_groups")
         self.heads = a.num_heads // a.o_groups * self.groups
         h, heads, d = a.hidden_size, a.num_heads, a.head_dim
-        self.q_a_proj = Linear(h, a.q_lora_rank, False, kernels, dtype, device)
         self.q_a_norm = V4RMSNorm(a.q_lora_rank, a.rms_norm_eps, device, kernels)
         self.q_b_proj = Linear(
             a.q_lora_rank, heads * d, False, kernels, dtype, device, tp=tp, split="column"
         )
-        self.kv_proj = Linear(h, d, False, kernels, dtype, device)
         self.kv_norm = V4RMSNorm(d, a.rms_norm_eps, device)
         # grouped output projection: o_groups blocks of heads * d / o_groups -> o_lora_rank, one
         # batched matmul over the groups, so held in dtype (an FP8 checkpoint's is dequantized)
@@ -192,6 +184,16 @@ class V4Attention(nn.Module):
             )
             if self.kind == CSA:
                 self.compressor.indexer = Indexer(a, self.rate, kernels, dtype, device)
+        # every projection of the layer's input in one GEMM (one quantizer, one launch): the
+        # checkpoint's q_a_proj, kv_proj and the compressors' kv_proj and gate_proj, as rows
+        rows = [("q_a_proj", a.q_lora_rank), ("kv_proj", d)]
+        self.x_widths = [a.q_lora_rank, d]  # q_a, the latent, then each compressor's inputs
+        for path, c in (("compressor", self.compressor), ("compressor.indexer", self.indexer)):
+            if c is not None:
+                half = c.input_width // 2
+                rows += [(f"{path}.kv_proj", half), (f"{path}.gate_proj", half)]
+                self.x_widths.append(c.input_width)
+        self.x_proj = Linear(h, sum(self.x_widths), False, kernels, dtype, device, tuple(rows))
 
     def checkpoint_sources(self, name: str) -> Sources:
         """On a tensor-parallel rank: its heads' sinks."""
@@ -220,16 +222,17 @@ class V4Attention(nn.Module):
         local: int,
     ) -> torch.Tensor:
         a, t = self.a, x.shape[0]
-        q_resid = self.q_a_norm(self.q_a_proj(x))
+        parts = self.x_proj(x).split(self.x_widths, dim=-1)
+        q_resid = self.q_a_norm(parts[0])
         q = self.q_b_proj(q_resid).view(t, self.heads, a.head_dim)
         q = apply_rope(q, angles.tokens, self.kernels, norm_eps=a.rms_norm_eps)
-        kv = apply_rope(self.kv_proj(x), angles.tokens, self.kernels, norm=self.kv_norm)
+        kv = apply_rope(parts[1], angles.tokens, self.kernels, norm=self.kv_norm)
         cache.write(local, KV, kv, slot_mapping)
         if self.compressor is not None:
             groups = plan.rates[self.rate].groups
-            cache.write(local, COMP_IN, self.compressor.inputs(x), slot_mapping)
+            cache.write(local, COMP_IN, parts[2], slot_mapping)
             if self.indexer is not None:
-                cache.write(local, INDEX_IN, self.indexer.inputs(x), slot_mapping)
+                cache.write(local, INDEX_IN, parts[3], slot_mapping)
             if groups.count:
                 group_angles = angles.groups[self.rate]
                 self.compressor.complete_groups(groups, cache, local, COMP_IN, COMP, group_angles)
