@@ -163,7 +163,7 @@ def hyper_cases(g: torch.Generator) -> dict[str, Case]:
         streams = _randn(rows, n, d, g=g)
         for precision in triton_hyper.PRECISIONS:
             cases[f"V4 hyper-connection mix, {rows} tokens, {precision}"] = functools.partial(
-                triton_hyper.mix, streams, fn, base, scale, 20, 1e-6, 1e-6, precision
+                triton_hyper.mix, streams, fn, base, scale, 20, 1e-6, 1e-6, precision=precision
             )
         post, comb, out = triton_hyper.mix(streams, fn, base, scale, 20, 1e-6, 1e-6)
         cases[f"V4 hyper-connection merge, {rows} tokens"] = functools.partial(

@@ -18,6 +18,12 @@ def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
+def fp32_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """DeepSeek-V4's RMSNorm: the product with its fp32 weight taken in fp32, cast once.
+    torch's rms_norm: the same ops on the CPU (bit for bit), one fused kernel on CUDA."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+
+
 def mix(
     streams: torch.Tensor,
     fn: torch.Tensor,
@@ -26,9 +32,11 @@ def mix(
     iters: int,
     eps: float,
     norm_eps: float,
+    out_norm: tuple[torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [T, N, D]; fn [(2 + N) N, N D], base [(2 + N) N], scale [3], all fp32 ->
-    (post [T, N] fp32, comb [T, N, N] fp32, the collapsed block input [T, D] in streams' dtype)."""
+    (post [T, N] fp32, comb [T, N, N] fp32, the collapsed block input [T, D] in streams' dtype).
+    out_norm (weight [D] fp32, eps): the block's input norm (V4RMSNorm) applied to it."""
     n = streams.shape[1]
     flat = unweighted_rms_norm(streams.reshape(streams.shape[0], -1).float(), norm_eps)
     pre_w, post_w, comb_w = torch.split(F.linear(flat, fn), [n, n, n * n], dim=-1)
@@ -44,6 +52,8 @@ def mix(
         comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
         comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
     collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+    if out_norm is not None:
+        collapsed = fp32_rms_norm(collapsed, *out_norm)
     return post, comb, collapsed
 
 

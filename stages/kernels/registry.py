@@ -239,8 +239,9 @@ class Kernels:
     #  state: a dict passed again only with the same window and comp, where a backend keeps
     #  what it derives from them
     sparse_sink_attention_fp8: Callable[..., Any] | None = None
-    # (streams [T,N,D], fn [(2+N)N, ND], base [(2+N)N], scale [3] fp32, iters, eps, norm_eps)
-    # -> (post [T,N] fp32, comb [T,N,N] fp32, collapsed [T,D]); stages/kernels/hyper_connection
+    # (streams [T,N,D], fn [(2+N)N, ND], base [(2+N)N], scale [3] fp32, iters, eps, norm_eps,
+    #  out_norm=(weight [D] fp32, eps) | None) -> (post [T,N] fp32, comb [T,N,N] fp32,
+    #  collapsed [T,D], normed by out_norm when given); stages/kernels/hyper_connection
     hc_mix: Callable[..., Any] | None = None
     # (streams [T,N,D], out [T,D], post [T,N], comb [T,N,N]) -> [T,N,D]
     hc_merge: Callable[..., Any] | None = None

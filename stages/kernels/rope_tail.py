@@ -11,15 +11,10 @@ was most of its cost."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from stages.kernels.hyper_connection import unweighted_rms_norm
+from stages.kernels.hyper_connection import fp32_rms_norm, unweighted_rms_norm
 
-
-def fp32_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """DeepSeek-V4's RMSNorm: the product with its fp32 weight taken in fp32, cast once.
-    torch's rms_norm: the same ops on the CPU (bit for bit), one fused kernel on CUDA."""
-    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+__all__ = ["fp32_rms_norm", "rope_tail"]  # fp32_rms_norm: the rms_norm_fp32 op's torch form
 
 
 def rope_tail(

@@ -11,7 +11,8 @@ and by memory traffic in prefill.
   Short batches split the streams' width over more programs (decode rows are few).
 - ``_finish``: per block of tokens, the partial sums added in a fixed order, then the sigmoids,
   the softmax and the Sinkhorn iterations in registers, and the collapse of the streams by `pre`
-  over the hidden size.
+  over the hidden size; given the block's input norm (``out_norm``), V4RMSNorm of the collapse
+  too (the block's rows read back once), where it was another kernel.
 - ``_merge``: post * out + comb^T @ streams per (tokens, hidden) tile, rounded as the torch
   form rounds (each product to the streams' dtype, then their sum).
 
@@ -72,12 +73,28 @@ def mix(
     iters: int,
     eps: float,
     norm_eps: float,
+    out_norm: tuple[torch.Tensor, float] | None = None,
     precision: str = PRECISION,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: one of {PRECISIONS}")
     if not _fits("hc_mix", streams):
-        return hyper_connection.mix(streams, fn, base, scale, iters, eps, norm_eps)
+        return hyper_connection.mix(streams, fn, base, scale, iters, eps, norm_eps, out_norm)
+    return launch_mix(streams, fn, base, scale, iters, eps, norm_eps, out_norm, precision)
+
+
+def launch_mix(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    iters: int,
+    eps: float,
+    norm_eps: float,
+    out_norm: tuple[torch.Tensor, float] | None = None,
+    precision: str = PRECISION,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' launches on any device Triton runs on (its interpreter's tests call it)."""
     t, n, d = streams.shape
     m = (2 + n) * n
     x = streams.contiguous()
@@ -99,10 +116,12 @@ def mix(
     post = torch.empty(t, n, dtype=torch.float32, device=x.device)
     comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
     collapsed = torch.empty(t, d, dtype=x.dtype, device=x.device)
+    weight, out_eps = (base, 0.0) if out_norm is None else out_norm
     _finish[grid](
         parts, squares, base.float().contiguous(), scale.float().contiguous(), x, post, comb,
-        collapsed, t, d, split, iters, eps, norm_eps,
-        N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4,
+        collapsed, weight.float().contiguous(), t, d, split, iters, eps, norm_eps, 1.0 / d,
+        out_eps, N=n, NORM=out_norm is not None, CUDA_RSQRT=x.is_cuda, BLOCK_T=BLOCK_T,
+        BLOCK_D=BLOCK_D, num_warps=4,
     )  # fmt: skip
     return post, comb, collapsed
 
@@ -137,6 +156,7 @@ def merge(
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
@@ -188,11 +208,14 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _finish(  # type: ignore[no-untyped-def]
-        part_ptr, sq_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, SPLIT,
-        iters, eps, norm_eps, N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        part_ptr, sq_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, w_ptr, T, D,
+        SPLIT, iters, eps, norm_eps, inv_d, out_eps, N: tl.constexpr, NORM: tl.constexpr,
+        CUDA_RSQRT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     ):  # fmt: skip
         """Each token's mix row [pre N | post N | comb N x N] from the partial sums and the RMS
-        factor; pre, post and the Sinkhorn-normalised comb; out[t] = sum_i pre[t, i] * x[t, i]."""
+        factor; pre, post and the Sinkhorn-normalised comb; out[t] = sum_i pre[t, i] * x[t, i]
+        (NORM: then V4RMSNorm's (out * rsqrt(mean(out^2) + out_eps)) * w in fp32, cast once,
+        as rms_norm_fp32's kernel, over the rounded out)."""
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         row_ok = rows < T
         i = tl.arange(0, N)
@@ -230,6 +253,7 @@ if triton is not None:
             comb_ptr + rows[:, None, None] * (N * N) + ij[None, :, :], comb,
             mask=row_ok[:, None, None],
         )  # fmt: skip
+        out_sq = tl.zeros((BLOCK_T,), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             ds = d0 + tl.arange(0, BLOCK_D)
             ok = row_ok[:, None, None] & (ds < D)[None, None, :]
@@ -238,12 +262,26 @@ if triton is not None:
                 + ds[None, None, :],
                 mask=ok, other=0.0,
             ).to(tl.float32)  # fmt: skip
-            collapsed = tl.sum(pre[:, :, None] * x, axis=1)
-            tl.store(
-                out_ptr + rows[:, None].to(tl.int64) * D + ds[None, :],
-                collapsed.to(out_ptr.dtype.element_ty),
-                mask=row_ok[:, None] & (ds < D)[None, :],
-            )
+            collapsed = tl.sum(pre[:, :, None] * x, axis=1).to(out_ptr.dtype.element_ty)
+            out_rows = out_ptr + rows[:, None].to(tl.int64) * D + ds[None, :]
+            tl.store(out_rows, collapsed, mask=row_ok[:, None] & (ds < D)[None, :])
+            if NORM:
+                h = collapsed.to(tl.float32)
+                out_sq += tl.sum(h * h, axis=1)
+        if NORM:
+            tl.debug_barrier()  # every write of the rows before they are read back
+            mean = out_sq * inv_d
+            if CUDA_RSQRT:  # rsqrtf, as torch's rms_norm on CUDA
+                factor = libdevice.rsqrt(mean + out_eps)
+            else:  # Triton's interpreter: 1 / sqrt
+                factor = 1.0 / tl.sqrt(mean + out_eps)
+            for d0 in range(0, D, BLOCK_D):
+                ds = d0 + tl.arange(0, BLOCK_D)
+                ok = row_ok[:, None] & (ds < D)[None, :]
+                out_rows = out_ptr + rows[:, None].to(tl.int64) * D + ds[None, :]
+                h = tl.load(out_rows, mask=ok, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + ds, mask=ds < D, other=0.0)[None, :]
+                tl.store(out_rows, (h * factor[:, None] * w).to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _merge(  # type: ignore[no-untyped-def]

@@ -28,6 +28,24 @@ def _inputs(t: int, n: int, d: int, seed: int = 0):
     return streams, fn, base, scale
 
 
+@pytest.mark.parametrize("t", [1, 512, 8192])
+def test_mix_with_the_blocks_input_norm(t):
+    """out_norm (V4RMSNorm of the collapsed input, folded into _finish): the torch form's
+    collapse then norm, within a bf16 unit; against rms_norm_fp32 of the kernel's own collapse,
+    the same but for the sum of squares' order."""
+    from stages.kernels import rope_tail
+
+    streams, fn, base, scale = _inputs(t, 4, 4096)
+    weight = torch.rand(4096, device="cuda") + 0.5
+    _, _, plain = triton_hyper.mix(streams, fn, base, scale, 20, 1e-6, 1e-6)
+    _, _, normed = triton_hyper.mix(streams, fn, base, scale, 20, 1e-6, 1e-6, (weight, 1e-6))
+    own = rope_tail.fp32_rms_norm(plain, weight, 1e-6)
+    torch.testing.assert_close(normed.float(), own.float(), rtol=2**-7, atol=0)
+    assert (normed != own).float().mean() < 0.01
+    _, _, ref = hyper_connection.mix(streams, fn, base, scale, 20, 1e-6, 1e-6, (weight, 1e-6))
+    torch.testing.assert_close(normed.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("precision", triton_hyper.PRECISIONS)
 @pytest.mark.parametrize("t,n,d", [(4096, 4, 4096), (37, 4, 4096), (512, 4, 1024), (129, 2, 640)])
 def test_mix_matches_torch(t, n, d, precision):

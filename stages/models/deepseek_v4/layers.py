@@ -141,10 +141,13 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.empty((2 + n) * n, dtype=torch.float32, device=device))
         self.scale = nn.Parameter(torch.empty(3, dtype=torch.float32, device=device))
 
-    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(post, comb, the block's input)."""
+    def forward(
+        self, streams: torch.Tensor, norm: V4RMSNorm | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(post, comb, the block's input, normed by `norm` when given: the op folds it in)."""
+        out_norm = None if norm is None else (norm.weight, norm.eps)
         mixed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = self._mix(
-            streams, self.fn, self.base, self.scale, self.iters, self.eps, self.norm_eps
+            streams, self.fn, self.base, self.scale, self.iters, self.eps, self.norm_eps, out_norm
         )
         return mixed
 

@@ -68,13 +68,11 @@ class V4DecoderLayer(nn.Module):
         local: int,
         token_ids: torch.Tensor | None,
     ) -> torch.Tensor:
-        post, comb, x = self.attn_hc(h)
-        out = self.self_attn(
-            self.input_layernorm(x), angles, plan, batch.slot_mapping, cache, local
-        )
+        post, comb, x = self.attn_hc(h, self.input_layernorm)  # x normed
+        out = self.self_attn(x, angles, plan, batch.slot_mapping, cache, local)
         h = self.attn_hc.merge(h, out, post, comb)
-        post, comb, x = self.ffn_hc(h)
-        out = self.mlp(self.post_attention_layernorm(x), token_ids)
+        post, comb, x = self.ffn_hc(h, self.post_attention_layernorm)
+        out = self.mlp(x, token_ids)
         return self.ffn_hc.merge(h, out, post, comb)
 
 
