@@ -104,20 +104,26 @@ def sparse_sink_attention_fp8(
     sinks: torch.Tensor,
     scale: float,
     state: dict[str, Any] | None = None,
+    window_state: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """fp8_v4.sparse_sink_attention's contract: q [T, H, 512] bf16, pages [blocks, P, 1, 584],
-    window / comp [T, K] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]. state: a dict the
-    caller passes again only with the same window and comp (the layers of one kind in one
-    forward); the ids packed for the kernel and its schedule, derived from them, are kept there
+    window [T, W] / comp [T, E] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]. state: a
+    dict the caller passes again only with the same window and comp (the layers of one kind in
+    one forward), window_state one passed again only with the same window (every layer of a
+    forward): the ids packed for the kernel and its schedule, derived from them, are kept there
     for the next call."""
     if _fall_back("sparse_sink_attention_fp8", q, None) or (qp := flash_mla.pad_heads(q)) is None:
         return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
     fm = flash_mla.wheel()
     state = {} if state is None else state
+    window_state = {} if window_state is None else window_state
+    window_packed = window_state.get(PACKED)
+    if window_packed is None:
+        window_packed = window_state[PACKED] = _valid_first(window)
     packed = state.get(PACKED)
     if packed is None:
         comp_ids = None if comp is None or comp_pages is None else _valid_first(comp)
-        packed = state[PACKED] = (_valid_first(window), comp_ids)
+        packed = state[PACKED] = (window_packed, comp_ids)
     (window_ids, window_counts), comp_packed = packed
     extra = {}
     if comp_pages is None or comp_packed is None:  # sliding only: the window is the cache

@@ -235,9 +235,10 @@ class Kernels:
     # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
     sparse_sink_attention: Callable[..., Any] | None = None
     # (q [T,H,512], window pages [blocks,B,1,584], window [T,K] slot ids (-1: none),
-    #  comp pages | None, comp [T,K] | None, sinks [H] fp32, scale, state=None) -> [T,H,512];
-    #  state: a dict passed again only with the same window and comp, where a backend keeps
-    #  what it derives from them
+    #  comp pages | None, comp [T,E] | None, sinks [H] fp32, scale, state=None,
+    #  window_state=None) -> [T,H,512]; state: a dict passed again only with the same window
+    #  and comp, window_state only with the same window, where a backend keeps what it
+    #  derives from them
     sparse_sink_attention_fp8: Callable[..., Any] | None = None
     # (streams [T,N,D], fn [(2+N)N, ND], base [(2+N)N], scale [3] fp32, iters, eps, norm_eps,
     #  out_norm=(weight [D] fp32, eps) | None) -> (post [T,N] fp32, comb [T,N,N] fp32,

@@ -39,13 +39,13 @@ GPU_LAUNCHES = {
     # GEMMs + swiglu-quantizer, combine (session 14's: 19, with the ids' and weights' casts, the
     # rows' -1 fill, the scales' gather and the zero fill, sum and cast besides)
     "moe_experts_fp8": 9,
-    # ids packed twice (argsort, gather, sum, pad), schedule, kernel, combine
-    "sparse_sink_attention_fp8": 12,
     "indexer_logits_rows": 3,  # query quantizer, scores, mask
     "index_topk": 4,  # torch's top-k of short lines and the rule's order
     "hc_mix": 2,  # _project, _finish
 }
-REUSED_STATE_LAUNCHES = 2  # FlashMLA's kernel and its split combine, the ids packed before
+# FlashMLA's V4 FP8 call: its kernel and split combine each call; a set of ids packed (argsort,
+# gather, sum, pad, its view) once per state that keeps it; the schedule once per state
+KERNEL_LAUNCHES, PACK_LAUNCHES, SCHEDULE_LAUNCHES = 2, 5, 1
 FREE = {"empty", "empty_strided", "empty_like", "detach", "alias", "lift_fresh", "_unsafe_view"}
 SMALL = dict(
     hidden_size=512, moe_intermediate_size=128, n_routed_experts=16, num_attention_heads=16,
@@ -82,17 +82,26 @@ class Census(TorchDispatchMode):
         return "/".join(self.scope[-2:]) or "stage"
 
 
+def fp8_attention_launches(state: Any, window_state: Any) -> int:
+    """sparse_sink_attention_fp8's launches, what FlashMLA's backend keeps in its states
+    (stages/kernels/flash_mla_v4.py) counted once per state."""
+    launches = KERNEL_LAUNCHES
+    for kept, packed in ((window_state, PACK_LAUNCHES), (state, PACK_LAUNCHES + SCHEDULE_LAUNCHES)):
+        if kept is None or not kept.get("census.seen"):
+            launches += packed
+        if kept is not None:
+            kept["census.seen"] = True
+    return launches
+
+
 def counting(census: Census, op: str, fn: Any) -> Any:
     """fn counted as its GPU launches, the ops of its torch form muted."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if census.active and not census.muted:  # not inside another op's torch form
             launches = GPU_LAUNCHES.get(op, 1)
-            state = kwargs.get("state")
-            if op == "sparse_sink_attention_fp8" and state is not None:
-                # FlashMLA's backend packs the ids and plans once per state
-                launches = REUSED_STATE_LAUNCHES if state.get("census.seen") else launches
-                state["census.seen"] = True
+            if op == "sparse_sink_attention_fp8":
+                launches = fp8_attention_launches(kwargs.get("state"), kwargs.get("window_state"))
             census.counts[(census.where(), f"[{op}]")] += launches
         census.muted += 1
         try:

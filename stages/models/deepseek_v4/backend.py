@@ -40,7 +40,7 @@ GRAPH_LENGTHS = (4096, 32768, 262144)
 # indexer's scores, top-k scratch and slot tables at rate 4 (16 bytes an entry), and an HCA
 # layer's gathered entries and their concatenation (2 x 1 KiB at rate 128)
 GRAPH_BYTES_PER_TOKEN = 20
-SLOTS = "v4.fp8_slots"  # V4Plan.fp8_shared's (window, comp) slot ids
+SLOTS = "v4.comp_slots"  # V4Plan.fp8_shared's comp slot ids of an HCA rate
 
 
 class V4Backend(AttentionBackend[V4Plan]):
@@ -111,7 +111,7 @@ class V4Backend(AttentionBackend[V4Plan]):
             window, comp, shared = self.fp8_slots(layer, x, q_resid, angles, plan, cache, local)
             out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
-                layer.sinks, scale, state=shared,
+                layer.sinks, scale, state=shared, window_state=plan.fp8_window_state,
             )  # fmt: skip
             return out
         pool, indices = self.keys(layer, x, q_resid, angles, plan, cache, local)
@@ -126,25 +126,31 @@ class V4Backend(AttentionBackend[V4Plan]):
         plan: V4Plan,
         cache: V4Cache,
         local: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any] | None]:
-        """(window, comp) [T, K] slot ids (-1: none) of the FP8 pages each query attends, and
-        the state the layers of its kind share this forward. Layers that do not select (HCA
-        of a rate, sliding) attend the keys the rate's first one traces (keys() over the
-        cache's addresses); a CSA layer's decode-only rows take their picked entries' slots
-        from the entry table beside the window slots every layer shares."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any] | None]:
+        """(window [T, W], comp [T, E] or None) slot ids (-1: none) of the FP8 pages each query
+        attends, and the state the layers of its kind share this forward: the window slots
+        every layer shares; an HCA layer's entries (every visible one, the same for each layer
+        of its rate); a CSA layer's, the ones its indexer picked."""
+        window = self.window_slots(plan)
         rp = plan.rates.get(layer.rate)
-        if layer.indexer is not None and rp is not None and rp.entry_table is not None:
+        if rp is None or not rp.max_entries:  # sliding, or no entry yet: the window alone
+            return window, None, plan.fp8_shared.setdefault(0, {})
+        if layer.indexer is not None:
             picked = layer.indexer.select(x, q_resid, angles, rp, cache, local)
-            chosen = rp.entry_table.gather(1, picked.clamp(min=0))
-            return self.window_slots(plan), torch.where(picked < 0, -1, chosen).int(), None
-        shared = plan.fp8_shared.setdefault(layer.rate, {}) if layer.indexer is None else None
-        if shared is not None and SLOTS in shared:
-            window, comp = shared[SLOTS]
-            return window, comp, shared
-        traced, indices = self.keys(layer, x, q_resid, angles, plan, cache.addresses(), local)
-        window, comp = cache.split_addresses(traced, indices)
-        if shared is not None:
-            shared[SLOTS] = (window, comp)
+            if rp.entry_table is not None:  # decode-only rows: each row's own entry table
+                chosen = rp.entry_table.gather(1, picked.clamp(min=0))
+            else:  # entry e of the token's row at rp.entry_slots[token_base - Nw + e]
+                first = rp.token_base[:, None] - plan.window_slots.shape[0]
+                chosen = rp.entry_slots[(first + picked).clamp(min=0)]
+            return window, torch.where(picked < 0, -1, chosen).int(), None
+        shared = plan.fp8_shared.setdefault(layer.rate, {})
+        if SLOTS not in shared:
+            if rp.dense_indices is None:
+                raise RuntimeError("the plan has no dense indices for an HCA layer's rate")
+            pool = rp.dense_indices[:, plan.window_indices.shape[1] :]  # Nw + entry index
+            at = (pool.long() - plan.window_slots.shape[0]).clamp(min=0)
+            shared[SLOTS] = torch.where(pool >= 0, rp.entry_slots[at], -1).int()
+        comp: torch.Tensor = shared[SLOTS]
         return window, comp, shared
 
     @staticmethod

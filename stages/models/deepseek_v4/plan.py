@@ -88,11 +88,13 @@ class V4Plan:
     # (decode rows' pools would hold all their compressed entries)
     chunks_only: bool = False
     split: ChunkSplit | None = None  # chunks and decode rows alike in the forward
-    # rate -> what the layers that attend without selecting (HCA at that rate, 0: sliding)
-    # share over an FP8 cache: the same keys for every such layer, so the backend traces their
-    # slot ids (SLOTS) once a forward and the attention kernel keeps what it derives from them
+    # what a forward's layers share over an FP8 cache (V4Backend.fp8_slots): the window's slot
+    # ids (every layer's) and the kernel's state derived from them; per rate, what the layers
+    # that attend without selecting share (HCA at that rate, 0: sliding): their entries' slot
+    # ids and the kernel's state derived from those
+    fp8_window: torch.Tensor | None = None  # [T, window] int32
+    fp8_window_state: dict[str, Any] = field(default_factory=dict)
     fp8_shared: dict[int, dict[str, Any]] = field(default_factory=dict)
-    fp8_window: torch.Tensor | None = None  # [T, window] window slot ids, once a forward
 
     @classmethod
     def build(
