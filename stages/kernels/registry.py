@@ -123,6 +123,11 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.v4_paged_index:rate_index",
         "triton": "stages.kernels.triton_v4_paged_index:rate_index",
     },
+    # DeepSeek-V4's rotary angles at a forward's positions, as rope_tail takes them.
+    "rope_angles": {
+        "torch": "stages.kernels.rope_tail:rope_angles",
+        "triton": "stages.kernels.triton_rope:rope_angles",
+    },
     # DeepSeek-V4's RMSNorm (its weight in fp32, the product in fp32, cast once).
     "rms_norm_fp32": {
         "torch": "stages.kernels.rope_tail:fp32_rms_norm",
@@ -193,6 +198,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "hc_merge": ("triton", "torch"),
     "rope_tail": ("triton", "torch"),
     "rms_norm_fp32": ("triton", "torch"),
+    "rope_angles": ("triton", "torch"),
     "group_pool": ("triton", "torch"),
     "route_topk": ("triton", "torch"),
     "v4_window_index": ("triton", "torch"),
@@ -251,6 +257,9 @@ class Kernels:
     rope_tail: Callable[..., Any] | None = None
     # (x [..., D], weight [D] fp32, eps) -> [..., D] in x's dtype: rope_tail.fp32_rms_norm
     rms_norm_fp32: Callable[..., Any] | None = None
+    # (positions [N], inv_freq [r/2] fp32, scaling, dtype) -> (cos [N, r], signed sin [N, r])
+    # fp32 per channel: rope_tail.rope_angles
+    rope_angles: Callable[..., Any] | None = None
     # (inputs [S, 2*series*w], slots [G, 2*rate] long, first [G] bool, bias [rate, series*w]
     #  fp32, rate, overlap, live [G] bool | None) -> [G, w]: stages/kernels/group_pool
     group_pool: Callable[..., Any] | None = None
@@ -394,6 +403,7 @@ def select_kernels(
             ("hc_merge", "auto"),
             ("rope_tail", "auto"),
             ("rms_norm_fp32", "auto"),
+            ("rope_angles", "auto"),
             ("group_pool", "auto"),
             ("route_topk", "auto"),
             ("v4_window_index", "auto"),

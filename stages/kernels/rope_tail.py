@@ -14,7 +14,20 @@ import torch
 
 from stages.kernels.hyper_connection import fp32_rms_norm, unweighted_rms_norm
 
-__all__ = ["fp32_rms_norm", "rope_tail"]  # fp32_rms_norm: the rms_norm_fp32 op's torch form
+__all__ = ["fp32_rms_norm", "rope_angles", "rope_tail"]  # fp32_rms_norm: rms_norm_fp32's form
+
+
+def rope_angles(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `rope_angles` op's torch form: (cos, signed sin) [N, r] fp32 per channel, as
+    rope_tail takes them, of a rotary with inv_freq [r / 2] at positions [N]: cos and sin of
+    position x inv_freq in fp32, times the (yarn) scaling, rounded to the model's dtype as
+    transformers casts them."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    cos = (freqs.cos() * scaling).to(dtype).float()
+    sin = (freqs.sin() * scaling).to(dtype).float()
+    return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
 
 
 def rope_tail(

@@ -122,6 +122,41 @@ def launch(
     return x
 
 
+ANGLE_ROWS = 16  # positions per program of rope_angles
+
+
+def rope_angles(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_tail.rope_angles in one kernel (the torch form took about twelve)."""
+    if triton is None or not positions.is_cuda or inv_freq.dtype != torch.float32:
+        if positions.numel():
+            reason = (
+                "no_triton" if triton is None else "device" if not positions.is_cuda else "dtype"
+            )
+            record_fallback("rope_angles", "triton", reason, f"{positions.device} -> torch")
+        return reference.rope_angles(positions, inv_freq, scaling, dtype)
+    return launch_angles(positions, inv_freq, scaling, dtype)
+
+
+def launch_angles(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
+    n, half = positions.shape[0], inv_freq.shape[0]
+    cos = torch.empty(n, 2 * half, dtype=torch.float32, device=positions.device)
+    sin = torch.empty_like(cos)
+    if n:
+        options = {"enable_fp_fusion": False} if positions.is_cuda else {}
+        _rope_angles[(triton.cdiv(n, ANGLE_ROWS),)](
+            positions, inv_freq.contiguous(), cos, sin, n, half, scaling,
+            ROUND_BF16=dtype == torch.bfloat16, ROUND_F16=dtype == torch.float16,
+            CUDA_MATH=positions.is_cuda, BLOCK_N=ANGLE_ROWS,
+            BLOCK_H=triton.next_power_of_2(half), num_warps=1, **options,
+        )  # fmt: skip
+    return cos, sin
+
+
 NORM_ROWS = 4  # rows per program of rms_norm (a 4096-wide V4 hidden row is 16 KiB in fp32)
 
 
@@ -207,6 +242,33 @@ if triton is not None:
             tl.debug_barrier()
         rotated = own.to(tl.float32) * c + partner.to(tl.float32) * s
         tl.store(row + tail[None, :], rotated.to(dtype), mask=in_h)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _rope_angles(  # type: ignore[no-untyped-def]
+        pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF, scaling, ROUND_BF16: tl.constexpr,
+        ROUND_F16: tl.constexpr, CUDA_MATH: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        """cos / signed sin per channel of positions x inv_freq (rope_tail.rope_angles)."""
+        rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        j = tl.arange(0, BLOCK_H)
+        ok = (rows < N)[:, None] & (j < HALF)[None, :]
+        pos = tl.load(pos_ptr + rows, mask=rows < N, other=0).to(tl.float32)
+        freqs = pos[:, None] * tl.load(inv_ptr + j, mask=j < HALF, other=0.0)[None, :]
+        if CUDA_MATH:  # cosf / sinf, as torch's on CUDA
+            c, s = libdevice.cos(freqs), libdevice.sin(freqs)
+        else:
+            c, s = tl.cos(freqs), tl.sin(freqs)
+        c, s = c * scaling, s * scaling
+        if ROUND_BF16:  # the model dtype's rounding, as transformers casts them
+            c, s = c.to(tl.bfloat16).to(tl.float32), s.to(tl.bfloat16).to(tl.float32)
+        if ROUND_F16:
+            c, s = c.to(tl.float16).to(tl.float32), s.to(tl.float16).to(tl.float32)
+        base = rows[:, None] * (2 * HALF) + 2 * j[None, :]
+        tl.store(cos_ptr + base, c, mask=ok)
+        tl.store(cos_ptr + base + 1, c, mask=ok)
+        tl.store(sin_ptr + base, -s, mask=ok)
+        tl.store(sin_ptr + base + 1, s, mask=ok)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _rms_norm(  # type: ignore[no-untyped-def]

@@ -51,7 +51,8 @@ def test_registry_auto_and_explicit():
                           "indexer_logits": "torch", "indexer_logits_rows": "torch",
                           "sparse_sink_attention": "torch", "sparse_sink_attention_fp8": "torch",
                           "hc_mix": "torch", "hc_merge": "torch", "rope_tail": "torch",
-                          "rms_norm_fp32": "torch", "group_pool": "torch", "route_topk": "torch",
+                          "rms_norm_fp32": "torch", "rope_angles": "torch",
+                          "group_pool": "torch", "route_topk": "torch",
                           "v4_window_index": "torch", "v4_rate_index": "torch",
                           "mla_sparse_fp8": "torch",
                           "mla_prefill_fp8": "torch"}

@@ -142,3 +142,22 @@ def test_rms_norm_off_cuda_is_a_counted_fallback():
     )
     assert FALLBACKS.counts() == {("rms_norm_fp32", "triton", "device"): 1}
     FALLBACKS.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interpreted_angles_match_the_torch_form(triton_interpreter, dtype):
+    """rope_angles: the kernel's cos / signed sin per channel against the torch form's, at
+    positions up to 1M (numpy's cos / sin against torch's: an fp32 ulp apart, which rounding to
+    bf16 hides but rarely)."""
+    from stages.kernels import rope_tail as torch_form
+    from stages.kernels import triton_rope
+
+    positions = torch.tensor([0, 1, 7, 4096, 65535, 262143, 1048575, 12])
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+    want = torch_form.rope_angles(positions, inv_freq, 0.75, dtype)
+    got = triton_rope.launch_angles(positions, inv_freq, 0.75, dtype)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape == (8, 64) and a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2**-7 if dtype == torch.bfloat16 else 1e-6, atol=0)
+        if dtype == torch.bfloat16:
+            assert (a != b).float().mean() < 0.02

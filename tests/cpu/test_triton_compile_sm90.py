@@ -510,3 +510,17 @@ def test_v4_paged_index_compiles(rate, dense):
          "BLOCK_W": 128},  # fmt: skip
         num_warps=4,
     )
+
+
+def test_rope_angles_compiles():
+    from stages.kernels import triton_rope
+
+    _compile(
+        triton_rope._rope_angles,
+        {"pos_ptr": "*i64", "inv_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+         "N": "i32", "HALF": "i32", "scaling": "fp32"},
+        {"ROUND_BF16": True, "ROUND_F16": False, "CUDA_MATH": True,
+         "BLOCK_N": triton_rope.ANGLE_ROWS, "BLOCK_H": 32},
+        num_warps=1,
+        enable_fp_fusion=False,
+    )  # fmt: skip

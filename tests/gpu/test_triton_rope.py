@@ -73,3 +73,16 @@ def test_rms_norm_matches_the_torch_form(shape):
     got = triton_rope.rms_norm(x, weight, 1e-6)
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=0)
     assert (got != want).float().mean().item() < 1e-3
+
+
+@pytest.mark.parametrize("n", [1, 512, 8192])
+def test_angles_match_the_torch_form(n):
+    """rope_angles on CUDA: cosf / sinf as torch's, the same bf16 roundings: the same values
+    (a rounding apart at most, rarely)."""
+    positions = torch.randint(0, 1 << 20, (n,), device="cuda")
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)).cuda()
+    want = torch_form.rope_angles(positions, inv_freq, 0.75, torch.bfloat16)
+    got = triton_rope.rope_angles(positions, inv_freq, 0.75, torch.bfloat16)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=0)
+        assert (a != b).float().mean() < 1e-3

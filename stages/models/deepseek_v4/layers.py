@@ -36,11 +36,12 @@ class V4RMSNorm(RMSNorm):
 
 
 class Rotary(nn.Module):
-    """cos / sin [T, rope_dim / 2] of positions, in the model's dtype (as transformers casts)."""
+    """A rotary's angles at positions (kernels.rope_angles), cos / sin in the model's dtype as
+    transformers casts them."""
 
     inv_freq: torch.Tensor
 
-    def __init__(self, a: V4Args, rope: RopeArgs, device: str | torch.device):
+    def __init__(self, a: V4Args, rope: RopeArgs, kernels: Kernels, device: str | torch.device):
         super().__init__()
         dim = a.rope_dim
         if rope.yarn is None:
@@ -49,18 +50,13 @@ class Rotary(nn.Module):
         else:
             inv, self.scaling = yarn_inv_freq(dim, rope.theta, rope.yarn)
         self.register_buffer("inv_freq", inv.to(device), persistent=False)
-
-    def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
+        if kernels.rope_angles is None:
+            raise RuntimeError("DeepSeek-V4 layers need kernels.rope_angles, unset here")
+        self._angles = kernels.rope_angles
 
     def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> Angles:
-        cos, sin = (t.float() for t in self(positions, dtype))
-        return Angles(
-            cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
-        )
+        cos, sin = self._angles(positions, self.inv_freq, self.scaling, dtype)
+        return Angles(cos, sin)
 
 
 @dataclass(frozen=True)

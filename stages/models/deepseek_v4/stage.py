@@ -85,8 +85,8 @@ class DeepseekV4Stage(Stage):
         if ctx.is_last:  # V4 keeps its norms' weights in fp32
             self.norm = V4RMSNorm(a.hidden_size, a.rms_norm_eps, device, ctx.kernels)
             self.hc_head = HyperHead(a, device)
-        self.main_rotary = Rotary(a, a.main_rope, device)
-        self.compress_rotary = Rotary(a, a.compress_rope, device)
+        self.main_rotary = Rotary(a, a.main_rope, ctx.kernels, device)
+        self.compress_rotary = Rotary(a, a.compress_rope, ctx.kernels, device)
 
     def build_layer(self, layer: int) -> nn.Module:
         c = self.ctx
