@@ -47,7 +47,6 @@ class GroupCompressor(nn.Module):
         rate: int,
         overlap: bool,
         kernels: Kernels,
-        dtype: torch.dtype,
         device: str | torch.device,
     ):
         super().__init__()
@@ -100,7 +99,7 @@ class Indexer(GroupCompressor):
     def __init__(
         self, a: V4Args, rate: int, kernels: Kernels, dtype: torch.dtype, device: str | torch.device
     ):
-        super().__init__(a, a.index_head_dim, rate, True, kernels, dtype, device)
+        super().__init__(a, a.index_head_dim, rate, True, kernels, device)
         self.heads, self.topk, self.kernels = a.index_n_heads, a.index_topk, kernels
         self.q_b_proj = Linear(
             a.q_lora_rank, a.index_n_heads * a.index_head_dim, False, kernels, dtype, device
@@ -179,9 +178,7 @@ class V4Attention(nn.Module):
         self.sinks = nn.Parameter(torch.empty(self.heads, dtype=torch.float32, device=device))
         self.compressor: GroupCompressor | None = None
         if self.kind != SLIDING:
-            self.compressor = GroupCompressor(
-                a, d, self.rate, self.kind == CSA, kernels, dtype, device
-            )
+            self.compressor = GroupCompressor(a, d, self.rate, self.kind == CSA, kernels, device)
             if self.kind == CSA:
                 self.compressor.indexer = Indexer(a, self.rate, kernels, dtype, device)
         # every projection of the layer's input in one GEMM (one quantizer, one launch): the
