@@ -132,11 +132,18 @@ def profiled(fn: Callable[[], object], standin: PendingRecvStandin | None = None
         us = getattr(evt, "device_time_total", 0.0) or getattr(evt, "cuda_time_total", 0.0)
         if us and evt.key and not evt.key.startswith("cuda") and SPIN_KERNEL not in evt.key:
             kernels[evt.key] += us
-    launches = sum(evt.count for evt in prof.key_averages() if evt.key in kernels)
+    counts: dict[str, int] = defaultdict(int)
+    for evt in prof.key_averages():
+        if evt.key in kernels:
+            counts[evt.key] += evt.count
+    launches = sum(counts.values())
     groups: dict[str, float] = defaultdict(float)
+    group_launches: dict[str, int] = defaultdict(int)
     for name, us in kernels.items():
         groups[group_of(name)] += us
+        group_launches[group_of(name)] += counts[name]
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+    most_launched = sorted(counts.items(), key=lambda kv: -kv[1])[:40]
     return {
         "wall_ms": round(start.elapsed_time(end), 3),
         "standin_covered": covered,
@@ -146,6 +153,9 @@ def profiled(fn: Callable[[], object], standin: PendingRecvStandin | None = None
             g: round(us / 1e3, 3) for g, us in sorted(groups.items(), key=lambda x: -x[1])
         },
         "top_kernels_ms": [(name[:240], round(us / 1e3, 3)) for name, us in top],
+        # what the launches are (against docs/bench/scripts/launch_census.py's estimate)
+        "launches_by_group": dict(sorted(group_launches.items(), key=lambda x: -x[1])),
+        "most_launched": [(name[:240], n) for name, n in most_launched],
     }
 
 
