@@ -140,6 +140,13 @@ if triton is not None:
         return block * per_block + index % per_block
 
     @triton.jit  # type: ignore[untyped-decorator]
+    def _window_row(i, pos, live, W, BLOCK_W: tl.constexpr):  # type: ignore[no-untyped-def]
+        """(j, the row's window key positions, their pool indices: i * W + j, -1: none)."""
+        j = tl.arange(0, BLOCK_W)
+        keys = pos - W + 1 + j
+        return j, keys, tl.where((keys >= 0) & live, i * W + j, -1)
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def _window_index(  # type: ignore[no-untyped-def]
         pos_ptr, len_ptr, trow_ptr, tab_ptr, idx_ptr, slot_ptr, stride_tab, max_cols, BS, W,
         BLOCK_W: tl.constexpr,
@@ -148,10 +155,8 @@ if triton is not None:
         pos = tl.load(pos_ptr + i).to(tl.int64)
         live = tl.load(len_ptr + i) > 0
         tab_row = tab_ptr + tl.load(trow_ptr + i).to(tl.int64) * stride_tab
-        j = tl.arange(0, BLOCK_W)
+        j, keys, own = _window_row(i, pos, live, W, BLOCK_W)
         in_w = j < W
-        keys = pos - W + 1 + j
-        own = tl.where((keys >= 0) & live, i * W + j, -1)
         tl.store(idx_ptr + i * W + j, own.to(tl.int32), mask=in_w)
         slots = _slot(tab_row, tl.maximum(keys, 0), BS, max_cols)
         tl.store(slot_ptr + i * W + j, slots, mask=in_w)
@@ -192,8 +197,6 @@ if triton is not None:
         tl.store(input_ptr + i * 2 * RATE + t, _slot(tab_row, tokens, BS, max_cols),
                  mask=t < 2 * RATE)
         if DENSE:  # the window's pool indices
-            j = tl.arange(0, BLOCK_W)
-            keys = pos - W + 1 + j
-            own = tl.where((keys >= 0) & live, i * W + j, -1)
+            j, _, own = _window_row(i, pos, live, W, BLOCK_W)
             tl.store(dense_ptr + i * (W + MOST) + j, own.to(tl.int32), mask=j < W)
     # fmt: on

@@ -37,6 +37,17 @@ def _slots(tables: torch.Tensor, index: torch.Tensor, per_block: int) -> torch.T
     return found
 
 
+def _window(
+    positions: torch.Tensor, lengths: torch.Tensor, window: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's window key positions [B, window], their pool indices [B, window] long: row b
+    key j at b * window + j, -1 where the key is before position 0 or the row is padding)."""
+    n, dev = positions.shape[0], positions.device
+    keys = positions[:, None] - window + 1 + torch.arange(window, device=dev)
+    own = torch.arange(n * window, device=dev).view(n, window)
+    return keys, torch.where((keys >= 0) & (lengths > 0)[:, None], own, -1)
+
+
 def window_index(
     positions: torch.Tensor,
     lengths: torch.Tensor,
@@ -45,14 +56,9 @@ def window_index(
     block_size: int,
     window: int,
 ) -> WindowIndex:
-    n = positions.shape[0]
     tables = block_tables.index_select(0, table_rows).long()
-    dev = positions.device
-    keys = positions[:, None] - window + 1 + torch.arange(window, device=dev)
-    seen = (keys >= 0) & (lengths > 0)[:, None]
-    own = torch.arange(n * window, device=dev).view(n, window)
-    indices = torch.where(seen, own, -1).int()
-    return WindowIndex(indices, _slots(tables, keys.clamp(min=0), block_size).reshape(-1))
+    keys, indices = _window(positions, lengths, window)
+    return WindowIndex(indices.int(), _slots(tables, keys.clamp(min=0), block_size).reshape(-1))
 
 
 def rate_index(
@@ -82,11 +88,8 @@ def rate_index(
     scratch_entry = scratch_slot // block_size * per_block
     dense_indices = None
     if dense:
-        keys = positions[:, None] - window + 1 + torch.arange(window, device=dev)
-        own = torch.arange(n * window, device=dev).view(n, window)
-        window_indices = torch.where((keys >= 0) & live[:, None], own, -1)
         comp = torch.where(entries < visible[:, None], entries + base[:, None], -1)
-        dense_indices = torch.cat((window_indices, comp), dim=1).int()
+        dense_indices = torch.cat((_window(positions, lengths, window)[1], comp), dim=1).int()
     return RateIndex(
         table,
         table.int(),
