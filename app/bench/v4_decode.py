@@ -4,7 +4,7 @@
 CUDA graphs (DecodeGraphs' replay of V4Plan.paged), per number of rows.
 
     python -m app.bench.v4_decode --rows 1,16,64,256,512 --context 512 \
-        [--quantization fp8 --kv-cache-dtype fp8] [--out FILE]
+        [--quantization fp8 --kv-cache-dtype fp8] [--linear auto] [--out FILE]
 
 Per rows: milliseconds per step (host and device: N steps back to back, synchronized at the
 ends), tokens/s of the stage, and for one step of each path the profiled CUDA kernels' sum and
@@ -55,6 +55,7 @@ def run(
     kv_cache_dtype: str,
     steps: int,
     reps: int,
+    linear: str = "auto",
 ) -> dict[str, Any]:
     config = v4_flash_bench_config()
     args = stage_args(config)
@@ -62,9 +63,9 @@ def run(
     block = kv_block_size(config)
     kernels = select_kernels(
         "cuda",
-        "auto",
-        moe_experts=moe_backend_for("auto"),
-        fp8_linear=fp8_backend_for("auto") if fp8_weights else None,
+        linear,
+        moe_experts=moe_backend_for(linear),
+        fp8_linear=fp8_backend_for(linear) if fp8_weights else None,
     )
     model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cuda")
     max_rows = max(rows_list)
@@ -129,7 +130,7 @@ def run(
                     "kernel_launches": prof["kernel_launches"],
                     "step_over_kernels": round(ms / max(prof["total_ms"], 1e-9), 2),
                     "groups_ms": prof["groups_ms"],
-                    "top_kernels_ms": prof["top_kernels_ms"][:12],
+                    "top_kernels_ms": prof["top_kernels_ms"][:24],
                 }
             out["rows"][str(n)] = result
             print(json.dumps({"rows": n, **{k: v for k, v in result.items()}})[:600], flush=True)
@@ -144,6 +145,7 @@ def main() -> None:
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
     p.add_argument("--steps", type=int, default=10, help="steps timed back to back")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--linear", default="auto", help="the engine's --linear (and FP8 linears')")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     out = run(
@@ -153,6 +155,7 @@ def main() -> None:
         a.kv_cache_dtype,
         a.steps,
         a.reps,
+        a.linear,
     )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:

@@ -9,10 +9,10 @@ and by memory traffic in prefill.
   r * F.linear(x, fn)). The products run on bf16 tensor cores at fp32 accuracy: the streams are
   bf16, and the fp32 weights go in as three bf16 pieces (w = w1 + w2 + w3, 24 mantissa bits).
   Short batches split the streams' width over more programs (decode rows are few).
-- ``_finish``: per block of tokens, the partial sums added in a fixed order, then the sigmoids,
-  the softmax and the Sinkhorn iterations in registers, and the collapse of the streams by `pre`
-  over the hidden size; given the block's input norm (``out_norm``), V4RMSNorm of the collapse
-  too (the block's rows read back once), where it was another kernel.
+- ``_finish``: per token (per block of tokens where a row is wider than a tile), the partial
+  sums added in a fixed order, then the sigmoids, the softmax and the Sinkhorn iterations in
+  registers, and the collapse of the streams by `pre` over the hidden size; given the block's
+  input norm (``out_norm``), V4RMSNorm of the collapse too, where it was another kernel.
 - ``_merge``: post * out + comb^T @ streams per (tokens, hidden) tile, rounded as the torch
   form rounds (each product to the streams' dtype, then their sum).
 
@@ -35,7 +35,9 @@ BLOCK_T, BLOCK_K, BLOCK_D = 16, 128, 256
 PRECISIONS = ("ieee", "bf16x3")
 PRECISION = "bf16x3"
 TARGET_PROGRAMS = 264  # two per SM of an H200: enough to fill the chip with short batches
-MAX_SPLIT = 16
+# a one-row step's projection: 64 programs of two weight slices each, not 16 of eight
+MAX_SPLIT = 64
+ROW_ELEMENTS = 16384  # the widest [streams, hidden] row _finish holds in one tile
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -112,16 +114,17 @@ def launch_mix(
         BLOCK_T=block_t, BLOCK_K=BLOCK_K, BLOCK_M=triton.next_power_of_2(max(m, 16)),
         PRECISION=precision, num_warps=warps,
     )  # fmt: skip
-    grid = (triton.cdiv(t, BLOCK_T),)
+    block_t, block_d, finish_warps = finish_tile(t, n, d)
     post = torch.empty(t, n, dtype=torch.float32, device=x.device)
     comb = torch.empty(t, n, n, dtype=torch.float32, device=x.device)
     collapsed = torch.empty(t, d, dtype=x.dtype, device=x.device)
     weight, out_eps = (base, 0.0) if out_norm is None else out_norm
-    _finish[grid](
+    _finish[(triton.cdiv(t, block_t),)](
         parts, squares, base.float().contiguous(), scale.float().contiguous(), x, post, comb,
         collapsed, weight.float().contiguous(), t, d, split, iters, eps, norm_eps, 1.0 / d,
-        out_eps, N=n, NORM=out_norm is not None, CUDA_RSQRT=x.is_cuda, BLOCK_T=BLOCK_T,
-        BLOCK_D=BLOCK_D, num_warps=4,
+        out_eps, N=n, NORM=out_norm is not None, CUDA_RSQRT=x.is_cuda, BLOCK_T=block_t,
+        BLOCK_D=block_d, SPLIT_BLOCK=min(triton.next_power_of_2(split), 64 // block_t),
+        num_warps=finish_warps,
     )  # fmt: skip
     return post, comb, collapsed
 
@@ -135,6 +138,18 @@ def project_tile(tokens: int) -> tuple[int, int]:
     if tokens >= 256:
         return 64, 4
     return BLOCK_T, 4
+
+
+def finish_tile(tokens: int, n: int, d: int) -> tuple[int, int, int]:
+    """(_finish's tokens per program, hidden slice a step, warps): a token's whole row of
+    streams in one tile where it fits (V4-Flash's 4 x 4096), one program a token, so a short
+    batch does not walk the row in sixteen steps twice in one program (a one-row decode step's
+    16 calls took 0.44 ms in sixteen-token programs, docs/bench/session16/call1); wider rows
+    in sixteen-token tiles a slice at a time."""
+    whole = triton.next_power_of_2(d)
+    if n * whole <= ROW_ELEMENTS:
+        return 1, whole, max(4, min(16, n * whole // 1024))
+    return BLOCK_T, BLOCK_D, 4
 
 
 def merge(
@@ -211,6 +226,7 @@ if triton is not None:
         part_ptr, sq_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, w_ptr, T, D,
         SPLIT, iters, eps, norm_eps, inv_d, out_eps, N: tl.constexpr, NORM: tl.constexpr,
         CUDA_RSQRT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        SPLIT_BLOCK: tl.constexpr,
     ):  # fmt: skip
         """Each token's mix row [pre N | post N | comb N x N] from the partial sums and the RMS
         factor; pre, post and the Sinkhorn-normalised comb; out[t] = sum_i pre[t, i] * x[t, i]
@@ -224,15 +240,22 @@ if triton is not None:
         post_w = tl.zeros((BLOCK_T, N), dtype=tl.float32)
         comb_w = tl.zeros((BLOCK_T, N, N), dtype=tl.float32)
         squares = tl.zeros((BLOCK_T,), dtype=tl.float32)
-        for s in range(SPLIT):
-            mix_row = part_ptr + (s * T + rows[:, None]) * ((2 + N) * N)
-            pre_w += tl.load(mix_row + i[None, :], mask=row_ok[:, None], other=0.0)
-            post_w += tl.load(mix_row + N + i[None, :], mask=row_ok[:, None], other=0.0)
-            comb_w += tl.load(
-                mix_row[:, :, None] + 2 * N + ij[None, :, :], mask=row_ok[:, None, None],
-                other=0.0,
+        ss = tl.arange(0, SPLIT_BLOCK)
+        for s0 in range(0, SPLIT, SPLIT_BLOCK):  # SPLIT_BLOCK splits' partial sums a load
+            s = s0 + ss
+            ok = (s < SPLIT)[:, None] & row_ok[None, :]  # [S, T]
+            mix_row = part_ptr + (s[:, None] * T + rows[None, :]) * ((2 + N) * N)
+            pre_w += tl.sum(tl.load(mix_row[:, :, None] + i, mask=ok[:, :, None], other=0.0), 0)
+            post_w += tl.sum(
+                tl.load(mix_row[:, :, None] + N + i, mask=ok[:, :, None], other=0.0), 0
+            )
+            comb_w += tl.sum(
+                tl.load(mix_row[:, :, None, None] + 2 * N + ij, mask=ok[:, :, None, None],
+                        other=0.0),
+                0,
             )  # fmt: skip
-            squares += tl.load(sq_ptr + s * T + rows, mask=row_ok, other=0.0)
+            square_parts = sq_ptr + s[:, None] * T + rows[None, :]
+            squares += tl.sum(tl.load(square_parts, mask=ok, other=0.0), 0)
         factor = tl.rsqrt(squares / (N * D) + norm_eps)
         s_pre, s_post, s_comb = tl.load(scale_ptr), tl.load(scale_ptr + 1), tl.load(scale_ptr + 2)
         pre_w = pre_w * factor[:, None]
@@ -253,6 +276,41 @@ if triton is not None:
             comb_ptr + rows[:, None, None] * (N * N) + ij[None, :, :], comb,
             mask=row_ok[:, None, None],
         )  # fmt: skip
+        if BLOCK_D >= D:  # the whole row in one tile: its norm from registers
+            ds = tl.arange(0, BLOCK_D)
+            ok = row_ok[:, None] & (ds < D)[None, :]
+            x = tl.load(
+                x_ptr + rows[:, None, None].to(tl.int64) * (N * D) + i[None, :, None] * D
+                + ds[None, None, :],
+                mask=ok[:, None, :], other=0.0,
+            ).to(tl.float32)  # fmt: skip
+            collapsed = tl.sum(pre[:, :, None] * x, axis=1).to(out_ptr.dtype.element_ty)
+            if NORM:
+                h = collapsed.to(tl.float32)
+                factor = _rsqrt(tl.sum(h * h, axis=1) * inv_d + out_eps, CUDA_RSQRT)
+                w = tl.load(w_ptr + ds, mask=ds < D, other=0.0)[None, :]
+                collapsed = (h * factor[:, None] * w).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rows[:, None].to(tl.int64) * D + ds[None, :], collapsed, mask=ok)
+        else:
+            _collapse_by_slices(
+                x_ptr, out_ptr, w_ptr, pre, rows, row_ok, i, D, inv_d, out_eps, N, NORM,
+                CUDA_RSQRT, BLOCK_T, BLOCK_D,
+            )  # fmt: skip
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _rsqrt(x, CUDA_RSQRT: tl.constexpr):  # type: ignore[no-untyped-def]
+        if CUDA_RSQRT:  # rsqrtf, as torch's rms_norm on CUDA
+            return libdevice.rsqrt(x)
+        return 1.0 / tl.sqrt(x)  # Triton's interpreter
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _collapse_by_slices(  # type: ignore[no-untyped-def]
+        x_ptr, out_ptr, w_ptr, pre, rows, row_ok, i, D, inv_d, out_eps, N: tl.constexpr,
+        NORM: tl.constexpr, CUDA_RSQRT: tl.constexpr, BLOCK_T: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        """_finish's collapse of rows wider than a tile, BLOCK_D at a time (NORM: the rows
+        written, then read back and normed)."""
         out_sq = tl.zeros((BLOCK_T,), dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             ds = d0 + tl.arange(0, BLOCK_D)
@@ -270,11 +328,7 @@ if triton is not None:
                 out_sq += tl.sum(h * h, axis=1)
         if NORM:
             tl.debug_barrier()  # every write of the rows before they are read back
-            mean = out_sq * inv_d
-            if CUDA_RSQRT:  # rsqrtf, as torch's rms_norm on CUDA
-                factor = libdevice.rsqrt(mean + out_eps)
-            else:  # Triton's interpreter: 1 / sqrt
-                factor = 1.0 / tl.sqrt(mean + out_eps)
+            factor = _rsqrt(out_sq * inv_d + out_eps, CUDA_RSQRT)
             for d0 in range(0, D, BLOCK_D):
                 ds = d0 + tl.arange(0, BLOCK_D)
                 ok = row_ok[:, None] & (ds < D)[None, :]

@@ -35,11 +35,13 @@ from stages.kernels import indexer_select, triton_paged_decode
 GROUP = 8  # scores per group whose maximum bounds the threshold
 BLOCK = 2048  # scores a program reads per step
 # the compaction's (group maxima a step, warps): a program walks one whole line's maxima, and
-# reads the scores of a step's groups only if one of them may hold a candidate
-COMPACT = (256, 8)
-# theta found in the compaction kernel (a bit at a time over the maxima, one program a line),
-# or by torch's top-k over the maxima: not measured yet, so torch's (the one measured) stays
-FIND_THETA = False
+# reads the scores of a step's groups only if one of them may hold a candidate; theta found in
+# the compaction kernel (a bit at a time over the maxima, one program a line) or by torch's
+# top-k over the maxima. The fastest of the H200's sweep, the same picks in each: 4.37 ms for
+# the last 8K chunk's CSA lines of a 256K prompt, 5.77 at (256, 8) with torch's theta
+# (docs/bench/session16/call1/topk.jsonl)
+COMPACT = (256, 4)
+FIND_THETA = True
 # a line's group maxima the kernel's select keeps in registers (a 256K prompt's CSA lines: 8K)
 RESIDENT_KEYS = 8192
 

@@ -19,7 +19,9 @@ def _inputs(t: int, n: int, d: int):
     return streams, fn, base, torch.rand(3, generator=g) + 0.5
 
 
-@pytest.mark.parametrize("t,n,d", [(5, 4, 256), (17, 2, 384)])
+# whole rows in a tile, one program a token (the first two); rows wider than a tile, sixteen
+# tokens a program a slice at a time, the partial sums of 47 splits four at a time (the third)
+@pytest.mark.parametrize("t,n,d", [(5, 4, 256), (17, 2, 384), (18, 2, 9000)])
 @pytest.mark.parametrize("normed", [False, True])
 def test_interpreted_mix_matches_the_torch_form(triton_interpreter, t, n, d, normed):
     from stages.kernels import triton_hyper

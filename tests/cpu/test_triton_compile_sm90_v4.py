@@ -5,6 +5,8 @@ triton; slow."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from tests.cpu.sm90 import compile_sm90 as _compile
@@ -26,15 +28,19 @@ def test_hyper_connection_kernels_compile(precision):
         {"BLOCK_T": bt, "BLOCK_K": th.BLOCK_K, "BLOCK_M": 32, "PRECISION": precision},
         num_warps=4,
     )  # fmt: skip
-    for norm in (False, True):  # the block's input norm folded in, or not
+    # the block's input norm folded in or not; V4-Flash's whole row a tile, or wider rows
+    for norm, (tile_t, tile_d, warps) in itertools.product(
+        (False, True), (th.finish_tile(1, n, 4096), (bt, bd, 4))
+    ):
         _compile(
             th._finish,
             {"part_ptr": "*fp32", "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32",
              "x_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": "*bf16",
              "w_ptr": "*fp32", "T": "i32", "D": "i32", "SPLIT": "i32", "iters": "i32",
              "eps": "fp32", "norm_eps": "fp32", "inv_d": "fp32", "out_eps": "fp32"},
-            {"N": n, "NORM": norm, "CUDA_RSQRT": True, "BLOCK_T": bt, "BLOCK_D": bd},
-            num_warps=4,
+            {"N": n, "NORM": norm, "CUDA_RSQRT": True, "BLOCK_T": tile_t, "BLOCK_D": tile_d,
+             "SPLIT_BLOCK": 64 // tile_t},
+            num_warps=warps,
         )  # fmt: skip
     _compile(
         th._merge,

@@ -43,8 +43,10 @@ def test_kernel_matches_the_torch_form(groups, rate, overlap, w, live):
         alive[0] = True
     want = torch_form.pool_groups(inputs, slots, first, bias, rate, overlap, alive)
     got = triton_group_pool.pool_groups(inputs, slots, first, bias, rate, overlap, alive)
-    # the softmax's and the pool's sums in another order: one bf16 unit, rarely
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-9)
+    # the softmax's and the pool's sums in another order: a weight one bf16 unit off moves its
+    # product (inputs of scale 2) by up to 2**-7, which a cancelling sum does not shrink (1 in
+    # 10**6 values on the H200), so the bound is absolute at the products' scale
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-6)
     assert (got != want).float().mean() < 0.01
     if live:
         assert not got[~alive].any()
