@@ -44,6 +44,12 @@ SHAPES = [
     (33, 2048, 640),
     (128, 512, 384),
     (200, 576, 7168),
+    # a few decode rows (the persistent GEMM's skinny tiles, fp8_gemm.tiles_for): 32, 16 and
+    # 128 columns a tile, and 16 over an N off the 128 grid
+    (16, 4096, 8192),
+    (3, 1024, 4096),
+    (1, 32768, 1024),
+    (9, 576, 7168),
 ]
 # (M, K) of the activation quantizer: ragged M; K on the 128 grid, and off it (448, 200)
 QUANT_SHAPES = [(1, 128), (37, 7168), (300, 1536), (513, 2048), (5, 448), (77, 200)]
