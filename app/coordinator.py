@@ -102,7 +102,8 @@ class Coordinator:
             raise
 
     async def warm_up(self) -> None:
-        """Stages build their attention kernels for a long lone prompt's chunk shapes."""
+        """Stages build their attention kernels (and compile the indexer's top-k) for a long
+        lone prompt's chunk shapes."""
         c, s = self.config, self._started.config
         length = c.warmup_len
         if length is None:
@@ -110,7 +111,7 @@ class Coordinator:
         if length <= 0 or c.device != "cuda":
             return
         self._warmup = await self.pipeline.warm_up(s.lone_prompt_chunks(length))
-        log.info("attention warm-up for prompts up to %d tokens: %s", length, self._warmup)
+        log.info("kernel warm-up for prompts up to %d tokens: %s", length, self._warmup)
 
     async def _first_request(self) -> None:
         """On CUDA, one short request (two chunks, two tokens) through the whole pipeline

@@ -269,7 +269,8 @@ class Pipeline:
         return _stage_result([a.advance.remote(plan) for a in self.ranks[0]])
 
     async def warm_up(self, chunks: list[tuple[int, int]]) -> list[dict[str, Any]]:
-        """Every stage builds its attention kernels for these (prefix, tokens) chunk shapes."""
+        """Every stage builds its attention kernels (and compiles the indexer's top-k) for these
+        (prefix, tokens) chunk shapes."""
         warmed = await asyncio.gather(*[a.warm_up.remote(chunks) for a in self.actors])
         return list(warmed[:: self.config.tp_size])  # each stage's rank 0
 

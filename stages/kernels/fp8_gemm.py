@@ -34,21 +34,6 @@ BLOCK = fp8_ref.BLOCK
 TILES = GemmConfig(
     block_m=64, block_n=BLOCK, block_k=BLOCK, group_m=8, num_stages=3, num_warps=4, tma=False
 )
-# up to this many rows (a few decode rows) the tiles are 16 rows by as narrow a slice of N as
-# keeps most SMs reading the weight at once: 64 x 128 tiles leave all but N / 128 SMs idle,
-# each walking its whole column of K (a one-row step's W8A8 GEMMs ran at ~1 TB/s on cuBLASLt)
-SKINNY_ROWS = 16
-
-
-def tiles_for(m: int, n: int, sms: int) -> GemmConfig:
-    """The persistent W8A8 GEMM's tiles for m rows of an n-wide output on `sms` SMs."""
-    if m > SKINNY_ROWS:
-        return TILES
-    block_n = next((b for b in (BLOCK, 64, 32) if -(-n // b) >= sms // 2), 16)
-    return GemmConfig(
-        block_m=16, block_n=block_n, block_k=BLOCK, group_m=1, num_stages=4, num_warps=4,
-        tma=False,
-    )  # fmt: skip
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -188,9 +173,8 @@ def _triton_linear(
         q, s = triton_fp8_act.swiglu_quantize_act(_flat(x), swiglu_limit[0])
     out = torch.empty(q.shape[0], n, dtype=x.dtype, device=x.device)
     grid = num_sms(x.device) - sm_margin
-    tiles = tiles_for(q.shape[0], n, grid)
     triton_gemm.launch_ptr(
-        q, weight.contiguous(), bias, out, grid, tiles, s, scale_inv.float().contiguous()
+        q, weight.contiguous(), bias, out, grid, TILES, s, scale_inv.float().contiguous()
     )
     return out.view(*x.shape[:-1], n)
 

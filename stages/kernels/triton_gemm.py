@@ -272,13 +272,11 @@ def launch_ptr(
     """The pointer-load kernel on a [M, K], w [N, K] (rows of unit stride) into c [M, N]. With
     ``a_scale`` [M, K / block_k] and ``w_scale`` [N / block_n, K / block_k] the operands are
     block-scaled FP8 (W8A8, stages.kernels.fp8_gemm): block_k is the activation group and the
-    weight block, square, so block_n is the weight block or divides it (a skinny tile)."""
+    weight block, block_n the weight block."""
     m, k = a.shape
     n = w.shape[0]
     progs = max(1, min(grid, triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)))
     scaled = a_scale is not None and w_scale is not None
-    if scaled and cfg.block_k % cfg.block_n:
-        raise ValueError(f"block_n {cfg.block_n} must divide the weight block {cfg.block_k}")
     as_arg = a_scale if a_scale is not None else c
     ws_arg = w_scale if w_scale is not None else c
     _gemm_ptr[(progs,)](
@@ -299,7 +297,6 @@ def launch_ptr(
         ws_arg.stride(0) if scaled else 0,
         HAS_BIAS=bias is not None,
         BLOCK_SCALED=scaled,
-        SCALE_N_TILES=cfg.block_k // cfg.block_n if scaled else 1,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -404,9 +401,8 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def _gemm_ptr(a_ptr, w_ptr, c_ptr, bias_ptr, as_ptr, ws_ptr, M, N, K, num_progs,  # type: ignore[no-untyped-def]
                   stride_am, stride_wn, stride_cm, stride_as, stride_ws,
-                  HAS_BIAS: tl.constexpr, BLOCK_SCALED: tl.constexpr,
-                  SCALE_N_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, BLOCK_SCALED: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         start = tl.program_id(0)
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -417,9 +413,7 @@ if triton is not None:
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             rows_safe = tl.where(rows < M, rows, 0).to(tl.int64)
             cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
-            # SCALE_N_TILES output tiles share a row of weight block scales
-            w_scales = ws_ptr + (pid_n // SCALE_N_TILES) * stride_ws
-            acc = dot_rows(a_ptr, w_ptr, as_ptr, w_scales, rows_safe,
+            acc = dot_rows(a_ptr, w_ptr, as_ptr, ws_ptr + pid_n * stride_ws, rows_safe,
                            cols_safe, K, stride_am, stride_wn, stride_as, BLOCK_M, BLOCK_N,
                            BLOCK_K, BLOCK_SCALED)
             if HAS_BIAS:

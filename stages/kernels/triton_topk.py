@@ -148,10 +148,33 @@ if triton is not None:
 
 def _select_launch(groups: int) -> dict[str, int | bool]:
     """theta's select: a line's maxima in registers up to RESIDENT_KEYS of them, else walked in
-    steps of that many for each of its 32 counts."""
-    resident = groups <= RESIDENT_KEYS
-    return {"SELECT": triton.next_power_of_2(groups) if resident else RESIDENT_KEYS,
-            "RESIDENT": resident}  # fmt: skip
+    steps of that many for each of its 32 counts. One width either way, so a prompt's growing
+    lines meet two compiled launches, not one per power of two (each compile took a second or
+    two of a 64K prompt's TTFT)."""
+    return {"SELECT": RESIDENT_KEYS, "RESIDENT": groups <= RESIDENT_KEYS}
+
+
+def warm_widths(k: int, widest: int) -> list[int]:
+    """Line widths that meet every compiled launch of top_k_positions on lines of up to
+    `widest` scores picking k: lines whose maxima fit the registers and longer ones, each with
+    the width and the group count divisible by 16 or not (Triton compiles a launch per such
+    pattern of its integer arguments)."""
+    first = 2 * (k + GROUP * k)  # the narrowest line the kernels take
+    widths: set[int] = set()
+    for base in (first, GROUP * RESIDENT_KEYS, widest):  # the resident lines' and the others'
+        at = max(first, base) // 128 * 128
+        # the width and the groups divisible by 16, the width only, the groups only, neither
+        widths |= {w for w in (at, at + 16, at - 3, at + 1) if first <= w <= widest}
+    return sorted(widths)
+
+
+def warm_up(k: int, widest: int, device: torch.device | str) -> int:
+    """Compiles top_k_positions' launches for lines of up to `widest` scores (warm_widths, one
+    line of zeros each) before a prompt's TTFT would pay for them. Returns the widths run."""
+    widths = warm_widths(k, widest)
+    for width in widths:
+        top_k_positions(torch.zeros(1, width, device=device), k)
+    return len(widths)
 
 
 def top_k_positions(

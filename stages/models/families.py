@@ -47,6 +47,7 @@ from stages.models.deepseek_config import (
     latent_components,
 )
 from stages.models.deepseek_v4.config import (
+    CSA,
     v4_fields,
     v4_fp8_block_bytes,
     v4_fp8_components,
@@ -209,6 +210,9 @@ class Family:
     # The model with a checkpoint's MXFP4 routed experts widened (--mxfp4-experts dequantize)
     # rather than kept packed; a family without such experts returns its args
     widen_mxfp4_experts: Callable[[ModelArgs], ModelArgs] = lambda args: args
+    # (k, widest line) of the sparse-attention indexer's top-k over a prompt of n tokens, or
+    # None where the model selects nothing (what the startup warm-up compiles the top-k for)
+    top_k_lines: Callable[[ModelArgs, int], tuple[int, int] | None] = lambda _args, _n: None
 
     def paged_decode_graphs(self, setting: GraphSetting) -> bool:
         """Whether a stage's decode-only microbatches capture as CUDA graphs under `setting`:
@@ -335,6 +339,9 @@ DEEPSEEK = Family(
         "stages.models.mla_backend:MLASparseBackend",
     ),
     attention_of=lambda args: int(args.family_args.indexer is not None),
+    top_k_lines=lambda args, n: (
+        None if args.family_args.indexer is None else (args.family_args.indexer.topk, n)
+    ),
 )
 
 
@@ -359,6 +366,14 @@ def _v4_rank_args(args: ModelArgs, tp_size: int) -> ModelArgs:
     heads = a.num_heads // a.o_groups * groups
     rank = dataclasses.replace(a, num_heads=heads, o_groups=groups)
     return dataclasses.replace(args, family_args=rank, num_attention_heads=heads)
+
+
+def _v4_top_k_lines(args: ModelArgs, n: int) -> tuple[int, int] | None:
+    """CSA layers pick among their compressed entries: n / rate of them at most."""
+    a = args.family_args
+    if CSA not in a.layer_types:
+        return None
+    return a.index_topk, n // a.compress_rates[CSA]
 
 
 def _v4_widen_mxfp4(args: ModelArgs) -> ModelArgs:
@@ -389,6 +404,7 @@ DEEPSEEK_V4 = Family(
     rank_args=_v4_rank_args,
     attention_backends=("stages.models.deepseek_v4.backend:V4Backend",),
     widen_mxfp4_experts=_v4_widen_mxfp4,
+    top_k_lines=_v4_top_k_lines,
 )
 FAMILIES = (LLAMA, QWEN3_MOE, DEEPSEEK, DEEPSEEK_V4)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

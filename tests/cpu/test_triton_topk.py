@@ -92,3 +92,43 @@ def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k,
         **(triton_topk._select_launch(groups) if resident else {"SELECT": 64, "RESIDENT": False}),
     )  # fmt: skip
     assert torch.equal(theta, maxima.topk(k, dim=-1).values.amin(-1))  # -0.0 == 0.0
+
+
+@pytest.mark.parametrize(("k", "widest"), [(512, 262144), (2048, 1040384), (512, 10000)])
+def test_warm_up_widths_meet_every_compiled_launch(k, widest):
+    """The startup warm-up's widths cover each launch a prompt's lines can meet: maxima in
+    registers or not (where lines get that long), width and group count divisible by 16 or not;
+    none narrower than the kernels take or wider than the longest line."""
+    from stages.kernels import triton_topk
+
+    widths = triton_topk.warm_widths(k, widest)
+    first = 2 * (k + triton_topk.GROUP * k)
+    assert widths and min(widths) >= first and max(widths) <= widest
+
+    def launch(width: int) -> tuple[bool, bool, bool]:
+        groups = -(-width // triton_topk.GROUP)
+        return width % 16 == 0, groups % 16 == 0, groups <= triton_topk.RESIDENT_KEYS
+
+    longest = triton_topk.GROUP * triton_topk.RESIDENT_KEYS
+    every = {
+        launch(w)
+        for w in range(first, widest + 1)
+        if widest <= longest or w > longest - 256  # every pattern shows within 256
+    } | {launch(w) for w in range(first, min(widest, first + 256) + 1)}
+    assert {launch(w) for w in widths} == every
+    assert triton_topk.warm_widths(k, first - 1) == []
+
+
+def test_models_name_their_top_k_lines(tiny_checkpoints, tmp_path):
+    """What the warm-up compiles the top-k for: V3.2's lines are its prompts' tokens, V4's its
+    CSA entries (a token in four); a model that selects nothing has none."""
+    from app.bench.target import v4_flash_bench_config
+    from stages.model_config import ModelArgs, load_model_args
+    from tests.cpu.conftest import write_tiny_checkpoint
+
+    llama = load_model_args(tiny_checkpoints["llama"])
+    assert llama.family.top_k_lines(llama, 4096) is None
+    v32 = load_model_args(write_tiny_checkpoint(tmp_path, "ds_v32_sparse"))
+    assert v32.family.top_k_lines(v32, 4096) == (v32.family_args.indexer.topk, 4096)
+    v4 = ModelArgs.from_hf_dict(v4_flash_bench_config())
+    assert v4.family.top_k_lines(v4, 4096) == (512, 1024)

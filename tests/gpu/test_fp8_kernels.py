@@ -44,8 +44,7 @@ SHAPES = [
     (33, 2048, 640),
     (128, 512, 384),
     (200, 576, 7168),
-    # a few decode rows (the persistent GEMM's skinny tiles, fp8_gemm.tiles_for): 32, 16 and
-    # 128 columns a tile, and 16 over an N off the 128 grid
+    # a few decode rows, and an N off the 128 grid
     (16, 4096, 8192),
     (3, 1024, 4096),
     (1, 32768, 1024),
