@@ -119,6 +119,17 @@ def test_warm_up_widths_meet_every_compiled_launch(k, widest):
     assert triton_topk.warm_widths(k, first - 1) == []
 
 
+def test_warm_up_runs_the_kernels_on_each_width(triton_interpreter):
+    """The warm-up's lines of zeros (every score tied) go through the kernels, under Triton's
+    interpreter, and still pick the rule's k: the first positions."""
+    from stages.kernels import triton_topk
+
+    k, widest = 4, 600
+    assert triton_topk.warm_up(k, widest, "cpu") == len(triton_topk.warm_widths(k, widest)) > 0
+    picked = triton_topk.top_k_positions(torch.zeros(1, widest), k)
+    assert picked.tolist() == [list(range(k))]
+
+
 def test_models_name_their_top_k_lines(tiny_checkpoints, tmp_path):
     """What the warm-up compiles the top-k for: V3.2's lines are its prompts' tokens, V4's its
     CSA entries (a token in four); a model that selects nothing has none."""
