@@ -5,6 +5,6 @@
 # in what is left of the call (-v: each test's result as it ends).
 set -u
 . docs/bench/scripts/host_env.sh
-LIMIT=110 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 --device cuda --timeout 105 --out "$R/suite"
-LIMIT=$((330 - SECONDS)) step batched python3 -m pytest -rA -v -s -m gpu -p no:cacheprovider tests/gpu/test_batched_vs_alone_cuda.py
+LIMIT=100 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 --device cuda --timeout 95 --out "$R/suite"
+LIMIT=$((225 - SECONDS)) step batched python3 -m pytest -rA -v -s -m gpu -p no:cacheprovider tests/gpu/test_batched_vs_alone_cuda.py
 tar czf "$OUT/results.tgz" -C "$OUT" r
