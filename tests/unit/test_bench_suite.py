@@ -138,3 +138,17 @@ def test_commit_from_the_environment_where_git_is_missing(monkeypatch):
     assert suite.commit() == "deadbeef"
     monkeypatch.delenv("PPSERVE_COMMIT")
     assert suite.commit() != "deadbeef"
+
+
+def test_decode_distance_takes_the_step_from_the_rows_tok_s():
+    """A step gives each row one token, so its time is rows / tok/s. At 512 V4 rows (the H200
+    run on record) the ITL p50 is shorter than that (merged deltas share a gap) and is not
+    the step the roofline divides the bytes by."""
+    root = Path(__file__).resolve().parents[2]
+    raw = json.loads((root / "docs/bench/latest/decode-v4-flash-512-fp8.json").read_text())["raw"]
+    tok_s, itl = suite.decode_figures(raw)[:2]
+    step_ms = 512 / tok_s["value"] * 1e3
+    assert tok_s["distance"]["step_ms"] == itl["distance"]["step_ms"] == round(step_ms, 3)
+    assert itl["value"] < step_ms
+    read = tok_s["distance"]["weights_gb"] + tok_s["distance"]["kv_gb"]
+    assert tok_s["distance"]["of_hbm"] == round(read / step_ms / 4.8, 3)
