@@ -1,7 +1,11 @@
-"""Startup warm-up of the prefill chunks' dense attention on cuDNN: one call on each
-(queries, keys) shape a long lone prompt's chunks meet and on every diagonal square a chunk can
-need, over zero Q/K/V of the family's widths, so cuDNN's per-shape graphs (~50 ms each on H200)
-are built before a request needs them (docs/PERFORMANCE.md, "First requests")."""
+"""Startup warm-up of what a long lone prompt's chunks would otherwise build in its TTFT:
+
+- the prefill chunks' dense attention on cuDNN: one call on each (queries, keys) shape the
+  chunks meet and on every diagonal square a chunk can need, over zero Q/K/V of the family's
+  widths, so cuDNN's per-shape graphs (~50 ms each on H200) are built before a request needs
+  them (docs/PERFORMANCE.md, "First requests");
+- the sparse-attention indexer's Triton top-k: its compiled launches (1-2 s each) for lines up
+  to the longest prompt's (stages/kernels/triton_topk.py, warm_up)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,33 @@ import torch
 
 from stages.kernels.cudnn_attention import diagonal_sizes
 from stages.models.families import ChunkAttentionDims
+
+
+def warm_up_stage(
+    family: Any,
+    args: Any,
+    kernels: Any,
+    has_cache: bool,
+    chunks: list[tuple[int, int]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, float]:
+    """A stage's warm-up for these (prefix, tokens) chunks: cuDNN's graphs where attention is
+    cuDNN and the family has dense chunk attention, the top-k's compiles where the model
+    selects with the Triton top-k (Family.top_k_lines)."""
+    out: dict[str, float] = {"shapes": 0, "seconds": 0.0}
+    dims = family.chunk_attention_dims(args)
+    if kernels.names["attention"] == "cudnn" and has_cache and dims is not None:
+        out = build_chunk_attention_graphs(kernels.attention, dims, chunks, dtype, device)
+    lines = family.top_k_lines(args, max((p + n for p, n in chunks), default=0))
+    if lines is not None and kernels.names.get("index_topk") == "triton":
+        from stages.kernels import triton_topk
+
+        k, widest = lines
+        t0 = time.perf_counter()
+        out["top_k_widths"] = float(triton_topk.warm_up(k, widest, device))
+        out["seconds"] = out.get("seconds", 0.0) + time.perf_counter() - t0
+    return out
 
 
 @torch.inference_mode()

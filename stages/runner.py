@@ -6,7 +6,6 @@ The Ray actor (stages/actor.py) is a thin shell over this class, so it runs with
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,29 +261,14 @@ class StageRunner:
         self.decode_graph_info = self.decode_graphs.capture()
 
     def warm_up(self, chunks: list[tuple[int, int]]) -> dict[str, float]:
-        """What a long lone prompt's chunks would otherwise build in its TTFT: cuDNN's
-        per-shape graphs (stages/attention_warmup.py), where attention is cuDNN and the family
-        has dense chunk attention, and the Triton top-k's compiled launches (1-2 s each) where
-        the model selects with it."""
-        out = self._warm_chunk_attention(chunks)
-        lines = self.family.top_k_lines(self.rank_args, max((p + n for p, n in chunks), default=0))
-        if lines is not None and self.kernels.names.get("index_topk") == "triton":
-            from stages.kernels import triton_topk
+        """What a long lone prompt's chunks would otherwise build in its TTFT
+        (stages/attention_warmup.py)."""
+        from stages.attention_warmup import warm_up_stage
 
-            t0 = time.perf_counter()
-            out["top_k_widths"] = float(triton_topk.warm_up(*lines, self.device))
-            out["seconds"] = out.get("seconds", 0.0) + time.perf_counter() - t0
-        return out
-
-    def _warm_chunk_attention(self, chunks: list[tuple[int, int]]) -> dict[str, float]:
-        dims = self.family.chunk_attention_dims(self.rank_args)
-        if self.kernels.names["attention"] != "cudnn" or self._kv is None or dims is None:
-            return {"shapes": 0, "seconds": 0.0}
-        from stages.attention_warmup import build_chunk_attention_graphs
-
-        return build_chunk_attention_graphs(
-            self.kernels.attention, dims, chunks, self.dtype, self.device
-        )
+        return warm_up_stage(
+            self.family, self.rank_args, self.kernels, self._kv is not None, chunks, self.dtype,
+            self.device,
+        )  # fmt: skip
 
     def connect(self, host: str, port: int, store: TCPStore | None = None) -> None:
         channels = PipelineChannels(
