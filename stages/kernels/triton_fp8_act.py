@@ -106,7 +106,7 @@ def _swiglu_quantize(
     if rows:
         _swiglu_quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
             gate_up, q, scale, m, rows, inter, gate_up.stride(0), q.stride(0), scale.stride(0),
-            scale.stride(1), 0.0 if limit is None else _rounded(limit, gate_up.dtype),
+            scale.stride(1), 0.0 if limit is None else rounded(limit, gate_up.dtype),
             HAS_LIMIT=limit is not None, CUDA_EXP=gate_up.is_cuda,
             INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=BLOCK_M,
             GROUP=fp8_ref.BLOCK, num_warps=4,
@@ -114,7 +114,8 @@ def _swiglu_quantize(
     return q, scale
 
 
-def _rounded(value: float, dtype: torch.dtype) -> float:
+def rounded(value: float, dtype: torch.dtype) -> float:
+    """value rounded to dtype, as torch rounds a clamp's bound against a tensor of it."""
     return float(torch.tensor(value, dtype=dtype))
 
 
@@ -142,24 +143,39 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _quantize_store(  # type: ignore[no-untyped-def]
-        x, rows, cols, group, q_ptr, s_ptr, M, R, K, stride_qm, stride_sm, stride_sg,
-        INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-        GROUP: tl.constexpr,
+        x, r64, cols, group, real, kept, q_ptr, s_ptr, K, stride_qm, stride_sm, stride_sg,
+        INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
     ):
-        """x [BLOCK_M, GROUP] fp32 (zeros outside the rows and K) quantized into q and s."""
-        r64 = rows.to(tl.int64)
-        in_k = cols[None, :] < K
+        """x [rows, GROUP] fp32 (zeros outside the rows and K) quantized into q and s at the
+        rows r64 (int64) where `kept`; a kept row that is not `real` (padding: zeros) keeps a
+        scale of 1, as a GEMM over it expects nothing else."""
         scale = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_SCALE) * INV_FP8_MAX
-        q = tl.div_rn(x, tl.broadcast_to(scale[:, None], (BLOCK_M, GROUP)))
-        kept = rows < R
+        q = tl.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
         tl.store(
             q_ptr + r64[:, None] * stride_qm + cols[None, :],
             q.to(tl.float8e4nv),
-            mask=kept[:, None] & in_k,
+            mask=kept[:, None] & (cols[None, :] < K),
         )
-        # padding rows (zeros) keep a scale of 1, as a GEMM over them expects nothing else
-        scale = tl.where(rows < M, scale, 1.0)
-        tl.store(s_ptr + r64 * stride_sm + group * stride_sg, scale, mask=kept)
+        tl.store(s_ptr + r64 * stride_sm + group * stride_sg, tl.where(real, scale, 1.0),
+                 mask=kept)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def swiglu_steps(gate, up, limit, HAS_LIMIT: tl.constexpr, CUDA_EXP: tl.constexpr):  # type: ignore[no-untyped-def]
+        """torch_ref.swiglu's steps on gate and up in their storage dtype (silu rounded to it,
+        then the product, rounded again) -> float32: the one definition the fused quantizer
+        and the grouped MoE's gate/up epilogue (triton_moe_fp8) share."""
+        dtype = gate.dtype
+        g = gate.to(tl.float32)
+        u = up.to(tl.float32)
+        if HAS_LIMIT:  # limit comes rounded to x's dtype: exact in float32, as torch clamps
+            g = tl.minimum(g, limit)
+            u = tl.minimum(tl.maximum(u, -limit), limit)
+        if CUDA_EXP:  # expf as torch's silu calls it (tl.exp is an approximate exp2 on CUDA)
+            e = libdevice.exp(-g)
+        else:  # Triton's interpreter: numpy's
+            e = tl.exp(-g)
+        silu = tl.div_rn(g, 1.0 + e).to(dtype).to(tl.float32)  # torch's silu, rounded
+        return (silu * u).to(dtype).to(tl.float32)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _quantize_1x128(  # type: ignore[no-untyped-def]
@@ -175,8 +191,8 @@ if triton is not None:
             mask=(rows[:, None] < M) & (cols[None, :] < K),
             other=0.0,
         ).to(tl.float32)
-        _quantize_store(x, rows, cols, group, q_ptr, s_ptr, M, R, K, stride_qm, stride_sm,
-                        stride_sg, INV_FP8_MAX, MIN_SCALE, BLOCK_M, GROUP)
+        _quantize_store(x, rows.to(tl.int64), cols, group, rows < M, rows < R, q_ptr, s_ptr, K,
+                        stride_qm, stride_sm, stride_sg, INV_FP8_MAX, MIN_SCALE)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _swiglu_quantize_1x128(  # type: ignore[no-untyped-def]
@@ -193,18 +209,7 @@ if triton is not None:
         mask = (rows[:, None] < M) & (cols[None, :] < K)
         gate = tl.load(ptrs, mask=mask, other=0.0)
         up = tl.load(ptrs + K, mask=mask, other=0.0)
-        dtype = gate.dtype
-        g = gate.to(tl.float32)
-        u = up.to(tl.float32)
-        if HAS_LIMIT:  # limit comes rounded to x's dtype: exact in float32, as torch clamps
-            g = tl.minimum(g, limit)
-            u = tl.minimum(tl.maximum(u, -limit), limit)
-        if CUDA_EXP:  # expf as torch's silu calls it (tl.exp is an approximate exp2 on CUDA)
-            e = libdevice.exp(-g)
-        else:  # Triton's interpreter: numpy's
-            e = tl.exp(-g)
-        silu = tl.div_rn(g, 1.0 + e).to(dtype).to(tl.float32)  # torch's silu, rounded
-        h = (silu * u).to(dtype).to(tl.float32)
-        _quantize_store(h, rows, cols, group, q_ptr, s_ptr, M, R, K, stride_qm, stride_sm,
-                        stride_sg, INV_FP8_MAX, MIN_SCALE, BLOCK_M, GROUP)
+        h = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
+        _quantize_store(h, rows.to(tl.int64), cols, group, rows < M, rows < R, q_ptr, s_ptr, K,
+                        stride_qm, stride_sm, stride_sg, INV_FP8_MAX, MIN_SCALE)
     # fmt: on

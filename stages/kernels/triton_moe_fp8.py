@@ -8,9 +8,13 @@ contiguous one, built on the device with no host sync): the tokens are quantized
 tiles (the count stays on the device) with a grid of SMs, or SMs - 1 leaving an SM to a waiting
 NCCL recv, so a call is sync-free with fixed grids (CUDA graphs capture it). The K loop is
 stages.kernels.triton_gemm's block-scaled one: each 128-wide K tile is one activation group and
-one weight block. Between the two the gate/up product goes through torch_ref.swiglu's steps
-(with DeepSeek-V4's clamp where given) and is quantized again, in one kernel
-(triton_fp8_act.swiglu_quantize_act). The down GEMM scales each row by its
+one weight block. The gate/up GEMM ends in torch_ref.swiglu's steps (with DeepSeek-V4's clamp
+where given) and the 1 x 128 quantizer of the down GEMM's input: each program computes a row
+tile's gate and up columns of one 128-wide group side by side, so the bf16 product never goes
+to memory and only the layout's real rows are written (the expert padding, most rows of a
+decode batch's layout, is skipped). Its bits are the unfused path's (the GEMM's result rounded
+to the activations' dtype, then triton_fp8_act.swiglu_quantize_act), which serves an
+intermediate width off the 128 grid. The down GEMM scales each row by its
 routing weight and stores it at its (token, k) slot, as triton_moe's does; the k slots of a
 token are summed.
 
@@ -133,6 +137,48 @@ def grouped_gemm(
     return c
 
 
+def gate_up_swiglu(
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    gate_up: torch.Tensor,
+    gu_scale: torch.Tensor,
+    r: Routing,
+    grid: int,
+    dtype: torch.dtype,
+    limit: float | None = None,
+    num_warps: int = DECODE_TILES[1],
+    num_stages: int = DECODE_TILES[2],
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The down GEMM's input from the layout's rows, in one kernel: q [rows, K] fp8 with
+    q_scale [rows, K / 128], gate_up [E, 2I, K] fp8 (gate rows first; I a multiple of 128) with
+    gu_scale [E, 2I / 128, K / 128] -> (hq [rows, I] e4m3, hs [rows, I / 128] fp32), the bits of
+    swiglu_quantize_act(grouped_gemm(...) in `dtype`, limit) on the real rows; padding rows are
+    left unwritten (the down GEMM never stores them); `out`: the two buffers to write."""
+    rows, k = q.shape
+    inter = gate_up.shape[1] // 2
+    if inter % BLOCK:
+        raise ValueError(f"gate_up_swiglu takes an intermediate width on the 128 grid, got {inter}")
+    if out is None:
+        out = (
+            torch.empty(rows, inter, dtype=fp8_ref.FP8, device=q.device),
+            torch.empty(rows, inter // BLOCK, dtype=torch.float32, device=q.device),
+        )
+    hq, hs = out
+    ws = gu_scale.float().contiguous()
+    progs = max(1, min(grid, r.max_tiles * (inter // BLOCK)))
+    _grouped_w8a8_swiglu[(progs,)](
+        q, q_scale, gate_up, ws, hq, hs, r.tile_expert, r.num_tiles, r.pair_of_row, inter, k,
+        progs, q.stride(0), q_scale.stride(0), gate_up.stride(0), gate_up.stride(1), ws.stride(0),
+        ws.stride(1), hq.stride(0), hs.stride(0),
+        0.0 if limit is None else triton_fp8_act.rounded(limit, dtype),
+        HAS_LIMIT=limit is not None, CUDA_EXP=q.is_cuda, H_DTYPE=_TL_DTYPES[dtype],
+        INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=r.block_m,
+        BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return hq, hs
+
+
 def _moe(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -155,16 +201,21 @@ def _moe(
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
     block_m, warps, stages = tiles_for(t * k, gate_up.shape[0])
-    cfg = dict(num_warps=warps, num_stages=stages)
     xq, xs = triton_fp8_act.quantize_act(x)
     # the FP8 rows travel as bytes (the gather copies them unchanged) with their scales; padding
     # rows stay unwritten: their results are never stored at a pair's slot
     r, a, a_scale = route_and_gather_scaled(
         xq.view(torch.uint8), xs, topk_ids, topk_weights, gate_up.shape[0], block_m
     )
-    h = grouped_gemm(a.view(fp8_ref.FP8), a_scale, gate_up, gu_scale, r, grid, x.dtype, **cfg)
-    hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit)
-    y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, pairs=t * k, **cfg)
+    a = a.view(fp8_ref.FP8)
+    if gate_up.shape[1] % (2 * BLOCK) == 0:
+        hq, hs = gate_up_swiglu(
+            a, a_scale, gate_up, gu_scale, r, grid, x.dtype, limit, warps, stages
+        )
+    else:  # a gate/up column group would straddle the halves: the GEMM, then the quantizer
+        h = grouped_gemm(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, warps, stages)
+        hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit)
+    y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, t * k, warps, stages)
     return combine(y, topk_ids, x.dtype)
 
 
@@ -175,7 +226,10 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.triton_fp8_act import _quantize_store, swiglu_steps
     from stages.kernels.triton_gemm import _tile_coords, dot_rows
+
+    _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
@@ -207,4 +261,43 @@ if triton is not None:
                 keep = cols[None, :] < N
             c_ptrs = c_ptr + dest[:, None] * stride_cm + cols[None, :]
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=keep)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _grouped_w8a8_swiglu(  # type: ignore[no-untyped-def]
+        a_ptr, as_ptr, w_ptr, ws_ptr, q_ptr, qs_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr,
+        INTER, K, num_progs, stride_am, stride_as, stride_we, stride_wn, stride_wse, stride_wsn,
+        stride_qm, stride_qsm, limit, HAS_LIMIT: tl.constexpr, CUDA_EXP: tl.constexpr,
+        H_DTYPE: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr,
+    ):
+        """For each (M tile, 128-wide column group n): gate = a @ w[n].T and up = a @ w[I/128 +
+        n].T with _grouped_w8a8's K loop (one A load feeding both), rounded to H_DTYPE, through
+        swiglu_steps, quantized as one 1 x 128 group, stored at the tile's real rows."""
+        num_pid_m = tl.load(num_tiles_ptr)
+        num_pid_n = INTER // BLOCK_N
+        for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs):
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
+            rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            gate_rows = w_ptr + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn
+            up_rows = gate_rows + INTER * stride_wn
+            gate_scales = ws_ptr + expert * stride_wse + pid_n * stride_wsn
+            up_scales = gate_scales + num_pid_n * stride_wsn
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(tl.cdiv(K, BLOCK_K)):
+                ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+                kmask = ks[None, :] < K
+                a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)
+                a_s = tl.load(as_ptr + rows * stride_as + ki)[:, None]
+                wg = tl.load(gate_rows + ks[None, :], mask=kmask, other=0.0)
+                acc_g += tl.dot(a, wg.T) * (a_s * tl.load(gate_scales + ki))
+                wu = tl.load(up_rows + ks[None, :], mask=kmask, other=0.0)
+                acc_u += tl.dot(a, wu.T) * (a_s * tl.load(up_scales + ki))
+            h = swiglu_steps(acc_g.to(H_DTYPE), acc_u.to(H_DTYPE), limit, HAS_LIMIT, CUDA_EXP)
+            real = tl.load(pair_ptr + rows) >= 0
+            _quantize_store(h, rows, cols, pid_n, real, real, q_ptr, qs_ptr, INTER, stride_qm,
+                            stride_qsm, 1, INV_FP8_MAX, MIN_SCALE)
     # fmt: on

@@ -237,6 +237,56 @@ def test_fp8_grouped_gemm_compiles(scatter):
     )
 
 
+# an H100/H200 block's shared memory (227 KB): a kernel over it compiles but fails at launch
+SM90_SHARED_BYTES = 232_448
+
+
+@pytest.mark.parametrize("tiles", ["DECODE_TILES", "PREFILL_TILES"])
+def test_fp8_gate_up_swiglu_compiles_within_shared_memory(tiles):
+    """The grouped gate/up GEMM with the SwiGLU and quantizer in its epilogue, at both tile
+    configurations: it holds two weight tiles a stage (200 KB at the decode tiles' 5 stages), so
+    its shared memory is checked against the block's."""
+    from stages.kernels import fp8_ref, triton_moe_fp8
+
+    block_m, warps, stages = getattr(triton_moe_fp8, tiles)
+    strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn")
+    kernel = _compile(
+        triton_moe_fp8._grouped_w8a8_swiglu,
+        {
+            "a_ptr": "*fp8e4nv",
+            "as_ptr": "*fp32",
+            "w_ptr": "*fp8e4nv",
+            "ws_ptr": "*fp32",
+            "q_ptr": "*fp8e4nv",
+            "qs_ptr": "*fp32",
+            "tile_expert_ptr": "*i32",
+            "num_tiles_ptr": "*i32",
+            "pair_ptr": "*i32",
+            **{s: "i32" for s in ("INTER", "K", "num_progs", *strides, "stride_qm", "stride_qsm")},
+            "limit": "fp32",
+        },
+        {
+            "HAS_LIMIT": True,
+            "CUDA_EXP": True,
+            "H_DTYPE": triton.language.bfloat16,
+            "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
+            "MIN_SCALE": fp8_ref.MIN_SCALE,
+            "BLOCK_M": block_m,
+            "BLOCK_N": 128,
+            "BLOCK_K": 128,
+            "GROUP_M": 8,
+        },
+        # as the launcher sees V4-Flash's buffers, so the pipeline's stages are in shared memory
+        aligned=("a_ptr", "as_ptr", "w_ptr", "ws_ptr", "q_ptr", "INTER", "K", "stride_am",
+                 "stride_we", "stride_wn", "stride_qm"),
+        num_warps=warps,
+        num_stages=stages,
+    )  # fmt: skip
+    assert "cp.async" in kernel.asm["ptx"]  # the loads pipelined
+    assert kernel.metadata.shared <= SM90_SHARED_BYTES, kernel.metadata.shared
+    assert "div.rn.f32" in kernel.asm["ptx"]
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
     """triton_fp8_act's kernel; its divisions are IEEE-rounded (div.rn: fp8_ref's bits), not

@@ -105,6 +105,42 @@ def test_fp8_experts_match_reference(limit):
         assert rel_err(grouped(x, *args, limit=limit), ref) < 2 * TOL
 
 
+@pytest.mark.skipif(not fp8_gemm.is_available("cuda"), reason="needs triton on SM90+")
+@pytest.mark.parametrize("limit", [None, 10.0], ids=["plain", "swiglu-limit"])
+@pytest.mark.parametrize("tokens", [1, 64, 512, 8192])
+def test_fused_gate_up_swiglu_equals_the_unfused_path(tokens, limit):
+    """triton_moe_fp8.gate_up_swiglu (the SwiGLU and the down GEMM's quantizer in the gate/up
+    GEMM's epilogue) at V4-Flash's widths and at the decode and prefill tiles: the same e4m3
+    bytes and scales as the grouped GEMM's bf16 result through swiglu_quantize_act, on every
+    real row of the layout."""
+    from stages.kernels.moe_routing import route_and_gather_scaled
+
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    e, h, inter, k = 32, 4096, 2048, 6
+    gate_up, gu_s = fp8_ref.quantize_weight(
+        torch.randn(e, 2 * inter, h, generator=g, device="cuda") / 15
+    )
+    x = torch.randn(tokens, h, generator=g, device="cuda").bfloat16()
+    ids = torch.rand(tokens, e, generator=g, device="cuda").topk(k, dim=-1).indices
+    weights = torch.rand(tokens, k, generator=g, device="cuda")
+    block_m, warps, stages = triton_moe_fp8.tiles_for(tokens * k, e)
+    xq, xs = triton_fp8_act.quantize_act(x)
+    r, a, a_s = route_and_gather_scaled(xq.view(torch.uint8), xs, ids, weights, e, block_m)
+    a = a.view(fp8_ref.FP8)
+    grid = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = dict(num_warps=warps, num_stages=stages)
+    hb = triton_moe_fp8.grouped_gemm(a, a_s, gate_up, gu_s, r, grid, torch.bfloat16, **cfg)
+    want_q, want_s = triton_fp8_act.swiglu_quantize_act(hb, limit)
+    hq, hs = triton_moe_fp8.gate_up_swiglu(a, a_s, gate_up, gu_s, r, grid, torch.bfloat16, limit,
+                                           **cfg)  # fmt: skip
+    real = r.pair_of_row >= 0
+    assert int(real.sum()) == tokens * k
+    if limit is not None:  # the clamp is reached
+        assert bool((hb[real].float().abs() > limit).any())
+    assert torch.equal(hs[real], want_s[real]), (hs[real] - want_s[real]).abs().max().item()
+    assert torch.equal(hq[real].view(torch.uint8), want_q[real].view(torch.uint8))
+
+
 @pytest.mark.skipif(triton_fp8_act.triton is None, reason="needs triton")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("m,k", QUANT_SHAPES)

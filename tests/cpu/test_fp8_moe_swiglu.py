@@ -1,0 +1,101 @@
+"""The FP8 grouped MoE's gate/up GEMM with the SwiGLU and the down GEMM's 1 x 128 quantizer in
+its epilogue (triton_moe_fp8.gate_up_swiglu), under Triton's interpreter, against the unfused
+path it replaces (the grouped GEMM's result in the activations' dtype, then the fused
+swiglu quantizer): the same bytes and scales on every real row of the layout, the expert
+padding left unwritten. tests/gpu/test_fp8_kernels.py takes the whole MoE against fp8_ref on
+CUDA; tests/cpu/test_triton_compile_sm90.py compiles the kernel for sm_90."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.kernels import fp8_ref, moe_routing, triton_fp8_act
+
+pytestmark = [
+    pytest.mark.interpreter,
+    # the unfused reference quantizes every row of its buffer, the unwritten ones past the
+    # layout's tiles too (garbage, never compared): numpy warns of their overflows
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+SENTINEL = 0x55  # a byte no row of the layout starts with: padding rows must keep it
+
+
+def _layout(t: int, k: int, experts: int, block_m: int, hidden: int, g: torch.Generator):
+    """A batch's routing with torch ops (moe_routing.route) and its FP8 rows placed in it."""
+    x = torch.randn(t, hidden, generator=g)
+    x[1 % t] *= 6  # rows of different magnitudes get different scales
+    xq, xs = fp8_ref.quantize_act(x)
+    ids = torch.rand(t, experts, generator=g).topk(k, dim=-1).indices
+    weights = torch.rand(t, k, generator=g)
+    r = moe_routing.route(ids, weights, experts, block_m)
+    rows = r.pair_of_row.numel()
+    token = (r.pair_of_row.long().clamp(min=0) // k)[:rows]
+    a = xq.view(torch.uint8)[token].view(fp8_ref.FP8)
+    return r, a, xs[token].contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("limit", [None, 0.5])
+@pytest.mark.parametrize(
+    "t,k,experts,inter,hidden",
+    [(1, 2, 4, 128, 256), (5, 3, 4, 256, 384), (37, 2, 8, 256, 200)],
+    ids=["one-token", "few", "ragged-k"],
+)
+def test_fused_gate_up_equals_the_gemm_then_the_quantizer(
+    triton_interpreter, t, k, experts, inter, hidden, limit, dtype
+):
+    from stages.kernels import triton_moe_fp8 as moe
+
+    g = torch.Generator().manual_seed(t * 31 + inter + hidden)
+    block_m = 16
+    r, a, a_scale = _layout(t, k, experts, block_m, hidden, g)
+    w = torch.randn(experts, 2 * inter, hidden, generator=g) / 64
+    w[:, :inter] *= 3  # gate and up of different scales: a swap of the halves shows
+    gate_up, gu_scale = fp8_ref.quantize_weight(w)
+    cfg = dict(num_warps=4, num_stages=1)
+    h = moe.grouped_gemm(a, a_scale, gate_up, gu_scale, r, 3, dtype, **cfg)
+    want_q, want_s = triton_fp8_act._swiglu_quantize(h, limit)
+    hq, hs = moe.gate_up_swiglu(a, a_scale, gate_up, gu_scale, r, 3, dtype, limit, **cfg)
+    real = r.pair_of_row >= 0
+    assert hq.shape == (a.shape[0], inter) and hs.shape == (a.shape[0], inter // 128)
+    assert int(real.sum()) == t * k
+    assert torch.equal(hq[real].view(torch.uint8), want_q[real].view(torch.uint8))
+    assert torch.equal(hs[real], want_s[real])
+    if limit is not None:  # the clamp is reached at these values, so it is tested
+        assert bool((h[real][:, :inter].float() > limit).any())
+
+
+def test_padding_rows_of_the_layout_are_left_unwritten(triton_interpreter):
+    """A decode batch's layout is mostly padding (each expert's rows rounded up to the tile):
+    the kernel stores only the real rows."""
+    from stages.kernels import triton_moe_fp8 as moe
+
+    g = torch.Generator().manual_seed(7)
+    r, a, a_scale = _layout(3, 2, 4, 16, 128, g)
+    gate_up, gu_scale = fp8_ref.quantize_weight(torch.randn(4, 256, 128, generator=g))
+    real = r.pair_of_row >= 0
+    assert int((~real).sum()) > 0
+    out_q = torch.full((a.shape[0], 128), SENTINEL, dtype=torch.uint8)
+    out_s = torch.full((a.shape[0], 1), -1.0)
+    hq, hs = moe.gate_up_swiglu(
+        a, a_scale, gate_up, gu_scale, r, 2, torch.float16, out=(out_q.view(fp8_ref.FP8), out_s)
+    )
+    assert hq.data_ptr() == out_q.data_ptr()
+    assert bool((out_q[~real] == SENTINEL).all()) and bool((out_s[~real] == -1).all())
+    assert not bool((out_q[real] == SENTINEL).all(dim=1).any())
+    assert bool((out_s[real] > 0).all())
+
+
+def test_an_intermediate_width_off_the_grid_is_refused():
+    from stages.kernels import triton_moe_fp8 as moe
+
+    if moe.triton is None:
+        pytest.skip("needs triton")
+    r = moe_routing.route(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1), 2, 16)
+    q = torch.zeros(16, 128, dtype=fp8_ref.FP8)
+    with pytest.raises(ValueError, match="128 grid"):
+        moe.gate_up_swiglu(q, torch.ones(16, 1), q.new_zeros(2, 400, 128), torch.ones(2, 4, 1),
+                           r, 1, torch.bfloat16)  # fmt: skip
