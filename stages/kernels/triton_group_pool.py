@@ -6,7 +6,8 @@ the softmax, the casts, the product, the sum), each over [G, 2 * rate, w] in fp3
 
 In a CUDA-graph decode step every row has a group slot of each rate whether or not its token
 completes a group: at 512 rows a heavily compressed layer (rate 128) pooled 512 x 128 tokens
-a step to keep 4 of them. Here a group that is not `live` reads nothing.
+a step to keep 4 of them. Here a group that is not `live` reads nothing and computes nothing
+(its program writes the zeros the torch form's empty softmax gives).
 
 The same roundings as the torch form (libdevice's expf and an IEEE division, as torch's CUDA
 softmax; no FMA contraction); only the order of the softmax's and the pool's sums differs.
@@ -118,12 +119,26 @@ if triton is not None:
     ):
         g = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        if LIVE:  # a group that does not complete is zeros, as the torch form's empty softmax
+            if tl.load(live_ptr + g) != 0:
+                pooled = _pool(in_ptr, slot_ptr, first_ptr, bias_ptr, g, cols, W, stride_in,
+                               stride_slot, stride_bias, RATE, OVERLAP, CUDA_EXP, BLOCK_S)
+            else:  # no loads and no softmax: most groups of a graphed decode step
+                pooled = tl.zeros((BLOCK_W,), dtype=tl.float32)
+        else:
+            pooled = _pool(in_ptr, slot_ptr, first_ptr, bias_ptr, g, cols, W, stride_in,
+                           stride_slot, stride_bias, RATE, OVERLAP, CUDA_EXP, BLOCK_S)
+        tl.store(out_ptr + g * stride_out + cols, pooled.to(out_ptr.dtype.element_ty),
+                 mask=cols < W)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _pool(  # type: ignore[no-untyped-def]
+        in_ptr, slot_ptr, first_ptr, bias_ptr, g, cols, W, stride_in, stride_slot, stride_bias,
+        RATE: tl.constexpr, OVERLAP: tl.constexpr, CUDA_EXP: tl.constexpr, BLOCK_S: tl.constexpr,
+    ):
+        """Group g's pooled channels `cols` (float32 of values rounded to the inputs' dtype)."""
         in_w = (cols < W)[None, :]
         j = tl.arange(0, BLOCK_S)
-        if LIVE:
-            alive = tl.load(live_ptr + g) != 0
-        else:
-            alive = True
         if OVERLAP:  # slots 0..RATE-1: group g - 1's first series; RATE..: group g's second
             used = j < 2 * RATE
             slot = tl.load(slot_ptr + g * stride_slot + j, mask=used, other=0)
@@ -138,7 +153,7 @@ if triton is not None:
             kv_col = cols[None, :] + 0 * j[:, None]
             gate_col = kv_col + W
             bias_row = j
-        mask = used[:, None] & in_w & alive
+        mask = used[:, None] & in_w
         row = in_ptr + slot.to(tl.int64)[:, None] * stride_in
         kv = tl.load(row + kv_col, mask=mask, other=0.0)
         dtype = kv.dtype
@@ -146,7 +161,7 @@ if triton is not None:
         gate = tl.load(row + gate_col, mask=mask, other=0.0).to(tl.float32) + bias
         gate = tl.where(mask, gate, float("-inf"))
         top = tl.max(gate, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)  # a group not live: every gate -inf
+        top = tl.where(top == float("-inf"), 0.0, top)  # channels past W: every gate -inf
         if CUDA_EXP:  # expf, as torch's CUDA softmax
             e = libdevice.exp(gate - top[None, :])
         else:
@@ -154,6 +169,5 @@ if triton is not None:
         total = tl.sum(e, axis=0)
         weight = tl.div_rn(e, tl.where(total == 0.0, 1.0, total)[None, :]).to(dtype)
         product = (kv.to(tl.float32) * weight.to(tl.float32)).to(dtype)  # rounded, as torch's
-        pooled = tl.sum(product.to(tl.float32), axis=0)
-        tl.store(out_ptr + g * stride_out + cols, pooled.to(dtype), mask=cols < W)
+        return tl.sum(product.to(tl.float32), axis=0)
     # fmt: on
