@@ -1,0 +1,142 @@
+"""The grouped FP8 MoE's kernels on one GPU (`python -m app.bench.fp8` runs them by flag):
+the tile sweep of its two grouped GEMMs at prefill and decode batches (`--moe-tiles`,
+`--moe-decode-tiles`), and the gate/up GEMM with the SwiGLU and quantizer in its epilogue against
+the GEMM then the quantizer (`--moe-swiglu`).
+
+    python -m app.bench.fp8 --moe-swiglu --out docs/bench/moe_swiglu.json
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from stages.kernels import fp8_ref
+
+# (name, tokens, experts, top-k, hidden, width): V4-Flash's routed experts at an 8K chunk and
+# V3.2-bench's (V2-Lite's) at a 4K one
+MOE_TILE_SHAPES = [("v4-flash", 8192, 256, 6, 4096, 2048), ("v32-bench", 4096, 64, 6, 2048, 1408)]
+
+
+# decode batches: V4-Flash's experts at 64 and 512 rows (the weights' read is the floor)
+MOE_DECODE_SHAPES = [
+    ("v4-flash-512", 512, 256, 6, 4096, 2048),
+    ("v4-flash-64", 64, 256, 6, 4096, 2048),
+]
+DECODE_TILE_SWEEP = ((16, 32, 64), (4, 8), (3, 4, 5, 6))
+PREFILL_TILE_SWEEP = ((64, 128), (4, 8), (3, 4))
+
+
+def moe_tile_rows(
+    shapes: list[tuple[str, int, int, int, int, int]] = MOE_TILE_SHAPES,
+    sweep: tuple[tuple[int, ...], ...] = PREFILL_TILE_SWEEP,
+) -> list[dict[str, Any]]:
+    """The grouped FP8 GEMMs (gate/up, then down) per tile configuration: BLOCK_M (the routing
+    layout's), warps and pipeline stages; BLOCK_N and BLOCK_K are the 128 x 128 scale blocks.
+    Each row also gives the expert weights' read rate (the experts the tokens touch, FP8)."""
+    import triton.testing
+
+    from stages.kernels import triton_fp8_act, triton_moe_fp8
+    from stages.kernels.moe_routing import route_and_gather
+    from stages.kernels.triton_gemm import num_sms
+
+    rows = []
+    block_ms, warps_list, stages_list = sweep
+    for name, t, e, k, h, inter in shapes:
+        gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
+        dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
+        x = torch.randn(t, h, device="cuda").bfloat16()
+        ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
+        w = torch.rand(t, k, device="cuda")
+        xq, xs = triton_fp8_act.quantize_act(x)
+        touched = int(ids.unique().numel())
+        gate_bytes, down_bytes = touched * 2 * inter * h, touched * h * inter
+        for block_m in block_ms:
+            r, a = route_and_gather(xq.view(torch.uint8), ids, w, e, block_m)
+            a = a.view(fp8_ref.FP8)
+            a_s = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
+            h_in, h_s = triton_fp8_act.quantize_act(
+                torch.randn(a.shape[0], inter, device="cuda").bfloat16()
+            )
+            for warps in warps_list:
+                for stages in stages_list:
+                    cfg = dict(num_warps=warps, num_stages=stages)
+                    grid = num_sms(x.device)
+                    try:
+                        gu = triton.testing.do_bench(
+                            lambda: triton_moe_fp8.grouped_gemm(
+                                a, a_s, gq, gs, r, grid, x.dtype, **cfg
+                            )
+                        )
+                        dn = triton.testing.do_bench(
+                            lambda: triton_moe_fp8.grouped_gemm(
+                                h_in, h_s, dq, ds, r, grid, x.dtype, pairs=t * k, **cfg
+                            )
+                        )
+                        row = {
+                            "gate_up_ms": round(gu, 3),
+                            "down_ms": round(dn, 3),
+                            "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
+                            "down_tb_s": round(down_bytes / dn / 1e9, 2),
+                        }
+                    except Exception as err:  # a configuration that does not compile
+                        row = {"error": f"{type(err).__name__}: {err}"[:160]}
+                    row = {"shape": name, "block_m": block_m, **cfg, **row}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    return rows
+
+
+# V4-Flash's routed experts at one, 64 and 512 decode rows and an 8K prefill chunk
+MOE_SWIGLU_TOKENS = (1, 64, 512, 8192)
+
+
+def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[str, Any]]:
+    """V4-Flash's gate/up GEMM with the SwiGLU and the down GEMM's quantizer in its epilogue
+    (triton_moe_fp8.gate_up_swiglu) against the GEMM then the fused quantizer over the layout
+    (the path before it), at the tiles the MoE picks; each row says whether their bytes agree."""
+    import triton.testing
+
+    from stages.kernels import triton_fp8_act, triton_moe_fp8
+    from stages.kernels.moe_routing import route_and_gather_scaled
+    from stages.kernels.triton_gemm import num_sms
+
+    e, k, h, inter, limit = 256, 6, 4096, 2048, 10.0
+    gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
+    grid = num_sms("cuda")
+    rows = []
+    for t in tokens:
+        x = torch.randn(t, h, device="cuda").bfloat16()
+        ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
+        w = torch.rand(t, k, device="cuda")
+        block_m, warps, stages = triton_moe_fp8.tiles_for(t * k, e)
+        xq, xs = triton_fp8_act.quantize_act(x)
+        r, a, a_s = route_and_gather_scaled(xq.view(torch.uint8), xs, ids, w, e, block_m)
+        a = a.view(fp8_ref.FP8)
+
+        def unfused() -> tuple[torch.Tensor, torch.Tensor]:
+            c = triton_moe_fp8.grouped_gemm(a, a_s, gq, gs, r, grid, x.dtype, None, warps, stages)
+            return triton_fp8_act.swiglu_quantize_act(c, limit)
+
+        def fused() -> tuple[torch.Tensor, torch.Tensor]:
+            return triton_moe_fp8.gate_up_swiglu(
+                a, a_s, gq, gs, r, grid, x.dtype, limit, warps, stages
+            )
+
+        real = r.pair_of_row >= 0
+        (uq, us), (fq, fs) = unfused(), fused()
+        same = torch.equal(uq[real].view(torch.uint8), fq[real].view(torch.uint8)) and (
+            torch.equal(us[real], fs[real])
+        )
+        row = {
+            "tokens": t,
+            "block_m": block_m,
+            "unfused_ms": round(triton.testing.do_bench(unfused), 4),
+            "fused_ms": round(triton.testing.do_bench(fused), 4),
+            "same_bits": same,
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
