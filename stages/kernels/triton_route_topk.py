@@ -36,14 +36,15 @@ def route_topk(
     scale: float,
     bias: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
+    extra: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     reason = _refusal(logits, k, scoring, bias, ids)
     if reason is not None:
         if logits.shape[0]:
             detail = f"logits {tuple(logits.shape)} {logits.dtype} on {logits.device} -> torch"
             record_fallback("route_topk", "triton", reason, detail)
-        return reference.route_topk(logits, k, scoring, scale, bias, ids)
-    return launch(logits, k, scoring, scale, bias, ids)
+        return reference.route_topk(logits, k, scoring, scale, bias, ids, extra)
+    return launch(logits, k, scoring, scale, bias, ids, extra)
 
 
 def _refusal(
@@ -77,18 +78,25 @@ def launch(
     scale: float,
     bias: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
+    extra: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
     t, experts = logits.shape
-    weights = torch.empty(t, k, dtype=logits.dtype, device=logits.device)
-    picked = torch.empty(t, k, dtype=torch.long, device=logits.device) if ids is None else ids
+    width = k + (extra is not None)
+    weights = torch.empty(t, width, dtype=logits.dtype, device=logits.device)
+    copied = ids is not None and extra is not None  # a hash layer's ids, widened by one
+    picked = ids if ids is not None and not copied else None
+    if picked is None:
+        picked = torch.empty(t, width, dtype=torch.long, device=logits.device)
+    given = picked if ids is None else ids
     if t:
         options = {"enable_fp_fusion": False} if logits.is_cuda else {}
         _route_topk[(triton.cdiv(t, BLOCK_T),)](
-            logits, logits if bias is None else bias, picked, weights, t, experts,
-            logits.stride(0), picked.stride(0), weights.stride(0), scale,
-            K=k, SQRTSOFTPLUS=scoring == "sqrtsoftplus", PICK=ids is None,
-            CUDA_MATH=logits.is_cuda, BLOCK_T=BLOCK_T,
+            logits, logits if bias is None else bias, given, picked, weights, t, experts,
+            logits.stride(0), given.stride(0), picked.stride(0), weights.stride(0), scale,
+            0 if extra is None else extra,
+            K=k, SQRTSOFTPLUS=scoring == "sqrtsoftplus", PICK=ids is None, COPY=copied,
+            EXTRA=extra is not None, CUDA_MATH=logits.is_cuda, BLOCK_T=BLOCK_T,
             BLOCK_E=triton.next_power_of_2(experts), K_POW2=triton.next_power_of_2(k),
             num_warps=4, **options,
         )  # fmt: skip
@@ -107,11 +115,13 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _route_topk(  # type: ignore[no-untyped-def]
-        logit_ptr, bias_ptr, ids_ptr, w_ptr, T, E, stride_l, stride_i, stride_w, scale,
-        K: tl.constexpr, SQRTSOFTPLUS: tl.constexpr, PICK: tl.constexpr,
-        CUDA_MATH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-        K_POW2: tl.constexpr,
+        logit_ptr, bias_ptr, given_ptr, ids_ptr, w_ptr, T, E, stride_l, stride_g, stride_i,
+        stride_w, scale, extra, K: tl.constexpr, SQRTSOFTPLUS: tl.constexpr,
+        PICK: tl.constexpr, COPY: tl.constexpr, EXTRA: tl.constexpr, CUDA_MATH: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, K_POW2: tl.constexpr,
     ):
+        """PICK: the top K by score + bias, stored at ids; else the K given ids (a hash
+        layer's), copied to ids with COPY. EXTRA: column K of ids and weights is `extra`, 1."""
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
         cols = tl.arange(0, BLOCK_E)
         in_t = rows < T
@@ -144,7 +154,9 @@ if triton is not None:
                 left = tl.where(cols[None, :] == pick[:, None], float("-inf"), left)
                 tl.store(ids_ptr + rows * stride_i + j, pick.to(tl.int64), mask=in_t)
             else:
-                pick = tl.load(ids_ptr + rows * stride_i + j, mask=in_t, other=0).to(tl.int32)
+                pick = tl.load(given_ptr + rows * stride_g + j, mask=in_t, other=0).to(tl.int32)
+                if COPY:
+                    tl.store(ids_ptr + rows * stride_i + j, pick.to(tl.int64), mask=in_t)
             picks = tl.where(slots == j, pick[:, None], picks)
             total += tl.sum(tl.where(cols[None, :] == pick[:, None], score, 0.0), axis=1)
         # the sum rounded, plus 1e-20 rounded (bf16 keeps the sum), as torch's two ops
@@ -154,4 +166,9 @@ if triton is not None:
             w = tl.sum(tl.where(cols[None, :] == pick[:, None], score, 0.0), axis=1)
             w = tl.div_rn(w, denom).to(dtype).to(tl.float32)
             tl.store(w_ptr + rows * stride_w + j, (w * scale).to(dtype), mask=in_t)
+        if EXTRA:
+            tl.store(ids_ptr + rows * stride_i + K, tl.zeros([BLOCK_T], tl.int64) + extra,
+                     mask=in_t)
+            tl.store(w_ptr + rows * stride_w + K, (tl.zeros([BLOCK_T], tl.float32) + 1.0).to(dtype),
+                     mask=in_t)
     # fmt: on

@@ -31,7 +31,15 @@ class Experts(nn.Module):
     On a tensor-parallel stage each rank holds num_experts / size whole experts, from
     `first` on (expert parallelism). With `mxfp4` (a checkpoint's MXFP4 experts kept packed)
     the weights are uint8 e2m1 pairs [E, N, K/2] with their e8m0 scale bytes [E, N, K/32]
-    under `<name>_scale_inv`, run W4A16 (kernels.moe_experts_mxfp4)."""
+    under `<name>_scale_inv`, run W4A16 (kernels.moe_experts_mxfp4).
+
+    With `shared` the stack holds one more expert after the routed ones, the block's shared
+    expert (its gate, up and down loaded from `shared_experts.*`, of the routed experts' width),
+    which every token picks with weight 1 (the router appends the pick: MoE.forward asks it with
+    `shared_slot`): the grouped kernel runs it with the routed ones, where a separate SwiGLU
+    took two GEMMs, two quantizers and the sum (SGLang's shared-experts fusion). A checkpoint
+    storing the routed experts stacked under the parameters' own names does not fit such a
+    stack (the loader says the shapes differ)."""
 
     def __init__(
         self,
@@ -43,14 +51,18 @@ class Experts(nn.Module):
         fp8: bool = False,
         tp: TensorParallel | None = None,
         mxfp4: bool = False,
+        shared: bool = False,
     ):
         super().__init__()
         tp = one_rank_unless(tp)
         self.num_experts = num_experts  # the model's; the rank holds [first, first + local)
-        local = tp.part(num_experts, "routed experts")
+        self.local = local = tp.part(num_experts, "routed experts")
         self.first = tp.rank * local
-        num_experts = local
         self.mxfp4 = mxfp4 and hidden % MXFP4_GROUP == 0 and inter % MXFP4_GROUP == 0
+        if shared and (tp.enabled or self.mxfp4):
+            raise ValueError("a shared expert joins the routed stack only whole and unpacked")
+        self.shared_slot = local if shared else None  # the shared expert's index in the stack
+        num_experts = local + int(shared)
         if self.mxfp4:  # packed: two values a byte, one scale byte per 32 along K
             self._packed(num_experts, hidden, inter, device)
             self.fp8 = False
@@ -87,9 +99,13 @@ class Experts(nn.Module):
     def checkpoint_sources(self, name: str) -> Sources:
         i, first = self.gate_up_proj.shape[1] // 2, self.first
         local = range(self.gate_up_proj.shape[0])
+        # each slot's checkpoint module: a routed expert's, or the block's shared expert
+        owner = {e: f"{name}.{first + e}" for e in range(self.local)}
+        if self.shared_slot is not None:
+            owner[self.shared_slot] = name.rpartition(".")[0] + ".shared_experts"
         gate_up, down = [], []
         for e in local:
-            g = f"{name}.{first + e}"
+            g = owner[e]
             gate_up.append(Piece(f"{g}.gate_proj.weight", (e, slice(0, i))))
             gate_up.append(Piece(f"{g}.up_proj.weight", (e, slice(i, 2 * i))))
             down.append(Piece(f"{g}.down_proj.weight", (e,)))
@@ -100,12 +116,12 @@ class Experts(nn.Module):
         if self.fp8:
             b = i // FP8_BLOCK
             out["gate_up_proj_scale_inv"] = [
-                Piece(f"{name}.{first + e}.{part}.weight_scale_inv", (e, slice(j * b, (j + 1) * b)))
+                Piece(f"{owner[e]}.{part}.weight_scale_inv", (e, slice(j * b, (j + 1) * b)))
                 for e in local
                 for j, part in enumerate(("gate_proj", "up_proj"))
             ]
             out["down_proj_scale_inv"] = [
-                Piece(f"{name}.{first + e}.down_proj.weight_scale_inv", (e,)) for e in local
+                Piece(f"{owner[e]}.down_proj.weight_scale_inv", (e,)) for e in local
             ]
         return out
 
@@ -114,10 +130,10 @@ class Experts(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The router's picks as this rank's experts see them: ids made local, a pick another
         rank holds -1 (the experts kernels skip it; its weight zeroed too)."""
-        if self.gate_up_proj.shape[0] == self.num_experts:
+        if self.local == self.num_experts:
             return weights, ids
         local = ids - self.first
-        mine = (local >= 0) & (local < self.gate_up_proj.shape[0])
+        mine = (local >= 0) & (local < self.local)
         return weights * mine, torch.where(mine, local, torch.full_like(local, -1))
 
 
@@ -134,8 +150,11 @@ class MoE(nn.Module):
         """On a tensor-parallel stage (`tp`) the router runs whole on every rank, each rank's
         experts add their picks and the shared experts their columns' part, and one all-reduce
         sums them (then the shared experts' output bias, if any); `experts` and
-        `shared_experts` must be built with the same group."""
+        `shared_experts` must be built with the same group. Experts holding the shared expert
+        in their stack (`shared_slot`) take no separate `shared_experts`."""
         super().__init__()
+        if experts.shared_slot is not None and shared_experts is not None:
+            raise ValueError("the shared expert is in the routed stack: no SwiGLU besides it")
         self.tp = one_rank_unless(tp)
         if kernels.moe_experts is None:
             raise ValueError("no moe_experts kernel was selected")
@@ -148,11 +167,13 @@ class MoE(nn.Module):
         self.swiglu_limit = swiglu_limit
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        if getattr(self.gate, "routes_by_token", False):
-            weights, ids = self.gate(x, token_ids)
-        else:
-            weights, ids = self.gate(x)
         ex = self.experts
+        # a stack holding the shared expert: the router appends every token's pick of it
+        picks = {} if ex.shared_slot is None else {"shared_slot": ex.shared_slot}
+        if getattr(self.gate, "routes_by_token", False):
+            weights, ids = self.gate(x, token_ids, **picks)
+        else:
+            weights, ids = self.gate(x, **picks)
         weights, ids = ex.local_routes(weights, ids)
         options: dict[str, Any] = {}
         if self.swiglu_limit is not None:

@@ -66,6 +66,29 @@ def test_interpreted_kernel_matches_the_torch_form(
     torch.testing.assert_close(got_w.float(), want_w.float(), rtol=2**-7, atol=0)
 
 
+@pytest.mark.parametrize("hashed", [False, True])
+def test_an_extra_pick_is_appended_with_weight_one(triton_interpreter, hashed):
+    """`extra` (the shared expert in the routed stack): every token's k picks and weights as
+    without it, then the extra id with weight exactly 1, on both forms."""
+    from stages.kernels import triton_route_topk
+
+    t, experts, k = 7, 64, 6
+    logits, bias, g = _logits(t, experts, torch.bfloat16, seed=11)
+    ids = (
+        torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(t)])
+        if hashed
+        else None
+    )
+    for form in (torch_form.route_topk, triton_route_topk.launch):
+        plain_w, plain_ids = form(logits, k, "sqrtsoftplus", 1.5, bias, ids)
+        w, got = form(logits, k, "sqrtsoftplus", 1.5, bias, ids, extra=experts)
+        assert w.shape == got.shape == (t, k + 1) and w.dtype == logits.dtype
+        assert torch.equal(got[:, :k], plain_ids) and torch.equal(w[:, :k], plain_w)
+        assert bool((got[:, k] == experts).all()) and bool((w[:, k] == 1).all())
+        if hashed:  # the given ids stay as they were
+            assert ids.shape == (t, k) and torch.equal(got[:, :k], ids)
+
+
 def test_interpreted_kernel_breaks_ties_to_the_lower_expert(triton_interpreter):
     from stages.kernels import triton_route_topk
 

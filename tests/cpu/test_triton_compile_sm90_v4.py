@@ -134,23 +134,28 @@ def test_group_pool_compiles(rate, overlap, live):
 
 
 @pytest.mark.parametrize("pick,sqrtsoftplus", [(True, True), (False, True), (True, False)])
-def test_route_topk_compiles(pick, sqrtsoftplus):
+@pytest.mark.parametrize("extra", [False, True])
+def test_route_topk_compiles(pick, sqrtsoftplus, extra):
     from stages.kernels import triton_route_topk as r
 
+    strides = ("T", "E", "stride_l", "stride_g", "stride_i", "stride_w", "extra")
     _compile(
         r._route_topk,
         {
             "logit_ptr": "*bf16",
             "bias_ptr": "*fp32",
+            "given_ptr": "*i64",
             "ids_ptr": "*i64",
             "w_ptr": "*bf16",
-            **{name: "i32" for name in ("T", "E", "stride_l", "stride_i", "stride_w")},
+            **{name: "i32" for name in strides},
             "scale": "fp32",
         },
         {
             "K": 6,
             "SQRTSOFTPLUS": sqrtsoftplus,
             "PICK": pick,
+            "COPY": extra and not pick,
+            "EXTRA": extra,
             "CUDA_MATH": True,
             "BLOCK_T": r.BLOCK_T,
             "BLOCK_E": 256,

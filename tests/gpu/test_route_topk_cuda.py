@@ -52,3 +52,18 @@ def test_graph_replay_equals_eager():
     graph.replay()
     want_w, want_ids = triton_route_topk.route_topk(logits, 6, "sqrtsoftplus", 1.5, bias)
     assert torch.equal(ids, want_ids) and torch.equal(weights, want_w)
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_the_shared_experts_pick_is_appended(hashed):
+    """`extra` (V4's shared expert in the routed stack): the k picks as without it, then the
+    extra id with weight 1, the given ids of a hash layer left as they were."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    logits = (torch.randn(300, 256, generator=g, device="cuda") * 3).bfloat16()
+    bias = torch.randn(256, generator=g, device="cuda") * 0.1
+    ids = torch.randint(0, 256, (300, 6), generator=g, device="cuda") if hashed else None
+    plain_w, plain_ids = triton_route_topk.route_topk(logits, 6, "sqrtsoftplus", 1.5, bias, ids)
+    w, got = triton_route_topk.route_topk(logits, 6, "sqrtsoftplus", 1.5, bias, ids, extra=256)
+    assert w.shape == got.shape == (300, 7)
+    assert torch.equal(got[:, :6], plain_ids) and torch.equal(w[:, :6], plain_w)
+    assert bool((got[:, 6] == 256).all()) and bool((w[:, 6] == 1).all())

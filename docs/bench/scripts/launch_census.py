@@ -18,6 +18,7 @@ import json
 from collections import Counter
 from dataclasses import fields, replace
 from typing import Any
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,16 +30,18 @@ from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
 from stages.model_config import ModelArgs
+from stages.models.deepseek_v4 import moe as v4_moe
 from stages.protocol import Row
 
 # GPU launches of one call of each registry op's CUDA backend (the rest: 1)
 GPU_LAUNCHES = {
     "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM
     "fp8_swiglu_linear": 2,  # the swiglu-quantizer, cuBLASLt's GEMM
-    # quantizer, routing (the counters' zeros, count, plan, scatter with the scales), 2 grouped
-    # GEMMs + swiglu-quantizer, combine (session 14's: 19, with the ids' and weights' casts, the
-    # rows' -1 fill, the scales' gather and the zero fill, sum and cast besides)
-    "moe_experts_fp8": 9,
+    # quantizer, routing (the counters' zeros, count, plan, scatter with the scales), the gate/up
+    # GEMM with the swiglu-quantizer in its epilogue, the down GEMM, combine (session 14's: 19,
+    # with the ids' and weights' casts, the rows' -1 fill, the scales' gather and the zero fill,
+    # sum and cast besides; session 16's 9, the swiglu-quantizer its own kernel)
+    "moe_experts_fp8": 8,
     "indexer_logits_rows": 3,  # query quantizer, scores, mask
     "index_topk": 4,  # torch's top-k of short lines and the rule's order
     "hc_mix": 2,  # _project, _finish
@@ -155,7 +158,9 @@ def main() -> None:
     count_writes(census)
     kernels = wrapped(census, select_kernels("cpu", fp8_linear="torch"))
     layers = args.num_hidden_layers
-    model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cpu")
+    # as a CUDA stage builds it: the shared expert in the routed experts' stack
+    with mock.patch.object(v4_moe, "shared_expert_in_stack", lambda *_: True):
+        model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cpu")
     scoped(census, model)
     block, length = 128, 600
     per_row = -(-(length + 8) // block)

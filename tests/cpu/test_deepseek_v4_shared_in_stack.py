@@ -1,0 +1,87 @@
+"""DeepSeek-V4's shared expert in the routed experts' stack (what a CUDA stage builds,
+`moe.shared_expert_in_stack`; forced here on the CPU's torch forms): loaded from a transformers
+checkpoint's `shared_experts.*` tensors into the stack's last slot, every token routed to it with
+weight 1, the stage's logits those of the stage that runs it as a SwiGLU beside the experts, in
+fp32 and with FP8 weights (W8A8), hash layers included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.bench.fp8 import StageChain
+from stages.kernels.fp8_ref import SCALE_SUFFIX
+from stages.model_config import load_model_args
+from stages.models.deepseek_v4 import moe as v4_moe
+from stages.models.moe import Experts
+from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
+
+# 128-wide so the FP8 case keeps its linears and experts in e4m3 (the W8A8 blocks)
+WIDE_V4 = dict(TINY_V4, hidden_size=128, moe_intermediate_size=128)
+PROMPT = torch.randint(2, 128, (19,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(str(tmp_path_factory.mktemp("v4shared") / "m"), WIDE_V4)
+
+
+def _chain(path: str, in_stack: bool, fp8: bool, monkeypatch) -> StageChain:
+    with monkeypatch.context() as m:
+        m.setattr(v4_moe, "shared_expert_in_stack", lambda *args: in_stack)
+        return StageChain(load_model_args(path), path, fp8, num_stages=1, num_blocks=8,
+                          block_size=16)  # fmt: skip
+
+
+def _logits(c: StageChain) -> torch.Tensor:
+    """Prefill in chunks of 6, then three decode steps."""
+    out = []
+    for start in range(0, len(PROMPT), 6):
+        piece = PROMPT[start : start + 6]
+        out.append(c.logits(piece, [(start, len(piece), c.table, True)]))
+    for i, tok in enumerate((7, 11, 3)):
+        out.append(c.logits([tok], [(len(PROMPT) + i, 1, c.table, True)]))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8-weights"])
+def test_the_stack_holds_the_shared_expert_and_gives_the_same_logits(checkpoint, fp8, monkeypatch):
+    beside = _chain(checkpoint, False, fp8, monkeypatch)
+    stacked = _chain(checkpoint, True, fp8, monkeypatch)
+    layers = 0
+    for plain, fused in zip(beside.stages, stacked.stages):
+        for name, layer in fused.layers.items():
+            ex, shared = layer.mlp.experts, plain.layers[name].mlp.shared_experts
+            assert layer.mlp.shared_experts is None and ex.shared_slot == ex.local == 4
+            assert ex.gate_up_proj.shape[0] == 5 and ex.fp8 == fp8
+            for leaf in ("gate_up_proj", "down_proj"):
+                held, want = getattr(ex, leaf), getattr(shared, leaf)
+                assert torch.equal(held[4].view(torch.uint8), want.weight.view(torch.uint8))
+                if fp8:
+                    assert torch.equal(getattr(ex, leaf + SCALE_SUFFIX)[4], want.weight_scale_inv)
+                routed = getattr(plain.layers[name].mlp.experts, leaf)
+                assert torch.equal(held[:4].view(torch.uint8), routed.view(torch.uint8))
+            layers += 1
+    assert layers == WIDE_V4["num_hidden_layers"]
+    want, got = _logits(beside), _logits(stacked)
+    # one fp32 sum of the k + 1 outputs where the shared one was added after: rounding only
+    # (W8A8: the same quantized activations on both paths)
+    torch.testing.assert_close(got, want, rtol=2e-4 if fp8 else 2e-5, atol=2e-4 if fp8 else 2e-5)
+
+
+def test_the_stack_names_the_shared_experts_tensors_for_its_last_slot():
+    ex = Experts(4, 128, 128, torch.float32, "cpu", shared=True)
+    assert ex.gate_up_proj.shape[0] == 5 and ex.shared_slot == 4
+    pieces = ex.checkpoint_sources("model.layers.2.mlp.experts")
+    last = pieces["down_proj"][-1]
+    assert last.name == "model.layers.2.mlp.shared_experts.down_proj.weight" and last.at == (4,)
+    with pytest.raises(ValueError, match="whole and unpacked"):
+        Experts(4, 128, 128, torch.float32, "cpu", mxfp4=True, shared=True)
+
+
+def test_a_cuda_stage_stacks_it_and_a_cpu_one_does_not(checkpoint):
+    args = load_model_args(checkpoint).family_args
+    assert v4_moe.shared_expert_in_stack(args, "cuda", None, False)
+    assert not v4_moe.shared_expert_in_stack(args, "cpu", None, False)
+    assert not v4_moe.shared_expert_in_stack(args, "cuda", None, True)  # MXFP4 kept packed
+
