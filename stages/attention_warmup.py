@@ -27,15 +27,16 @@ def warm_up_stage(
     chunks: list[tuple[int, int]],
     dtype: torch.dtype,
     device: torch.device,
+    layers: range,
 ) -> dict[str, float]:
     """A stage's warm-up for these (prefix, tokens) chunks: cuDNN's graphs where attention is
-    cuDNN and the family has dense chunk attention, the top-k's compiles where the model
-    selects with the Triton top-k (Family.top_k_lines)."""
+    cuDNN and the family has dense chunk attention, the top-k's compiles where the stage's
+    layers select with the Triton top-k (Family.top_k_lines)."""
     out: dict[str, float] = {"shapes": 0, "seconds": 0.0}
     dims = family.chunk_attention_dims(args)
     if kernels.names["attention"] == "cudnn" and has_cache and dims is not None:
         out = build_chunk_attention_graphs(kernels.attention, dims, chunks, dtype, device)
-    lines = family.top_k_lines(args, max((p + n for p, n in chunks), default=0))
+    lines = family.top_k_lines(args, max((p + n for p, n in chunks), default=0), layers)
     if lines is not None and kernels.names.get("index_topk") == "triton":
         from stages.kernels import triton_topk
 

@@ -267,7 +267,7 @@ class StageRunner:
 
         return warm_up_stage(
             self.family, self.rank_args, self.kernels, self._kv is not None, chunks, self.dtype,
-            self.device,
+            self.device, self.layer_range,
         )  # fmt: skip
 
     def connect(self, host: str, port: int, store: TCPStore | None = None) -> None:

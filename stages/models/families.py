@@ -210,9 +210,12 @@ class Family:
     # The model with a checkpoint's MXFP4 routed experts widened (--mxfp4-experts dequantize)
     # rather than kept packed; a family without such experts returns its args
     widen_mxfp4_experts: Callable[[ModelArgs], ModelArgs] = lambda args: args
-    # (k, widest line) of the sparse-attention indexer's top-k over a prompt of n tokens, or
-    # None where the model selects nothing (what the startup warm-up compiles the top-k for)
-    top_k_lines: Callable[[ModelArgs, int], tuple[int, int] | None] = lambda _args, _n: None
+    # (k, widest line) of the sparse-attention indexer's top-k over a prompt of n tokens in a
+    # stage of these layers, or None where they select nothing (what the startup warm-up
+    # compiles the top-k for)
+    top_k_lines: Callable[[ModelArgs, int, range], tuple[int, int] | None] = (
+        lambda _args, _n, _layers: None
+    )
 
     def paged_decode_graphs(self, setting: GraphSetting) -> bool:
         """Whether a stage's decode-only microbatches capture as CUDA graphs under `setting`:
@@ -339,7 +342,7 @@ DEEPSEEK = Family(
         "stages.models.mla_backend:MLASparseBackend",
     ),
     attention_of=lambda args: int(args.family_args.indexer is not None),
-    top_k_lines=lambda args, n: (
+    top_k_lines=lambda args, n, _layers: (  # every layer of a DSA model selects
         None if args.family_args.indexer is None else (args.family_args.indexer.topk, n)
     ),
 )
@@ -368,10 +371,10 @@ def _v4_rank_args(args: ModelArgs, tp_size: int) -> ModelArgs:
     return dataclasses.replace(args, family_args=rank, num_attention_heads=heads)
 
 
-def _v4_top_k_lines(args: ModelArgs, n: int) -> tuple[int, int] | None:
-    """CSA layers pick among their compressed entries: n / rate of them at most."""
+def _v4_top_k_lines(args: ModelArgs, n: int, layers: range) -> tuple[int, int] | None:
+    """The stage's CSA layers pick among their compressed entries: n / rate of them at most."""
     a = args.family_args
-    if CSA not in a.layer_types:
+    if not any(a.layer_types[i] == CSA for i in layers):
         return None
     return a.index_topk, n // a.compress_rates[CSA]
 

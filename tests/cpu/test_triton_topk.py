@@ -132,14 +132,18 @@ def test_warm_up_runs_the_kernels_on_each_width(triton_interpreter):
 
 def test_models_name_their_top_k_lines(tiny_checkpoints, tmp_path):
     """What the warm-up compiles the top-k for: V3.2's lines are its prompts' tokens, V4's its
-    CSA entries (a token in four); a model that selects nothing has none."""
+    CSA entries (a token in four); a model, or a stage of V4's, that selects nothing has none."""
     from app.bench.target import v4_flash_bench_config
     from stages.model_config import ModelArgs, load_model_args
     from tests.cpu.conftest import write_tiny_checkpoint
 
     llama = load_model_args(tiny_checkpoints["llama"])
-    assert llama.family.top_k_lines(llama, 4096) is None
+    assert llama.family.top_k_lines(llama, 4096, range(2)) is None
     v32 = load_model_args(write_tiny_checkpoint(tmp_path, "ds_v32_sparse"))
-    assert v32.family.top_k_lines(v32, 4096) == (v32.family_args.indexer.topk, 4096)
+    assert v32.family.top_k_lines(v32, 4096, range(1)) == (v32.family_args.indexer.topk, 4096)
     v4 = ModelArgs.from_hf_dict(v4_flash_bench_config())
-    assert v4.family.top_k_lines(v4, 4096) == (512, 1024)
+    types = v4.family_args.layer_types
+    assert v4.family.top_k_lines(v4, 4096, range(len(types))) == (512, 1024)
+    no_csa = [i for i, kind in enumerate(types) if kind != "compressed_sparse_attention"]
+    assert no_csa[:2] == [0, 1]  # V4-Flash's first two layers: HCA
+    assert v4.family.top_k_lines(v4, 4096, range(0, 2)) is None
