@@ -118,6 +118,43 @@ def vocab_logits(
     return logits.float()
 
 
+def project(
+    kernels: Kernels,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x @ weight.T (+ bias) on the stage's kernels: W8A8 where the weight is FP8 with its
+    128 x 128 `scale_inv`, else the plain linear (Linear's matmul, and a stacked expert's)."""
+    if scale_inv is None:
+        out: torch.Tensor = kernels.linear(x, weight, bias)
+        return out
+    if kernels.fp8_linear is None:
+        raise RuntimeError("FP8 weights need kernels.fp8_linear, which is unset")
+    out = kernels.fp8_linear(x, weight, scale_inv, bias)
+    return out
+
+
+def project_swiglu(
+    kernels: Kernels,
+    gate_up: torch.Tensor,
+    limit: float | None,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """project(swiglu(gate, up, limit)) of gate_up [..., 2 * in] (gate | up). With FP8 weights
+    the swiglu is folded into the activations' quantizer (fp8_swiglu_linear): one kernel where
+    the clamps, silu, product and quantizer took five."""
+    fused = kernels.fp8_swiglu_linear
+    if scale_inv is None or fused is None:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return project(kernels, swiglu(gate, up, limit), weight, scale_inv, bias)
+    out: torch.Tensor = fused(gate_up, limit, weight, scale_inv, bias)
+    return out
+
+
 class Linear(nn.Module):
     """Holds a checkpoint's weight (and bias); the matmul runs on the chosen kernel backend.
 
@@ -193,27 +230,16 @@ class Linear(nn.Module):
         """reduce=False (row split): the rank's partial sum, bias not added, for a caller that
         adds several partial sums before one all-reduce (then `unreduced_bias`)."""
         bias = None if self.split == "row" else self.bias
-        if self.weight_scale_inv is not None:
-            fp8_linear = self.kernels.fp8_linear
-            if fp8_linear is None:
-                raise RuntimeError("FP8 weights need kernels.fp8_linear, which is unset")
-            out: torch.Tensor = fp8_linear(x, self.weight, self.weight_scale_inv, bias)
-        else:
-            out = self.kernels.linear(x, self.weight, bias)
+        out = project(self.kernels, x, self.weight, self.weight_scale_inv, bias)
         return self._reduced(out, reduce)
 
     def forward_swiglu(
         self, gate_up: torch.Tensor, limit: float | None, reduce: bool = True
     ) -> torch.Tensor:
-        """forward(swiglu(gate, up, limit)) of gate_up [..., 2 * in] (gate | up). With FP8
-        weights the swiglu is folded into the activations' quantizer (fp8_swiglu_linear): one
-        kernel where the clamps, silu, product and quantizer took five."""
-        fused = self.kernels.fp8_swiglu_linear
-        if self.weight_scale_inv is None or fused is None:
-            gate, up = gate_up.chunk(2, dim=-1)
-            return self.forward(swiglu(gate, up, limit), reduce)
+        """forward(swiglu(gate, up, limit)) of gate_up [..., 2 * in] (gate | up), as
+        project_swiglu."""
         bias = None if self.split == "row" else self.bias
-        out: torch.Tensor = fused(gate_up, limit, self.weight, self.weight_scale_inv, bias)
+        out = project_swiglu(self.kernels, gate_up, limit, self.weight, self.weight_scale_inv, bias)
         return self._reduced(out, reduce)
 
     def _reduced(self, out: torch.Tensor, reduce: bool) -> torch.Tensor:

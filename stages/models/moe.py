@@ -19,7 +19,7 @@ from stages.kernels.fp8_ref import BLOCK as FP8_BLOCK
 from stages.kernels.fp8_ref import FP8
 from stages.kernels.mxfp4 import GROUP as MXFP4_GROUP
 from stages.kernels.registry import Kernels
-from stages.models.layers import Device, SwiGLU
+from stages.models.layers import Device, SwiGLU, project, project_swiglu
 from stages.stage_context import Piece, Sources
 from stages.tensor_parallel import TensorParallel, one_rank_unless
 
@@ -35,9 +35,10 @@ class Experts(nn.Module):
 
     With `shared` the stack holds one more expert after the routed ones, the block's shared
     expert (its gate, up and down loaded from `shared_experts.*`, of the routed experts' width),
-    which every token picks with weight 1 (the router appends the pick: MoE.forward asks it with
-    `shared_slot`): the grouped kernel runs it with the routed ones, where a separate SwiGLU
-    took two GEMMs, two quantizers and the sum (SGLang's shared-experts fusion). A checkpoint
+    which every token of a decode-sized batch picks with weight 1 (the router appends the pick:
+    MoE.forward asks it with `shared_slot`): the grouped kernel runs it with the routed ones,
+    where a separate SwiGLU took two GEMMs, two quantizers and the sum (SGLang's shared-experts
+    fusion). Longer batches run it as dense GEMMs on its slot (SHARED_IN_STACK_TOKENS). A checkpoint
     storing the routed experts stacked under the parameters' own names does not fit such a
     stack (the loader says the shapes differ)."""
 
@@ -137,6 +138,13 @@ class Experts(nn.Module):
         return weights * mine, torch.where(mine, local, torch.full_like(local, -1))
 
 
+# Batches of up to this many tokens run a stacked shared expert in the grouped kernel (decode
+# steps: two small GEMMs, their quantizers and the sum fewer a layer); longer ones (prefill
+# chunks) run it as dense GEMMs on its slot, where cuBLASLt's FP8 GEMM outruns the grouped
+# kernel's prefill tiles (~680 TFLOP/s at V4-Flash's 8K chunk, docs/PERFORMANCE.md).
+SHARED_IN_STACK_TOKENS = 1024
+
+
 class MoE(nn.Module):
     def __init__(
         self,
@@ -168,8 +176,10 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         ex = self.experts
-        # a stack holding the shared expert: the router appends every token's pick of it
-        picks = {} if ex.shared_slot is None else {"shared_slot": ex.shared_slot}
+        slot = ex.shared_slot
+        in_stack = slot is not None and x.shape[0] <= SHARED_IN_STACK_TOKENS
+        # the shared expert run with the routed ones: the router appends every token's pick
+        picks = {"shared_slot": slot} if in_stack else {}
         if getattr(self.gate, "routes_by_token", False):
             weights, ids = self.gate(x, token_ids, **picks)
         else:
@@ -191,6 +201,8 @@ class MoE(nn.Module):
         else:
             run, mats = self.kernels.moe_experts, (ex.gate_up_proj, ex.down_proj)
         out = cast(Callable[..., torch.Tensor], run)(x, *mats, ids, weights, **options)
+        if slot is not None and not in_stack:
+            out = out + self._stacked_shared(x)
         shared = self.shared_experts
         if shared is not None:
             out = out + shared(x, reduce=False)
@@ -198,3 +210,15 @@ class MoE(nn.Module):
         if shared is not None and shared.unreduced_bias is not None:  # once, after the sum
             out = out + shared.unreduced_bias
         return out
+
+    def _stacked_shared(self, x: torch.Tensor) -> torch.Tensor:
+        """The stack's shared expert as dense GEMMs on its slot (what SwiGLU computes)."""
+        ex, slot = self.experts, self.experts.shared_slot
+        fp8 = ex.fp8
+        gate_up = project(
+            self.kernels, x, ex.gate_up_proj[slot], ex.gate_up_proj_scale_inv[slot] if fp8 else None
+        )
+        down_scale = ex.down_proj_scale_inv[slot] if fp8 else None
+        return project_swiglu(
+            self.kernels, gate_up, self.swiglu_limit, ex.down_proj[slot], down_scale
+        )

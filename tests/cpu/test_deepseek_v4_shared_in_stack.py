@@ -1,8 +1,9 @@
 """DeepSeek-V4's shared expert in the routed experts' stack (what a CUDA stage builds,
 `moe.shared_expert_in_stack`; forced here on the CPU's torch forms): loaded from a transformers
-checkpoint's `shared_experts.*` tensors into the stack's last slot, every token routed to it with
-weight 1, the stage's logits those of the stage that runs it as a SwiGLU beside the experts, in
-fp32 and with FP8 weights (W8A8), hash layers included."""
+checkpoint's `shared_experts.*` tensors into the stack's last slot, every token of a short batch
+routed to it with weight 1 and a long batch's run densely on the slot, the stage's logits those
+of the stage that runs it as a SwiGLU beside the experts, in fp32 and with FP8 weights (W8A8),
+hash layers included."""
 
 from __future__ import annotations
 
@@ -45,7 +46,15 @@ def _logits(c: StageChain) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8-weights"])
-def test_the_stack_holds_the_shared_expert_and_gives_the_same_logits(checkpoint, fp8, monkeypatch):
+@pytest.mark.parametrize("grouped_up_to", [1024, 0], ids=["grouped", "dense-on-its-slot"])
+def test_the_stack_holds_the_shared_expert_and_gives_the_same_logits(
+    checkpoint, fp8, grouped_up_to, monkeypatch
+):
+    """grouped_up_to: SHARED_IN_STACK_TOKENS; at 0 every batch runs the slot as dense GEMMs
+    (what a prefill chunk does), at 1024 these batches run it in the grouped kernel."""
+    from stages.models import moe
+
+    monkeypatch.setattr(moe, "SHARED_IN_STACK_TOKENS", grouped_up_to)
     beside = _chain(checkpoint, False, fp8, monkeypatch)
     stacked = _chain(checkpoint, True, fp8, monkeypatch)
     layers = 0
