@@ -84,15 +84,19 @@ def sparse_sink_attention(
     return attended
 
 
-def _valid_first(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _valid_first(
+    indices: torch.Tensor, in_order: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(each row's valid ids moved first, order kept, padded with -1 to the kernel's step,
     [T, 1, K'] int32; each row's count [T] int32): the kernel reads only a row's first
-    `count` ids (topk_length), so padding costs it nothing."""
-    invalid = indices < 0
-    order = invalid.to(torch.int8).argsort(dim=1, stable=True)
-    packed = indices.gather(1, order)
-    counts = (~invalid).sum(dim=1, dtype=torch.int32)
-    return flash_mla.pad_topk(packed).unsqueeze(1), counts
+    `count` ids (topk_length), so padding costs it nothing. in_order: the rows' -1 are all at
+    their ends already (nothing to move: no sort)."""
+    valid = indices >= 0
+    counts = valid.sum(dim=1, dtype=torch.int32)
+    if in_order:
+        return flash_mla.pad_topk(indices).unsqueeze(1), counts
+    order = (~valid).to(torch.int8).argsort(dim=1, stable=True)
+    return flash_mla.pad_topk(indices.gather(1, order)).unsqueeze(1), counts
 
 
 def sparse_sink_attention_fp8(
@@ -105,13 +109,18 @@ def sparse_sink_attention_fp8(
     scale: float,
     state: dict[str, Any] | None = None,
     window_state: dict[str, Any] | None = None,
+    schedule_state: dict[str, Any] | None = None,
+    comp_valid_first: bool = False,
 ) -> torch.Tensor:
     """fp8_v4.sparse_sink_attention's contract: q [T, H, 512] bf16, pages [blocks, P, 1, 584],
     window [T, W] / comp [T, E] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]. state: a
     dict the caller passes again only with the same window and comp (the layers of one kind in
     one forward), window_state one passed again only with the same window (every layer of a
     forward): the ids packed for the kernel and its schedule, derived from them, are kept there
-    for the next call."""
+    for the next call. schedule_state (else state): where the schedule is kept, a dict passed
+    again only with the same window and the same count of comp ids in each row (V4's CSA
+    layers of a forward: each picks min(k, visible) of the same entries). comp_valid_first:
+    each row of comp has its -1 at its end (the indexer's picks, in the rule's order)."""
     if _fall_back("sparse_sink_attention_fp8", q, None) or (qp := flash_mla.pad_heads(q)) is None:
         return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
     fm = flash_mla.wheel()
@@ -122,7 +131,9 @@ def sparse_sink_attention_fp8(
         window_packed = window_state[PACKED] = _valid_first(window)
     packed = state.get(PACKED)
     if packed is None:
-        comp_ids = None if comp is None or comp_pages is None else _valid_first(comp)
+        comp_ids = None
+        if comp is not None and comp_pages is not None:
+            comp_ids = _valid_first(comp, comp_valid_first)
         packed = state[PACKED] = (window_packed, comp_ids)
     (window_ids, window_counts), comp_packed = packed
     extra = {}
@@ -135,10 +146,11 @@ def sparse_sink_attention_fp8(
             extra_indices_in_kvcache=window_ids,
             extra_topk_length=window_counts,
         )
-    # the schedule depends on the rows' counts: shared only through `state`
-    meta = state.get(SCHEDULE)
+    # the schedule depends on the rows' counts: shared only through `state` or schedule_state
+    kept = state if schedule_state is None else schedule_state
+    meta = kept.get(SCHEDULE)
     if meta is None:
-        meta = state[SCHEDULE] = fm.get_mla_metadata()[0]
+        meta = kept[SCHEDULE] = fm.get_mla_metadata()[0]
     out, _lse = fm.flash_mla_with_kvcache(
         qp.unsqueeze(1).contiguous(),
         pages,

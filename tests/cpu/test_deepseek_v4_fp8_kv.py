@@ -213,3 +213,51 @@ def test_flash_backends_fall_back_to_the_reference_saying_why_once(caplog):
     assert len([r for r in caplog.records if "queries in torch.float32" in r.message]) == 1
     assert FALLBACKS.counts() == {("sparse_sink_attention", "flash-mla", "dtype"): 2}
     FALLBACKS.reset()
+
+
+def test_csa_picks_keep_the_contract_flash_mla_takes_them_by(checkpoint):
+    """What the FP8 attention's FlashMLA backend takes for granted of a CSA layer's picks
+    (stages/kernels/flash_mla_v4.py: no sort, one schedule for the forward's CSA layers): in
+    a decode-only forward of rows of several lengths (one with fewer compressed entries than
+    index_topk), each row's -1 are at its end, and every call sharing a schedule_state has the
+    same window and the same count of picks in each row. Recorded on the op's torch form, on
+    one stage holding both CSA layers."""
+    args = load_model_args(checkpoint)
+    calls: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
+    reference = fp8_v4.sparse_sink_attention
+
+    def recorded(q, window_pages, window, comp_pages, comp, sinks, scale, **kw):
+        calls.append((window.clone(), None if comp is None else comp.clone(), kw))
+        return reference(q, window_pages, window, comp_pages, comp, sinks, scale, **kw)
+
+    kernels = replace(select_kernels("cpu"), sparse_sink_attention_fp8=recorded)
+    layers = args.num_hidden_layers
+    stage = build_stage_model(
+        args, checkpoint, 0, layers, True, True, kernels, torch.float32, "cpu"
+    )
+    cache = make_kv_cache(args, range(layers), 12, BLOCK, torch.float32, "cpu", "fp8")
+    tables = {9: [0], 20: [1, 2], 50: [3, 4, 5, 6], 30: [7, 8]}
+
+    def run(tokens, rows):
+        with torch.no_grad():
+            batch = ForwardBatch.build(rows, BLOCK)
+            stage(torch.tensor(tokens, dtype=torch.long), batch, cache, None)
+
+    for n, table in tables.items():
+        run((PROMPT * 2)[:n], [(0, n, table, False)])
+    calls.clear()
+    run([5, 6, 7, 8], [(n, 1, table, True) for n, table in tables.items()])
+    picked = [(w, c, kw) for w, c, kw in calls if kw.get("comp_valid_first")]
+    assert len(picked) == sum(
+        kind == "compressed_sparse_attention" for kind in TINY_V4["layer_types"]
+    )
+    k = TINY_V4["index_topk"]
+    counts = [(c >= 0).sum(dim=1) for _, c, _ in picked]
+    assert counts[0].tolist() == [min(k, (n + 1) // 4) for n in tables]  # a row short of k
+    for window, comp, kw in picked:
+        valid = comp >= 0
+        assert torch.equal(valid, valid.cummin(dim=1).values)  # no pick after a -1
+        first_window, _, first_kw = picked[0]
+        assert kw["schedule_state"] is first_kw["schedule_state"]
+        assert torch.equal(window, first_window)
+    assert all(torch.equal(c, counts[0]) for c in counts)

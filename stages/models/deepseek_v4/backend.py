@@ -109,9 +109,16 @@ class V4Backend(AttentionBackend[V4Plan]):
                 )
                 return self.split_fp8(layer, q, traced, indices, plan, cache, local)
             window, comp, shared = self.fp8_slots(layer, x, q_resid, angles, plan, cache, local)
+            picked = layer.indexer is not None and comp is not None
+            # a CSA layer's picks: -1 last in each row (the rule's order), and as many in each
+            # row as every CSA layer of the forward picks (min(k, visible)): one schedule
+            extra: dict[str, Any] = {}
+            if picked:
+                schedule = plan.fp8_shared.setdefault(-layer.rate, {})
+                extra = dict(comp_valid_first=True, schedule_state=schedule)
             out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
-                layer.sinks, scale, state=shared, window_state=plan.fp8_window_state,
+                layer.sinks, scale, state=shared, window_state=plan.fp8_window_state, **extra,
             )  # fmt: skip
             return out
         pool, indices = self.keys(layer, x, q_resid, angles, plan, cache, local)

@@ -91,7 +91,8 @@ class V4Plan:
     # what a forward's layers share over an FP8 cache (V4Backend.fp8_slots): the window's slot
     # ids (every layer's) and the kernel's state derived from them; per rate, what the layers
     # that attend without selecting share (HCA at that rate, 0: sliding): their entries' slot
-    # ids and the kernel's state derived from those
+    # ids and the kernel's state derived from those; at minus a rate, the kernel's schedule
+    # the selecting (CSA) layers of that rate share
     fp8_window: torch.Tensor | None = None  # [T, window] int32
     fp8_window_state: dict[str, Any] = field(default_factory=dict)
     fp8_shared: dict[int, dict[str, Any]] = field(default_factory=dict)
