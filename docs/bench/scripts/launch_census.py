@@ -47,8 +47,9 @@ GPU_LAUNCHES = {
     "hc_mix": 2,  # _project, _finish
 }
 # FlashMLA's V4 FP8 call: its kernel and split combine each call; a set of ids packed (argsort,
-# gather, sum, pad, its view) once per state that keeps it; the schedule once per state
-KERNEL_LAUNCHES, PACK_LAUNCHES, SCHEDULE_LAUNCHES = 2, 5, 1
+# gather, sum, pad, its view; a CSA layer's picks, in order already: sum, pad) once per state
+# that keeps it; the schedule once per state (or per schedule_state where given)
+KERNEL_LAUNCHES, PACK_LAUNCHES, IN_ORDER_PACK_LAUNCHES, SCHEDULE_LAUNCHES = 2, 5, 2, 1
 FREE = {"empty", "empty_strided", "empty_like", "detach", "alias", "lift_fresh", "_unsafe_view"}
 SMALL = dict(
     hidden_size=512, moe_intermediate_size=128, n_routed_experts=16, num_attention_heads=16,
@@ -85,11 +86,18 @@ class Census(TorchDispatchMode):
         return "/".join(self.scope[-2:]) or "stage"
 
 
-def fp8_attention_launches(state: Any, window_state: Any) -> int:
+def fp8_attention_launches(kwargs: dict[str, Any]) -> int:
     """sparse_sink_attention_fp8's launches, what FlashMLA's backend keeps in its states
     (stages/kernels/flash_mla_v4.py) counted once per state."""
+    schedule = kwargs.get("schedule_state")
+    comp_pack = IN_ORDER_PACK_LAUNCHES if kwargs.get("comp_valid_first") else PACK_LAUNCHES
+    kept_things = (
+        (kwargs.get("window_state"), PACK_LAUNCHES),
+        (kwargs.get("state"), comp_pack + (SCHEDULE_LAUNCHES if schedule is None else 0)),
+        (schedule, SCHEDULE_LAUNCHES if schedule is not None else 0),
+    )
     launches = KERNEL_LAUNCHES
-    for kept, packed in ((window_state, PACK_LAUNCHES), (state, PACK_LAUNCHES + SCHEDULE_LAUNCHES)):
+    for kept, packed in kept_things:
         if kept is None or not kept.get("census.seen"):
             launches += packed
         if kept is not None:
@@ -104,7 +112,7 @@ def counting(census: Census, op: str, fn: Any) -> Any:
         if census.active and not census.muted:  # not inside another op's torch form
             launches = GPU_LAUNCHES.get(op, 1)
             if op == "sparse_sink_attention_fp8":
-                launches = fp8_attention_launches(kwargs.get("state"), kwargs.get("window_state"))
+                launches = fp8_attention_launches(kwargs)
             census.counts[(census.where(), f"[{op}]")] += launches
         census.muted += 1
         try:
