@@ -9,6 +9,9 @@ rows' order follows atomic counters, so it may differ from ``route``'s: each row
 computed on its own, so the results do not depend on it. A pick of id -1 (an expert another
 rank holds, under expert parallelism) gets no row and its output slot is never written.
 Buffers are sized by the layout's upper bound; the number of real tiles stays on the device.
+A batch of up to ONE_PROGRAM_PAIRS pairs (decode) is counted and planned by one program (a
+histogram in registers), two launches fewer than the counters' fill, the atomic count and the
+plan that longer ones take.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+# pairs (tokens x k) counted and planned in one program: a 512-row decode step's 512 x 7
+ONE_PROGRAM_PAIRS = 4096
 
 
 @dataclass
@@ -109,7 +116,6 @@ def _route_gather(
     n, hidden, device = t * k, x.shape[1], x.device
     bound = max_tiles(n, num_experts, block_m)
     ids = topk_ids.reshape(-1).contiguous()  # any integer dtype: the kernels read it as is
-    counters = torch.zeros(2, num_experts, dtype=torch.int32, device=device)
     tile_start = torch.empty(num_experts, dtype=torch.int32, device=device)
     tile_expert = torch.empty(bound, dtype=torch.int32, device=device)
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
@@ -120,21 +126,22 @@ def _route_gather(
     a_scale = None
     if scales is not None:
         a_scale = torch.empty(bound * block_m, scales.shape[1], dtype=scales.dtype, device=device)
-    block = 256
-    _count[(triton.cdiv(n, block),)](ids, counters, n, BLOCK=block)
-    _plan[(1,)](
-        counters,
-        tile_start,
-        tile_expert,
-        num_tiles,
-        pair_of_row,
-        num_experts,
-        bound,
-        block_m,
-        BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_T=32,
-        BLOCK_R=1024,
-    )
+    plan_outs = (tile_start, tile_expert, num_tiles, pair_of_row, num_experts, bound, block_m)
+    plan_blocks = dict(BLOCK_T=32, BLOCK_R=1024)
+    if n <= ONE_PROGRAM_PAIRS:  # a decode batch: count and plan in one program, no fill
+        cursors = torch.empty(num_experts, dtype=torch.int32, device=device)
+        _count_plan[(1,)](
+            ids, cursors, n, *plan_outs, BLOCK_N=max(16, triton.next_power_of_2(n)),
+            BLOCK_E=triton.next_power_of_2(num_experts + 1), **plan_blocks,
+        )  # fmt: skip
+    else:
+        counters = torch.zeros(2, num_experts, dtype=torch.int32, device=device)
+        block = 256
+        _count[(triton.cdiv(n, block),)](ids, counters, n, BLOCK=block)
+        _plan[(1,)](
+            counters, *plan_outs, BLOCK_E=triton.next_power_of_2(num_experts), **plan_blocks
+        )
+        cursors = counters[1]
     pairs = 16
     _scatter[(triton.cdiv(n, pairs),)](
         x.contiguous(),
@@ -144,7 +151,7 @@ def _route_gather(
         pair_of_row,
         row_weight,
         tile_start,
-        counters[1],
+        cursors,
         a if scales is None else scales,
         a if a_scale is None else a_scale,
         n,
@@ -177,21 +184,38 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _plan(  # type: ignore[no-untyped-def]
-        counts_ptr,
-        tile_start_ptr,
-        tile_expert_ptr,
-        num_tiles_ptr,
-        pair_ptr,
-        E,
-        MAX_TILES,
-        BLOCK_M,
-        BLOCK_E: tl.constexpr,
-        BLOCK_T: tl.constexpr,
-        BLOCK_R: tl.constexpr,
+        counters_ptr, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E, MAX_TILES,
+        BLOCK_M, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
     ):
         es = tl.arange(0, BLOCK_E)
+        counts = tl.load(counters_ptr + es, mask=es < E, other=0)
+        _plan_counts(counts, es, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E,
+                     MAX_TILES, BLOCK_M, BLOCK_T, BLOCK_R)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _count_plan(  # type: ignore[no-untyped-def]
+        ids_ptr, cursors_ptr, N, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E,
+        MAX_TILES, BLOCK_M, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+    ):
+        """_count and _plan of up to BLOCK_N pairs in one program: the counts a histogram (a
+        skipped pick, id -1, in bin E, past the experts), _scatter's cursors zeroed."""
+        offs = tl.arange(0, BLOCK_N)
+        expert = tl.load(ids_ptr + offs, mask=offs < N, other=-1).to(tl.int32)
+        counts = tl.histogram(tl.where(expert >= 0, expert, E), BLOCK_E, mask=offs < N)
+        es = tl.arange(0, BLOCK_E)
+        counts = tl.where(es < E, counts, 0)
+        tl.store(cursors_ptr + es, tl.zeros((BLOCK_E,), tl.int32), mask=es < E)
+        _plan_counts(counts, es, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E,
+                     MAX_TILES, BLOCK_M, BLOCK_T, BLOCK_R)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _plan_counts(  # type: ignore[no-untyped-def]
+        counts, es, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E, MAX_TILES,
+        BLOCK_M, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+    ):
+        """The layout from each expert's pair count (counts [BLOCK_E], 0 past E)."""
         real = es < E
-        counts = tl.load(counts_ptr + es, mask=real, other=0)
         tiles = (counts + BLOCK_M - 1) // BLOCK_M
         cum = tl.cumsum(tiles, 0)
         tl.store(tile_start_ptr + es, cum - tiles, mask=real)

@@ -12,12 +12,15 @@ from stages.kernels import torch_ref
 from stages.kernels.moe_routing import route
 
 
-@pytest.mark.parametrize("counts,block_m", [
-    ([5, 0, 17, 64, 1, 0, 0, 130], 16),
-    ([0, 0, 0, 3], 64),
-    ([64] * 8, 64),
-    ([1] * 64, 64),
-])
+@pytest.mark.parametrize(
+    "counts,block_m",
+    [
+        ([5, 0, 17, 64, 1, 0, 0, 130], 16),
+        ([0, 0, 0, 3], 64),
+        ([64] * 8, 64),
+        ([1] * 64, 64),
+    ],
+)
 def test_route_places_each_pair_once_in_its_experts_tiles(counts, block_m):
     k = 2
     ids = torch.cat([torch.full((n,), e) for e, n in enumerate(counts)])
@@ -43,18 +46,20 @@ def test_route_places_each_pair_once_in_its_experts_tiles(counts, block_m):
     assert (r.row_weight[~used] == 0).all()
 
 
-@pytest.mark.parametrize("tokens,hidden,inter,experts,k,limit",
-                         [(37, 64, 48, 5, 2, None), (20, 40, 24, 3, 3, None),
-                          (37, 64, 48, 5, 2, 0.05)])
-def test_interpreted_kernels_match_reference(triton_interpreter, tokens, hidden, inter, experts, k,
-                                             limit):
+@pytest.mark.parametrize(
+    "tokens,hidden,inter,experts,k,limit",
+    [(37, 64, 48, 5, 2, None), (20, 40, 24, 3, 3, None), (37, 64, 48, 5, 2, 0.05)],
+)
+def test_interpreted_kernels_match_reference(
+    triton_interpreter, tokens, hidden, inter, experts, k, limit
+):
     from stages.kernels import triton_moe
     from stages.kernels.moe_tuning import MoeConfig, TileConfig
 
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=g).half()
-    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden ** -0.5).half()
-    down = (torch.randn(experts, hidden, inter, generator=g) * inter ** -0.5).half()
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden**-0.5).half()
+    down = (torch.randn(experts, hidden, inter, generator=g) * inter**-0.5).half()
     weights, ids = torch.randn(tokens, experts, generator=g).softmax(-1).topk(k, dim=-1)
     # fp16: the interpreter's bf16 dot is wrong (raw bits); the GPU tests cover bf16
     tile = TileConfig(block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=1)
@@ -76,8 +81,10 @@ def test_skipped_picks_get_no_row():
     r = route(ids.masked_fill(skip, -1), weights, 5, 16)
     kept = r.pair_of_row[r.pair_of_row >= 0].long()
     assert sorted(kept.tolist()) == (~skip).reshape(-1).nonzero().flatten().tolist()
-    assert int(r.num_tiles) == route(ids[~skip].view(-1, 1), weights[~skip].view(-1, 1), 5,
-                                     16).num_tiles
+    assert (
+        int(r.num_tiles)
+        == route(ids[~skip].view(-1, 1), weights[~skip].view(-1, 1), 5, 16).num_tiles
+    )
     x = torch.randn(30, 8, generator=g)
     gate_up, down = torch.randn(5, 12, 8, generator=g), torch.randn(5, 8, 6, generator=g)
     got = torch_ref.moe_experts(x, gate_up, down, ids.masked_fill(skip, -1), weights)
@@ -93,8 +100,8 @@ def test_interpreted_kernels_skip_picks(triton_interpreter):
     g = torch.Generator().manual_seed(9)
     tokens, hidden, inter, experts = 21, 32, 16, 4
     x = torch.randn(tokens, hidden, generator=g).half()
-    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden ** -0.5).half()
-    down = (torch.randn(experts, hidden, inter, generator=g) * inter ** -0.5).half()
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden**-0.5).half()
+    down = (torch.randn(experts, hidden, inter, generator=g) * inter**-0.5).half()
     weights, ids = torch.randn(tokens, 6, generator=g).softmax(-1).topk(2, dim=-1)
     ids = ids.masked_fill(ids >= experts, -1)  # picks of experts 4 and 5: another rank's
     assert (ids < 0).any() and (ids >= 0).any()
@@ -104,24 +111,31 @@ def test_interpreted_kernels_skip_picks(triton_interpreter):
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def test_interpreted_routing_matches_reference_layout(triton_interpreter):
+@pytest.mark.parametrize("one_program", [True, False], ids=["count-plan", "count-then-plan"])
+def test_interpreted_routing_matches_reference_layout(triton_interpreter, one_program, monkeypatch):
     """The Triton layout: the same tiles and experts as route's, each tile holding the same
-    pairs (in any order) with their weights, each pair's token row copied in."""
+    pairs (in any order) with their weights, each pair's token row copied in; planned by one
+    program (a decode batch's) or by the atomic count then the plan (a prefill chunk's), a pick
+    of id -1 left out either way."""
+    from stages.kernels import moe_routing
     from stages.kernels.moe_routing import route_and_gather
 
+    monkeypatch.setattr(moe_routing, "ONE_PROGRAM_PAIRS", 4096 if one_program else 0)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 6, (50, 3), generator=g)
     ids[:20] = 2  # one busy expert; others sparse
+    ids[30, 1] = -1
     weights = torch.rand(50, 3, generator=g)
     x = torch.randn(50, 24, generator=g).half()
     ref = route(ids, weights, 7, 16)
     r, a = route_and_gather(x, ids, weights, 7, 16)
-    assert int(r.num_tiles) == int(ref.num_tiles)
+    assert int(r.num_tiles) == int(ref.num_tiles) and int((r.pair_of_row >= 0).sum()) == 149
     torch.testing.assert_close(r.tile_expert, ref.tile_expert, atol=0, rtol=0)
     for m in range(int(ref.num_tiles)):
         span = slice(m * 16, (m + 1) * 16)
         mine, theirs = r.pair_of_row[span], ref.pair_of_row[span]
         assert sorted(mine.tolist()) == sorted(theirs.tolist())
+        assert 30 * 3 + 1 not in mine.tolist()
         used = mine >= 0
         pair = mine[used].long()
         torch.testing.assert_close(r.row_weight[span][used], weights.reshape(-1)[pair])

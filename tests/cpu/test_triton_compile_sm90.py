@@ -63,20 +63,26 @@ def test_moe_routing_compiles():
     _compile(
         moe_routing._count, {"ids_ptr": "*i64", "counts_ptr": "*i32", "N": "i32"}, {"BLOCK": 256}
     )
+    plan_args = {
+        "tile_start_ptr": "*i32",
+        "tile_expert_ptr": "*i32",
+        "num_tiles_ptr": "*i32",
+        "pair_ptr": "*i32",
+        "E": "i32",
+        "MAX_TILES": "i32",
+        "BLOCK_M": "i32",
+    }
     _compile(
         moe_routing._plan,
-        {
-            "counts_ptr": "*i32",
-            "tile_start_ptr": "*i32",
-            "tile_expert_ptr": "*i32",
-            "num_tiles_ptr": "*i32",
-            "pair_ptr": "*i32",
-            "E": "i32",
-            "MAX_TILES": "i32",
-            "BLOCK_M": "i32",
-        },
+        {"counters_ptr": "*i32", **plan_args},
         {"BLOCK_E": 256, "BLOCK_T": 32, "BLOCK_R": 1024},
     )
+    for block_n in (16, 4096):  # a one-row decode step's 7 pairs, a 512-row step's 3,584
+        _compile(
+            moe_routing._count_plan,
+            {"ids_ptr": "*i64", "cursors_ptr": "*i32", "N": "i32", **plan_args},
+            {"BLOCK_N": block_n, "BLOCK_E": 512, "BLOCK_T": 32, "BLOCK_R": 1024},
+        )
     for scales in (False, True):  # bf16 rows, or FP8 rows (bytes) with their scales
         _compile(
             moe_routing._scatter,

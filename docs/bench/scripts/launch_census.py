@@ -37,11 +37,11 @@ from stages.protocol import Row
 GPU_LAUNCHES = {
     "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM
     "fp8_swiglu_linear": 2,  # the swiglu-quantizer, cuBLASLt's GEMM
-    # quantizer, routing (the counters' zeros, count, plan, scatter with the scales), the gate/up
-    # GEMM with the swiglu-quantizer in its epilogue, the down GEMM, combine (session 14's: 19,
-    # with the ids' and weights' casts, the rows' -1 fill, the scales' gather and the zero fill,
-    # sum and cast besides; session 16's 9, the swiglu-quantizer its own kernel)
-    "moe_experts_fp8": 8,
+    # a decode batch's: the quantizer, routing (count and plan in one program, the scatter with
+    # the scales), the gate/up GEMM with the swiglu-quantizer in its epilogue, the down GEMM,
+    # combine (session 14's: 19; session 16's: 9, with the counters' fill, the count and the
+    # plan apart and the swiglu-quantizer its own kernel)
+    "moe_experts_fp8": 6,
     "indexer_logits_rows": 3,  # query quantizer, scores, mask
     "index_topk": 4,  # torch's top-k of short lines and the rule's order
     "hc_mix": 2,  # _project, _finish
