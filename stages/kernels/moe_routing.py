@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # pairs (tokens x k) counted and planned in one program: a 512-row decode step's 512 x 7
 ONE_PROGRAM_PAIRS = 4096
 
@@ -184,19 +183,50 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _plan(  # type: ignore[no-untyped-def]
-        counters_ptr, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E, MAX_TILES,
-        BLOCK_M, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+        counters_ptr,
+        tile_start_ptr,
+        tile_expert_ptr,
+        num_tiles_ptr,
+        pair_ptr,
+        E,
+        MAX_TILES,
+        BLOCK_M,
+        BLOCK_E: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_R: tl.constexpr,
     ):
         es = tl.arange(0, BLOCK_E)
         counts = tl.load(counters_ptr + es, mask=es < E, other=0)
-        _plan_counts(counts, es, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E,
-                     MAX_TILES, BLOCK_M, BLOCK_T, BLOCK_R)
+        _plan_counts(
+            counts,
+            es,
+            tile_start_ptr,
+            tile_expert_ptr,
+            num_tiles_ptr,
+            pair_ptr,
+            E,
+            MAX_TILES,
+            BLOCK_M,
+            BLOCK_T,
+            BLOCK_R,
+        )
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _count_plan(  # type: ignore[no-untyped-def]
-        ids_ptr, cursors_ptr, N, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E,
-        MAX_TILES, BLOCK_M, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+        ids_ptr,
+        cursors_ptr,
+        N,
+        tile_start_ptr,
+        tile_expert_ptr,
+        num_tiles_ptr,
+        pair_ptr,
+        E,
+        MAX_TILES,
+        BLOCK_M,
+        BLOCK_N: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_R: tl.constexpr,
     ):
         """_count and _plan of up to BLOCK_N pairs in one program: the counts a histogram (a
         skipped pick, id -1, in bin E, past the experts), _scatter's cursors zeroed."""
@@ -206,13 +236,33 @@ if triton is not None:
         es = tl.arange(0, BLOCK_E)
         counts = tl.where(es < E, counts, 0)
         tl.store(cursors_ptr + es, tl.zeros((BLOCK_E,), tl.int32), mask=es < E)
-        _plan_counts(counts, es, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E,
-                     MAX_TILES, BLOCK_M, BLOCK_T, BLOCK_R)
+        _plan_counts(
+            counts,
+            es,
+            tile_start_ptr,
+            tile_expert_ptr,
+            num_tiles_ptr,
+            pair_ptr,
+            E,
+            MAX_TILES,
+            BLOCK_M,
+            BLOCK_T,
+            BLOCK_R,
+        )
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _plan_counts(  # type: ignore[no-untyped-def]
-        counts, es, tile_start_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, E, MAX_TILES,
-        BLOCK_M, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+        counts,
+        es,
+        tile_start_ptr,
+        tile_expert_ptr,
+        num_tiles_ptr,
+        pair_ptr,
+        E,
+        MAX_TILES,
+        BLOCK_M,
+        BLOCK_T: tl.constexpr,
+        BLOCK_R: tl.constexpr,
     ):
         """The layout from each expert's pair count (counts [BLOCK_E], 0 past E)."""
         real = es < E
