@@ -7,6 +7,9 @@ kernels (stages/kernels/triton_topk.py), whose picks must equal torch's under th
     python -m app.bench.indexer_select --out docs/bench/indexer_select.json
     python -m app.bench.indexer_select --topk 512 --no-loop --cases 1x8192:262144 \
         --rate 4 --out docs/bench/indexer_v4_256k.json   # V4's CSA at the 256K last chunk
+
+Each row also times the last step alone, the rule's top-k of k + 8k candidates a line: torch's
+top_k_positions against the one-program kernel (stages/kernels/triton_rule_topk.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ from typing import Any
 import torch
 
 from app.bench.moe import timed
-from stages.kernels import fp8_indexer, indexer_select, triton_indexer, triton_topk
+from stages.kernels import (
+    fp8_indexer,
+    indexer_select,
+    triton_indexer,
+    triton_rule_topk,
+    triton_topk,
+)
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 
 HEADS, DIM = 64, 128
@@ -99,6 +108,23 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
             triton_topk.top_k_positions(logits.clone(), k),
         )
     )
+    # the last step alone: the rule's top-k of the compaction's k + 8k candidates a line
+    width = k + triton_topk.GROUP * k
+    if triton_rule_topk.fits(width, k):
+        values = logits.new_empty(logits.shape[0], width).copy_(logits[:, :1])  # ties
+        values += torch.randn(values.shape, generator=g, device="cuda").relu()
+        row["candidates_torch_ms"] = timed(
+            lambda: indexer_select.top_k_positions(values.clone(), k), reps=5
+        )
+        row["candidates_rule_kernel_ms"] = timed(
+            lambda: triton_rule_topk.rule_top_k(values, k), reps=5
+        )
+        row["candidates_rule_equals_torch"] = bool(
+            torch.equal(
+                triton_rule_topk.rule_top_k(values, k),
+                indexer_select.top_k_positions(values.clone(), k),
+            )
+        )
     print(json.dumps(row), flush=True)
     torch.cuda.empty_cache()
     return row

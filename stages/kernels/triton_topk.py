@@ -18,19 +18,21 @@ for an 8K chunk (docs/PERFORMANCE.md). Here:
    (they fit in group * k slots) and the first k equal to it (the rule takes equal ones by
    lower position), reading the scores only of the groups whose maximum reaches theta: about
    k groups of a 64K-score line's 8K, where the pass had read every score;
-4. the rule's top-k of those k + group * k candidates (indexer_select.top_k_positions): equal
-   scores are in position order in each region, and the regions hold no equal scores, so
-   the candidates' order breaks ties as the positions do.
+4. the rule's top-k of those k + group * k candidates (triton_rule_topk, one program a line;
+   torch's top_k_positions for a k it does not take): equal scores are in position order in
+   each region, and the regions hold no equal scores, so the candidates' order breaks ties as
+   the positions do.
 
 Every step is a device op of fixed shape (no host sync): decode rows take it in CUDA graphs.
-Lines too short to gain go to torch's top-k directly. Imports cleanly without triton or CUDA.
+Lines too short to gain take step 4 alone over the whole line (torch's top-k where the rule's
+kernel does not fit them). Imports cleanly without triton or CUDA.
 """
 
 from __future__ import annotations
 
 import torch
 
-from stages.kernels import indexer_select, triton_paged_decode
+from stages.kernels import indexer_select, triton_paged_decode, triton_rule_topk
 
 GROUP = 8  # scores per group whose maximum bounds the threshold
 BLOCK = 2048  # scores a program reads per step
@@ -156,15 +158,34 @@ def _select_launch(groups: int) -> dict[str, int | bool]:
 
 def warm_widths(k: int, widest: int) -> list[int]:
     """Line widths that meet every compiled launch of top_k_positions on lines of up to
-    `widest` scores picking k: lines whose maxima fit the registers and longer ones, each with
-    the width and the group count divisible by 16 or not (Triton compiles a launch per such
-    pattern of its integer arguments)."""
+    `widest` scores picking k (or fewer, on a line narrower than k): lines whose maxima fit
+    the registers and longer ones, each with the width and the group count divisible by 16 or
+    not (Triton compiles a launch per such pattern of its integer arguments), and a short line
+    of each launch the rule's kernel compiles (a power of two of scores)."""
     first = 2 * (k + GROUP * k)  # the narrowest line the kernels take
     widths: set[int] = set()
+    seen: set[tuple[bool, bool, bool]] = set()
     for base in (first, GROUP * RESIDENT_KEYS, widest):  # the resident lines' and the others'
-        at = max(first, base) // 128 * 128
-        # the width and the groups divisible by 16, the width only, the groups only, neither
-        widths |= {w for w in (at, at + 16, at - 3, at + 1) if first <= w <= widest}
+        # the first width near it of each pattern: width and groups divisible by 16 or not
+        for w in range(max(first, base - 256), min(widest, base + 256) + 1):
+            groups = -(-w // GROUP)
+            pattern = (w % 16 == 0, groups % 16 == 0, groups <= RESIDENT_KEYS)
+            if pattern not in seen:
+                seen.add(pattern)
+                widths.add(w)
+    shapes = set()
+    widest_short = min(first - 1, widest)
+    short = 16
+    while k <= triton_rule_topk.MAX_K and widest_short >= 1:
+        width = min(short, widest_short)
+        if triton_rule_topk.fits(width, min(k, width)):
+            shape = triton_rule_topk.launch_shape(width, min(k, width))
+            if shape not in shapes:
+                shapes.add(shape)
+                widths.add(width)
+        if short >= widest_short:
+            break
+        short *= 2
     return sorted(widths)
 
 
@@ -173,7 +194,7 @@ def warm_up(k: int, widest: int, device: torch.device | str) -> int:
     line of zeros each) before a prompt's TTFT would pay for them. Returns the widths run."""
     widths = warm_widths(k, widest)
     for width in widths:
-        top_k_positions(torch.zeros(1, width, device=device), k)
+        top_k_positions(torch.zeros(1, width, device=device), min(k, width))
     return len(widths)
 
 
@@ -189,7 +210,7 @@ def top_k_positions(
     the compaction kernel, else by torch's top-k of the maxima (benches sweep both)."""
     width = scores.shape[-1]
     if width < 2 * (k + group * k):  # short lines: no fewer candidates to gain
-        return indexer_select.top_k_positions(scores, k)
+        return _rule(scores, k)
     flat = scores.reshape(-1, width).float().contiguous()
     lines, groups = flat.shape[0], -(-width // group)
     slots = k + group * k
@@ -210,5 +231,12 @@ def top_k_positions(
             maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=compact[0],
             FIND_THETA=find_theta, **_select_launch(groups), num_warps=compact[1],
         )  # fmt: skip
-    picked = positions.gather(-1, indexer_select.top_k_positions(values, k))
+    picked = positions.gather(-1, _rule(values, k))
     return picked.view(*scores.shape[:-1], k)
+
+
+def _rule(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The rule's top-k of whole lines: one program a line where it fits, else torch's."""
+    if triton_rule_topk.fits(scores.shape[-1], k):
+        return triton_rule_topk.rule_top_k(scores, k)
+    return indexer_select.top_k_positions(scores, k)

@@ -165,6 +165,22 @@ def test_topk_compaction_compiles(groups, find_theta):
     )
 
 
+@pytest.mark.parametrize("width,k", [(576, 512), (4608, 512), (64, 37)])
+def test_rule_topk_compiles(width, k):
+    """The rule's top-k in one program at a decode step's short CSA line, the compaction's
+    candidates of a long one (the widest block, 16 warps) and a small line."""
+    from stages.kernels import triton_rule_topk as r
+
+    block, k_pow2 = r.launch_shape(width, k)
+    _compile(
+        r._rule_top_k,
+        {"S": "*fp32", "OUT": "*i64", "KEPT": "*i64", "W": "i32", "K": "i32", "stride_s": "i32",
+         "stride_o": "i32", "stride_k": "i32"},
+        {"BLOCK": block, "K_POW2": k_pow2, "CHUNK": r.CHUNK},
+        num_warps=16 if block >= 4096 else 8,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("dim", [128, 64, 100])
 def test_fp8_indexer_key_write_compiles(dim):
     from stages.kernels import fp8_latent, triton_fp8_latent

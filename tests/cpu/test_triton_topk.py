@@ -94,16 +94,18 @@ def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k,
     assert torch.equal(theta, maxima.topk(k, dim=-1).values.amin(-1))  # -0.0 == 0.0
 
 
-@pytest.mark.parametrize(("k", "widest"), [(512, 262144), (2048, 1040384), (512, 10000)])
+@pytest.mark.parametrize(("k", "widest"), [(512, 262144), (2048, 1040384), (512, 10000), (16, 300)])
 def test_warm_up_widths_meet_every_compiled_launch(k, widest):
-    """The startup warm-up's widths cover each launch a prompt's lines can meet: maxima in
-    registers or not (where lines get that long), width and group count divisible by 16 or not;
-    none narrower than the kernels take or wider than the longest line."""
-    from stages.kernels import triton_topk
+    """The startup warm-up's widths cover each launch a prompt's lines can meet: long lines'
+    maxima in registers or not (where lines get that long), width and group count divisible by
+    16 or not; short lines' (picking k, or all of a line narrower than k) each launch shape of
+    the rule's kernel, where k is one it takes; none wider than the longest line."""
+    from stages.kernels import triton_rule_topk, triton_topk
 
     widths = triton_topk.warm_widths(k, widest)
     first = 2 * (k + triton_topk.GROUP * k)
-    assert widths and min(widths) >= first and max(widths) <= widest
+    long = [w for w in widths if w >= first]
+    assert widths and max(widths) <= widest and bool(long) == (widest >= first)
 
     def launch(width: int) -> tuple[bool, bool, bool]:
         groups = -(-width // triton_topk.GROUP)
@@ -115,8 +117,16 @@ def test_warm_up_widths_meet_every_compiled_launch(k, widest):
         for w in range(first, widest + 1)
         if widest <= longest or w > longest - 256  # every pattern shows within 256
     } | {launch(w) for w in range(first, min(widest, first + 256) + 1)}
-    assert {launch(w) for w in widths} == every
-    assert triton_topk.warm_widths(k, first - 1) == []
+    assert {launch(w) for w in long} == (every if long else set())
+
+    def shape(width: int) -> tuple[int, int] | None:
+        kept = min(k, width)
+        fits = triton_rule_topk.fits(width, kept) and k <= triton_rule_topk.MAX_K
+        return triton_rule_topk.launch_shape(width, kept) if fits else None
+
+    short = {shape(w) for w in range(1, min(first, widest + 1))} - {None}
+    assert {shape(w) for w in widths if w < first} - {None} == short
+    assert bool(short) == (k <= triton_rule_topk.MAX_K)
 
 
 def test_warm_up_runs_the_kernels_on_each_width(triton_interpreter):

@@ -1,0 +1,102 @@
+"""The selection rule's top-k (indexer_select.top_k_positions: the highest scores first, among
+equal ones the lower position) of lines that fit one program's registers, in one kernel:
+
+1. the line's scores (-0.0 read as 0.0) as uint32 keys in the floats' order, and the k-th
+   largest found a bit at a time from the top (32 counts over the keys, as triton_topk's theta);
+2. every score above it kept, and the first of those equal to it (in position order) until k
+   are kept;
+3. each kept one's place in the rule's order counted against the others (k x k comparisons of
+   int64 keys: the score's order, then the position reversed), its position stored there.
+
+One launch where torch's path took about ten (the -0.0 fold, its radix top-k, the rule's keys,
+their radix sort and the gathers): a decode step's CSA lines when they are short, and the
+k + 8k candidates triton_topk's compaction leaves of a long one. Exact by construction: the
+k-th largest key splits the kept set from the rest, ties at it go by position, and the keys of
+step 3 are distinct. Lines wider than MAX_WIDTH, or k above MAX_K, are not taken (`fits`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAX_WIDTH = 8192  # scores a program holds: 16 warps, 16 of each of its arrays a thread
+MAX_K = 1024  # step 3's [k, CHUNK] comparisons stay in registers
+CHUNK = 64
+
+
+def fits(width: int, k: int) -> bool:
+    return 1 <= k <= min(width, MAX_K) and width <= MAX_WIDTH
+
+
+def launch_shape(width: int, k: int) -> tuple[int, int]:
+    """(BLOCK, K_POW2): the compiled launch a line of `width` scores picking k takes."""
+    k_pow2 = max(16, triton.next_power_of_2(k))
+    return max(k_pow2, triton.next_power_of_2(width)), k_pow2
+
+
+def rule_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """indexer_select.top_k_positions's contract for lines that fit (`fits`): [..., L] ->
+    [..., k] long, the rule's positions in the rule's order. scores is not modified."""
+    width = scores.shape[-1]
+    if not fits(width, k):
+        raise ValueError(f"rule_top_k takes lines of up to {MAX_WIDTH} and k up to {MAX_K}")
+    flat = scores.reshape(-1, width).float().contiguous()
+    lines = flat.shape[0]
+    block, k_pow2 = launch_shape(width, k)
+    out = torch.empty(lines, k, dtype=torch.long, device=flat.device)
+    kept = torch.empty(lines, k_pow2, dtype=torch.long, device=flat.device)  # the kept keys
+    if lines:
+        _rule_top_k[(lines,)](
+            flat, out, kept, width, k, flat.stride(0), out.stride(0), kept.stride(0),
+            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, num_warps=16 if block >= 4096 else 8,
+        )  # fmt: skip
+    return out.view(*scores.shape[:-1], k)
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+    # fmt: off
+    # one compile per (BLOCK, K_POW2), whatever the line's width and k divide by
+    @triton.jit(do_not_specialize=["W", "K", "stride_s", "stride_o"])  # type: ignore[untyped-decorator]
+    def _rule_top_k(  # type: ignore[no-untyped-def]
+        S, OUT, KEPT, W, K, stride_s, stride_o, stride_k, BLOCK: tl.constexpr,
+        K_POW2: tl.constexpr, CHUNK: tl.constexpr,
+    ):
+        line = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        live = offs < W
+        v = tl.load(S + line * stride_s + offs, mask=live, other=float("-inf")) + 0.0
+        bits = v.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # the floats' order, signed
+        keys = (ordered ^ -2147483648).to(tl.uint32, bitcast=True)  # and unsigned
+        found = tl.zeros((), dtype=tl.uint32)
+        one = tl.full((), 1, dtype=tl.uint32)
+        for bit in tl.static_range(32):  # the largest key with at least K keys >= it
+            trial = found | (one << (31 - bit))
+            enough = tl.sum(((keys >= trial) & live).to(tl.int32)) >= K
+            found = tl.where(enough, trial, found)
+        above = live & (keys > found)
+        equal = live & (keys == found)
+        need = K - tl.sum(above.to(tl.int32))
+        keep = above | (equal & (tl.cumsum(equal.to(tl.int32), 0) <= need))
+        slot = tl.cumsum(keep.to(tl.int32), 0) - 1
+        # the rule's key: the score's order, then the position reversed (distinct)
+        rule = (ordered.to(tl.int64) << 32) | (BLOCK - 1 - offs).to(tl.int64)
+        tl.store(KEPT + line * stride_k + slot, rule, mask=keep)
+        tl.debug_barrier()  # the kept keys, written by every thread, read by every thread
+        j = tl.arange(0, K_POW2)
+        lowest = -9223372036854775807 - 1
+        mine = tl.load(KEPT + line * stride_k + j, mask=j < K, other=lowest)
+        rank = tl.zeros((K_POW2,), dtype=tl.int32)
+        for start in range(0, K, CHUNK):
+            c = start + tl.arange(0, CHUNK)
+            theirs = tl.load(KEPT + line * stride_k + c, mask=c < K, other=lowest)
+            rank += tl.sum((theirs[None, :] > mine[:, None]).to(tl.int32), 1)
+        position = (BLOCK - 1) - (mine & 0xFFFFFFFF)
+        tl.store(OUT + line * stride_o + rank, position, mask=j < K)
+    # fmt: on
