@@ -43,7 +43,7 @@ GPU_LAUNCHES = {
     # plan apart and the swiglu-quantizer its own kernel)
     "moe_experts_fp8": 6,
     "indexer_logits_rows": 3,  # query quantizer, scores, mask
-    "index_topk": 4,  # torch's top-k of short lines and the rule's order
+    "index_topk": 1,  # a short line's rule top-k in one program (torch's path took ~10)
     "hc_mix": 2,  # _project, _finish
 }
 # FlashMLA's V4 FP8 call: its kernel and split combine each call; a set of ids packed (argsort,
