@@ -94,3 +94,36 @@ def test_a_cuda_stage_stacks_it_and_a_cpu_one_does_not(checkpoint):
     assert not v4_moe.shared_expert_in_stack(args, "cpu", None, False)
     assert not v4_moe.shared_expert_in_stack(args, "cuda", None, True)  # MXFP4 kept packed
 
+
+def test_an_fp8_checkpoints_shared_expert_loads_its_bytes_and_scales_into_the_slot(
+    checkpoint, tmp_path, monkeypatch
+):
+    """A checkpoint shipping the weights in FP8 with their `weight_scale_inv` (DeepSeek's
+    names): the stack's shared slot holds the shared expert's stored bytes and scales."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    from stages.kernels import fp8_ref
+
+    online = _chain(checkpoint, False, True, monkeypatch).stages[0]
+    sources = online.checkpoint_sources()
+    kept = [n for n, p in online.named_parameters() if p.dtype == fp8_ref.FP8]
+    tensors = load_file(os.path.join(checkpoint, "model.safetensors"))
+    for name in {piece.name for n in kept for piece in sources[n]}:
+        tensors[name], tensors[name + SCALE_SUFFIX] = fp8_ref.quantize_weight(tensors[name])
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(checkpoint, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    stacked = _chain(str(tmp_path), True, True, monkeypatch).stages[0]
+    for name, layer in stacked.layers.items():
+        ex, shared = layer.mlp.experts, online.layers[name].mlp.shared_experts
+        for leaf in ("gate_up_proj", "down_proj"):
+            want = getattr(shared, leaf)
+            assert torch.equal(
+                getattr(ex, leaf)[4].view(torch.uint8), want.weight.view(torch.uint8)
+            )
+            assert torch.equal(getattr(ex, leaf + SCALE_SUFFIX)[4], want.weight_scale_inv)
