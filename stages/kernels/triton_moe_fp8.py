@@ -272,8 +272,8 @@ if triton is not None:
         GROUP_M: tl.constexpr,
     ):
         """For each (M tile, 128-wide column group n): gate = a @ w[n].T and up = a @ w[I/128 +
-        n].T with _grouped_w8a8's K loop (one A load feeding both), rounded to H_DTYPE, through
-        swiglu_steps, quantized as one 1 x 128 group, stored at the tile's real rows."""
+        n].T with _grouped_w8a8's K loop (dot_rows, one after the other), rounded to H_DTYPE,
+        through swiglu_steps, quantized as one 1 x 128 group, stored at the tile's real rows."""
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = INTER // BLOCK_N
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs):
@@ -281,22 +281,17 @@ if triton is not None:
             expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
             rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            gate_rows = w_ptr + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn
-            up_rows = gate_rows + INTER * stride_wn
             gate_scales = ws_ptr + expert * stride_wse + pid_n * stride_wsn
-            up_scales = gate_scales + num_pid_n * stride_wsn
-            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in range(tl.cdiv(K, BLOCK_K)):
-                ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-                kmask = ks[None, :] < K
-                a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)
-                a_s = tl.load(as_ptr + rows * stride_as + ki)[:, None]
-                wg = tl.load(gate_rows + ks[None, :], mask=kmask, other=0.0)
-                acc_g += tl.dot(a, wg.T) * (a_s * tl.load(gate_scales + ki))
-                wu = tl.load(up_rows + ks[None, :], mask=kmask, other=0.0)
-                acc_u += tl.dot(a, wu.T) * (a_s * tl.load(up_scales + ki))
-            h = swiglu_steps(acc_g.to(H_DTYPE), acc_u.to(H_DTYPE), limit, HAS_LIMIT, CUDA_EXP)
+            # gate, then up: one accumulator live at a time, the gate kept rounded to H_DTYPE
+            # (what swiglu_steps takes), so the kernel fits its registers
+            gate = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr, gate_scales, rows,
+                            cols.to(tl.int64), K, stride_am, stride_wn, stride_as, BLOCK_M,
+                            BLOCK_N, BLOCK_K, True).to(H_DTYPE)
+            up = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr,
+                          gate_scales + num_pid_n * stride_wsn, rows,
+                          (INTER + cols).to(tl.int64), K, stride_am, stride_wn, stride_as,
+                          BLOCK_M, BLOCK_N, BLOCK_K, True).to(H_DTYPE)
+            h = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
             real = tl.load(pair_ptr + rows) >= 0
             _quantize_store(h, rows, cols, pid_n, real, real, q_ptr, qs_ptr, INTER, stride_qm,
                             stride_qsm, 1, INV_FP8_MAX, MIN_SCALE)
