@@ -21,7 +21,7 @@ import torch
 
 MAX_WIDTH = 8192  # scores a program holds: 16 warps, 16 of each of its arrays a thread
 MAX_K = 1024  # step 3's [k, CHUNK] comparisons stay in registers
-CHUNK = 64
+CHUNK = 16  # kept keys compared a step: [K_POW2, CHUNK] int64 fits the registers (64 spilled)
 
 
 def fits(width: int, k: int) -> bool:

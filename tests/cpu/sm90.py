@@ -26,3 +26,29 @@ def compile_sm90(
     return triton.compile(
         ASTSource(fn, sig, constants, attrs), target=GPUTarget("cuda", 90, 32), options=options
     )
+
+
+def registers_and_spills(kernel: Any) -> tuple[int, int]:
+    """(registers a thread, bytes spilled) of a compile_sm90 kernel, from the ptxas Triton
+    ships (`ptxas -v` on its PTX): spills in a kernel's loop cost it local-memory traffic."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(kernel.asm["ptx"])
+    try:
+        done = subprocess.run(
+            [ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    finally:
+        os.unlink(f.name)
+    report = done.stdout + done.stderr
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))  # type: ignore[union-attr]
+    spilled = int(re.search(r"(\d+) bytes spill stores", report).group(1))  # type: ignore[union-attr]
+    return registers, spilled
