@@ -71,9 +71,10 @@ GROUPS = [
     ("_pool_groups", "compressor pooling"),
     ("compact_kernel", "top-k (Triton)"),
     ("maxima_kernel", "top-k (Triton)"),
+    ("_rule_top_k", "top-k (Triton)"),
     ("_gate_up_silu", "moe gate/up"),
     ("_down_scatter", "moe down"),
-    ("_grouped_w8a8", "moe (FP8)"),
+    ("_grouped_w8a8", "moe (FP8)"),  # _grouped_w8a8_swiglu too: its quantizer is the MoE's
     ("_grouped_w4a16", "moe (MXFP4)"),
     ("_quantize_1x128", "fp8 activation quantizer"),
     ("_scatter", "moe routing"),
