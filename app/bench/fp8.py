@@ -141,7 +141,7 @@ class StageChain:
             model = build_stage_model(args, path, a, b, s == 0, last, kernels, dtype, device, seed)
             self.stages.append(model)
             cache = make_kv_cache(
-                args, b - a, num_blocks, block_size, dtype, device, kv_cache_dtype
+                args, range(a, b), num_blocks, block_size, dtype, device, kv_cache_dtype
             )
             self.caches.append(cache)
         self.table = list(range(num_blocks))

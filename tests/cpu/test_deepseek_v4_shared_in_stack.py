@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory):
 def _chain(path: str, in_stack: bool, fp8: bool, monkeypatch) -> StageChain:
     with monkeypatch.context() as m:
         m.setattr(v4_moe, "shared_expert_in_stack", lambda *args: in_stack)
-        return StageChain(load_model_args(path), path, fp8, num_stages=1, num_blocks=8,
+        return StageChain(load_model_args(path), path, fp8, num_stages=2, num_blocks=8,
                           block_size=16)  # fmt: skip
 
 
