@@ -56,6 +56,7 @@ def run(
     steps: int,
     reps: int,
     linear: str = "auto",
+    fp8_linear: str | None = None,
 ) -> dict[str, Any]:
     config = v4_flash_bench_config()
     args = stage_args(config)
@@ -65,7 +66,7 @@ def run(
         "cuda",
         linear,
         moe_experts=moe_backend_for(linear),
-        fp8_linear=fp8_backend_for(linear) if fp8_weights else None,
+        fp8_linear=(fp8_linear or fp8_backend_for(linear)) if fp8_weights else None,
     )
     model = build_stage_model(args, None, 0, layers, True, True, kernels, "bfloat16", "cuda")
     max_rows = max(rows_list)
@@ -146,6 +147,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10, help="steps timed back to back")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--linear", default="auto", help="the engine's --linear (and FP8 linears')")
+    p.add_argument(
+        "--fp8-linear", default=None, help="the W8A8 linears' backend (default: --linear's)"
+    )
     p.add_argument("--out", default=None)
     a = p.parse_args()
     out = run(
@@ -156,6 +160,7 @@ def main() -> None:
         a.steps,
         a.reps,
         a.linear,
+        a.fp8_linear,
     )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:

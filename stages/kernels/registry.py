@@ -136,6 +136,7 @@ BACKENDS: dict[str, dict[str, str]] = {
     # W8A8 linears over block-scaled FP8 weights (128 x 128 scales, activations in 1 x 128).
     "fp8_linear": {
         "torch": "stages.kernels.fp8_ref:linear",
+        "gemv-scaled-mm": "stages.kernels.fp8_gemm:linear_gemv_scaled_mm",
         "scaled-mm": "stages.kernels.fp8_gemm:linear_scaled_mm",
         "triton-persistent": "stages.kernels.fp8_gemm:linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:linear_sm1",
@@ -144,6 +145,7 @@ BACKENDS: dict[str, dict[str, str]] = {
     # quantizer (the same backends as fp8_linear, chosen with it).
     "fp8_swiglu_linear": {
         "torch": "stages.kernels.fp8_ref:swiglu_linear",
+        "gemv-scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_scaled_mm",
         "scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_scaled_mm",
         "triton-persistent": "stages.kernels.fp8_gemm:swiglu_linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",
@@ -203,8 +205,8 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "route_topk": ("triton", "torch"),
     "v4_window_index": ("triton", "torch"),
     "v4_rate_index": ("triton", "torch"),
-    "fp8_linear": ("scaled-mm", "triton-persistent", "torch"),
-    "fp8_swiglu_linear": ("scaled-mm", "triton-persistent", "torch"),
+    "fp8_linear": ("gemv-scaled-mm", "scaled-mm", "triton-persistent", "torch"),
+    "fp8_swiglu_linear": ("gemv-scaled-mm", "scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),

@@ -166,6 +166,28 @@ def test_topk_compaction_compiles(groups, find_theta):
     )
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_fp8_gemv_compiles_pipelined_without_spills(rows):
+    """The W8A8 GEMV of a few rows: its K steps in flight (cp.async), its quantizer's IEEE
+    division and e4m3 cast, no register spilled."""
+    from stages.kernels import fp8_ref
+    from stages.kernels import triton_fp8_gemv as g
+
+    ints = ("M", "N", "K", "stride_xm", "stride_wn", "stride_wsn", "stride_om")
+    kernel = _compile(
+        g._gemv_w8a8,
+        {"X": "*bf16", "W": "*fp8e4nv", "WS": "*fp32", "BIAS": "*bf16", "OUT": "*bf16",
+         **dict.fromkeys(ints, "i32")},
+        {"HAS_BIAS": False, "BLOCK_M": rows, "BLOCK_N": g.BLOCK_N, "BLOCK_K": fp8_ref.BLOCK,
+         "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX, "MIN_SCALE": fp8_ref.MIN_SCALE, "STAGES": g.STAGES},
+        aligned=("X", "W", "WS", "OUT", "N", "K", "stride_xm", "stride_wn", "stride_om"),
+        num_warps=4,
+    )  # fmt: skip
+    ptx = kernel.asm["ptx"]
+    assert "cp.async" in ptx and "div.rn.f32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert registers_and_spills(kernel)[1] == 0
+
+
 @pytest.mark.parametrize("width,k", [(576, 512), (4608, 512), (64, 37)])
 def test_rule_topk_compiles(width, k):
     """The rule's top-k in one program at a decode step's short CSA line, the compaction's

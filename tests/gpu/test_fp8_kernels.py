@@ -29,6 +29,7 @@ pytestmark = [
 ]
 TOL = 1e-2
 BACKENDS = {
+    "gemv-scaled-mm": fp8_gemm.linear_gemv_scaled_mm,  # a Triton GEMV up to 4 rows
     "scaled-mm": fp8_gemm.linear_scaled_mm,
     "triton-persistent": fp8_gemm.linear,
     "triton-persistent-sm1": fp8_gemm.linear_sm1,
@@ -49,6 +50,9 @@ SHAPES = [
     (3, 1024, 4096),
     (1, 32768, 1024),
     (9, 576, 7168),
+    # the GEMV's: two and four rows, V4's projections
+    (2, 32768, 1024),
+    (4, 4096, 8192),
 ]
 # (M, K) of the activation quantizer: ragged M; K on the 128 grid, and off it (448, 200)
 QUANT_SHAPES = [(1, 128), (37, 7168), (300, 1536), (513, 2048), (5, 448), (77, 200)]

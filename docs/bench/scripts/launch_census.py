@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from app.bench.target import v4_flash_bench_config
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
+from stages.kernels import triton_fp8_gemv
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
@@ -35,7 +36,7 @@ from stages.protocol import Row
 
 # GPU launches of one call of each registry op's CUDA backend (the rest: 1)
 GPU_LAUNCHES = {
-    "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM
+    "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM (up to GEMV_ROWS: the GEMV alone)
     "fp8_swiglu_linear": 2,  # the swiglu-quantizer, cuBLASLt's GEMM
     # a decode batch's: the quantizer, routing (count and plan in one program, the scatter with
     # the scales), the gate/up GEMM with the swiglu-quantizer in its epilogue, the down GEMM,
@@ -61,7 +62,8 @@ SMALL = dict(
 class Census(TorchDispatchMode):
     """Counts the aten ops dispatched outside registry calls, per scope."""
 
-    def __init__(self) -> None:
+    def __init__(self, launches: dict[str, int]) -> None:
+        self.launches = launches  # GPU_LAUNCHES at this census's row count
         super().__init__()
         self.counts: Counter[tuple[str, str]] = Counter()
         self.scope: list[str] = []
@@ -110,7 +112,7 @@ def counting(census: Census, op: str, fn: Any) -> Any:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if census.active and not census.muted:  # not inside another op's torch form
-            launches = GPU_LAUNCHES.get(op, 1)
+            launches = census.launches.get(op, 1)
             if op == "sparse_sink_attention_fp8":
                 launches = fp8_attention_launches(kwargs)
             census.counts[(census.where(), f"[{op}]")] += launches
@@ -162,7 +164,8 @@ def main() -> None:
     config = dict(v4_flash_bench_config(), **SMALL)
     config.pop("quantization_config", None)
     args = ModelArgs.from_hf_dict(config)
-    census = Census()
+    gemv = a.rows <= triton_fp8_gemv.GEMV_ROWS  # the W8A8 GEMV with its quantizer inside
+    census = Census(dict(GPU_LAUNCHES, **({"fp8_linear": 1} if gemv else {})))
     count_writes(census)
     kernels = wrapped(census, select_kernels("cpu", fp8_linear="torch"))
     layers = args.num_hidden_layers

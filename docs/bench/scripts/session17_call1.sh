@@ -7,7 +7,9 @@
 #   lines and the compaction's candidates);
 # - `app.bench.fp8 --moe-swiglu` (fused against unfused at 1/64/512/8192 tokens), and
 #   `app.bench.indexer_select` (the rule's kernel against torch's top-k on the candidates);
-# - the V4 decode stage in graphs, FP8 and bf16 (the shared expert now in the routed stack);
+# - the W8A8 GEMV of 1-4 rows against cuBLASLt per V4 linear (`app.bench.fp8 --decode-linears`);
+# - the V4 decode stage in graphs, FP8 (the GEMV's default, and cuBLASLt's at 1 and 4 rows) and
+#   bf16 (the shared expert now in the routed stack);
 # - V4's decode graph tests (graphed == eager == general; engine tokens == --enforce-eager's);
 # - the FP8 TTFT suite row with the top-k compiled at startup (session 16's call 3).
 set -u
@@ -15,13 +17,17 @@ set -u
 F=tests/gpu/test_fp8_kernels.py
 LIMIT=120 step kernel_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
   $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_fp8_experts_match_reference \
+  $F::test_w8a8_linear_matches_reference \
   $F::test_v4_stage_fp8_against_bf16 tests/gpu/test_route_topk_cuda.py tests/gpu/test_group_pool_cuda.py \
   tests/gpu/test_rule_topk_cuda.py tests/gpu/test_indexer_kernel.py
 LIMIT=50 step moe_swiglu python3 -m app.bench.fp8 --moe-swiglu --out "$R/moe_swiglu.json"
 LIMIT=60 step rule_topk python3 -m app.bench.indexer_select --topk 512 --no-loop --rate 4 \
   --cases 1x1:2304,512x1:2304,1x8192:262144 --out "$R/indexer_select.json"
+LIMIT=40 step decode_linears python3 -m app.bench.fp8 --decode-linears --out "$R/decode_linears.json"
 LIMIT=60 step v4_decode_fp8 python3 -m app.bench.v4_decode --rows 1,64,512 --context 512 \
   --quantization fp8 --kv-cache-dtype fp8 --out "$R/v4_decode_fp8.json"
+LIMIT=40 step v4_decode_fp8_cublaslt python3 -m app.bench.v4_decode --rows 1,4 --context 512 \
+  --quantization fp8 --kv-cache-dtype fp8 --fp8-linear scaled-mm --out "$R/v4_decode_fp8_cublaslt.json"
 LIMIT=50 step v4_decode_bf16 python3 -m app.bench.v4_decode --rows 1,64,512 --context 512 \
   --out "$R/v4_decode_bf16.json"
 LIMIT=140 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \

@@ -1,0 +1,90 @@
+"""W8A8 block-scaled linears of a few rows (a decode step of one to four requests) as one Triton
+GEMV: fp8_ref.linear's contract, the activations quantized in 1 x 128 groups inside the kernel
+(triton_fp8_act's arithmetic: the group's largest magnitude, floored, times 1/448; IEEE
+division; e4m3 round-to-nearest), the weights e4m3 with 128 x 128 scales.
+
+cuBLASLt's block-scaled GEMM tiles 128 x 128 for any row count: a one-row step's FP8 linears ran
+at about 1.6 TB/s of their weights (session 16's profile: 0.54 ms of a 2.99 ms step), after a
+quantizer launch each. Here each program reads BLOCK_N weight rows along all of K (the K steps
+pipelined), multiplies them on the CUDA cores with the quantized rows (exact fp8 products,
+fp32 sums per 128-wide block, each block's sum scaled by the row's and the block's scales), so
+a 32K-row projection runs 2,048 programs and the quantizer is no launch of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stages.kernels import fp8_ref
+
+GEMV_ROWS = 4  # rows a call takes; more go to the GEMMs
+BLOCK_N = 16  # weight rows a program
+STAGES = 8  # K steps in flight a program (2 KB of weights each)
+
+
+def takes(rows: int, n: int, k: int) -> bool:
+    return 1 <= rows <= GEMV_ROWS and k % fp8_ref.BLOCK == 0 and n >= 1
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [..., K] (at most GEMV_ROWS rows), weight [N, K] e4m3, scale_inv [ceil(N/128), K/128]
+    -> [..., N] in x's dtype."""
+    n, k = weight.shape
+    flat = x.reshape(-1, k)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    m = flat.shape[0]
+    if not takes(m, n, k):
+        raise ValueError(f"the FP8 GEMV takes 1 to {GEMV_ROWS} rows and K on the 128 grid")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    scales = scale_inv.float().contiguous()
+    _gemv_w8a8[(triton.cdiv(n, BLOCK_N),)](
+        flat, weight, scales, weight if bias is None else bias, out, m, n, k, flat.stride(0),
+        weight.stride(0), scales.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=BLOCK_N, BLOCK_K=fp8_ref.BLOCK,
+        INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, STAGES=STAGES,
+        num_warps=4,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], n)
+
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+if triton is not None:
+    # fmt: off
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _gemv_w8a8(  # type: ignore[no-untyped-def]
+        X, W, WS, BIAS, OUT, M, N, K, stride_xm, stride_wn, stride_wsn, stride_om,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
+        STAGES: tl.constexpr,
+    ):
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        w_rows = W + tl.where(col_ok, cols, 0).to(tl.int64)[:, None] * stride_wn
+        w_scales = WS + (tl.where(col_ok, cols, 0) // BLOCK_K).to(tl.int64) * stride_wsn
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in tl.range(0, K // BLOCK_K, num_stages=STAGES):
+            ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(X + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None],
+                        other=0.0).to(tl.float32)
+            # triton_fp8_act's quantizer, to the bit: the e4m3 values, read back exactly
+            a_s = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_SCALE) * INV_FP8_MAX
+            a_q = tl.div_rn(x, tl.broadcast_to(a_s[:, None], x.shape))
+            a_q = a_q.to(tl.float8e4nv).to(tl.float32)
+            w = tl.load(w_rows + ks[None, :]).to(tl.float32)
+            part = tl.sum(a_q[:, None, :] * w[None, :, :], axis=2)
+            acc += part * (a_s[:, None] * tl.load(w_scales + ki)[None, :])
+        if HAS_BIAS:
+            acc += tl.load(BIAS + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(OUT + rows[:, None] * stride_om + cols[None, :],
+                 acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    # fmt: on
