@@ -5,8 +5,9 @@
   the weight scales as the checkpoint stores them. Where (K / 128) % 4 != 0 torch 2.11 refuses
   them (it wants the K-block count rounded up to 4), and K or N off the 128 grid it does not
   take: those shapes go to the Triton kernel.
-- ``linear_gemv_scaled_mm``: up to triton_fp8_gemv.GEMV_ROWS rows (a decode step of a few
-  requests) the Triton GEMV with the quantizer inside it, more rows ``linear_scaled_mm``.
+- ``linear_gemv_scaled_mm`` / ``swiglu_linear_gemv_scaled_mm``: up to
+  triton_fp8_gemv.GEMV_ROWS rows (a decode step of a few requests) the Triton GEMV with the
+  quantizer (and the swiglu) inside it, more rows the scaled_mm ones.
 - ``linear`` / ``linear_sm1``: stages/kernels/triton_gemm.py's persistent pointer-load GEMM
   (grid = SMs, or SMs - 1 leaving an SM to a waiting NCCL recv) in its block-scaled mode, with
   128-wide N and K tiles: each K tile is one activation group and one weight block, so its
@@ -80,6 +81,20 @@ def linear_gemv_scaled_mm(
     if x.is_cuda and triton is not None and triton_fp8_gemv.takes(_flat(x).shape[0], n, k):
         return triton_fp8_gemv.linear(x, weight, scale_inv, bias)
     return linear_scaled_mm(x, weight, scale_inv, bias)
+
+
+def swiglu_linear_gemv_scaled_mm(
+    gate_up: torch.Tensor,
+    limit: float | None,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    n, k = weight.shape
+    rows = _flat(gate_up).shape[0]
+    if gate_up.is_cuda and triton is not None and triton_fp8_gemv.takes(rows, n, k):
+        return triton_fp8_gemv.swiglu_linear(gate_up, limit, weight, scale_inv, bias)
+    return swiglu_linear_scaled_mm(gate_up, limit, weight, scale_inv, bias)
 
 
 def swiglu_linear_scaled_mm(

@@ -145,7 +145,7 @@ BACKENDS: dict[str, dict[str, str]] = {
     # quantizer (the same backends as fp8_linear, chosen with it).
     "fp8_swiglu_linear": {
         "torch": "stages.kernels.fp8_ref:swiglu_linear",
-        "gemv-scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_scaled_mm",
+        "gemv-scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_gemv_scaled_mm",
         "scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_scaled_mm",
         "triton-persistent": "stages.kernels.fp8_gemm:swiglu_linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",

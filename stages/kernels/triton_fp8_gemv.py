@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_ref
+from stages.kernels import fp8_ref, triton_fp8_act
 
 GEMV_ROWS = 4  # rows a call takes; more go to the GEMMs
 BLOCK_N = 16  # weight rows a program
@@ -31,21 +31,46 @@ def linear(
 ) -> torch.Tensor:
     """x [..., K] (at most GEMV_ROWS rows), weight [N, K] e4m3, scale_inv [ceil(N/128), K/128]
     -> [..., N] in x's dtype."""
+    return _launch(x, weight, scale_inv, bias, swiglu=False, limit=None)
+
+
+def swiglu_linear(
+    gate_up: torch.Tensor,
+    limit: float | None,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """linear(torch_ref.swiglu(gate, up, limit), ...) of gate_up [..., 2K] (gate | up), the
+    swiglu's steps (triton_fp8_act.swiglu_steps) before the quantizer, in the same kernel."""
+    return _launch(gate_up, weight, scale_inv, bias, swiglu=True, limit=limit)
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    bias: torch.Tensor | None,
+    swiglu: bool,
+    limit: float | None,
+) -> torch.Tensor:
     n, k = weight.shape
-    flat = x.reshape(-1, k)
+    flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     m = flat.shape[0]
-    if not takes(m, n, k):
+    if flat.shape[1] != (2 * k if swiglu else k) or not takes(m, n, k):
         raise ValueError(f"the FP8 GEMV takes 1 to {GEMV_ROWS} rows and K on the 128 grid")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     scales = scale_inv.float().contiguous()
     _gemv_w8a8[(triton.cdiv(n, BLOCK_N),)](
         flat, weight, scales, weight if bias is None else bias, out, m, n, k, flat.stride(0),
-        weight.stride(0), scales.stride(0), out.stride(0), HAS_BIAS=bias is not None,
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=BLOCK_N, BLOCK_K=fp8_ref.BLOCK,
-        INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, STAGES=STAGES,
-        num_warps=4,
+        weight.stride(0), scales.stride(0), out.stride(0),
+        0.0 if limit is None else triton_fp8_act.rounded(limit, x.dtype),
+        HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None,
+        CUDA_EXP=x.is_cuda, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=BLOCK_N,
+        BLOCK_K=fp8_ref.BLOCK, INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE,
+        STAGES=STAGES, num_warps=4,
     )  # fmt: skip
     return out.view(*x.shape[:-1], n)
 
@@ -57,14 +82,18 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.triton_fp8_act import swiglu_steps
+
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
     def _gemv_w8a8(  # type: ignore[no-untyped-def]
-        X, W, WS, BIAS, OUT, M, N, K, stride_xm, stride_wn, stride_wsn, stride_om,
-        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        X, W, WS, BIAS, OUT, M, N, K, stride_xm, stride_wn, stride_wsn, stride_om, limit,
+        HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr, HAS_LIMIT: tl.constexpr,
+        CUDA_EXP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
         STAGES: tl.constexpr,
     ):
+        """SWIGLU: X's rows are gate | up (2K wide), the swiglu's steps before the quantizer."""
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         w_rows = W + tl.where(col_ok, cols, 0).to(tl.int64)[:, None] * stride_wn
@@ -74,8 +103,13 @@ if triton is not None:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in tl.range(0, K // BLOCK_K, num_stages=STAGES):
             ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(X + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None],
-                        other=0.0).to(tl.float32)
+            x_ptrs = X + rows[:, None] * stride_xm + ks[None, :]
+            if SWIGLU:
+                gate = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+                up = tl.load(x_ptrs + K, mask=row_ok[:, None], other=0.0)
+                x = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
+            else:
+                x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
             # triton_fp8_act's quantizer, to the bit: the e4m3 values, read back exactly
             a_s = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_SCALE) * INV_FP8_MAX
             a_q = tl.div_rn(x, tl.broadcast_to(a_s[:, None], x.shape))

@@ -30,6 +30,23 @@ def test_interpreted_gemv_is_the_w8a8_reference(triton_interpreter, m, n, k, bia
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("limit", [None, 0.5])
+@pytest.mark.parametrize("m", [1, 3])
+def test_interpreted_swiglu_gemv_is_the_down_projection_of_the_swiglu(triton_interpreter, m, limit):
+    """The fp8_swiglu_linear contract (a SwiGLU's down projection fed gate | up): the swiglu's
+    steps before the quantizer, in the kernel; the clamp reached at these values."""
+    from stages.kernels import triton_fp8_gemv
+
+    g = torch.Generator().manual_seed(m)
+    gate_up = (torch.randn(m, 512, generator=g) * 2).half()
+    w, s = fp8_ref.quantize_weight(torch.randn(96, 256, generator=g) / 10)
+    got = triton_fp8_gemv.swiglu_linear(gate_up, limit, w, s)
+    want = fp8_ref.swiglu_linear(gate_up, limit, w, s)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=1e-3)
+    if limit is not None:
+        assert bool((gate_up.abs() > limit).any())
+
+
 def test_shapes_it_does_not_take_are_refused():
     from stages.kernels import triton_fp8_gemv
 

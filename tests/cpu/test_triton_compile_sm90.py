@@ -166,8 +166,9 @@ def test_topk_compaction_compiles(groups, find_theta):
     )
 
 
+@pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "swiglu-linear"])
 @pytest.mark.parametrize("rows", [1, 2, 4])
-def test_fp8_gemv_compiles_pipelined_without_spills(rows):
+def test_fp8_gemv_compiles_pipelined_without_spills(rows, swiglu):
     """The W8A8 GEMV of a few rows: its K steps in flight (cp.async), its quantizer's IEEE
     division and e4m3 cast, no register spilled."""
     from stages.kernels import fp8_ref
@@ -177,8 +178,9 @@ def test_fp8_gemv_compiles_pipelined_without_spills(rows):
     kernel = _compile(
         g._gemv_w8a8,
         {"X": "*bf16", "W": "*fp8e4nv", "WS": "*fp32", "BIAS": "*bf16", "OUT": "*bf16",
-         **dict.fromkeys(ints, "i32")},
-        {"HAS_BIAS": False, "BLOCK_M": rows, "BLOCK_N": g.BLOCK_N, "BLOCK_K": fp8_ref.BLOCK,
+         **dict.fromkeys(ints, "i32"), "limit": "fp32"},
+        {"HAS_BIAS": False, "SWIGLU": swiglu, "HAS_LIMIT": swiglu, "CUDA_EXP": True,
+         "BLOCK_M": rows, "BLOCK_N": g.BLOCK_N, "BLOCK_K": fp8_ref.BLOCK,
          "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX, "MIN_SCALE": fp8_ref.MIN_SCALE, "STAGES": g.STAGES},
         aligned=("X", "W", "WS", "OUT", "N", "K", "stride_xm", "stride_wn", "stride_om"),
         num_warps=4,

@@ -190,6 +190,7 @@ def test_fused_swiglu_quantizer_matches_the_unfused_path(m, inter, limit):
 
 
 SWIGLU_BACKENDS = {
+    "gemv-scaled-mm": (fp8_gemm.swiglu_linear_gemv_scaled_mm, fp8_gemm.linear_gemv_scaled_mm),
     "scaled-mm": (fp8_gemm.swiglu_linear_scaled_mm, fp8_gemm.linear_scaled_mm),
     "triton-persistent": (fp8_gemm.swiglu_linear, fp8_gemm.linear),
     "triton-persistent-sm1": (fp8_gemm.swiglu_linear_sm1, fp8_gemm.linear_sm1),

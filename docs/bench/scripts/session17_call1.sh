@@ -17,7 +17,7 @@ set -u
 F=tests/gpu/test_fp8_kernels.py
 LIMIT=120 step kernel_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
   $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_fp8_experts_match_reference \
-  $F::test_w8a8_linear_matches_reference \
+  $F::test_w8a8_linear_matches_reference $F::test_swiglu_down_projection_equals_the_unfused_one \
   $F::test_v4_stage_fp8_against_bf16 tests/gpu/test_route_topk_cuda.py tests/gpu/test_group_pool_cuda.py \
   tests/gpu/test_rule_topk_cuda.py tests/gpu/test_indexer_kernel.py
 LIMIT=50 step moe_swiglu python3 -m app.bench.fp8 --moe-swiglu --out "$R/moe_swiglu.json"
