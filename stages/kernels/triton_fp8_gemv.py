@@ -5,10 +5,13 @@ division; e4m3 round-to-nearest), the weights e4m3 with 128 x 128 scales.
 
 cuBLASLt's block-scaled GEMM tiles 128 x 128 for any row count: a one-row step's FP8 linears ran
 at about 1.6 TB/s of their weights (session 16's profile: 0.54 ms of a 2.99 ms step), after a
-quantizer launch each. Here each program reads BLOCK_N weight rows along all of K (the K steps
-pipelined), multiplies them on the CUDA cores with the quantized rows (exact fp8 products,
-fp32 sums per 128-wide block, each block's sum scaled by the row's and the block's scales), so
-a 32K-row projection runs 2,048 programs and the quantizer is no launch of its own.
+quantizer launch each. Here each program, one warp, reads BLOCK_N weight rows along all of K
+(STAGES K steps in flight), multiplies them on the CUDA cores with the quantized rows (exact
+fp8 products, fp32 sums per 128-wide block, each block's sum scaled by the row's and the
+block's scales), so a 32K-row projection runs 2,048 programs, an SM holds a dozen of them, and
+the quantizer is no launch of its own. One warp a program keeps each K step's reductions
+(the group's maximum, a weight row's sum) to shuffles: at four warps the compiler split the
+activations across warps and put seven barriers in every step.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from stages.kernels import fp8_ref, triton_fp8_act
 GEMV_ROWS = 4  # rows a call takes; more go to the GEMMs
 BLOCK_N = 16  # weight rows a program
 STAGES = 8  # K steps in flight a program (2 KB of weights each)
+WARPS = 1  # a program one warp: its reductions shuffles, no barrier between warps
 
 
 def takes(rows: int, n: int, k: int) -> bool:
@@ -70,7 +74,7 @@ def _launch(
         HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_LIMIT=limit is not None,
         CUDA_EXP=x.is_cuda, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=BLOCK_N,
         BLOCK_K=fp8_ref.BLOCK, INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE,
-        STAGES=STAGES, num_warps=4,
+        STAGES=STAGES, num_warps=WARPS,
     )  # fmt: skip
     return out.view(*x.shape[:-1], n)
 
@@ -99,26 +103,27 @@ if triton is not None:
         w_rows = W + tl.where(col_ok, cols, 0).to(tl.int64)[:, None] * stride_wn
         w_scales = WS + (tl.where(col_ok, cols, 0) // BLOCK_K).to(tl.int64) * stride_wsn
         rows = tl.arange(0, BLOCK_M)
-        row_ok = rows < M
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in tl.range(0, K // BLOCK_K, num_stages=STAGES):
             ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-            x_ptrs = X + rows[:, None] * stride_xm + ks[None, :]
-            if SWIGLU:
-                gate = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
-                up = tl.load(x_ptrs + K, mask=row_ok[:, None], other=0.0)
-                x = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
-            else:
-                x = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            # triton_fp8_act's quantizer, to the bit: the e4m3 values, read back exactly
-            a_s = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_SCALE) * INV_FP8_MAX
-            a_q = tl.div_rn(x, tl.broadcast_to(a_s[:, None], x.shape))
-            a_q = a_q.to(tl.float8e4nv).to(tl.float32)
-            w = tl.load(w_rows + ks[None, :]).to(tl.float32)
-            part = tl.sum(a_q[:, None, :] * w[None, :, :], axis=2)
-            acc += part * (a_s[:, None] * tl.load(w_scales + ki)[None, :])
+            w = tl.load(w_rows + ks[None, :]).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            w_s = tl.load(w_scales + ki)
+            # a row at a time: its K block, a weight row's sum, stay within a warp's lanes
+            for m in tl.static_range(BLOCK_M):
+                x_ptrs = X + m * stride_xm + ks
+                if SWIGLU:
+                    gate = tl.load(x_ptrs, mask=m < M, other=0.0)
+                    up = tl.load(x_ptrs + K, mask=m < M, other=0.0)
+                    x = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
+                else:
+                    x = tl.load(x_ptrs, mask=m < M, other=0.0).to(tl.float32)
+                # triton_fp8_act's quantizer, to the bit: the e4m3 values, read back exactly
+                a_s = tl.maximum(tl.max(tl.abs(x), axis=0), MIN_SCALE) * INV_FP8_MAX
+                a_q = tl.div_rn(x, tl.zeros_like(x) + a_s).to(tl.float8e4nv).to(tl.float32)
+                part = tl.sum(w * a_q[None, :], axis=1) * (a_s * w_s)
+                acc += tl.where(rows[:, None] == m, part[None, :], 0.0)
         if HAS_BIAS:
             acc += tl.load(BIAS + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(OUT + rows[:, None] * stride_om + cols[None, :],
-                 acc.to(OUT.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+                 acc.to(OUT.dtype.element_ty), mask=(rows < M)[:, None] & col_ok[None, :])
     # fmt: on

@@ -183,7 +183,7 @@ def test_fp8_gemv_compiles_pipelined_without_spills(rows, swiglu):
          "BLOCK_M": rows, "BLOCK_N": g.BLOCK_N, "BLOCK_K": fp8_ref.BLOCK,
          "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX, "MIN_SCALE": fp8_ref.MIN_SCALE, "STAGES": g.STAGES},
         aligned=("X", "W", "WS", "OUT", "N", "K", "stride_xm", "stride_wn", "stride_om"),
-        num_warps=4,
+        num_warps=g.WARPS,
     )  # fmt: skip
     ptx = kernel.asm["ptx"]
     assert "cp.async" in ptx and "div.rn.f32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
