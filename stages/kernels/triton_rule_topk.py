@@ -34,6 +34,11 @@ def launch_shape(width: int, k: int) -> tuple[int, int]:
     return max(k_pow2, triton.next_power_of_2(width)), k_pow2
 
 
+def warps_for(block: int) -> int:
+    """16 scores a thread at most; fewer warps meet at each of the 32 counts' barriers."""
+    return max(4, min(16, block // 512))
+
+
 def rule_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
     """indexer_select.top_k_positions's contract for lines that fit (`fits`): [..., L] ->
     [..., k] long, the rule's positions in the rule's order. scores is not modified."""
@@ -48,7 +53,7 @@ def rule_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
     if lines:
         _rule_top_k[(lines,)](
             flat, out, kept, width, k, flat.stride(0), out.stride(0), kept.stride(0),
-            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, num_warps=16 if block >= 4096 else 8,
+            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, num_warps=warps_for(block),
         )  # fmt: skip
     return out.view(*scores.shape[:-1], k)
 

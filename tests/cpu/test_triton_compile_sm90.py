@@ -202,7 +202,7 @@ def test_rule_topk_compiles(width, k):
         {"S": "*fp32", "OUT": "*i64", "KEPT": "*i64", "W": "i32", "K": "i32", "stride_s": "i32",
          "stride_o": "i32", "stride_k": "i32"},
         {"BLOCK": block, "K_POW2": k_pow2, "CHUNK": r.CHUNK},
-        num_warps=16 if block >= 4096 else 8,
+        num_warps=r.warps_for(block),
     )  # fmt: skip
     assert registers_and_spills(kernel)[1] == 0  # a CHUNK of 64 spilled ~400 bytes
 
