@@ -102,6 +102,6 @@ if triton is not None:
             c = start + tl.arange(0, CHUNK)
             theirs = tl.load(KEPT + line * stride_k + c, mask=c < K, other=lowest)
             rank += tl.sum((theirs[None, :] > mine[:, None]).to(tl.int32), 1)
-        position = (BLOCK - 1) - (mine & 0xFFFFFFFF)
+        position = (BLOCK - 1) - (mine & 0x7FFFFFFF)  # the low word: BLOCK - 1 - position
         tl.store(OUT + line * stride_o + rank, position, mask=j < K)
     # fmt: on
