@@ -16,6 +16,7 @@ sampling: the stage's forward only, which is the step of PP=1 less the LM head.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -57,9 +58,15 @@ def run(
     reps: int,
     linear: str = "auto",
     fp8_linear: str | None = None,
+    shared_expert: str = "auto",
 ) -> dict[str, Any]:
     config = v4_flash_bench_config()
     args = stage_args(config)
+    if shared_expert != "auto":  # in the routed experts' stack, or a SwiGLU beside them
+        fused = dataclasses.replace(
+            args.family_args, shared_expert_in_stack=shared_expert == "stack"
+        )
+        args = dataclasses.replace(args, family_args=fused)
     layers = args.num_hidden_layers
     block = kv_block_size(config)
     kernels = select_kernels(
@@ -150,6 +157,12 @@ def main() -> None:
     p.add_argument(
         "--fp8-linear", default=None, help="the W8A8 linears' backend (default: --linear's)"
     )
+    p.add_argument(
+        "--shared-expert",
+        choices=("auto", "stack", "beside"),
+        default="auto",
+        help="V4's shared expert in the routed experts' grouped kernel or a SwiGLU beside them",
+    )
     p.add_argument("--out", default=None)
     a = p.parse_args()
     out = run(
@@ -161,6 +174,7 @@ def main() -> None:
         a.reps,
         a.linear,
         a.fp8_linear,
+        a.shared_expert,
     )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:

@@ -7,6 +7,8 @@ hash layers included."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -93,6 +95,12 @@ def test_a_cuda_stage_stacks_it_and_a_cpu_one_does_not(checkpoint):
     assert v4_moe.shared_expert_in_stack(args, "cuda", None, False)
     assert not v4_moe.shared_expert_in_stack(args, "cpu", None, False)
     assert not v4_moe.shared_expert_in_stack(args, "cuda", None, True)  # MXFP4 kept packed
+    # the args' choice (a bench comparing the two) over the device's, where the stack can be
+    beside = dataclasses.replace(args, shared_expert_in_stack=False)
+    stacked = dataclasses.replace(args, shared_expert_in_stack=True)
+    assert not v4_moe.shared_expert_in_stack(beside, "cuda", None, False)
+    assert v4_moe.shared_expert_in_stack(stacked, "cpu", None, False)
+    assert not v4_moe.shared_expert_in_stack(stacked, "cpu", None, True)
 
 
 def test_an_fp8_checkpoints_shared_expert_loads_its_bytes_and_scales_into_the_slot(

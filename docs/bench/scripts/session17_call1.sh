@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Session 17, call 1 (one H200; carry .gpu .whl .tfw .commit): session 17's kernels, written with
-# no device, against their references and in the V4 decode stage:
-# - the FP8 MoE's gate/up GEMM with the SwiGLU and quantizer in its epilogue (bit-equality with
-#   the unfused path; the whole MoE against fp8_ref), route_topk's appended shared-expert pick,
-#   group_pool skipping groups that do not complete, the rule's top-k in one program (short
-#   lines and the compaction's candidates);
-# - `app.bench.fp8 --moe-swiglu` (fused against unfused at 1/64/512/8192 tokens), and
-#   `app.bench.indexer_select` (the rule's kernel against torch's top-k on the candidates);
-# - the W8A8 GEMV of 1-4 rows against cuBLASLt per V4 linear (`app.bench.fp8 --decode-linears`);
-# - the V4 decode stage in graphs, FP8 (the GEMV's default, and cuBLASLt's at 1 and 4 rows) and
-#   bf16 (the shared expert now in the routed stack);
-# - V4's decode graph tests (graphed == eager == general; engine tokens == --enforce-eager's);
-# - the FP8 TTFT suite row with the top-k compiled at startup (session 16's call 3).
+# no device, against their references, then timed beside what they replace:
+# - GPU tests: the FP8 MoE's gate/up GEMM with the SwiGLU and quantizer in its epilogue
+#   (bit-equality with the unfused path; the whole MoE against fp8_ref), the W8A8 linears (the
+#   GEMV of 1-4 rows among them) and the swiglu GEMV, route_topk's appended shared-expert pick,
+#   group_pool skipping groups that do not complete, the rule's top-k in one program, the
+#   indexer top-k;
+# - `app.bench.fp8 --moe-swiglu` (fused against unfused at 1/64/512/8192 tokens),
+#   `app.bench.indexer_select` (the rule's kernel against torch's top-k on the candidates),
+#   `app.bench.fp8 --decode-linears` (the GEMV against cuBLASLt per V4 linear);
+# - the V4 decode stage in graphs, FP8 with the defaults, with cuBLASLt's linears
+#   (--fp8-linear scaled-mm) and with the shared expert beside the stack (--shared-expert
+#   beside), and bf16.
 set -u
 . docs/bench/scripts/host_env.sh
 F=tests/gpu/test_fp8_kernels.py
@@ -24,14 +24,10 @@ LIMIT=50 step moe_swiglu python3 -m app.bench.fp8 --moe-swiglu --out "$R/moe_swi
 LIMIT=60 step rule_topk python3 -m app.bench.indexer_select --topk 512 --no-loop --rate 4 \
   --cases 1x1:2304,512x1:2304,1x8192:262144 --out "$R/indexer_select.json"
 LIMIT=40 step decode_linears python3 -m app.bench.fp8 --decode-linears --out "$R/decode_linears.json"
-LIMIT=60 step v4_decode_fp8 python3 -m app.bench.v4_decode --rows 1,64,512 --context 512 \
-  --quantization fp8 --kv-cache-dtype fp8 --out "$R/v4_decode_fp8.json"
-LIMIT=40 step v4_decode_fp8_cublaslt python3 -m app.bench.v4_decode --rows 1,4 --context 512 \
-  --quantization fp8 --kv-cache-dtype fp8 --fp8-linear scaled-mm --out "$R/v4_decode_fp8_cublaslt.json"
-LIMIT=50 step v4_decode_bf16 python3 -m app.bench.v4_decode --rows 1,64,512 --context 512 \
-  --out "$R/v4_decode_bf16.json"
-LIMIT=140 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
-  tests/gpu/test_deepseek_v4_decode_graphs.py
-left=$((575 - SECONDS)); LIMIT=$((left < 150 ? left : 150)) step ttft-v4-flash-fp8 \
-  python3 -m app.cli bench suite --only ttft-v4-flash-fp8 --device cuda --timeout 145 --out "$R/suite"
+V4="python3 -m app.bench.v4_decode --context 512 --quantization fp8 --kv-cache-dtype fp8"
+LIMIT=60 step v4_decode_fp8 $V4 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
+LIMIT=40 step v4_decode_fp8_cublaslt $V4 --rows 1,4 --fp8-linear scaled-mm --out "$R/v4_decode_fp8_cublaslt.json"
+LIMIT=50 step v4_decode_fp8_beside $V4 --rows 1,64,512 --shared-expert beside --out "$R/v4_decode_fp8_beside.json"
+left=$((575 - SECONDS)); LIMIT=$((left < 50 ? left : 50)) step v4_decode_bf16 \
+  python3 -m app.bench.v4_decode --rows 1,64,512 --context 512 --out "$R/v4_decode_bf16.json"
 tar czf "$OUT/results.tgz" -C "$OUT" r

@@ -99,6 +99,10 @@ class V4Args:
     # other weights (stages.model_config.mxfp4_experts_as widens fp4 for --mxfp4-experts
     # dequantize)
     expert_dtype: str | None = None
+    # the shared expert in the routed experts' stack (moe.shared_expert_in_stack): None = on a
+    # CUDA stage where it can; False = a SwiGLU beside them (SGLang's
+    # --disable-shared-experts-fusion; benches compare the two)
+    shared_expert_in_stack: bool | None = None
 
     def rate(self, layer: int) -> int:
         """Tokens per compressed entry of `layer`, 0 for a sliding-only layer."""

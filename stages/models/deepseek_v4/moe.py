@@ -108,6 +108,10 @@ def shared_expert_in_stack(
     (not tensor-parallel) stack in the shared expert's format (not MXFP4-packed; V4's shared
     expert is the routed ones' width, without bias). Elsewhere it stays a SwiGLU beside them,
     the torch form the transformers comparisons read (the fused sum rounds once, in fp32, where
-    the two outputs were rounded and added in the model's dtype)."""
+    the two outputs were rounded and added in the model's dtype). The args'
+    `shared_expert_in_stack` overrides the device's choice where it is set."""
     whole = tp is None or not tp.enabled
-    return torch.device(device).type == "cuda" and whole and not mxfp4 and not a.mlp_bias
+    able = whole and not mxfp4 and not a.mlp_bias
+    if a.shared_expert_in_stack is not None:  # asked for (a bench's comparison)
+        return a.shared_expert_in_stack and able
+    return torch.device(device).type == "cuda" and able
