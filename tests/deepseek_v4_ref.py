@@ -150,3 +150,29 @@ FLASH_LIKE_V4 = dict(
     bos_token_id=0,
     eos_token_id=1,
 )
+
+
+def write_fp8_copy(path: str, stage, dest: str) -> str:  # type: ignore[no-untyped-def]
+    """The checkpoint at `path` rewritten under `dest` with every tensor `stage` keeps in FP8
+    stored quantized (e4m3 with its 128 x 128 `weight_scale_inv`, DeepSeek's names, pieces of
+    fused or stacked parameters each on its own) and the quantization_config saying so."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    from stages.kernels import fp8_ref
+    from stages.kernels.fp8_ref import SCALE_SUFFIX
+
+    sources = stage.checkpoint_sources()
+    kept = [n for n, p in stage.named_parameters() if p.dtype == fp8_ref.FP8]
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    for name in {piece.name for n in kept for piece in sources[n]}:
+        tensors[name], tensors[name + SCALE_SUFFIX] = fp8_ref.quantize_weight(tensors[name])
+    save_file(tensors, os.path.join(dest, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with open(os.path.join(dest, "config.json"), "w") as f:
+        json.dump(config, f)
+    return dest

@@ -77,8 +77,7 @@ def linear_scaled_mm(
 def linear_gemv_scaled_mm(
     x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    n, k = weight.shape
-    if x.is_cuda and triton is not None and triton_fp8_gemv.takes(_flat(x).shape[0], n, k):
+    if _gemv_takes(x, weight):
         return triton_fp8_gemv.linear(x, weight, scale_inv, bias)
     return linear_scaled_mm(x, weight, scale_inv, bias)
 
@@ -90,11 +89,16 @@ def swiglu_linear_gemv_scaled_mm(
     scale_inv: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    n, k = weight.shape
-    rows = _flat(gate_up).shape[0]
-    if gate_up.is_cuda and triton is not None and triton_fp8_gemv.takes(rows, n, k):
+    if _gemv_takes(gate_up, weight):
         return triton_fp8_gemv.swiglu_linear(gate_up, limit, weight, scale_inv, bias)
     return swiglu_linear_scaled_mm(gate_up, limit, weight, scale_inv, bias)
+
+
+def _gemv_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the GEMV of a few rows takes x's rows (on CUDA, with triton)."""
+    n, k = weight.shape
+    rows = _flat(x).shape[0]
+    return x.is_cuda and triton is not None and triton_fp8_gemv.takes(rows, n, k)
 
 
 def swiglu_linear_scaled_mm(

@@ -3,15 +3,16 @@ GEMV: fp8_ref.linear's contract, the activations quantized in 1 x 128 groups ins
 (triton_fp8_act's arithmetic: the group's largest magnitude, floored, times 1/448; IEEE
 division; e4m3 round-to-nearest), the weights e4m3 with 128 x 128 scales.
 
-cuBLASLt's block-scaled GEMM tiles 128 x 128 for any row count: a one-row step's FP8 linears ran
-at about 1.6 TB/s of their weights (session 16's profile: 0.54 ms of a 2.99 ms step), after a
-quantizer launch each. Here each program, one warp, reads BLOCK_N weight rows along all of K
-(STAGES K steps in flight), multiplies them on the CUDA cores with the quantized rows (exact
-fp8 products, fp32 sums per 128-wide block, each block's sum scaled by the row's and the
-block's scales), so a 32K-row projection runs 2,048 programs, an SM holds a dozen of them, and
-the quantizer is no launch of its own. One warp a program keeps each K step's reductions
-(the group's maximum, a weight row's sum) to shuffles: at four warps the compiler split the
-activations across warps and put seven barriers in every step.
+cuBLASLt's block-scaled GEMM tiles 128 x 128 for any row count: a one-row step's FP8 linears
+took 0.54 ms of session 16's 2.99 ms step (docs/bench/session16/call2/v4_decode_fp8.json) for
+about 0.85 GB of weights by our count, ~1.6 TB/s, after a quantizer launch each. Here each
+program, one warp, reads BLOCK_N weight rows along all of K (STAGES K steps in flight),
+multiplies them on the CUDA cores with the quantized rows (exact fp8 products, fp32 sums per
+128-wide block, each block's sum scaled by the row's and the block's scales), so a 32K-row
+projection runs 2,048 programs, an SM holds a dozen of them (by their registers and shared
+memory in the sm_90 compile), and the quantizer is no launch of its own. One warp a program
+keeps each K step's reductions (the group's maximum, a weight row's sum) to shuffles: at four
+warps the compiler split the activations across warps and put seven barriers in every step.
 """
 
 from __future__ import annotations

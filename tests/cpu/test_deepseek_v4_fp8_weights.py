@@ -7,19 +7,16 @@ wiring); W8A8 is within FP8 tolerance of it. A checkpoint shipping those weights
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import replace
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from app.bench.fp8 import StageChain
 from stages.kernels import fp8_ref
 from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.model_config import load_model_args
-from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
+from tests.deepseek_v4_ref import TINY_V4, write_checkpoint, write_fp8_copy
 
 # TINY_V4 with 128-wide hidden and expert widths (the W8A8 blocks); its swiglu_limit of 0.5
 # clamps most gate and up values, so a path that dropped the clamp would show
@@ -94,16 +91,7 @@ def test_an_fp8_v4_checkpoint_loads_its_bytes_and_scales(checkpoint, tmp_path):
     """Every tensor the stage keeps in FP8 stored quantized in the checkpoint, with its
     `weight_scale_inv` (the fused shared gate/up and the stacked experts come in pieces)."""
     online = chain(checkpoint, fp8_weights=True).stages[0]
-    sources = online.checkpoint_sources()
-    kept = [n for n, p in online.named_parameters() if p.dtype == fp8_ref.FP8]
-    tensors = load_file(os.path.join(checkpoint, "model.safetensors"))
-    for name in {piece.name for n in kept for piece in sources[n]}:
-        tensors[name], tensors[name + SCALE_SUFFIX] = fp8_ref.quantize_weight(tensors[name])
-    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(checkpoint, "config.json")) as f:
-        config = json.load(f)
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_fp8_copy(checkpoint, online, str(tmp_path))
     loaded = dict(chain(str(tmp_path), fp8_weights=True).stages[0].named_parameters())
     for name, p in online.named_parameters():
         want = p.view(torch.uint8) if p.dtype == fp8_ref.FP8 else p

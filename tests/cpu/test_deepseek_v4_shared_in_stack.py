@@ -17,7 +17,7 @@ from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.model_config import load_model_args
 from stages.models.deepseek_v4 import moe as v4_moe
 from stages.models.moe import Experts
-from tests.deepseek_v4_ref import TINY_V4, write_checkpoint
+from tests.deepseek_v4_ref import TINY_V4, write_checkpoint, write_fp8_copy
 
 # 128-wide so the FP8 case keeps its linears and experts in e4m3 (the W8A8 blocks)
 WIDE_V4 = dict(TINY_V4, hidden_size=128, moe_intermediate_size=128)
@@ -29,11 +29,11 @@ def checkpoint(tmp_path_factory):
     return write_checkpoint(str(tmp_path_factory.mktemp("v4shared") / "m"), WIDE_V4)
 
 
-def _chain(path: str, in_stack: bool, fp8: bool, monkeypatch) -> StageChain:
+def _chain(path: str, in_stack: bool, fp8: bool, monkeypatch, num_blocks: int = 8) -> StageChain:
     with monkeypatch.context() as m:
         m.setattr(v4_moe, "shared_expert_in_stack", lambda *args: in_stack)
-        return StageChain(load_model_args(path), path, fp8, num_stages=2, num_blocks=8,
-                          block_size=16)  # fmt: skip
+        return StageChain(load_model_args(path), path, fp8, num_stages=2,
+                          num_blocks=num_blocks, block_size=16)  # fmt: skip
 
 
 def _logits(c: StageChain) -> torch.Tensor:
@@ -80,6 +80,37 @@ def test_the_stack_holds_the_shared_expert_and_gives_the_same_logits(
     torch.testing.assert_close(got, want, rtol=2e-4 if fp8 else 2e-5, atol=2e-4 if fp8 else 2e-5)
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8-weights"])
+def test_staggered_batched_rows_match_rows_alone_and_the_swiglu_beside(
+    checkpoint, fp8, monkeypatch
+):
+    """One microbatch of rows at different positions (window 8, CSA rate 4 with top-3, HCA rate
+    8, blocks of 16): decode rows mid-group, completing a CSA group, completing both rates' and
+    a block, far past the window and top-k, and a chunk across a group boundary. With the
+    stack's grouped-kernel bound at 3 tokens the batch runs the shared expert densely on its
+    slot and each row alone runs it in the grouped kernel: the batched rows equal each row
+    alone, and the stage with the SwiGLU beside the experts."""
+    from stages.models import moe
+
+    monkeypatch.setattr(moe, "SHARED_IN_STACK_TOKENS", 3)
+    prompt = torch.randint(2, 128, (48,), generator=torch.Generator().manual_seed(8)).tolist()
+    cases = [(13, 1), (11, 1), (15, 1), (31, 1), (40, 1), (18, 5), (3, 1)]
+    tables = [[3 * r, 3 * r + 1, 3 * r + 2] for r in range(len(cases))]
+    ids = [t for done, n in cases for t in prompt[done : done + n]]
+    rows = [(done, n, table, True) for (done, n), table in zip(cases, tables)]
+    got = {}
+    for in_stack in (True, False):
+        chain = _chain(checkpoint, in_stack, fp8, monkeypatch, num_blocks=3 * len(cases))
+        for (done, _), table in zip(cases, tables):
+            chain.logits(prompt[:done], [(0, done, table, False)])
+        got[in_stack] = chain.logits(ids, rows)
+        if in_stack:
+            for i, ((done, n), table) in enumerate(zip(cases, tables)):
+                alone = chain.logits(prompt[done : done + n], [(done, n, table, True)])
+                assert (got[True][i] - alone[0]).abs().max().item() <= 1e-5, (i, done, n)
+    torch.testing.assert_close(got[True], got[False], rtol=2e-5, atol=2e-5)
+
+
 def test_the_stack_names_the_shared_experts_tensors_for_its_last_slot():
     ex = Experts(4, 128, 128, torch.float32, "cpu", shared=True)
     assert ex.gate_up_proj.shape[0] == 5 and ex.shared_slot == 4
@@ -108,24 +139,8 @@ def test_an_fp8_checkpoints_shared_expert_loads_its_bytes_and_scales_into_the_sl
 ):
     """A checkpoint shipping the weights in FP8 with their `weight_scale_inv` (DeepSeek's
     names): the stack's shared slot holds the shared expert's stored bytes and scales."""
-    import json
-    import os
-
-    from safetensors.torch import load_file, save_file
-
-    from stages.kernels import fp8_ref
-
     online = _chain(checkpoint, False, True, monkeypatch).stages[0]
-    sources = online.checkpoint_sources()
-    kept = [n for n, p in online.named_parameters() if p.dtype == fp8_ref.FP8]
-    tensors = load_file(os.path.join(checkpoint, "model.safetensors"))
-    for name in {piece.name for n in kept for piece in sources[n]}:
-        tensors[name], tensors[name + SCALE_SUFFIX] = fp8_ref.quantize_weight(tensors[name])
-    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(checkpoint, "config.json")) as f:
-        config = json.load(f)
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_fp8_copy(checkpoint, online, str(tmp_path))
     stacked = _chain(str(tmp_path), True, True, monkeypatch).stages[0]
     for name, layer in stacked.layers.items():
         ex, shared = layer.mlp.experts, online.layers[name].mlp.shared_experts
