@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 18, call 1 (session17_call1.sh trimmed to the device time left; one H200; carry .gpu
+# .whl .tfw .commit): session 17's kernels, written with
+# no device, against their references, then timed beside what they replace:
+# - GPU tests: the FP8 MoE's gate/up GEMM with the SwiGLU and quantizer in its epilogue
+#   (bit-equality with the unfused path; the whole MoE against fp8_ref), the W8A8 linears (the
+#   GEMV of 1-4 rows among them) and the swiglu GEMV, route_topk's appended shared-expert pick,
+#   group_pool skipping groups that do not complete, the rule's top-k in one program, the
+#   indexer top-k;
+# - `app.bench.fp8 --moe-swiglu` (fused against unfused at 1/64/512/8192 tokens),
+#   `app.bench.indexer_select` (the rule's kernel against torch's top-k on the candidates),
+#   `app.bench.fp8 --decode-linears` (the GEMV against cuBLASLt per V4 linear);
+# - the V4 decode stage in graphs, FP8 with the defaults and with the shared expert beside the
+#   stack (--shared-expert beside), and bf16 (1 and 512 rows).
+set -u
+. docs/bench/scripts/host_env.sh
+F=tests/gpu/test_fp8_kernels.py
+LIMIT=110 step kernel_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
+  $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_fp8_experts_match_reference \
+  $F::test_w8a8_linear_matches_reference $F::test_swiglu_down_projection_equals_the_unfused_one \
+  $F::test_v4_stage_fp8_against_bf16 tests/gpu/test_route_topk_cuda.py tests/gpu/test_group_pool_cuda.py \
+  tests/gpu/test_rule_topk_cuda.py tests/gpu/test_indexer_kernel.py
+LIMIT=50 step moe_swiglu python3 -m app.bench.fp8 --moe-swiglu --out "$R/moe_swiglu.json"
+LIMIT=60 step rule_topk python3 -m app.bench.indexer_select --topk 512 --no-loop --rate 4 \
+  --cases 1x1:2304,512x1:2304,1x8192:262144 --out "$R/indexer_select.json"
+LIMIT=40 step decode_linears python3 -m app.bench.fp8 --decode-linears --out "$R/decode_linears.json"
+V4="python3 -m app.bench.v4_decode --context 512 --quantization fp8 --kv-cache-dtype fp8"
+LIMIT=60 step v4_decode_fp8 $V4 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
+LIMIT=50 step v4_decode_fp8_beside $V4 --rows 1,64,512 --shared-expert beside --out "$R/v4_decode_fp8_beside.json"
+left=$((520 - SECONDS)); LIMIT=$((left < 45 ? left : 45)) step v4_decode_bf16 \
+  python3 -m app.bench.v4_decode --rows 1,512 --context 512 --out "$R/v4_decode_bf16.json"
+tar czf "$OUT/results.tgz" -C "$OUT" r
