@@ -11,7 +11,8 @@
 #   `app.bench.indexer_select` (the rule's kernel against torch's top-k on the candidates),
 #   `app.bench.fp8 --decode-linears` (the GEMV against cuBLASLt per V4 linear);
 # - the V4 decode stage in graphs, FP8 with the defaults and with the shared expert beside the
-#   stack (--shared-expert beside), and bf16 (1 and 512 rows).
+#   stack (--shared-expert beside), and bf16 (1 and 512 rows);
+# - the last 8K chunk of 256K by kernel group (FP8 weights + FP8 KV).
 set -u
 . docs/bench/scripts/host_env.sh
 F=tests/gpu/test_fp8_kernels.py
@@ -27,6 +28,8 @@ LIMIT=40 step decode_linears python3 -m app.bench.fp8 --decode-linears --out "$R
 V4="python3 -m app.bench.v4_decode --context 512 --quantization fp8 --kv-cache-dtype fp8"
 LIMIT=60 step v4_decode_fp8 $V4 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
 LIMIT=50 step v4_decode_fp8_beside $V4 --rows 1,64,512 --shared-expert beside --out "$R/v4_decode_fp8_beside.json"
-left=$((520 - SECONDS)); LIMIT=$((left < 45 ? left : 45)) step v4_decode_bf16 \
+LIMIT=60 step breakdown_fp8 python3 -m app.bench.deepseek_breakdown --linear auto --quantization fp8 \
+  --kv-cache-dtype fp8 --cases deepseek-v4-flash:8:262144:8192:512:512 --out "$R/breakdown_fp8.json"
+left=$((570 - SECONDS)); LIMIT=$((left < 45 ? left : 45)) step v4_decode_bf16 \
   python3 -m app.bench.v4_decode --rows 1,512 --context 512 --out "$R/v4_decode_bf16.json"
 tar czf "$OUT/results.tgz" -C "$OUT" r
