@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 18, one call in place of calls 1-2 when the device time left holds only one (one H200;
+# carry .gpu .whl .tfw .commit): session 17's kernels' GPU tests, V4's and V3.2's decode graph
+# tests, the V4 decode stage in graphs (FP8, 1/64/512 rows), the FP8 TTFT row with the startup
+# warm-up and the FP8 engine decode at 512 rows.
+set -u
+. docs/bench/scripts/host_env.sh
+F=tests/gpu/test_fp8_kernels.py
+LIMIT=100 step kernel_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
+  $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_fp8_experts_match_reference \
+  $F::test_w8a8_linear_matches_reference $F::test_swiglu_down_projection_equals_the_unfused_one \
+  $F::test_v4_stage_fp8_against_bf16 tests/gpu/test_route_topk_cuda.py tests/gpu/test_group_pool_cuda.py \
+  tests/gpu/test_rule_topk_cuda.py tests/gpu/test_indexer_kernel.py
+LIMIT=60 step v4_decode_fp8 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
+  --kv-cache-dtype fp8 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
+LIMIT=130 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
+  tests/gpu/test_deepseek_v4_decode_graphs.py tests/gpu/test_deepseek_decode_graphs.py
+LIMIT=150 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
+  --device cuda --timeout 145 --out "$R/suite"
+left=$((575 - SECONDS)); LIMIT=$((left < 100 ? left : 100)) step decode-v4-flash-512-fp8 \
+  python3 -m app.cli bench suite --only decode-v4-flash-512-fp8 --device cuda \
+  --timeout $((left - 5)) --out "$R/suite"
+tar czf "$OUT/results.tgz" -C "$OUT" r
