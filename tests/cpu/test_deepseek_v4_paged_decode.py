@@ -57,8 +57,9 @@ def test_v4_paged_decode_matches_the_general_path(tmp_path, config, fp8_weights,
         args, kernels, torch.float32, "cpu", 8, 64, LENGTHS, STEPS, False, kv_cache_dtype
     )
     # The paged shape's wider -1 padding changes the attention's summation order (bits); W8A8
-    # activation rounding can turn that into one e4m3 step of a value: a looser bound there.
-    bound = 5e-2 if fp8_weights else 1e-4
+    # activation rounding or the FP8 KV's can turn that into one e4m3 step of a value (on an
+    # AVX2 host, one key of fp8_kv_shared_hca_slots at one step: 1.3e-4): looser bounds there.
+    bound = 5e-2 if fp8_weights else 2e-3 if kv_cache_dtype == "fp8" else 1e-4
     for key, ref, paged, _ in steps:
         assert key == (8, 64)
         assert (paged - ref).abs().max().item() <= bound * max(1.0, ref.abs().max().item()), key

@@ -126,12 +126,14 @@ class Indexer(GroupCompressor):
         weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
         keys = cache.component(local, INDEX_KEYS)  # scored in place, FP8 or not
         score, top_k = _op(self.kernels.indexer_logits_rows), _op(self.kernels.index_topk)
-        k = min(self.topk, plan.max_entries)
-        picked = torch.empty(t, k, dtype=torch.long, device=x.device)
-        for tokens, select in plan.select:
-            scores = score(q[tokens], keys, weights[tokens], self.width**-0.5, select)
-            picked[tokens] = top_k(scores, k)
-        return picked.masked_fill(picked >= plan.visible[:, None], -1)
+        k, scale = min(self.topk, plan.max_entries), self.width**-0.5
+        if len(plan.select) == 1 and plan.select[0][0] == slice(0, t):  # decode: one tile
+            picked = top_k(score(q, keys, weights, scale, plan.select[0][1]), k)
+        else:
+            picked = torch.empty(t, k, dtype=torch.long, device=x.device)
+            for tokens, select in plan.select:
+                picked[tokens] = top_k(score(q[tokens], keys, weights[tokens], scale, select), k)
+        return picked.masked_fill_(picked >= plan.visible[:, None], -1)
 
 
 class V4Attention(nn.Module):
