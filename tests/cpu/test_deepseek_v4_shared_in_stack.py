@@ -89,7 +89,8 @@ def test_staggered_batched_rows_match_rows_alone_and_the_swiglu_beside(
     a block, far past the window and top-k, and a chunk across a group boundary. With the
     stack's grouped-kernel bound at 3 tokens the batch runs the shared expert densely on its
     slot and each row alone runs it in the grouped kernel: the batched rows equal each row
-    alone, and the stage with the SwiGLU beside the experts."""
+    alone (W8A8: the same token, within a rounding step), and the stage with the SwiGLU
+    beside the experts."""
     from stages.models import moe
 
     monkeypatch.setattr(moe, "SHARED_IN_STACK_TOKENS", 3)
@@ -98,6 +99,10 @@ def test_staggered_batched_rows_match_rows_alone_and_the_swiglu_beside(
     tables = [[3 * r, 3 * r + 1, 3 * r + 2] for r in range(len(cases))]
     ids = [t for done, n in cases for t in prompt[done : done + n]]
     rows = [(done, n, table, True) for (done, n), table in zip(cases, tables)]
+    # W8A8: the batch's shape moves a row's fp32 sums by ~1e-7, which can flip one e4m3 step of
+    # an activation (an AVX2 host flips one in layer 1's MoE for the chunk: 4.7e-3 there, 0.13
+    # of 3.3 at the logits), as test_deepseek_v4_paged_decode bounds it
+    bound = 5e-2 if fp8 else 1e-5
     got = {}
     for in_stack in (True, False):
         chain = _chain(checkpoint, in_stack, fp8, monkeypatch, num_blocks=3 * len(cases))
@@ -107,7 +112,9 @@ def test_staggered_batched_rows_match_rows_alone_and_the_swiglu_beside(
         if in_stack:
             for i, ((done, n), table) in enumerate(zip(cases, tables)):
                 alone = chain.logits(prompt[done : done + n], [(done, n, table, True)])
-                assert (got[True][i] - alone[0]).abs().max().item() <= 1e-5, (i, done, n)
+                scale = max(1.0, alone[0].abs().max().item()) if fp8 else 1.0
+                assert (got[True][i] - alone[0]).abs().max().item() <= bound * scale, (i, done, n)
+                assert torch.equal(got[True][i].argmax(-1), alone[0].argmax(-1)), (i, done, n)
     torch.testing.assert_close(got[True], got[False], rtol=2e-5, atol=2e-5)
 
 
