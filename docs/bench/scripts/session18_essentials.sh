@@ -2,7 +2,7 @@
 # Session 18, one call in place of calls 1-2 when the device time left holds only one (one H200;
 # carry .gpu .whl .tfw .commit): session 17's kernels' GPU tests, V4's and V3.2's decode graph
 # tests, the V4 decode stage in graphs (FP8, 1/64/512 rows), the FP8 TTFT row with the startup
-# warm-up and the FP8 engine decode at 512 rows.
+# warm-up and the FP8 engine decode at 512 rows (BUDGET: the seconds the call may take, 575).
 set -u
 . docs/bench/scripts/host_env.sh
 F=tests/gpu/test_fp8_kernels.py
@@ -17,7 +17,7 @@ LIMIT=130 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
   tests/gpu/test_deepseek_v4_decode_graphs.py tests/gpu/test_deepseek_decode_graphs.py
 LIMIT=150 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
   --device cuda --timeout 145 --out "$R/suite"
-left=$((575 - SECONDS)); LIMIT=$((left < 100 ? left : 100)) step decode-v4-flash-512-fp8 \
+left=$((${BUDGET:-575} - SECONDS)); LIMIT=$((left < 100 ? left : 100)) step decode-v4-flash-512-fp8 \
   python3 -m app.cli bench suite --only decode-v4-flash-512-fp8 --device cuda \
   --timeout $((left - 5)) --out "$R/suite"
 tar czf "$OUT/results.tgz" -C "$OUT" r
