@@ -15,8 +15,9 @@ LIMIT=60 step v4_decode_fp8 python3 -m app.bench.v4_decode --context 512 --quant
   --kv-cache-dtype fp8 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
 LIMIT=130 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
   tests/gpu/test_deepseek_v4_decode_graphs.py tests/gpu/test_deepseek_decode_graphs.py
-LIMIT=150 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
-  --device cuda --timeout 145 --out "$R/suite"
+left=$((${BUDGET:-575} - SECONDS)); LIMIT=$((left < 150 ? left : 150)) step ttft-v4-flash-fp8 \
+  python3 -m app.cli bench suite --only ttft-v4-flash-fp8 --device cuda \
+  --timeout $((LIMIT - 5)) --out "$R/suite"
 left=$((${BUDGET:-575} - SECONDS)); LIMIT=$((left < 100 ? left : 100)) step decode-v4-flash-512-fp8 \
   python3 -m app.cli bench suite --only decode-v4-flash-512-fp8 --device cuda \
   --timeout $((left - 5)) --out "$R/suite"
