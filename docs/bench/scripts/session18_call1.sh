@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 18, call 1 (session17_call1.sh trimmed to the device time left; one H200; carry .gpu
+# Session 18, call 1 (one H200; carry .gpu
 # .whl .tfw .commit): session 17's kernels, written with
 # no device, against their references, then timed beside what they replace:
 # - GPU tests: the FP8 MoE's gate/up GEMM with the SwiGLU and quantizer in its epilogue
@@ -16,12 +16,8 @@
 # - the last 8K chunk of 256K by kernel group (FP8 weights + FP8 KV).
 set -u
 . docs/bench/scripts/host_env.sh
-F=tests/gpu/test_fp8_kernels.py
-LIMIT=110 step kernel_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
-  $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_fp8_experts_match_reference \
-  $F::test_w8a8_linear_matches_reference $F::test_swiglu_down_projection_equals_the_unfused_one \
-  $F::test_v4_stage_fp8_against_bf16 tests/gpu/test_route_topk_cuda.py tests/gpu/test_group_pool_cuda.py \
-  tests/gpu/test_rule_topk_cuda.py tests/gpu/test_indexer_kernel.py
+. docs/bench/scripts/gpu_test_sets.sh
+LIMIT=110 step kernel_tests $GPU_PYTEST "${KERNEL_TESTS[@]}"
 LIMIT=50 step moe_swiglu python3 -m app.bench.fp8 --moe-swiglu --out "$R/moe_swiglu.json"
 LIMIT=60 step rule_topk python3 -m app.bench.indexer_select --topk 512 --no-loop --rate 4 \
   --cases 1x1:2304,512x1:2304,1x8192:262144 --out "$R/indexer_select.json"

@@ -5,16 +5,11 @@
 # warm-up and the FP8 engine decode at 512 rows (BUDGET: the seconds the call may take, 575).
 set -u
 . docs/bench/scripts/host_env.sh
-F=tests/gpu/test_fp8_kernels.py
-LIMIT=100 step kernel_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
-  $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_fp8_experts_match_reference \
-  $F::test_w8a8_linear_matches_reference $F::test_swiglu_down_projection_equals_the_unfused_one \
-  $F::test_v4_stage_fp8_against_bf16 tests/gpu/test_route_topk_cuda.py tests/gpu/test_group_pool_cuda.py \
-  tests/gpu/test_rule_topk_cuda.py tests/gpu/test_indexer_kernel.py
+. docs/bench/scripts/gpu_test_sets.sh
+LIMIT=100 step kernel_tests $GPU_PYTEST "${KERNEL_TESTS[@]}"
 LIMIT=60 step v4_decode_fp8 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
   --kv-cache-dtype fp8 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
-LIMIT=130 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
-  tests/gpu/test_deepseek_v4_decode_graphs.py tests/gpu/test_deepseek_decode_graphs.py
+LIMIT=130 step graph_tests $GPU_PYTEST "${GRAPH_TESTS[@]}"
 left=$((${BUDGET:-575} - SECONDS)); LIMIT=$((left < 150 ? left : 150)) step ttft-v4-flash-fp8 \
   python3 -m app.cli bench suite --only ttft-v4-flash-fp8 --device cuda \
   --timeout $((LIMIT - 5)) --out "$R/suite"

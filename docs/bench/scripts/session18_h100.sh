@@ -6,19 +6,14 @@
 # the shared expert in the stack and beside it.
 set -u
 . docs/bench/scripts/host_env.sh
+. docs/bench/scripts/gpu_test_sets.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$R/gpu.txt"
-F=tests/gpu/test_fp8_kernels.py
-LIMIT=100 step kernel_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
-  $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_fp8_experts_match_reference \
-  $F::test_w8a8_linear_matches_reference $F::test_swiglu_down_projection_equals_the_unfused_one \
-  $F::test_v4_stage_fp8_against_bf16 tests/gpu/test_route_topk_cuda.py tests/gpu/test_group_pool_cuda.py \
-  tests/gpu/test_rule_topk_cuda.py tests/gpu/test_indexer_kernel.py
-LIMIT=130 step graph_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
-  tests/gpu/test_deepseek_v4_decode_graphs.py tests/gpu/test_deepseek_decode_graphs.py
+LIMIT=100 step kernel_tests $GPU_PYTEST "${KERNEL_TESTS[@]}"
+LIMIT=130 step graph_tests $GPU_PYTEST "${GRAPH_TESTS[@]}"
 LIMIT=40 step decode_linears python3 -m app.bench.fp8 --decode-linears --out "$R/decode_linears.json"
 V4="python3 -m app.bench.v4_decode --context 512 --quantization fp8 --kv-cache-dtype fp8"
 LIMIT=60 step v4_decode_fp8 $V4 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
 LIMIT=50 step v4_decode_fp8_beside $V4 --rows 1,64,512 --shared-expert beside --out "$R/v4_decode_fp8_beside.json"
 left=$((575 - SECONDS)); LIMIT=$((left < 200 ? left : 200)) step batched_v4 \
-  python3 -m pytest -rA -q -m gpu -p no:cacheprovider -k v4 tests/gpu/test_batched_vs_alone_cuda.py
+  $GPU_PYTEST -k v4 tests/gpu/test_batched_vs_alone_cuda.py
 tar czf "$OUT/results.tgz" -C "$OUT" r
