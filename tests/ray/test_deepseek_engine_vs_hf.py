@@ -1,7 +1,8 @@
 """DeepSeek-V2/V3/V3.2 through Ray end to end: greedy tokens identical to transformers' generate.
 
 Each tiny checkpoint runs once per PP size; chunk sizes (odd) and skip modes rotate so that
-every checkpoint meets every skip mode and every PP size meets every skip mode and chunk size.
+every checkpoint meets every skip mode and every PP size meets every skip mode and chunk size
+(the whole matrix under `make test-slow`; `make test` two PP sizes of each checkpoint).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from tests.hf_reference import check_output_counts, tiny_reference
 MAX_NEW = 6
 SKIPS = ("off", "sglang", "auto")
 CHUNKS = (5, 7, 13)
-CASES = [(arch, pp, CHUNKS[(2 * i + j) % 3], SKIPS[(i + j) % 3])
+# make test runs each checkpoint at PP 3 and one more PP size (1 or 2, alternating); the third
+# runs under `make test-slow`.
+CASES = [pytest.param(arch, pp, CHUNKS[(2 * i + j) % 3], SKIPS[(i + j) % 3],
+                      marks=[pytest.mark.slow] if j == i % 2 else [])
          for i, arch in enumerate(DEEPSEEK_ARCHS) for j, pp in enumerate((1, 2, 3))]
 
 

@@ -37,9 +37,16 @@ def _cfg(checkpoint, pp, chunk, skip):
                         channel_check=True, stage_num_cpus=0.5, num_kv_blocks=2048)
 
 
-@pytest.mark.parametrize("pp", [1, 2, 3])
-@pytest.mark.parametrize("chunk", [7, 256])
-@pytest.mark.parametrize("skip", ["off", "sglang", "auto"])
+# make test runs six of the 18 (skip, chunk, pp) cases: every (chunk, pp) and (skip, chunk) pair
+# and each skip mode at two PP sizes; `make test-slow` runs the rest.
+FAST = [("auto", 7, 3), ("off", 7, 2), ("sglang", 7, 1), ("sglang", 256, 3), ("auto", 256, 2),
+        ("off", 256, 1)]
+MATRIX = FAST + [pytest.param(s, c, p, marks=pytest.mark.slow)
+                 for s in ("off", "sglang", "auto") for c in (7, 256) for p in (1, 2, 3)
+                 if (s, c, p) not in FAST]
+
+
+@pytest.mark.parametrize("skip,chunk,pp", MATRIX)
 def test_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference, pp, chunk,
                                      skip):
     greedy = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)

@@ -50,13 +50,19 @@ def snapshot() -> tuple[dict[str, int], int]:
     """RSS of each actor process (by its Ray process title and pid), and how many processes
     this cluster runs: the test process started it, so all of them descend from it."""
     procs = psutil.Process().children(recursive=True)
-    rss = {}
+    rss, live = {}, 0
     for p in procs:
+        try:  # a process may exit (or be a zombie awaiting its reaper) between list and read
+            cmdline = p.cmdline()
+            memory = p.memory_info().rss
+        except psutil.Error:
+            continue
+        live += 1
         # "ray::ServeReplica:app:PipelineServer.generate": the actor, then the running method
-        title = (p.cmdline() or [""])[0].split()[0].split(".")[0] if p.cmdline() else ""
+        title = (cmdline or [""])[0].split()[0].split(".")[0] if cmdline else ""
         if title.startswith("ray::") and title != "ray::IDLE":
-            rss[f"{title}:{p.pid}"] = p.memory_info().rss
-    return rss, len(procs)
+            rss[f"{title}:{p.pid}"] = memory
+    return rss, live
 
 
 def settle(served) -> dict:
