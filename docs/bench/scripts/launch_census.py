@@ -160,11 +160,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--out")
+    p.add_argument("--gemv", action="store_true", help="count the GEMV backend's W8A8 linears")
     a = p.parse_args()
     config = dict(v4_flash_bench_config(), **SMALL)
     config.pop("quantization_config", None)
     args = ModelArgs.from_hf_dict(config)
-    gemv = a.rows <= triton_fp8_gemv.GEMV_ROWS  # the W8A8 GEMV with its quantizer inside
+    # the W8A8 GEMV with its quantizer inside (--gemv: the gemv-scaled-mm backend, by name)
+    gemv = a.gemv and a.rows <= triton_fp8_gemv.GEMV_ROWS
     census = Census(dict(GPU_LAUNCHES, **({"fp8_linear": 1} if gemv else {})))
     count_writes(census)
     kernels = wrapped(census, select_kernels("cpu", fp8_linear="torch"))
