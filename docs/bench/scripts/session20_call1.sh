@@ -7,9 +7,10 @@
 # left. Session 17's kernels' other tests passed on the H100 (docs/bench/session19/README.md).
 set -u
 . docs/bench/scripts/host_env.sh
+. docs/bench/scripts/gpu_test_sets.sh
 LEFT_TESTS=(tests/gpu/test_fp8_kernels.py::test_v4_stage_fp8_against_bf16
   tests/gpu/test_deepseek_decode_graphs.py)
-LIMIT=150 step gpu_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider "${LEFT_TESTS[@]}"
+LIMIT=150 step gpu_tests $GPU_PYTEST "${LEFT_TESTS[@]}"
 LIMIT=60 step v4_decode_fp8 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
   --kv-cache-dtype fp8 --rows 1,64,512 --out "$R/v4_decode_fp8.json"
 LIMIT=130 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
