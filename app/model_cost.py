@@ -33,6 +33,9 @@ H200_BF16_TFLOPS = 790.0  # dense bf16 GEMMs alone: 752-793 TF/s (docs/bench/CON
 H200_FP8_TFLOPS = 1580.0  # twice bf16, the FP8 tensor cores' ratio (not measured here)
 H200_FP8_PEAK_TFLOPS = 1979.0  # the data sheet's dense FP8 (issue 35's "FP8 peak")
 H200_HBM_TBS = 4.8  # the data sheet's
+# Memory bandwidth by chip, the data sheets' (H100 SXM5 80 GB: HBM3). The H100 is the H200's
+# GH100 die, SMs and tensor rates, so the H200's GEMM rates above stand for both.
+HBM_TBS = {"H200": H200_HBM_TBS, "H100": 3.35}
 # A microbatch holding any prefill chunk is a prefill step (its decode rows share its GEMMs);
 # one of decode rows only is a decode step.
 PHASES = ("prefill", "decode")

@@ -89,8 +89,8 @@ def moe_tile_rows(
     return rows
 
 
-# V4-Flash's routed experts at one, 64 and 512 decode rows and an 8K prefill chunk
-MOE_SWIGLU_TOKENS = (1, 64, 512, 8192)
+# V4-Flash's routed experts at 1-512 decode rows (UNFUSED_SWIGLU_FROM's crossover) and an 8K chunk
+MOE_SWIGLU_TOKENS = (1, 8, 16, 32, 64, 512, 8192)
 
 
 def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[str, Any]]:

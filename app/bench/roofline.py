@@ -1,5 +1,6 @@
 """Distance to the hardware of the suite's rows: prefill TFLOP/s against the H200's measured
-bf16 and FP8 GEMM rates, decode bytes per step against its HBM bandwidth.
+bf16 and FP8 GEMM rates (the H100's die and tensor rates are the same), decode bytes per step
+against the chip's HBM bandwidth (model_cost.HBM_TBS).
 
 The counts are the model's own (app/model_cost.py), the same the live server exports as
 ray_ppserve_model_flops_total and ray_ppserve_decode_read_bytes_total; so are the rates.
@@ -13,6 +14,7 @@ from app.model_cost import (
     H200_BF16_TFLOPS,
     H200_FP8_TFLOPS,
     H200_HBM_TBS,
+    HBM_TBS,
     decode_bytes,
     kv_bytes_per_token,
     prefill_flops,
@@ -22,6 +24,7 @@ __all__ = [
     "H200_BF16_TFLOPS",
     "H200_FP8_TFLOPS",
     "H200_HBM_TBS",
+    "HBM_TBS",
     "decode_bytes",
     "decode_distance",
     "kv_bytes_per_token",
@@ -50,13 +53,14 @@ def decode_distance(
     weight_bytes: float = 2.0,
     kv_bytes: float = 2.0,
     expert_bytes: float | None = None,
+    hbm_tbs: float = H200_HBM_TBS,
 ) -> dict[str, float]:
-    """Bytes a step reads (GB) and that rate's fraction of the HBM bandwidth (routed experts at
-    expert_bytes a value where they are held otherwise: model_cost.expert_bytes_held)."""
+    """Bytes a step reads (GB) and that rate's fraction of the HBM bandwidth, hbm_tbs (routed
+    experts at expert_bytes a value where they are held otherwise: model_cost.expert_bytes_held)."""
     b = decode_bytes(cfg, rows, context, weight_bytes, kv_bytes, expert_bytes)
     total = b["weights"] + b["kv"]
     return {
         "weights_gb": round(b["weights"] / 1e9, 3),
         "kv_gb": round(b["kv"] / 1e9, 3),
-        "of_hbm": round(total / step_s / (H200_HBM_TBS * 1e12), 3),
+        "of_hbm": round(total / step_s / (hbm_tbs * 1e12), 3),
     }

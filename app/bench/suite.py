@@ -11,6 +11,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 from app.bench.load import decode_parts
 from app.bench.roofline import decode_distance, prefill_distance
 from app.bench.suite_rows import ROWS, Row, select
-from app.model_cost import expert_bytes_held
+from app.model_cost import H200_HBM_TBS, HBM_TBS, expert_bytes_held
 
 Figure = dict[str, Any]  # label, value, unit, higher_is_better, distance
 
@@ -79,9 +80,9 @@ def ttft_figures(raw: dict[str, Any]) -> list[Figure]:
     return figures
 
 
-def decode_figures(raw: dict[str, Any]) -> list[Figure]:
+def decode_figures(raw: dict[str, Any], hbm_tbs: float = H200_HBM_TBS) -> list[Figure]:
     """tok/s and ITL per skip mode of each of a load bench's decode parts (one per
-    concurrency), and the KV capacity."""
+    concurrency), and the KV capacity; bytes a step against hbm_tbs."""
     engine = raw.get("engine", {})
     fp8_w = engine.get("quantization") == "fp8"
     fp8_kv = engine.get("kv_cache_dtype") == "fp8"
@@ -109,6 +110,7 @@ def decode_figures(raw: dict[str, Any]) -> list[Figure]:
                     1.0 if fp8_w else 2.0,
                     1.0 if fp8_kv else 2.0,
                     expert_bytes_held(raw["model"], engine.get("mxfp4_experts", "dequantize")),
+                    hbm_tbs,
                 )
                 if step
                 else {}
@@ -158,8 +160,20 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     }
 
 
-def figures(row: Row, raw: dict[str, Any]) -> list[Figure]:
-    return ttft_figures(raw) if row.kind == "ttft" else decode_figures(raw)
+def figures(row: Row, raw: dict[str, Any], hardware: str | None = None) -> list[Figure]:
+    hbm = HBM_TBS.get((hardware or row.hardware).partition("x")[2], H200_HBM_TBS)
+    return ttft_figures(raw) if row.kind == "ttft" else decode_figures(raw, hbm)
+
+
+def measured_hardware(row: Row, env: dict[str, Any]) -> str:
+    """What ran the row, in the manifest's spelling ("1xH200", "cpu"): the row's GPU count and
+    the chip the environment names (an H100 lent for an H200 row is said to be one)."""
+    gpus = env.get("gpus") or []
+    if not gpus:
+        return "cpu"
+    chip = re.search(r"\b([A-Z]\d{2,3})\b", gpus[0])
+    count = row.hardware.partition("x")[0] if "x" in row.hardware else str(len(gpus))
+    return f"{count}x{chip.group(1) if chip else gpus[0].replace(' ', '_')}"
 
 
 def run_row(row: Row, out_dir: str, timeout: float | None = None) -> dict[str, Any]:
@@ -174,14 +188,16 @@ def run_row(row: Row, out_dir: str, timeout: float | None = None) -> dict[str, A
         except subprocess.TimeoutExpired as e:
             rc, tail = 124, f"timed out after {e.timeout} s"
         raw = json.load(open(raw_path)) if os.path.exists(raw_path) else None
+    env = _environment()
     result: dict[str, Any] = {
         "row": row.name,
         "shape": row.shape,
-        "hardware": row.hardware,
+        "hardware": measured_hardware(row, env),
+        "row_hardware": row.hardware,
         "target": row.target,
         "date": datetime.date.today().isoformat(),
         "commit": commit(),
-        "environment": _environment(),
+        "environment": env,
         "command": f"python -m app.bench.{row.module} " + " ".join(row.args),
         "returncode": rc,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -189,7 +205,7 @@ def run_row(row: Row, out_dir: str, timeout: float | None = None) -> dict[str, A
         "raw": raw,
     }
     try:
-        result["figures"] = figures(row, raw) if raw else []
+        result["figures"] = figures(row, raw, result["hardware"]) if raw else []
     except (KeyError, TypeError, ZeroDivisionError) as e:  # a killed run's partial output
         result["error"] = f"could not read the figures: {e!r}"
     if rc:

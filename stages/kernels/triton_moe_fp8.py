@@ -8,13 +8,13 @@ contiguous one, built on the device with no host sync): the tokens are quantized
 tiles (the count stays on the device) with a grid of SMs, or SMs - 1 leaving an SM to a waiting
 NCCL recv, so a call is sync-free with fixed grids (CUDA graphs capture it). The K loop is
 stages.kernels.triton_gemm's block-scaled one: each 128-wide K tile is one activation group and
-one weight block. The gate/up GEMM ends in torch_ref.swiglu's steps (with DeepSeek-V4's clamp
-where given) and the 1 x 128 quantizer of the down GEMM's input: each program computes a row
-tile's gate and up columns of one 128-wide group side by side, so the bf16 product never goes
-to memory and only the layout's real rows are written (the expert padding, most rows of a
-decode batch's layout, is skipped). Its bits are the unfused path's (the GEMM's result rounded
-to the activations' dtype, then triton_fp8_act.swiglu_quantize_act), which serves an
-intermediate width off the 128 grid. The down GEMM scales each row by its
+one weight block. Below UNFUSED_SWIGLU_FROM tokens the gate/up GEMM ends in torch_ref.swiglu's
+steps (with DeepSeek-V4's clamp where given) and the 1 x 128 quantizer of the down GEMM's input:
+each program computes a row tile's gate and up columns of one 128-wide group side by side, so the
+bf16 product never goes to memory and only the layout's real rows are written (the expert padding,
+most rows of a decode batch's layout, is skipped). Its bits are the unfused path's (the GEMM's
+result rounded to the activations' dtype, then triton_fp8_act.swiglu_quantize_act), which serves
+more tokens and an intermediate width off the 128 grid. The down GEMM scales each row by its
 routing weight and stores it at its (token, k) slot, as triton_moe's does; the k slots of a
 token are summed.
 
@@ -42,6 +42,12 @@ BLOCK = fp8_ref.BLOCK
 # 3.5-3.7 TB/s at 64 and 512 rows of V4-Flash, against 2.9 with 3 stages
 # (`python -m app.bench.fp8 --moe-decode-tiles`; 16- and 32-row tiles are no faster).
 PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
+# The fused gate/up SwiGLU epilogue (gate_up_swiglu) below this many tokens, the GEMM then the
+# quantizer from it: same bits, and on an H100 the fused kernel took 0.06 against 0.54 ms at one
+# token (the unfused quantizer sweeps the layout's expert padding) but 1.51 / 1.94 / 4.33 against
+# 1.43 / 1.82 / 3.44 ms at 64 / 512 / 8192 tokens (`python -m app.bench.fp8 --moe-swiglu`,
+# docs/bench/session20/call2/moe_swiglu.json); between 1 and 64 not measured.
+UNFUSED_SWIGLU_FROM = 64
 
 
 def tiles_for(pairs: int, experts: int) -> tuple[int, int, int]:
@@ -208,11 +214,11 @@ def _moe(
         xq.view(torch.uint8), xs, topk_ids, topk_weights, gate_up.shape[0], block_m
     )
     a = a.view(fp8_ref.FP8)
-    if gate_up.shape[1] % (2 * BLOCK) == 0:
+    if t < UNFUSED_SWIGLU_FROM and gate_up.shape[1] % (2 * BLOCK) == 0:
         hq, hs = gate_up_swiglu(
             a, a_scale, gate_up, gu_scale, r, grid, x.dtype, limit, warps, stages
         )
-    else:  # a gate/up column group would straddle the halves: the GEMM, then the quantizer
+    else:  # more rows, or a gate/up column group straddling the halves: GEMM, then quantizer
         h = grouped_gemm(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, warps, stages)
         hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit)
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, t * k, warps, stages)

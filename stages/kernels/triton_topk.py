@@ -19,7 +19,8 @@ for an 8K chunk (docs/PERFORMANCE.md). Here:
    lower position), reading the scores only of the groups whose maximum reaches theta: about
    k groups of a 64K-score line's 8K, where the pass had read every score;
 4. the rule's top-k of those k + group * k candidates (triton_rule_topk, one program a line;
-   torch's top_k_positions for a k it does not take): equal scores are in position order in
+   torch's top_k_positions for a k it does not take, or past RULE_KERNEL_MAX_LINES lines,
+   where torch's is faster): equal scores are in position order in
    each region, and the regions hold no equal scores, so the candidates' order breaks ties as
    the positions do.
 
@@ -35,6 +36,11 @@ import torch
 from stages.kernels import indexer_select, triton_paged_decode, triton_rule_topk
 
 GROUP = 8  # scores per group whose maximum bounds the threshold
+# The one-program rule kernel up to this many lines, torch's top-k beyond: on an H100 the kernel
+# took 0.13 / 0.30 against 0.31 / 0.66 ms at 1 / 512 lines of k + 8k candidates (k 512), but
+# 3.20 against 1.58 at 8192 (a prefill chunk's; `python -m app.bench.indexer_select`,
+# docs/bench/session20/call2/indexer_select.json); between 512 and 8192 not measured.
+RULE_KERNEL_MAX_LINES = 1024
 BLOCK = 2048  # scores a program reads per step
 # the compaction's (group maxima a step, warps): a program walks one whole line's maxima, and
 # reads the scores of a step's groups only if one of them may hold a candidate; theta found in
@@ -236,7 +242,9 @@ def top_k_positions(
 
 
 def _rule(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The rule's top-k of whole lines: one program a line where it fits, else torch's."""
-    if triton_rule_topk.fits(scores.shape[-1], k):
+    """The rule's top-k of whole lines: one program a line where it fits and the lines are
+    few (RULE_KERNEL_MAX_LINES), else torch's."""
+    lines = scores.numel() // max(1, scores.shape[-1])
+    if lines <= RULE_KERNEL_MAX_LINES and triton_rule_topk.fits(scores.shape[-1], k):
         return triton_rule_topk.rule_top_k(scores, k)
     return indexer_select.top_k_positions(scores, k)

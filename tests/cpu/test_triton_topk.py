@@ -50,6 +50,27 @@ def test_interpreted_topk_of_equal_and_continuous_lines(triton_interpreter):
         assert torch.equal(got, top_k_positions(scores.clone(), k)), k
 
 
+@pytest.mark.parametrize("lines", [2, 3])
+def test_interpreted_topk_takes_torch_for_the_candidates_of_many_lines(
+    triton_interpreter, monkeypatch, lines
+):
+    """Past RULE_KERNEL_MAX_LINES lines (a prefill chunk's) the candidates' top-k is torch's,
+    where the one-program kernel is slower; up to it, the kernel's. The picks are the rule's
+    either way."""
+    from stages.kernels import triton_rule_topk, triton_topk
+
+    calls: list[int] = []
+    kernel = triton_rule_topk.rule_top_k
+    monkeypatch.setattr(triton_topk, "RULE_KERNEL_MAX_LINES", 2)
+    monkeypatch.setattr(
+        triton_rule_topk, "rule_top_k", lambda s, k: calls.append(s.shape[0]) or kernel(s, k)
+    )
+    scores = _scores(lines, 2500, seed=lines)
+    got = triton_topk.top_k_positions(scores.clone(), 100)
+    assert torch.equal(got, top_k_positions(scores.clone(), 100))
+    assert calls == ([lines] if lines <= 2 else [])
+
+
 @pytest.mark.parametrize("compact", [(4, 4), (64, 4), (1024, 16)])
 @pytest.mark.parametrize("find_theta", [False, True])
 def test_interpreted_topk_is_the_rule_at_any_compaction_step(

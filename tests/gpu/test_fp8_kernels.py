@@ -88,10 +88,13 @@ def test_w8a8_linear_matches_reference(backend, m, n, k):
 
 @pytest.mark.skipif(not fp8_gemm.is_available("cuda"), reason="needs triton on SM90+")
 @pytest.mark.parametrize("limit", [None, 0.05], ids=["plain", "swiglu-limit"])
-def test_fp8_experts_match_reference(limit):
-    """limit: DeepSeek-V4's swiglu clamp, small enough here to clamp most gate and up values."""
+@pytest.mark.parametrize("t", [5, 300], ids=["fused-swiglu", "unfused-swiglu"])
+def test_fp8_experts_match_reference(limit, t):
+    """limit: DeepSeek-V4's swiglu clamp, small enough here to clamp most gate and up values;
+    t: tokens either side of triton_moe_fp8.UNFUSED_SWIGLU_FROM."""
+    assert 5 < triton_moe_fp8.UNFUSED_SWIGLU_FROM <= 300
     g = torch.Generator(device="cuda").manual_seed(5)
-    e, h, inter, t, k = 8, 1024, 512, 300, 3
+    e, h, inter, k = 8, 1024, 512, 3
     gate_up, gu_s = fp8_ref.quantize_weight(
         torch.randn(e, 2 * inter, h, generator=g, device="cuda") / 30
     )

@@ -152,3 +152,18 @@ def test_decode_distance_takes_the_step_from_the_rows_tok_s():
     assert itl["value"] < step_ms
     read = tok_s["distance"]["weights_gb"] + tok_s["distance"]["kv_gb"]
     assert tok_s["distance"]["of_hbm"] == round(read / step_ms / 4.8, 3)
+
+
+def test_a_row_is_labelled_with_the_chip_that_ran_it():
+    """An H100 lent for an H200 row says H100 in the report, and its decode rows' fraction of
+    HBM divides by the H100's bandwidth; a run with no GPU says cpu."""
+    row = next(r for r in ROWS if r.name == "decode-v4-flash-512-fp8")
+    h100 = {"gpus": ["NVIDIA H100 80GB HBM3"]}
+    assert suite.measured_hardware(row, h100) == "1xH100"
+    assert suite.measured_hardware(row, {"gpus": ["NVIDIA H200"] * 8}) == "1xH200"
+    assert suite.measured_hardware(row, {}) == "cpu"
+    root = Path(__file__).resolve().parents[2]
+    raw = json.loads((root / "docs/bench/latest/decode-v4-flash-512-fp8.json").read_text())["raw"]
+    on_h200 = suite.figures(row, raw, "1xH200")[0]["distance"]["of_hbm"]
+    on_h100 = suite.figures(row, raw, "1xH100")[0]["distance"]["of_hbm"]
+    assert on_h100 == pytest.approx(on_h200 * 4.8 / 3.35, abs=2e-3)
