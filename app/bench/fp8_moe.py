@@ -118,7 +118,7 @@ def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[st
 
         def unfused() -> tuple[torch.Tensor, torch.Tensor]:
             c = triton_moe_fp8.grouped_gemm(a, a_s, gq, gs, r, grid, x.dtype, None, warps, stages)
-            return triton_fp8_act.swiglu_quantize_act(c, limit)
+            return triton_fp8_act.swiglu_quantize_act(c, limit, live=r.pair_of_row)
 
         def fused() -> tuple[torch.Tensor, torch.Tensor]:
             return triton_moe_fp8.gate_up_swiglu(

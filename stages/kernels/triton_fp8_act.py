@@ -65,13 +65,16 @@ def swiglu_quantize_act(
     limit: float | None = None,
     rows_multiple: int = 1,
     group_major: bool = False,
+    live: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """gate_up [M, 2I] (the gate and up halves side by side) -> quantize_act(torch_ref.swiglu(
     gate, up, limit), rows_multiple, group_major) in one kernel: the activation between a SwiGLU's
     GEMMs (the grouped MoE's, the shared experts' and dense MLPs' W8A8 down projections), where
     the clamps, silu, product and quantizer were five passes over [rows, I] in torch (the clamps
     alone took 8 ms of V4-Flash's FP8 8K chunk). The same bits as the unfused path: torch's
-    rounding steps, IEEE divisions and libdevice's expf, the one torch's silu calls."""
+    rounding steps, IEEE divisions and libdevice's expf, the one torch's silu calls.
+    live [M] (the grouped MoE's pair_of_row): only rows with live >= 0 are read and written, the
+    others (the layout's expert padding) left as they were, their scales included."""
     from stages.kernels import torch_ref
 
     width = gate_up.shape[1]
@@ -79,7 +82,7 @@ def swiglu_quantize_act(
         half = width // 2
         h = torch_ref.swiglu(gate_up[:, :half], gate_up[:, half:], limit)
         return quantize_act(h, rows_multiple, group_major)
-    return _swiglu_quantize(gate_up, limit, rows_multiple, group_major)
+    return _swiglu_quantize(gate_up, limit, rows_multiple, group_major, live)
 
 
 def _buffers(
@@ -97,7 +100,11 @@ def _buffers(
 
 
 def _swiglu_quantize(
-    gate_up: torch.Tensor, limit: float | None, rows_multiple: int = 1, group_major: bool = False
+    gate_up: torch.Tensor,
+    limit: float | None,
+    rows_multiple: int = 1,
+    group_major: bool = False,
+    live: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch (any device Triton runs on: its interpreter's tests call it)."""
     m, inter = gate_up.shape[0], gate_up.shape[1] // 2
@@ -105,9 +112,10 @@ def _swiglu_quantize(
     rows, groups = q.shape[0], scale.shape[1]
     if rows:
         _swiglu_quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
-            gate_up, q, scale, m, rows, inter, gate_up.stride(0), q.stride(0), scale.stride(0),
-            scale.stride(1), 0.0 if limit is None else rounded(limit, gate_up.dtype),
-            HAS_LIMIT=limit is not None, CUDA_EXP=gate_up.is_cuda,
+            gate_up, q, scale, gate_up if live is None else live, m, rows, inter,
+            gate_up.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
+            0.0 if limit is None else rounded(limit, gate_up.dtype), HAS_LIMIT=limit is not None,
+            HAS_LIVE=live is not None, CUDA_EXP=gate_up.is_cuda,
             INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=BLOCK_M,
             GROUP=fp8_ref.BLOCK, num_warps=4,
         )  # fmt: skip
@@ -196,20 +204,27 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _swiglu_quantize_1x128(  # type: ignore[no-untyped-def]
-        x_ptr, q_ptr, s_ptr, M, R, K, stride_xm, stride_qm, stride_sm, stride_sg, limit,
-        HAS_LIMIT: tl.constexpr, CUDA_EXP: tl.constexpr, INV_FP8_MAX: tl.constexpr,
-        MIN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
+        x_ptr, q_ptr, s_ptr, live_ptr, M, R, K, stride_xm, stride_qm, stride_sm, stride_sg,
+        limit, HAS_LIMIT: tl.constexpr, HAS_LIVE: tl.constexpr, CUDA_EXP: tl.constexpr,
+        INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+        GROUP: tl.constexpr,
     ):
         """torch_ref.swiglu's bf16 steps (silu rounded to x's dtype, then the product) over x's
-        halves [gate | up], each 128-wide group of the result quantized as _quantize_1x128."""
+        halves [gate | up], each 128-wide group of the result quantized as _quantize_1x128;
+        HAS_LIVE: only the rows whose live_ptr entry is >= 0 read and written."""
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         group = tl.program_id(1)
         cols = group * GROUP + tl.arange(0, GROUP)
+        real = rows < M
+        kept = rows < R
+        if HAS_LIVE:
+            real = real & (tl.load(live_ptr + rows, mask=real, other=-1) >= 0)
+            kept = real
         ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :]
-        mask = (rows[:, None] < M) & (cols[None, :] < K)
+        mask = real[:, None] & (cols[None, :] < K)
         gate = tl.load(ptrs, mask=mask, other=0.0)
         up = tl.load(ptrs + K, mask=mask, other=0.0)
         h = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
-        _quantize_store(h, rows.to(tl.int64), cols, group, rows < M, rows < R, q_ptr, s_ptr, K,
+        _quantize_store(h, rows.to(tl.int64), cols, group, real, kept, q_ptr, s_ptr, K,
                         stride_qm, stride_sm, stride_sg, INV_FP8_MAX, MIN_SCALE)
     # fmt: on

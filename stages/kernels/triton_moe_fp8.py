@@ -13,10 +13,10 @@ steps (with DeepSeek-V4's clamp where given) and the 1 x 128 quantizer of the do
 each program computes a row tile's gate and up columns of one 128-wide group side by side, so the
 bf16 product never goes to memory and only the layout's real rows are written (the expert padding,
 most rows of a decode batch's layout, is skipped). Its bits are the unfused path's (the GEMM's
-result rounded to the activations' dtype, then triton_fp8_act.swiglu_quantize_act), which serves
-more tokens and an intermediate width off the 128 grid. The down GEMM scales each row by its
-routing weight and stores it at its (token, k) slot, as triton_moe's does; the k slots of a
-token are summed.
+result rounded to the activations' dtype, then triton_fp8_act.swiglu_quantize_act over the layout's
+live rows only), which serves more tokens and an intermediate width off the 128 grid. The down GEMM
+scales each row by its routing weight and stores it at its (token, k) slot, as triton_moe's does;
+the k slots of a token are summed.
 
 Anything not on CUDA goes to fp8_ref.moe_experts, counted and logged once
 (stages/kernels/fallbacks.py); an empty batch does too, uncounted.
@@ -44,9 +44,10 @@ BLOCK = fp8_ref.BLOCK
 PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
 # The fused gate/up SwiGLU epilogue (gate_up_swiglu) below this many tokens, the GEMM then the
 # quantizer from it: same bits, and on an H100 the fused kernel took 0.06 against 0.54 ms at one
-# token (the unfused quantizer sweeps the layout's expert padding) but 1.51 / 1.94 / 4.33 against
-# 1.43 / 1.82 / 3.44 ms at 64 / 512 / 8192 tokens (`python -m app.bench.fp8 --moe-swiglu`,
-# docs/bench/session20/call2/moe_swiglu.json); between 1 and 64 not measured.
+# token but 1.51 / 1.94 / 4.33 against 1.43 / 1.82 / 3.44 ms at 64 / 512 / 8192 tokens (`python
+# -m app.bench.fp8 --moe-swiglu`, docs/bench/session20/call2/moe_swiglu.json), the quantizer
+# then sweeping the layout's expert padding too (it reads only live rows since); between 1 and
+# 64 not measured.
 UNFUSED_SWIGLU_FROM = 64
 
 
@@ -220,7 +221,7 @@ def _moe(
         )
     else:  # more rows, or a gate/up column group straddling the halves: GEMM, then quantizer
         h = grouped_gemm(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, warps, stages)
-        hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit)
+        hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit, live=r.pair_of_row)
     y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, t * k, warps, stages)
     return combine(y, topk_ids, x.dtype)
 

@@ -88,6 +88,29 @@ def test_interpreted_swiglu_quantizer_in_the_scaled_mm_layout(triton_interpreter
     assert not q[21:].view(torch.uint8).any() and bool((s[21:] == 1).all())
 
 
+def test_interpreted_swiglu_quantizer_skips_rows_that_are_not_live(triton_interpreter, monkeypatch):
+    """live (the grouped MoE's pair_of_row, -1 on the layout's expert padding): the live rows'
+    bits are the whole call's, the others are neither read nor written (their buffers keep what
+    they held, as the fused gate/up epilogue leaves them)."""
+    g = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(40, 512, generator=g) * 2).half()
+    live = torch.full((40,), -1, dtype=torch.int32)
+    live[[0, 3, 4, 17, 31, 39]] = torch.arange(6, dtype=torch.int32)
+    want_q, want_s = triton_fp8_act._swiglu_quantize(gate_up, 2.0)
+    buffers = triton_fp8_act._buffers
+
+    def marked(*args):
+        q, s = buffers(*args)
+        return q.fill_(7.0), s.fill_(-3.0)
+
+    monkeypatch.setattr(triton_fp8_act, "_buffers", marked)
+    q, s = triton_fp8_act._swiglu_quantize(gate_up, 2.0, live=live)
+    on = live >= 0
+    assert torch.equal(q[on].view(torch.uint8), want_q[on].view(torch.uint8))
+    assert torch.equal(s[on], want_s[on])
+    assert bool((q[~on].float() == 7.0).all()) and bool((s[~on] == -3.0).all())
+
+
 @pytest.mark.parametrize("limit", [None, 3.0])
 def test_swiglu_down_projection_is_the_down_projection_of_the_swiglu(limit):
     """Linear.forward_swiglu (a SwiGLU's down projection fed gate | up) on FP8 weights with the

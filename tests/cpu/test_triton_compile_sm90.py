@@ -360,27 +360,30 @@ def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
     ptx = compiled.asm["ptx"]
     assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    compiled = _compile(
-        triton_fp8_act._swiglu_quantize_1x128,
-        {
-            "x_ptr": f"*{dtype}",
-            "q_ptr": "*fp8e4nv",
-            "s_ptr": "*fp32",
-            **dict.fromkeys(ints, "i32"),
-            "limit": "fp32",
-        },
-        {
-            "HAS_LIMIT": True,
-            "CUDA_EXP": True,
-            "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
-            "MIN_SCALE": fp8_ref.MIN_SCALE,
-            "BLOCK_M": triton_fp8_act.BLOCK_M,
-            "GROUP": fp8_ref.BLOCK,
-        },
-        num_warps=4,
-    )
-    ptx = compiled.asm["ptx"]  # IEEE divisions, the silu's too (torch's silu divides so)
-    assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
+    for live in (False, True):  # the grouped MoE's unfused path reads only its live rows
+        compiled = _compile(
+            triton_fp8_act._swiglu_quantize_1x128,
+            {
+                "x_ptr": f"*{dtype}",
+                "q_ptr": "*fp8e4nv",
+                "s_ptr": "*fp32",
+                "live_ptr": "*i32",
+                **dict.fromkeys(ints, "i32"),
+                "limit": "fp32",
+            },
+            {
+                "HAS_LIMIT": True,
+                "HAS_LIVE": live,
+                "CUDA_EXP": True,
+                "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
+                "MIN_SCALE": fp8_ref.MIN_SCALE,
+                "BLOCK_M": triton_fp8_act.BLOCK_M,
+                "GROUP": fp8_ref.BLOCK,
+            },
+            num_warps=4,
+        )
+        ptx = compiled.asm["ptx"]  # IEEE divisions, the silu's too (torch's silu divides so)
+        assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
 
 
 @pytest.mark.parametrize("dot_scaled", [True, False], ids=["dot-scaled", "own-dequant"])
