@@ -8,6 +8,7 @@ the GEMM then the quantizer (`--moe-swiglu`).
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -34,7 +35,8 @@ def moe_tile_rows(
     sweep: tuple[tuple[int, ...], ...] = PREFILL_TILE_SWEEP,
 ) -> list[dict[str, Any]]:
     """The grouped FP8 GEMMs (gate/up, then down) per tile configuration: BLOCK_M (the routing
-    layout's), warps and pipeline stages; BLOCK_N and BLOCK_K are the 128 x 128 scale blocks.
+    layout's), warps, pipeline stages and pointer loads or TMA; BLOCK_N and BLOCK_K are the
+    128 x 128 scale blocks.
     Each row also gives the expert weights' read rate (the experts the tokens touch, FP8)."""
     import triton.testing
 
@@ -60,32 +62,32 @@ def moe_tile_rows(
             h_in, h_s = triton_fp8_act.quantize_act(
                 torch.randn(a.shape[0], inter, device="cuda").bfloat16()
             )
-            for warps in warps_list:
-                for stages in stages_list:
-                    cfg = dict(num_warps=warps, num_stages=stages)
-                    grid = num_sms(x.device)
-                    try:
-                        gu = triton.testing.do_bench(
-                            lambda: triton_moe_fp8.grouped_gemm(
-                                a, a_s, gq, gs, r, grid, x.dtype, **cfg
-                            )
+            for warps, stages, tma in itertools.product(warps_list, stages_list, (False, True)):
+                cfg: dict[str, Any] = dict(num_warps=warps, num_stages=stages, tma=tma)
+                grid = num_sms(x.device)
+                try:
+                    gu = triton.testing.do_bench(
+                        lambda: triton_moe_fp8.grouped_gemm(a, a_s, gq, gs, r, grid, x.dtype, **cfg)
+                    )
+                    dn = triton.testing.do_bench(
+                        lambda: triton_moe_fp8.grouped_gemm(
+                            h_in, h_s, dq, ds, r, grid, x.dtype, pairs=t * k, **cfg
                         )
-                        dn = triton.testing.do_bench(
-                            lambda: triton_moe_fp8.grouped_gemm(
-                                h_in, h_s, dq, ds, r, grid, x.dtype, pairs=t * k, **cfg
-                            )
-                        )
-                        row = {
-                            "gate_up_ms": round(gu, 3),
-                            "down_ms": round(dn, 3),
-                            "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
-                            "down_tb_s": round(down_bytes / dn / 1e9, 2),
-                        }
-                    except Exception as err:  # a configuration that does not compile
-                        row = {"error": f"{type(err).__name__}: {err}"[:160]}
-                    row = {"shape": name, "block_m": block_m, **cfg, **row}
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+                    )
+                    flops = 2 * t * k * h * inter  # the down GEMM's; gate/up's twice that
+                    row = {
+                        "gate_up_ms": round(gu, 3),
+                        "down_ms": round(dn, 3),
+                        "gate_up_tflops": round(2 * flops / gu / 1e9, 1),
+                        "down_tflops": round(flops / dn / 1e9, 1),
+                        "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
+                        "down_tb_s": round(down_bytes / dn / 1e9, 2),
+                    }
+                except Exception as err:  # a configuration that does not compile
+                    row = {"error": f"{type(err).__name__}: {err}"[:160]}
+                row = {"shape": name, "block_m": block_m, **cfg, **row}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     return rows
 
 

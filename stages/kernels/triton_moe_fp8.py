@@ -102,21 +102,33 @@ def grouped_gemm(
     pairs: int | None = None,
     num_warps: int = DECODE_TILES[1],
     num_stages: int = DECODE_TILES[2],
+    tma: bool = False,
 ) -> torch.Tensor:
     """W8A8 of the layout's rows with their tiles' experts: q [rows, K] fp8 with q_scale
     [rows, K / 128], w [E, N, K] fp8 with w_scale [E, N / 128, K / 128]. Returns c [rows, N]; or,
-    given ``pairs``, y [pairs, N]: each row times its routing weight at its pair's slot."""
+    given ``pairs``, y [pairs, N]: each row times its routing weight at its pair's slot.
+    tma: q's and w's tiles through Hopper TMA descriptors (the bf16 MoE's way) rather than
+    pointer loads, where their rows are 16-byte aligned: the same products, summed alike."""
     rows, k = q.shape
-    n = w.shape[1]
+    experts, n = w.shape[:2]
     out_rows = rows if pairs is None else pairs
     # scattered to pairs: a skipped pick's slot (id -1) stays unwritten; combine skips it
     c = torch.empty(out_rows, n, dtype=dtype, device=q.device)
     ws = w_scale.float().contiguous()
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, BLOCK)))
+    use_tma = tma and k % 16 == 0 and q.is_contiguous() and w.is_contiguous()
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        # w as [E, N, K] tiles of [1, 128, 128]: a tile past N reads zeros, not the next expert
+        q_in = TensorDescriptor(q, [rows, k], [k, 1], [r.block_m, BLOCK])
+        w_in = TensorDescriptor(w, [experts, n, k], [n * k, k, 1], [1, BLOCK, BLOCK])
+    else:
+        q_in, w_in = q, w
     _grouped_w8a8[(progs,)](
-        q,
+        q_in,
         q_scale,
-        w,
+        w_in,
         ws,
         c,
         r.tile_expert,
@@ -134,6 +146,7 @@ def grouped_gemm(
         ws.stride(1),
         c.stride(0),
         SCATTER=pairs is not None,
+        TMA=use_tma,
         BLOCK_M=r.block_m,
         BLOCK_N=BLOCK,
         BLOCK_K=BLOCK,
@@ -243,9 +256,10 @@ if triton is not None:
     def _grouped_w8a8(  # type: ignore[no-untyped-def]
         a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr,
         weight_ptr, N, K, num_progs, stride_am, stride_as, stride_we, stride_wn, stride_wse,
-        stride_wsn, stride_cm, SCATTER: tl.constexpr, BLOCK_M: tl.constexpr,
+        stride_wsn, stride_cm, SCATTER: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):
+        """TMA: a_ptr and w_ptr are descriptors ([rows, K] and [E, N, K]), else pointers."""
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = tl.cdiv(N, BLOCK_N)
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs):
@@ -253,11 +267,21 @@ if triton is not None:
             expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
             rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
-            acc = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr,
-                           ws_ptr + expert * stride_wse + pid_n * stride_wsn, rows.to(tl.int64),
-                           cols_safe, K, stride_am, stride_wn, stride_as, BLOCK_M, BLOCK_N,
-                           BLOCK_K, True)
+            w_scales = ws_ptr + expert * stride_wse + pid_n * stride_wsn
+            if TMA:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for ki in range(tl.cdiv(K, BLOCK_K)):  # dot_rows's K loop, tiles through TMA
+                    a = a_ptr.load([pid_m * BLOCK_M, ki * BLOCK_K])
+                    w = tl.reshape(w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_N,
+                                               ki * BLOCK_K]),
+                                   (BLOCK_N, BLOCK_K))
+                    a_s = tl.load(as_ptr + rows.to(tl.int64) * stride_as + ki)
+                    acc += tl.dot(a, w.T) * (a_s[:, None] * tl.load(w_scales + ki))
+            else:
+                cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
+                acc = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr, w_scales,
+                               rows.to(tl.int64), cols_safe, K, stride_am, stride_wn, stride_as,
+                               BLOCK_M, BLOCK_N, BLOCK_K, True)
             if SCATTER:
                 pair = tl.load(pair_ptr + rows)
                 acc = acc * tl.load(weight_ptr + rows)[:, None]

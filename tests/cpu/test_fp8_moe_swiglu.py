@@ -68,6 +68,38 @@ def test_fused_gate_up_equals_the_gemm_then_the_quantizer(
         assert bool((h[real][:, :inter].float() > limit).any())
 
 
+@pytest.mark.parametrize("scatter", [False, True], ids=["gate-up", "down"])
+@pytest.mark.parametrize("t,k,experts,n,hidden", [(1, 2, 4, 256, 256), (37, 2, 8, 384, 384)])
+def test_grouped_gemm_through_tma_equals_pointer_loads(
+    triton_interpreter, monkeypatch, t, k, experts, n, hidden, scatter
+):
+    """grouped_gemm's TMA descriptors (tma=True) read the tiles its pointer loads read: the same
+    results on every row it stores (the layout's rows, or each pair's slot)."""
+    from triton.tools import tensor_descriptor
+
+    from stages.kernels import triton_moe_fp8 as moe
+
+    made: list[tuple[int, ...]] = []
+    descriptor = tensor_descriptor.TensorDescriptor
+
+    def counted(base, shape, strides, block_shape):
+        made.append(tuple(block_shape))
+        return descriptor(base, shape, strides, block_shape)
+
+    monkeypatch.setattr(tensor_descriptor, "TensorDescriptor", counted)
+
+    g = torch.Generator().manual_seed(t + n)
+    r, a, a_scale = _layout(t, k, experts, 16, hidden, g)
+    w, w_scale = fp8_ref.quantize_weight(torch.randn(experts, n, hidden, generator=g) / 32)
+    cfg = dict(num_warps=4, num_stages=1, pairs=t * k if scatter else None)
+    want = moe.grouped_gemm(a, a_scale, w, w_scale, r, 3, torch.bfloat16, **cfg)
+    assert not made
+    got = moe.grouped_gemm(a, a_scale, w, w_scale, r, 3, torch.bfloat16, tma=True, **cfg)
+    assert made == [(16, 128), (1, 128, 128)]  # the tiles went through the descriptors
+    rows = slice(None) if scatter else r.pair_of_row >= 0
+    assert torch.equal(got[rows], want[rows])
+
+
 def test_padding_rows_of_the_layout_are_left_unwritten(triton_interpreter):
     """A decode batch's layout is mostly padding (each expert's rows rounded up to the tile):
     the kernel stores only the real rows."""

@@ -260,29 +260,54 @@ def test_pointer_gemm_compiles_in_both_modes(scaled):
     )
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("tiles", ["DECODE_TILES", "PREFILL_TILES"])
 @pytest.mark.parametrize("scatter", [False, True], ids=["gate_up", "down"])
-def test_fp8_grouped_gemm_compiles(scatter):
+def test_fp8_grouped_gemm_compiles(scatter, tiles, tma):
+    """The grouped W8A8 GEMM at both tile configurations, its tiles through pointer loads or
+    TMA descriptors: pipelined, within the block's shared memory, no register spilled (on
+    pointer loads 202-232 registers a thread, through TMA 168-178)."""
     from stages.kernels import triton_moe_fp8
 
-    strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn")
-    _compile(
+    block_m, warps, stages = getattr(triton_moe_fp8, tiles)
+    strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn",
+               "stride_cm")  # fmt: skip
+    kernel = _compile(
         triton_moe_fp8._grouped_w8a8,
         {
-            "a_ptr": "*fp8e4nv",
+            "a_ptr": f"tensordesc<fp8e4nv[{block_m},128]>" if tma else "*fp8e4nv",
             "as_ptr": "*fp32",
-            "w_ptr": "*fp8e4nv",
+            "w_ptr": "tensordesc<fp8e4nv[1,128,128]>" if tma else "*fp8e4nv",
             "ws_ptr": "*fp32",
             "c_ptr": "*bf16",
             "tile_expert_ptr": "*i32",
             "num_tiles_ptr": "*i32",
             "pair_ptr": "*i32",
             "weight_ptr": "*fp32",
-            **{s: "i32" for s in ("N", "K", "num_progs", *strides, "stride_cm")},
+            **{s: "i32" for s in ("N", "K", "num_progs", *strides)},
         },
-        {"SCATTER": scatter, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8},
-        num_warps=4,
-        num_stages=3,
+        {
+            "SCATTER": scatter,
+            "TMA": tma,
+            "BLOCK_M": block_m,
+            "BLOCK_N": 128,
+            "BLOCK_K": 128,
+            "GROUP_M": 8,
+        },
+        # as the launcher specializes them (the descriptors carry their own alignment)
+        aligned=tuple(
+            a
+            for a in ("a_ptr", "as_ptr", "w_ptr", "ws_ptr", "c_ptr", "N", "K", *strides)
+            if not (tma and a in ("a_ptr", "w_ptr"))
+        ),
+        num_warps=warps,
+        num_stages=stages,
     )
+    # pipelined (cp.async or TMA loads, num_stages of tiles in shared memory), nothing spilled
+    ptx = kernel.asm["ptx"]
+    assert ("cp.async.bulk.tensor" in ptx) == tma and ("cp.async.cg" in ptx) != tma
+    assert kernel.metadata.shared <= SM90_SHARED_BYTES, kernel.metadata.shared
+    assert registers_and_spills(kernel)[1] == 0
 
 
 # an H100/H200 block's shared memory (227 KB): a kernel over it compiles but fails at launch
