@@ -1,7 +1,8 @@
 """`ppserve bench compare OLD NEW [--threshold 0.05]`: the regression guard. OLD and NEW are
 `ppserve bench suite` result files or directories of them (a run before a change, one after).
-Every figure both hold is compared; one more than the threshold worse (slower TTFT, fewer
-tok/s, fewer KV tokens) is flagged, and any flag makes the exit status 1.
+Every figure both hold from the same hardware is compared; one more than the threshold worse
+(slower TTFT, fewer tok/s, fewer KV tokens) is flagged, and any flag makes the exit status 1.
+A figure measured on another chip (an H100 lent for an H200 row) is listed, not compared.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from app.bench.suite import load_results, value_text
 
 
 def figure_map(results: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(r["row"], f["label"]): f for r in results for f in r["figures"]}
+    """(row, label) -> the figure, with its result's hardware."""
+    return {
+        (r["row"], f["label"]): dict(f, hardware=r.get("hardware"))
+        for r in results
+        for f in r["figures"]
+    }
 
 
 def worse_by(old: dict[str, Any], new: dict[str, Any]) -> float:
@@ -32,6 +38,12 @@ def compare(
     o, n = figure_map(old), figure_map(new)
     lines, flagged = ["row | figure | old | new | change (+ better)"], []
     for key in [k for k in o if k in n]:
+        if o[key]["hardware"] != n[key]["hardware"]:
+            lines.append(
+                f"{key[0]} | {key[1]} | {value_text(o[key])} | {value_text(n[key])} | "
+                f"not compared: {o[key]['hardware']} against {n[key]['hardware']}"
+            )
+            continue
         w = worse_by(o[key], n[key])
         mark = ""
         if w > threshold:

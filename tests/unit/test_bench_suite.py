@@ -90,6 +90,16 @@ def test_compare_flags_only_rows_past_the_threshold():
     assert compare.compare(NEW, OLD, 0.05)[1] == []  # faster is never flagged
 
 
+def test_compare_leaves_figures_of_another_chip_uncompared():
+    """An H100's run of an H200 row is slower by its chip, not by a change: listed, not
+    flagged; on the same chip it is compared."""
+    on_h100 = [dict(r, hardware="1xH100") for r in NEW]
+    lines, flagged = compare.compare(OLD, on_h100, 0.05)
+    assert flagged == []
+    assert sum("not compared: 1xH200 against 1xH100" in ln for ln in lines) == 3
+    assert len(compare.compare([dict(r, hardware="1xH100") for r in OLD], on_h100, 0.05)[1]) == 2
+
+
 def test_compare_exit_code_over_files_and_dirs(tmp_path, capsys):
     for name, results in (("old", OLD), ("new", NEW)):
         (tmp_path / name).mkdir()
