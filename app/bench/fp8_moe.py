@@ -21,12 +21,15 @@ from stages.kernels import fp8_ref
 MOE_TILE_SHAPES = [("v4-flash", 8192, 256, 6, 4096, 2048), ("v32-bench", 4096, 64, 6, 2048, 1408)]
 
 
-# decode batches: V4-Flash's experts at 64 and 512 rows (the weights' read is the floor)
+# decode batches: V4-Flash's experts at 1 to 512 rows (the weights' read is the floor)
 MOE_DECODE_SHAPES = [
     ("v4-flash-512", 512, 256, 6, 4096, 2048),
     ("v4-flash-64", 64, 256, 6, 4096, 2048),
+    ("v4-flash-16", 16, 256, 6, 4096, 2048),
+    ("v4-flash-1", 1, 256, 6, 4096, 2048),
 ]
-DECODE_TILE_SWEEP = ((16, 32, 64), (4, 8), (3, 4, 5, 6))
+# 16-row tiles and 3 or 6 stages lost in session 6's and 14's sweeps
+DECODE_TILE_SWEEP = ((32, 64), (4, 8), (4, 5))
 PREFILL_TILE_SWEEP = ((64, 128), (4, 8), (3, 4))
 
 
