@@ -244,8 +244,12 @@ class V4Attention(nn.Module):
         out = apply_rope(out, angles.inverse, self.kernels)
         g = self.groups
         w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
-        grouped = torch.einsum("tgi,goi->tgo", out.reshape(t, g, -1), w)
-        result: torch.Tensor = self.o_b_proj(grouped.reshape(t, -1))
+        # one batched GEMM over the groups (einsum "tgi,goi->tgo"), written straight into the
+        # [t, g, o] rows o_b_proj reads: einsum's [g, t, o] result took a copy to get there
+        grouped = out.new_empty(t, g, a.o_lora_rank)
+        torch.bmm(out.reshape(t, g, -1).transpose(0, 1), w.transpose(1, 2),
+                  out=grouped.transpose(0, 1))  # fmt: skip
+        result: torch.Tensor = self.o_b_proj(grouped.view(t, -1))
         return result
 
 
