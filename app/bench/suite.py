@@ -169,7 +169,7 @@ def measured_hardware(row: Row, env: dict[str, Any]) -> str:
     """What ran the row, in the manifest's spelling ("1xH200", "cpu"): the row's GPU count and
     the chip the environment names (an H100 lent for an H200 row is said to be one)."""
     gpus = env.get("gpus") or []
-    if not gpus:
+    if not gpus or row.hardware == "cpu":  # a CPU row runs on the CPU wherever it is run
         return "cpu"
     chip = re.search(r"\b([A-Z]\d{2,3})\b", gpus[0])
     count = row.hardware.partition("x")[0] if "x" in row.hardware else str(len(gpus))

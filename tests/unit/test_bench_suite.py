@@ -172,6 +172,8 @@ def test_a_row_is_labelled_with_the_chip_that_ran_it():
     assert suite.measured_hardware(row, h100) == "1xH100"
     assert suite.measured_hardware(row, {"gpus": ["NVIDIA H200"] * 8}) == "1xH200"
     assert suite.measured_hardware(row, {}) == "cpu"
+    smoke = next(r for r in ROWS if r.hardware == "cpu")
+    assert suite.measured_hardware(smoke, h100) == "cpu"
     root = Path(__file__).resolve().parents[2]
     raw = json.loads((root / "docs/bench/latest/decode-v4-flash-512-fp8.json").read_text())["raw"]
     on_h200 = suite.figures(row, raw, "1xH200")[0]["distance"]["of_hbm"]
