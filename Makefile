@@ -42,7 +42,8 @@ lint: install
 
 # CI: lint, then everything but GPU tests and the slow soak; the fuzz run at its small CI size.
 # The Triton kernels' interpreter tests run apart: TRITON_INTERPRET must be set before triton is
-# imported, and it changes what every @triton.jit builds.
+# imported, and it changes what every @triton.jit builds. A crash prints every thread's stack.
+test: export PYTHONFAULTHANDLER = 1
 test: install lint
 	$(PY) -m pytest tests -m "not gpu and not slow and not interpreter" -q -p no:cacheprovider \
 		$(PYTEST_ARGS)

@@ -7,6 +7,10 @@ later test file of the run reads it from there.
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
+
 import pytest
 
 
@@ -36,3 +40,20 @@ def _sparse_attention_oracle_tie_rule():
 
     with stable_indexer_topk():
         yield
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """Exit with pytest's status once its report is written, skipping the interpreter's teardown:
+    there torch's and Ray's native destructors (gRPC, the Serve router's event-loop thread, which
+    outlives `serve.shutdown`) run in no fixed order, and a CI run whose 1,044 tests had all passed
+    died there of a segfault (exit 139). Registered last, this atexit callback runs first, after
+    pytest's own cleanup and the joins of non-daemon threads; a crash before it prints every
+    thread's stack (`make test` sets PYTHONFAULTHANDLER)."""
+
+    def exit_with_pytest_status() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(session.exitstatus))
+
+    atexit.register(exit_with_pytest_status)
