@@ -108,7 +108,8 @@ def grouped_gemm(
     [rows, K / 128], w [E, N, K] fp8 with w_scale [E, N / 128, K / 128]. Returns c [rows, N]; or,
     given ``pairs``, y [pairs, N]: each row times its routing weight at its pair's slot.
     tma: q's and w's tiles through Hopper TMA descriptors (the bf16 MoE's way) rather than
-    pointer loads, where their rows are 16-byte aligned: the same products, summed alike."""
+    pointer loads (contiguous, rows 16-byte aligned, else ValueError): the same products, summed
+    alike."""
     rows, k = q.shape
     experts, n = w.shape[:2]
     out_rows = rows if pairs is None else pairs
@@ -116,8 +117,9 @@ def grouped_gemm(
     c = torch.empty(out_rows, n, dtype=dtype, device=q.device)
     ws = w_scale.float().contiguous()
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, BLOCK)))
-    use_tma = tma and k % 16 == 0 and q.is_contiguous() and w.is_contiguous()
-    if use_tma:
+    if tma and not (k % 16 == 0 and q.is_contiguous() and w.is_contiguous()):
+        raise ValueError(f"grouped_gemm(tma=True) takes contiguous q, w, K % 16 == 0, got K={k}")
+    if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         # w as [E, N, K] tiles of [1, 128, 128]: a tile past N reads zeros, not the next expert
@@ -146,7 +148,7 @@ def grouped_gemm(
         ws.stride(1),
         c.stride(0),
         SCATTER=pairs is not None,
-        TMA=use_tma,
+        TMA=tma,
         BLOCK_M=r.block_m,
         BLOCK_N=BLOCK,
         BLOCK_K=BLOCK,

@@ -100,6 +100,19 @@ def test_grouped_gemm_through_tma_equals_pointer_loads(
     assert torch.equal(got[rows], want[rows])
 
 
+def test_grouped_gemm_through_tma_refuses_unaligned_rows(triton_interpreter):
+    """TMA needs 16-byte rows: K = 136 is asked for plainly, not served by pointer loads."""
+    from stages.kernels import triton_moe_fp8 as moe
+
+    g = torch.Generator().manual_seed(3)
+    r, a, a_scale = _layout(2, 2, 4, 16, 256, g)
+    a = a[:, :136].contiguous()
+    w, w_scale = fp8_ref.quantize_weight(torch.randn(4, 128, 256, generator=g) / 32)
+    w = w[:, :, :136].contiguous()
+    with pytest.raises(ValueError, match="K % 16 == 0, got K=136"):
+        moe.grouped_gemm(a, a_scale, w, w_scale, r, 2, torch.bfloat16, tma=True)
+
+
 def test_padding_rows_of_the_layout_are_left_unwritten(triton_interpreter):
     """A decode batch's layout is mostly padding (each expert's rows rounded up to the tile):
     the kernel stores only the real rows."""
