@@ -2,7 +2,8 @@
 
 The ingress sends one GenerateRequest; the server streams back Accepted (the request is
 queued) or a Failure, then Delta after Delta, and a Failure if the request fails later. A
-Failure is the one way an error travels, whenever it happens.
+Failure is the one way an error travels, whenever it happens. /tokenize sends a Tokenize and
+gets Tokenized or a Failure back.
 """
 
 from __future__ import annotations
@@ -27,6 +28,25 @@ class GenerateRequest:
     tools: list[dict[str, Any]] | None = None  # chat: OpenAI's tool definitions, for the template
     prefix_key: PrefixKey | None = None  # for the router (app/prefix_router.py), when it routes
     n: int = 1  # choices sampled from this prompt, their KV shared (PipelineServer.generate)
+
+
+@dataclass(frozen=True)
+class Tokenize:
+    """/tokenize: a prompt, or chat messages rendered by the server's chat template."""
+
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True  # a prompt's, as a completion tokenizes it
+    return_token_strs: bool = False
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    tokens: list[int]
+    max_model_len: int
+    token_strs: list[str] | None = None  # the tokenizer's own spelling of each token
 
 
 @dataclass(frozen=True)

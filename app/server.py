@@ -22,7 +22,7 @@ from app.autoscaling import LOAD_METRIC, pipeline_load
 from app.config import EngineConfig
 from app.coordinator import Coordinator
 from app.merged import MergedStreams
-from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply
+from app.messages import Accepted, Delta, Failure, GenerateRequest, Reply, Tokenize, Tokenized
 from app.metrics import EngineMetrics
 from app.openai.ingress import make_ingress
 from app.pipeline import placement_bundles
@@ -58,7 +58,8 @@ class PipelineServer:
         await self.coordinator.start()
         self.tokenizer = self.coordinator.tokenizer
 
-    def _prompt(self, req: GenerateRequest) -> str | list[int]:
+    def _prompt(self, req: GenerateRequest | Tokenize) -> str | list[int]:
+        """A completion's prompt as given, or a chat's token ids from the chat template."""
         if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
@@ -145,6 +146,30 @@ class PipelineServer:
             await merged.aclose()
             for stream in streams:
                 self.coordinator.abort(stream.req_id)
+
+    async def tokenize(self, req: Tokenize) -> Tokenized | Failure:
+        """The ids a completion of the same prompt or chat would run (and count in its usage)."""
+        try:
+            prompt = self._prompt(req)
+        except InvalidRequest as e:
+            return Failure.of(e)
+        ids = (
+            self.tokenizer.encode(prompt, add_special_tokens=req.add_special_tokens)
+            if isinstance(prompt, str)
+            else prompt
+        )
+        strs = self.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        return Tokenized(ids, self.coordinator.max_model_len, strs)
+
+    async def detokenize(self, tokens: list[int]) -> str | Failure:
+        """The ids' text, special tokens spelled out (so /tokenize's ids come back as given)."""
+        vocab = self.coordinator.args.vocab_size
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            return Failure(
+                f"token id {bad} is out of range for a vocabulary of {vocab}.", 400, "tokens"
+            )
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     async def info(self) -> dict[str, Any]:
         return {

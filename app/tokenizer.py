@@ -113,6 +113,9 @@ class ByteTokenizer:
             return f"bytes:\\x{token_id:02x}"  # OpenAI's spelling for a partial character
         return self._special_name(token_id)
 
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.id_to_piece(i) for i in ids]
+
     @staticmethod
     def _special_name(token_id: int) -> str:
         return {BYTE_BOS: "<bos>", BYTE_EOS: "<eos>"}.get(token_id, f"<unused{token_id}>")
@@ -159,6 +162,10 @@ class HFTokenizer:
         if _REPLACEMENT in text:  # a byte-fallback piece: show the raw token instead
             return str(self.hf.convert_ids_to_tokens(token_id))
         return text
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        """The vocabulary's own spelling (byte-level BPE's "Ġ" for a space, ...)."""
+        return cast(list[str], self.hf.convert_ids_to_tokens(list(ids)))
 
     def apply_chat_template(
         self,

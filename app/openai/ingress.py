@@ -8,12 +8,12 @@ import asyncio
 import hmac
 import time
 import uuid
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from ray import serve
 from ray.exceptions import TaskCancelledError
 
@@ -27,8 +27,11 @@ from app.openai.choices import stream as stream_choices
 from app.openai.openapi import document_request_bodies
 from app.openai.protocol import ChatCompletionRequest, CompletionRequest, describe_error
 from app.openai.responses import ResponseBuilder, error_response, health_response
+from app.openai.tokenize import DetokenizeRequest, TokenizeRequest
 from app.prefix_routing import prompt_key
 from app.request import InvalidRequest
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def make_ingress(
@@ -51,7 +54,12 @@ def make_ingress(
         )
     document_request_bodies(
         fastapi_app,
-        {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest},
+        {
+            "/v1/completions": CompletionRequest,
+            "/v1/chat/completions": ChatCompletionRequest,
+            "/tokenize": TokenizeRequest,
+            "/detokenize": DetokenizeRequest,
+        },
     )
 
     @serve.ingress(fastapi_app)
@@ -111,13 +119,49 @@ def make_ingress(
         async def chat_completions(self, request: Request) -> Response:
             return await self._serve(request, ChatCompletionRequest, "chat")
 
-        async def _serve(
-            self,
-            request: Request,
-            schema: Union[type[CompletionRequest], type[ChatCompletionRequest]],
-            kind: str,
-        ) -> Response:
-            arrival = time.time()  # TTFT counts from here (wall clock: crosses processes)
+        @fastapi_app.post("/tokenize")
+        async def tokenize(self, request: Request) -> Response:
+            """vLLM's: {count, max_model_len, tokens, token_strs} of a prompt or a chat."""
+            req = await self._read(request, TokenizeRequest)
+            if isinstance(req, Response):
+                return req
+            try:
+                call = self.server.tokenize.remote(req.message())
+            except InvalidRequest as e:
+                return error_response(str(e), e.status, e.param)
+            out = await self._call(call)
+            if isinstance(out, Failure):
+                return error_response(out.message, out.status, out.param)
+            return JSONResponse(
+                {
+                    "count": len(out.tokens),
+                    "max_model_len": out.max_model_len,
+                    "tokens": out.tokens,
+                    "token_strs": out.token_strs,
+                }
+            )
+
+        @fastapi_app.post("/detokenize")
+        async def detokenize(self, request: Request) -> Response:
+            """vLLM's: {prompt} from token ids."""
+            req = await self._read(request, DetokenizeRequest)
+            if isinstance(req, Response):
+                return req
+            out = await self._call(self.server.detokenize.remote(req.tokens))
+            if isinstance(out, Failure):
+                return error_response(out.message, out.status, out.param)
+            return JSONResponse({"prompt": out})
+
+        async def _call(self, call: Any) -> Any:
+            """A short call's result, or a Failure when no replica can answer it."""
+            try:
+                return await self.replicas.first(call, call.cancel)
+            except Exception as e:
+                return Failure.internal(PIPELINE_UNAVAILABLE, e)
+
+        async def _read(self, request: Request, schema: type[Body]) -> Union[Body, Response]:
+            """The body as `schema`, or the error to answer: the API key, the body's size and
+            JSON, its fields, the model's name."""
             if (denied := self._auth(request)) is not None:
                 return denied
             body = await read_json_object(request, max_request_bytes)
@@ -128,10 +172,23 @@ def make_ingress(
             except ValidationError as e:
                 message, param = describe_error(e)
                 return error_response(message, 400, param)
-            if req.model is not None and req.model != self.model:
+            model = getattr(req, "model", None)
+            if model is not None and model != self.model:
                 return error_response(
-                    f"The model `{req.model}` does not exist.", 404, "model", code="model_not_found"
+                    f"The model `{model}` does not exist.", 404, "model", code="model_not_found"
                 )
+            return req
+
+        async def _serve(
+            self,
+            request: Request,
+            schema: Union[type[CompletionRequest], type[ChatCompletionRequest]],
+            kind: str,
+        ) -> Response:
+            arrival = time.time()  # TTFT counts from here (wall clock: crosses processes)
+            req = await self._read(request, schema)
+            if isinstance(req, Response):
+                return req
             prefix = "chatcmpl" if kind == "chat" else "cmpl"
             request_id = f"{prefix}-{uuid.uuid4().hex}"
             try:

@@ -41,7 +41,7 @@ def _utf8(text: str) -> str:
 Text = Annotated[str, AfterValidator(_utf8)]
 TokenIds = list[int]
 # Strict types, finite numbers; unknown fields ignored.
-_STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 # Choices of one request (prompts x n): each is a request of its own in the pipeline.
@@ -63,13 +63,13 @@ def describe_error(e: ValidationError) -> tuple[str, str | None]:
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
 class _Sampling(StructuredFields):
-    model_config = _STRICT
+    model_config = STRICT
 
     model: Text | None = None
     max_tokens: int | None = None
@@ -179,19 +179,19 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     type: Text = "text"
     text: Text = ""
 
 
 class MessageFunction(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     name: Text
     arguments: Text  # JSON text, as OpenAI sends it back
 
 
 class MessageToolCall(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     id: Text
     type: Literal["function"] = "function"
     function: MessageFunction
@@ -210,7 +210,7 @@ _CONTENT_OR_TOOL_CALLS: JsonDict = {
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(**_STRICT, json_schema_extra=_CONTENT_OR_TOOL_CALLS)
+    model_config = ConfigDict(**STRICT, json_schema_extra=_CONTENT_OR_TOOL_CALLS)
     # Any role, as vLLM takes: the chat template decides (one that raises on it is a 400)
     role: Text
     tool_calls: list[MessageToolCall] | None = None

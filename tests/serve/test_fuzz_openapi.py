@@ -23,7 +23,8 @@ EXAMPLES = int(os.environ.get("PPSERVE_FUZZ_EXAMPLES", "40"))
 FUZZ_ARGS = {**ENGINE_ARGS, "max_model_len": 64, "max_request_bytes": 64 << 10}
 OK = {"prompt": "abc", "max_tokens": 4, "temperature": 0}
 FAMILIES = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
-            "models": "/v1/models", "health": "/health"}
+            "models": "/v1/models", "health": "/health", "tokenize": "/tokenize",
+            "detokenize": "/detokenize"}
 
 
 @pytest.fixture(scope="module")

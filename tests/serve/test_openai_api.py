@@ -326,6 +326,28 @@ def test_api_key_401(served):
     assert post(served, "/v1/completions", body).status_code == 200
 
 
+def test_tokenize_adds_the_special_tokens_a_completion_adds(served):
+    """The byte tokenizer puts <bos> (256) before a prompt's UTF-8 bytes, as the engine
+    tokenizes a completion's prompt; add_special_tokens=false leaves it out. The keyed app
+    asks for its key here too."""
+    text = "héllo"
+    raw = list(text.encode())
+    r = post(served, "/tokenize", {"prompt": text, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"count": len(raw) + 1, "max_model_len": 512, "tokens": [256, *raw],
+                        "token_strs": ["<bos>", "h", "bytes:\\xc3", "bytes:\\xa9", "l", "l", "o"]}
+    usage = served.client().completions.create(model="ppserve-random", prompt=text, max_tokens=1)
+    assert usage.usage.prompt_tokens == len(raw) + 1
+    r = post(served, "/tokenize", {"prompt": text, "add_special_tokens": False})
+    assert r.json()["tokens"] == raw
+    r = post(served, "/detokenize", {"tokens": [256, *raw, 257]})
+    assert r.json() == {"prompt": f"<bos>{text}<eos>"}
+    assert_error(post(served, "/keyed/tokenize", {"prompt": text}), 401)
+    keyed = post(served, "/keyed/tokenize", {"prompt": text},
+                 headers={"Authorization": f"Bearer {KEY}"})
+    assert keyed.json()["tokens"] == [256, *raw]
+
+
 def _preflight(served, path: str, origin: str) -> httpx.Response:
     return httpx.options(f"{served.base_url}{path}", headers={
         "Origin": origin, "Access-Control-Request-Method": "POST",

@@ -1,7 +1,7 @@
 """The real tokenizer paths over real HTTP with the official openai client, on SmolLM2-135M-
 Instruct: BPE merges, the ChatML template, special tokens in text, multi-byte UTF-8 characters
 split across tokens, stop strings across a token boundary, logprobs, echo with special tokens,
-chat roles a template takes or refuses; transformers is the oracle."""
+chat roles a template takes or refuses, /tokenize and /detokenize; transformers is the oracle."""
 
 from __future__ import annotations
 
@@ -330,3 +330,68 @@ def test_a_role_the_chat_template_refuses_is_a_400(served):
         assert err["param"] == "messages" and err["type"] == "invalid_request_error"
         assert "chat template" in err["message"] and "Unknown role: narrator" in err["message"]
     assert strict.chat.completions.create(messages=QUESTION, **kw).choices[0].message.content
+
+
+# -- /tokenize and /detokenize (vLLM's): the ids a completion of the same input runs
+
+def post(served, path, body, prefix=""):
+    import httpx
+
+    return httpx.post(f"{served.base_url}{prefix}{path}", json=body, timeout=60)
+
+
+def test_tokenize_a_prompt_as_a_completion_counts_it(served, client, smollm2_hf):
+    _, tok = smollm2_hf
+    prompt = f"The capital of France is {CHINESE}<|im_end|>"  # merges, split characters, a special
+    ids = tok.encode(prompt)
+    r = post(served, "/tokenize", {"model": SERVED_NAME, "prompt": prompt,
+                                   "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"count": len(ids), "max_model_len": 512, "tokens": ids,
+                        "token_strs": tok.convert_ids_to_tokens(ids)}
+    assert complete(client, prompt, max_tokens=1).usage.prompt_tokens == len(ids)
+    plain = post(served, "/tokenize", {"prompt": prompt, "add_special_tokens": False}).json()
+    assert plain["tokens"] == tok.encode(prompt, add_special_tokens=False)
+    assert plain["token_strs"] is None
+    back = post(served, "/detokenize", {"model": SERVED_NAME, "tokens": ids})
+    assert back.status_code == 200 and back.json() == {"prompt": prompt}
+
+
+def test_tokenize_a_chat_as_its_completion_counts_it(served, client, smollm2_hf):
+    _, tok = smollm2_hf
+    for messages, tools in ((QUESTION, None), (WEATHER_QUESTION, [WEATHER_TOOL])):
+        body = {"messages": messages, **({"tools": tools} if tools else {})}
+        r = post(served, "/tokenize", body)
+        assert r.status_code == 200, r.text
+        got = r.json()["tokens"]
+        used = client.chat.completions.create(model=SERVED_NAME, max_tokens=1, **body)
+        assert used.usage.prompt_tokens == len(got)
+        if tools is None:  # the template's own rendering (tools go through the tool prompt)
+            assert got == chat_ids(tok, messages)
+    bare = post(served, "/tokenize", {"messages": QUESTION, "add_generation_prompt": False})
+    text = tok.apply_chat_template(QUESTION, add_generation_prompt=False, tokenize=False)
+    assert bare.json()["tokens"] == tok.encode(text, add_special_tokens=False)
+    assert bare.json()["tokens"] == chat_ids(tok, QUESTION)[:len(bare.json()["tokens"])]
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/tokenize", {"prompt": "a", "messages": QUESTION}, 400, "prompt"),
+    ("/tokenize", {}, 400, "prompt"),
+    ("/tokenize", {"messages": QUESTION, "add_special_tokens": True}, 400, "add_special_tokens"),
+    ("/tokenize", {"prompt": 7}, 400, "prompt"),
+    ("/tokenize", {"model": "other", "prompt": "a"}, 404, "model"),
+    ("/detokenize", {"tokens": [1, 49152]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
+])
+def test_tokenize_refuses_bad_input_with_openai_errors(served, path, body, status, param):
+    r = post(served, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+
+
+def test_tokenize_a_role_the_chat_template_refuses_is_a_400(served):
+    r = post(served, "/tokenize", {"messages": NARRATED}, prefix="/strict")
+    assert r.status_code == 400 and "Unknown role: narrator" in r.json()["error"]["message"]
+    assert post(served, "/tokenize", {"messages": QUESTION}, prefix="/strict").status_code == 200
