@@ -24,6 +24,8 @@ class GenerateRequest:
     prompt: str | list[int] | None = None  # completions
     messages: list[dict[str, str]] | None = None  # chat: rendered by the server's chat template
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # chat: the last message left open (a prefill)
+    template_kwargs: dict[str, Any] | None = None  # chat: the template's own variables
     echo: bool = False
     tools: list[dict[str, Any]] | None = None  # chat: OpenAI's tool definitions, for the template
     prefix_key: PrefixKey | None = None  # for the router (app/prefix_router.py), when it routes
@@ -37,6 +39,8 @@ class Tokenize:
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True  # a prompt's, as a completion tokenizes it
     return_token_strs: bool = False

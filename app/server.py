@@ -63,7 +63,11 @@ class PipelineServer:
         if req.messages is not None:
             try:
                 return self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=req.add_generation_prompt, tools=req.tools
+                    req.messages,
+                    add_generation_prompt=req.add_generation_prompt,
+                    tools=req.tools,
+                    continue_final_message=req.continue_final_message,
+                    template_kwargs=req.template_kwargs,
                 )
             except Exception as e:  # a template that raises on these messages
                 raise InvalidRequest(

@@ -33,11 +33,18 @@ def _message_text(content: Any) -> str:
     return "".join(parts)
 
 
-def simple_chat_text(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-    """The built-in template: one `<|role|>` header line per message, then the content."""
+def simple_chat_text(
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> str:
+    """The built-in template: one `<|role|>` header line per message, then the content and a
+    newline (not after the last one with continue_final_message)."""
     text = "".join(
         f"<|{m.get('role', 'user')}|>\n{_message_text(m.get('content'))}\n" for m in messages
     )
+    if continue_final_message:
+        return text.removesuffix("\n")
     return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
 
@@ -127,10 +134,15 @@ class ByteTokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
+        """The built-in template (simple_chat_text), which reads no template_kwargs."""
         if tools:
             messages = with_tool_prompt(messages, tools)
-        return self.encode(simple_chat_text(messages, add_generation_prompt))
+        return self.encode(
+            simple_chat_text(messages, add_generation_prompt, continue_final_message)
+        )
 
 
 class HFTokenizer:
@@ -172,18 +184,28 @@ class HFTokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
+        """template_kwargs: variables of the template (app/openai/protocol.py keeps the
+        renderer's own parameters out of them)."""
         msgs = [{**m, "content": _message_text(m.get("content"))} for m in messages]
         if tools and "tools" not in self.chat_template:  # a template that cannot show them
             msgs, tools = with_tool_prompt(msgs, tools), None
         if not self.has_chat_template:
             # Like a base model served without a template: a plain, documented fallback.
-            return self.encode(simple_chat_text(msgs, add_generation_prompt))
+            text = simple_chat_text(msgs, add_generation_prompt, continue_final_message)
+            return self.encode(text)
         hf_tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(tools) if tools else None
         text = cast(
             str,
             self.hf.apply_chat_template(
-                msgs, add_generation_prompt=add_generation_prompt, tokenize=False, tools=hf_tools
+                msgs,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                tools=hf_tools,
+                **(template_kwargs or {}),
             ),
         )
         # The rendered template already holds BOS where the model wants it.

@@ -258,12 +258,51 @@ def _template_call(call: MessageToolCall) -> dict[str, Any]:
     }
 
 
-class ChatCompletionRequest(_Sampling, ToolFields):
+# apply_chat_template's own parameters and the template's `messages`: not template variables
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+     "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+     "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+     "tokenizer_kwargs"}
+)  # fmt: skip
+
+
+class ChatTemplateFields(BaseModel):
+    """How the chat template renders the messages (vLLM's fields): a new assistant turn opened
+    (add_generation_prompt), or the last message left open for the model to go on with
+    (continue_final_message: a prefilled answer); chat_template_kwargs as the template's
+    variables (Qwen3's enable_thinking, ...)."""
+
+    model_config = STRICT
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_fields(self) -> dict[str, Any]:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidRequest(
+                "continue_final_message needs add_generation_prompt=false.",
+                param="continue_final_message",
+            )
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or ()))
+        if reserved:
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set {reserved[0]!r} (a request field or the "
+                "renderer's own).",
+                param="chat_template_kwargs",
+            )
+        return {
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+            "template_kwargs": self.chat_template_kwargs or None,
+        }
+
+
+class ChatCompletionRequest(_Sampling, ToolFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    add_generation_prompt: bool = True
 
     def structured_output(self) -> StructuredOutput | None:
         """response_format / guided_*, or the grammar of a tool_choice that forces a call."""
@@ -289,10 +328,7 @@ class ChatCompletionRequest(_Sampling, ToolFields):
 
     def prompt_fields(self) -> dict[str, Any]:
         """The GenerateRequest fields of this request's prompt."""
-        fields = {
-            "messages": [m.as_dict() for m in self.messages],
-            "add_generation_prompt": self.add_generation_prompt,
-        }
+        fields = {"messages": [m.as_dict() for m in self.messages], **self.template_fields()}
         if self.tools:
             fields["tools"] = self.template_tools()
         return fields

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
 
 from app.messages import Tokenize
-from app.openai.protocol import STRICT, ChatMessage, Text, TokenIds
+from app.openai.protocol import STRICT, ChatMessage, ChatTemplateFields, Text, TokenIds
 from app.openai.tools import ToolFields
 from app.request import InvalidRequest
 
@@ -20,14 +20,13 @@ _PROMPT_OR_MESSAGES: JsonDict = {
 }
 
 
-class TokenizeRequest(ToolFields):
+class TokenizeRequest(ToolFields, ChatTemplateFields):
     """A prompt, or a chat's messages (with `tools`) as the model's chat template renders them."""
 
     model_config = ConfigDict(**STRICT, json_schema_extra=_PROMPT_OR_MESSAGES)
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    add_generation_prompt: bool = True
     # A prompt's special tokens (BOS...) as a completion adds them; a chat template places its own
     add_special_tokens: bool | None = None
     return_token_strs: bool = False
@@ -48,9 +47,9 @@ class TokenizeRequest(ToolFields):
             )
         return Tokenize(
             messages=[m.as_dict() for m in self.messages],
-            add_generation_prompt=self.add_generation_prompt,
             tools=self.template_tools(),
             return_token_strs=self.return_token_strs,
+            **self.template_fields(),
         )
 
 

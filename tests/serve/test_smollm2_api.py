@@ -18,9 +18,11 @@ CHINESE = "你好，世界！你好，"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-# ChatML that refuses roles it does not know, as the Llama 2 / Mistral / Gemma templates do
+# ChatML that refuses roles it does not know, as the Llama 2 / Mistral / Gemma templates do,
+# and opens with a system turn when the request's chat_template_kwargs give a `persona`
 STRICT_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if persona is defined %}{{ '<|im_start|>system\\n' + persona + '<|im_end|>\\n' }}"
+    "{% endif %}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
     "{{ raise_exception('Unknown role: ' + m['role']) }}{% endif %}"
     "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -395,3 +397,54 @@ def test_tokenize_a_role_the_chat_template_refuses_is_a_400(served):
     r = post(served, "/tokenize", {"messages": NARRATED}, prefix="/strict")
     assert r.status_code == 400 and "Unknown role: narrator" in r.json()["error"]["message"]
     assert post(served, "/tokenize", {"messages": QUESTION}, prefix="/strict").status_code == 200
+
+
+# -- how the template renders: a prefilled answer continued, the template's own variables
+
+PREFILLED = [*QUESTION, {"role": "assistant", "content": "The capital of France is"}]
+
+
+def test_continue_final_message_goes_on_with_a_prefilled_answer(served, client, smollm2_hf):
+    model, tok = smollm2_hf
+    text = tok.apply_chat_template(PREFILLED, add_generation_prompt=False,
+                                   continue_final_message=True, tokenize=False)
+    assert text.endswith("The capital of France is")  # the turn left open: no <|im_end|>
+    ids = tok.encode(text, add_special_tokens=False)
+    want = hf_greedy(model, ids, 8)
+    kw = {"model": SERVED_NAME, "messages": PREFILLED, "max_tokens": 8, "temperature": 0}
+    r = client.chat.completions.create(
+        **kw, extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
+    assert r.choices[0].message.content.startswith(" Paris")
+    body = {"messages": PREFILLED, "add_generation_prompt": False, "continue_final_message": True}
+    assert post(served, "/tokenize", body).json()["tokens"] == ids
+    # a new turn instead: the answer is closed and another one opened
+    assert client.chat.completions.create(**kw).usage.prompt_tokens == len(chat_ids(tok, PREFILLED))
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**kw, extra_body={"continue_final_message": True})
+    assert e.value.body["param"] == "continue_final_message"
+
+
+def test_chat_template_kwargs_reach_the_template(served, smollm2_hf):
+    _, tok = smollm2_hf
+    persona = "You answer like a pirate."
+    text = tok.apply_chat_template(QUESTION, chat_template=STRICT_TEMPLATE, persona=persona,
+                                   add_generation_prompt=True, tokenize=False)
+    assert text.startswith(f"<|im_start|>system\n{persona}")
+    ids = tok.encode(text, add_special_tokens=False)
+    strict = served.client(prefix="/strict")
+    kw = {"model": SERVED_NAME, "messages": QUESTION, "max_tokens": 2, "temperature": 0}
+    r = strict.chat.completions.create(**kw, extra_body={"chat_template_kwargs":
+                                                         {"persona": persona}})
+    assert r.usage.prompt_tokens == len(ids)
+    assert strict.chat.completions.create(**kw).usage.prompt_tokens < len(ids)
+    body = {"messages": QUESTION, "chat_template_kwargs": {"persona": persona}}
+    assert post(served, "/tokenize", body, prefix="/strict").json()["tokens"] == ids
+    for bad in ({"tokenize": True}, {"messages": []}, {"add_generation_prompt": False}):
+        with pytest.raises(openai.BadRequestError) as e:
+            strict.chat.completions.create(**kw, extra_body={"chat_template_kwargs": bad})
+        assert e.value.body["param"] == "chat_template_kwargs", bad
+    with pytest.raises(openai.BadRequestError) as e:  # not an object
+        strict.chat.completions.create(**kw, extra_body={"chat_template_kwargs": ["persona"]})
+    assert e.value.body["param"] == "chat_template_kwargs"

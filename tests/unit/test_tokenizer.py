@@ -157,3 +157,17 @@ def test_byte_tokenizer_spells_ids_past_its_vocabulary():
     detok = IncrementalDetokenizer(tok)
     assert detok.add([70000]) == "<unk>"
     assert detok.add([65]) == "A"
+
+
+def test_built_in_template_leaves_a_prefilled_answer_open():
+    """continue_final_message on the built-in template: the last message without its closing
+    newline and no new turn; the same messages otherwise get both."""
+    from app.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, I"}]
+    open_ids = tok.apply_chat_template(chat, add_generation_prompt=False,
+                                       continue_final_message=True)
+    assert tok.decode(open_ids) == "<|user|>\nhi\n<|assistant|>\nHello, I"
+    assert tok.decode(tok.apply_chat_template(chat)) == (
+        "<|user|>\nhi\n<|assistant|>\nHello, I\n<|assistant|>\n")
