@@ -210,6 +210,7 @@ class Coordinator:
                     spec,
                     params.logprobs is not None,
                     grammar is not None,
+                    params.priority,
                 )
             )
         except ValueError as e:

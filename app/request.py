@@ -78,6 +78,9 @@ class SamplingParams:
     structured: StructuredOutput | None = None  # the output follows this grammar
     # vLLM's: logprobs of the prompt's tokens (each given the ones before), with top k
     prompt_logprobs: int | None = None
+    # vLLM's request priority (not a sampling parameter there; it rides with them here to the
+    # scheduler): among waiting requests lower is admitted first, ties by arrival
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Accept lists from JSON / callers but keep the object hashable and immutable.

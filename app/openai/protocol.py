@@ -96,6 +96,7 @@ class _Sampling(StructuredFields):
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
     bad_words: list[Text] | None = None
+    priority: int = 0
 
     def _check_common(self) -> None:
         if not 1 <= self.n <= MAX_CHOICES:

@@ -5,11 +5,11 @@ Driven by the coordinator: `add` requests, `schedule` plans (dispatch bookkeepin
 there), `retire` them in dispatch order with the sampled tokens, `finish` requests.
 
 With kv_admission="reserve" (the default), no preemption, by construction: a request is
-admitted (FCFS, strictly in arrival order) only once the pool can reserve every block it can
-ever need, ceil((prompt + max_tokens) / block_size), so every admitted request always finds its
-next block and the pipeline never deadlocks on memory; a request that can never fit is refused
-by `add` (in both modes). kv_admission="on-demand" admits on the prompt's blocks and preempts
-under pressure instead (admission.py).
+admitted (strictly in order: by priority, then arrival; waiting.py) only once the pool can
+reserve every block it can ever need, ceil((prompt + max_tokens) / block_size), so every
+admitted request always finds its next block and the pipeline never deadlocks on memory; a
+request that can never fit is refused by `add` (in both modes). kv_admission="on-demand"
+admits on the prompt's blocks and preempts under pressure instead (admission.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from .state import (
     TokenEvent,
     check,
 )
+from .waiting import WaitingQueue
 
 
 class _Inflight:
@@ -53,7 +54,7 @@ class Scheduler:
         were cached, called at each admission with prefix caching (the metrics' feed)."""
         self.config = config
         self.pool = BlockPool(config.num_blocks)
-        self._waiting: dict[str, SchedRequest] = {}  # FCFS: dicts keep insertion order
+        self._waiting = WaitingQueue()  # by priority, then arrival
         self._running: dict[str, ReqState] = {}  # live admitted requests, admission order
         self._states: dict[str, ReqState] = {}  # admitted and not yet released (finished too)
         self._free_slots: deque[int] = deque(range(config.max_num_seqs))
@@ -83,7 +84,7 @@ class Scheduler:
     @property
     def waiting_prompt_tokens(self) -> int:
         """Prompt tokens of the requests not yet admitted: load the KV cache has yet to take."""
-        return sum(r.prompt_len for r in self._waiting.values())
+        return sum(r.prompt_len for r in self._waiting)
 
     @property
     def kv_usage(self) -> float:
@@ -138,13 +139,13 @@ class Scheduler:
                 f"request {req.req_id!r}: needs {need} KV blocks of "
                 f"{cfg.block_size} tokens, the pool has {cfg.num_blocks}"
             )
-        self._waiting[req.req_id] = req
+        self._waiting.add(req)
 
     def finish(self, req_id: str, reason: str) -> bool:
         """End a request (stop, abort, length...). Its owner block refs and unused reservation
         go back now; its slot once no in-flight microbatch names it. The next plan lists it in
         `finished`. Returns False if the request is unknown or already finished."""
-        if self._waiting.pop(req_id, None) is not None:
+        if self._waiting.pop(req_id) is not None:
             self._resume.pop(req_id, None)  # a preempted incarnation was announced already
             return True  # never planned: the stages never heard of it
         st = self._running.pop(req_id, None)
@@ -193,10 +194,10 @@ class Scheduler:
                 rows.append(self._chunk_row(st, budget))
                 named.append(st)
                 budget -= rows[-1].num_tokens
-        while budget > 0 and self._waiting and self._free_slots:  # then admit, FCFS
+        while budget > 0 and self._waiting and self._free_slots:  # then admit, in order
             admitted = self._admit_head(budget, named)
             if admitted is None:
-                break  # strict FCFS: nobody overtakes the head of the queue
+                break  # strict order: nobody overtakes the head of the queue
             st, new = admitted
             news.append(new)
             rows.append(self._chunk_row(st, budget))
@@ -216,11 +217,11 @@ class Scheduler:
         self.finish(rid, "preempted")
         self.num_preemptions += 1
         self._resume[rid] = outputs
-        self._waiting = {rid: st.req, **self._waiting}
+        self._waiting.requeue(st.req)
 
     def _admit_head(self, budget: int, named: list[ReqState]) -> tuple[ReqState, NewRequest] | None:
-        """Admit the head of the queue, or None if it does not fit yet (FCFS: then nobody is)."""
-        req = next(iter(self._waiting.values()))
+        """Admit the head of the queue, or None if it does not fit yet (then nobody is)."""
+        req = self._waiting.head()
         if req.req_id in self._states:
             return None  # its preempted incarnation is still in flight: FCFS, wait
         outputs = self._resume.get(req.req_id, ())
@@ -230,7 +231,7 @@ class Scheduler:
             hits = []  # every prompt position is computed: its logprobs are asked for
         if not self.admission.admit(req, len(prefix), hits):
             return None
-        del self._waiting[req.req_id]
+        self._waiting.pop(req.req_id)
         self._resume.pop(req.req_id, None)
         for b in hits:
             self.pool.touch(b)

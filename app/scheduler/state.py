@@ -33,6 +33,7 @@ class SchedRequest:
     # Structured output: each step's token mask depends on the previous token, so the next
     # step waits for it (no run-ahead).
     constrained: bool = False
+    priority: int = 0  # admission order among the waiting: lower first, then by arrival
 
     @property
     def prompt_len(self) -> int:

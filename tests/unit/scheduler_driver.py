@@ -64,7 +64,9 @@ class Driver:
     def add(self, rid, prompt_len, max_tokens, logprobs):
         head = self.rng.choice(self.heads)[: self.rng.randrange(prompt_len + 1)]
         tail = tuple(self.rng.randrange(1000) for _ in range(prompt_len - len(head)))
-        req = SchedRequest(rid, head + tail, max_tokens, SamplingSpec(), logprobs)
+        priority = self.rng.choice((0, 0, 0, -1, 2))  # mostly equal; some overtake, some wait
+        req = SchedRequest(rid, head + tail, max_tokens, SamplingSpec(), logprobs,
+                           priority=priority)
         fits = (prompt_len + max_tokens <= self.cfg.max_model_len and
                 ceil_div(prompt_len + max_tokens, self.cfg.block_size) <= self.cfg.num_blocks)
         if not fits:
