@@ -148,6 +148,39 @@ def test_fused_gate_up_swiglu_equals_the_unfused_path(tokens, limit):
     assert torch.equal(hq[real].view(torch.uint8), want_q[real].view(torch.uint8))
 
 
+@pytest.mark.skipif(not fp8_gemm.is_available("cuda"), reason="needs triton on SM90+")
+@pytest.mark.parametrize("scatter", [False, True], ids=["gate_up", "down"])
+@pytest.mark.parametrize("tokens", [3, 512, 8192])
+def test_gluon_grouped_gemm_equals_the_triton_one(tokens, scatter):
+    """stages/kernels/gluon_moe_fp8.py (each K block's MMA overlapped with the last one's
+    scaling) against triton_moe_fp8.grouped_gemm on the same layout, V4-Flash's widths at the
+    decode and prefill tiles: the same products, scales and fp32 order, so the same bits; where
+    not, the largest difference is in the message (then it is a bound to set, not a bug)."""
+    from stages.kernels import gluon_moe_fp8
+    from stages.kernels.moe_routing import route_and_gather_scaled
+
+    if not gluon_moe_fp8.is_available():
+        pytest.skip("needs Gluon's Hopper ops on SM90")
+    g = torch.Generator(device="cuda").manual_seed(tokens + scatter)
+    e, h, inter, k = 32, 4096, 2048, 6
+    n, kdim = (h, inter) if scatter else (2 * inter, h)
+    w, w_s = fp8_ref.quantize_weight(torch.randn(e, n, kdim, generator=g, device="cuda") / 15)
+    x = torch.randn(tokens, kdim, generator=g, device="cuda").bfloat16()
+    ids = torch.rand(tokens, e, generator=g, device="cuda").topk(k, dim=-1).indices
+    weights = torch.rand(tokens, k, generator=g, device="cuda")
+    block_m, _, _ = triton_moe_fp8.tiles_for(tokens * k, e)
+    xq, xs = triton_fp8_act.quantize_act(x)
+    r, a, a_s = route_and_gather_scaled(xq.view(torch.uint8), xs, ids, weights, e, block_m)
+    a = a.view(fp8_ref.FP8)
+    grid = torch.cuda.get_device_properties(0).multi_processor_count
+    pairs = tokens * k if scatter else None
+    want = triton_moe_fp8.grouped_gemm(a, a_s, w, w_s, r, grid, torch.bfloat16, pairs=pairs)
+    got = gluon_moe_fp8.grouped_gemm(a, a_s, w, w_s, r, torch.bfloat16, pairs=pairs)
+    rows = slice(None) if scatter else r.pair_of_row >= 0
+    diff = (got[rows].float() - want[rows].float()).abs().max().item()
+    assert torch.equal(got[rows], want[rows]), diff
+
+
 @pytest.mark.skipif(triton_fp8_act.triton is None, reason="needs triton")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("m,k", QUANT_SHAPES)
