@@ -144,6 +144,18 @@ def _kernel() -> Any:
     return _KERNEL
 
 
+def refusal(q: torch.Tensor, w: torch.Tensor, r: Routing) -> str | None:
+    """Why grouped_gemm cannot take these operands, or None."""
+    k, n = q.shape[1], w.shape[1]
+    if not is_available():
+        return "needs Gluon's Hopper ops on SM90"
+    if not (q.is_contiguous() and w.is_contiguous() and k % 16 == 0 and n % BLOCK == 0):
+        return f"needs contiguous q, w with K % 16 == 0 and N % {BLOCK} == 0, got K={k}, N={n}"
+    if r.block_m not in (64, 128):
+        return f"needs 64- or 128-row tiles, got {r.block_m}"
+    return None
+
+
 def descriptor_layout(block_shape: list[int]) -> Any:
     from triton.experimental.gluon import language as gl
 
@@ -163,18 +175,14 @@ def grouped_gemm(
     """triton_moe_fp8.grouped_gemm's contract (q [rows, K] e4m3 with q_scale [rows, K / 128],
     w [E, N, K] e4m3 with w_scale [E, N / 128, K / 128]; c [rows, N], or with ``pairs`` each
     row times its routing weight at its pair's slot) on 64- or 128-row tiles (4 or 8 warps),
-    for contiguous q and w with K % 16 == 0 and N % 128 == 0, else ValueError."""
+    where `refusal` finds nothing, else ValueError."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     rows, k = q.shape
     experts, n = w.shape[:2]
-    if not (q.is_contiguous() and w.is_contiguous() and k % 16 == 0 and n % BLOCK == 0):
-        raise ValueError(
-            f"the Gluon grouped GEMM takes contiguous q, w with K % 16 == 0 and N % {BLOCK} == 0, "
-            f"got K={k}, N={n}"
-        )
-    if r.block_m not in (64, 128):
-        raise ValueError(f"the Gluon grouped GEMM takes 64- or 128-row tiles, got {r.block_m}")
+    refused = refusal(q, w, r)
+    if refused is not None:
+        raise ValueError(f"the Gluon grouped GEMM {refused}")
     c = torch.empty(rows if pairs is None else pairs, n, dtype=dtype, device=q.device)
     ws = w_scale.float().contiguous()
     a_desc = TensorDescriptor(q, [rows, k], [k, 1], [r.block_m, BLOCK],

@@ -49,6 +49,10 @@ PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
 # then sweeping the layout's expert padding too (it reads only live rows since); between 1 and
 # 64 not measured.
 UNFUSED_SWIGLU_FROM = 64
+# The grouped GEMMs on stages.kernels.gluon_moe_fp8 (each K block's MMA overlapped with the last
+# one's scaling) from this many tokens; None: never. Built without a device, not yet measured
+# against the Triton kernel (`python -m app.bench.fp8 --moe-tiles`, rows "gluon").
+GLUON_FROM: int | None = None
 
 
 def tiles_for(pairs: int, experts: int) -> tuple[int, int, int]:
@@ -235,10 +239,35 @@ def _moe(
             a, a_scale, gate_up, gu_scale, r, grid, x.dtype, limit, warps, stages
         )
     else:  # more rows, or a gate/up column group straddling the halves: GEMM, then quantizer
-        h = grouped_gemm(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, warps, stages)
+        h = _grouped(t, a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, warps, stages)
         hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit, live=r.pair_of_row)
-    y = grouped_gemm(hq, hs, down, d_scale, r, grid, x.dtype, t * k, warps, stages)
+    y = _grouped(t, hq, hs, down, d_scale, r, grid, x.dtype, t * k, warps, stages)
     return combine(y, topk_ids, x.dtype)
+
+
+def _grouped(
+    tokens: int,
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    r: Routing,
+    grid: int,
+    dtype: torch.dtype,
+    pairs: int | None,
+    warps: int,
+    stages: int,
+) -> torch.Tensor:
+    """grouped_gemm, or from GLUON_FROM tokens gluon_moe_fp8's where it takes the shapes (a
+    shape it does not take is counted as a fallback and runs here)."""
+    if GLUON_FROM is not None and tokens >= GLUON_FROM:
+        from stages.kernels import gluon_moe_fp8
+
+        refused = gluon_moe_fp8.refusal(q, w, r)
+        if refused is None:
+            return gluon_moe_fp8.grouped_gemm(q, q_scale, w, w_scale, r, dtype, pairs)
+        record_fallback("moe_experts_fp8", "gluon", "shape", refused)
+    return grouped_gemm(q, q_scale, w, w_scale, r, grid, dtype, pairs, warps, stages)
 
 
 try:

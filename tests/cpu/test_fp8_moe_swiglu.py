@@ -144,3 +144,25 @@ def test_an_intermediate_width_off_the_grid_is_refused():
     with pytest.raises(ValueError, match="128 grid"):
         moe.gate_up_swiglu(q, torch.ones(16, 1), q.new_zeros(2, 400, 128), torch.ones(2, 4, 1),
                            r, 1, torch.bfloat16)  # fmt: skip
+
+
+def test_gluon_dispatch_counts_a_refused_shape_and_runs_the_triton_kernel(
+    triton_interpreter, monkeypatch
+):
+    """From GLUON_FROM tokens the grouped GEMMs go to gluon_moe_fp8; where it cannot take them
+    (here: no SM90) the call is counted as a fallback and gives the Triton kernel's result."""
+    from stages.kernels import triton_moe_fp8 as moe
+    from stages.kernels.fallbacks import FALLBACKS
+
+    g = torch.Generator().manual_seed(11)
+    r, a, a_scale = _layout(5, 2, 4, 64, 256, g)
+    w, w_scale = fp8_ref.quantize_weight(torch.randn(4, 256, 256, generator=g) / 32)
+    want = moe.grouped_gemm(a, a_scale, w, w_scale, r, 2, torch.bfloat16, pairs=10)
+    FALLBACKS.reset()
+    monkeypatch.setattr(moe, "GLUON_FROM", 4)
+    got = moe._grouped(5, a, a_scale, w, w_scale, r, 2, torch.bfloat16, 10, 4, 2)
+    assert torch.equal(got, want)
+    assert FALLBACKS.counts() == {("moe_experts_fp8", "gluon", "shape"): 1}
+    moe._grouped(3, a, a_scale, w, w_scale, r, 2, torch.bfloat16, 10, 4, 2)  # under GLUON_FROM
+    assert FALLBACKS.counts() == {("moe_experts_fp8", "gluon", "shape"): 1}
+    FALLBACKS.reset()
