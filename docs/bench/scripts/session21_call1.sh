@@ -14,6 +14,7 @@ set -u
 F=tests/gpu/test_fp8_kernels.py
 LIMIT=100 step gpu_tests $GPU_PYTEST $F::test_fp8_experts_match_reference \
   $F::test_fused_gate_up_swiglu_equals_the_unfused_path $F::test_gluon_grouped_gemm_equals_the_triton_one \
+  tests/gpu/test_indexer_kernel.py::test_gluon_chunk_scores_equal_the_triton_kernel \
   tests/gpu/test_rule_topk_cuda.py \
   tests/gpu/test_indexer_kernel.py::test_tie_rule_on_cuda_is_a_stable_sort
 LIMIT=45 step moe_swiglu python3 -m app.bench.fp8 --moe-swiglu --out "$R/moe_swiglu.json"
