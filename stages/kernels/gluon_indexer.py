@@ -103,7 +103,8 @@ def _build() -> Any:
             k_smem = gl.allocate_shared_memory(
                 K.dtype.element_ty, [BL, D],
                 gl.NVMMASharedLayout.get_default_for([BL, D], K.dtype.element_ty), keys)
-            fence_async_shared()  # the MMAs read it through the async proxy
+            fence_async_shared()  # the MMAs read it through the async proxy,
+            gl.thread_barrier()  # once every warp has written its part
             q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES, BT, D], q_desc.layout)
             bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             for st in gl.static_range(NUM_STAGES):
