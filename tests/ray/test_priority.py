@@ -25,8 +25,8 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival(ray_cluster):
 
         first = asyncio.Event()
 
-        async def blocker() -> None:  # holds the one slot for 300 decode steps
-            params = SamplingParams(max_tokens=300, ignore_eos=True, temperature=0)
+        async def blocker() -> None:  # holds the one slot for 1,500 decode steps (seconds)
+            params = SamplingParams(max_tokens=1500, ignore_eos=True, temperature=0)
             async for out in engine.stream([5, 6, 7], params):
                 first.set()
                 if out.finished:
@@ -37,9 +37,11 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival(ray_cluster):
         for i, (name, priority) in enumerate(queued):
             params = SamplingParams(max_tokens=2, temperature=0, priority=priority)
             tasks.append(asyncio.ensure_future(one(name, [10 + i, 11, 12], params)))
-        deadline = time.monotonic() + 60
-        while engine.stats()["num_waiting"] < len(queued) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+            # one at a time: Ray may start concurrent calls to the coordinator in any order,
+            # and the arrival order is part of what is tested
+            deadline = time.monotonic() + 60
+            while engine.stats()["num_waiting"] <= i and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         waiting, finished_early = engine.stats()["num_waiting"], list(done)
         await asyncio.gather(*tasks)
         assert not finished_early, "the blocker ended before the others had queued"
