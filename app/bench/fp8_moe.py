@@ -79,14 +79,7 @@ def moe_tile_rows(
                             h_in, h_s, dq, ds, r, grid, x.dtype, pairs=t * k, **cfg
                         )
                     )
-                    row = {
-                        "gate_up_ms": round(gu, 3),
-                        "down_ms": round(dn, 3),
-                        "gate_up_tflops": round(2 * flops / gu / 1e9, 1),
-                        "down_tflops": round(flops / dn / 1e9, 1),
-                        "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
-                        "down_tb_s": round(down_bytes / dn / 1e9, 2),
-                    }
+                    row = _rates(gu, dn, flops, gate_bytes, down_bytes)
                 except Exception as err:  # a configuration that does not compile
                     row = {"error": f"{type(err).__name__}: {err}"[:160]}
                 row = {"shape": name, "block_m": block_m, **cfg, **row}
@@ -113,6 +106,19 @@ def moe_tile_rows(
     return rows
 
 
+def _rates(gu: float, dn: float, flops: int, gate_bytes: int, down_bytes: int) -> dict[str, Any]:
+    """A tile row's figures from its gate/up and down times (ms): the down GEMM's FLOPs (gate/up
+    does twice them) and each GEMM's expert bytes."""
+    return {
+        "gate_up_ms": round(gu, 3),
+        "down_ms": round(dn, 3),
+        "gate_up_tflops": round(2 * flops / gu / 1e9, 1),
+        "down_tflops": round(flops / dn / 1e9, 1),
+        "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
+        "down_tb_s": round(down_bytes / dn / 1e9, 2),
+    }
+
+
 def _gluon_rows(
     runs: dict[str, Callable[..., torch.Tensor]],
     block_m: int,
@@ -126,9 +132,9 @@ def _gluon_rows(
     kernel's. runs: the two kernels' gate/up and down GEMMs (the Gluon ones take the depth)."""
     import triton.testing
 
-    from stages.kernels import gluon_moe_fp8
+    from stages.kernels import gluon_hopper
 
-    if not gluon_moe_fp8.is_available() or block_m not in (64, 128):
+    if not gluon_hopper.is_available() or block_m not in (64, 128):
         return []
     want_gu, want_dn = runs["triton gate_up"](), runs["triton down"]()
     rows = []
@@ -139,12 +145,7 @@ def _gluon_rows(
             gu = triton.testing.do_bench(lambda: runs["gluon gate_up"](stages))
             dn = triton.testing.do_bench(lambda: runs["gluon down"](stages))
             row = {
-                "gate_up_ms": round(gu, 3),
-                "down_ms": round(dn, 3),
-                "gate_up_tflops": round(2 * flops / gu / 1e9, 1),
-                "down_tflops": round(flops / dn / 1e9, 1),
-                "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
-                "down_tb_s": round(down_bytes / dn / 1e9, 2),
+                **_rates(gu, dn, flops, gate_bytes, down_bytes),
                 "equal_to_triton": bool(torch.equal(got_gu, want_gu))
                 and bool(torch.equal(got_dn, want_dn)),
                 "max_abs_diff": float(

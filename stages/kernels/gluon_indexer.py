@@ -17,9 +17,12 @@ to be measured against the Triton kernel (`python -m app.bench.indexer --gluon`)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
+
+from stages.kernels.gluon_hopper import fp8_layout
 
 NUM_STAGES = 3
 BLOCK_T, BLOCK_L = 64, 128  # tokens of a row x keys a program (indexer_select.CHUNK_TILE rows)
@@ -28,26 +31,10 @@ BLOCK_T, BLOCK_L = 64, 128  # tokens of a row x keys a program (indexer_select.C
 # (64 x 128 each) spilled
 WARPS = 8
 
-_KERNEL: Any = None
 
-
-def is_available() -> bool:
-    try:
-        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
+@functools.lru_cache(maxsize=None)
 def kernel() -> Any:
-    """The @gluon.jit kernel (Gluon imported only when asked for)."""
-    global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _build()
-    return _KERNEL
-
-
-def _build() -> Any:
+    """The @gluon.jit kernel, built at the first call (Gluon imported only when asked for)."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -153,12 +140,6 @@ def _build() -> Any:
     return chunk_scores_fp8
 
 
-def descriptor_layout(block_shape: list[int]) -> Any:
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for(block_shape, gl.float8e4nv)
-
-
 def chunk_scores(
     q: torch.Tensor,
     values: torch.Tensor,
@@ -185,7 +166,7 @@ def chunk_scores(
     lmax = plan.key_slots.shape[1]
     flat = q.view(ts, heads * dim)
     q_desc = TensorDescriptor(flat, [ts, heads * dim], [heads * dim, 1], [BLOCK_T, dim],
-                              descriptor_layout([BLOCK_T, dim]))  # fmt: skip
+                              fp8_layout([BLOCK_T, dim]))  # fmt: skip
     grid = (plan.chunk_tiles.shape[0], -(-lmax // BLOCK_L))
     kernel()[grid](
         q_desc, values, scales, weights, plan.key_slots, plan.visible, plan.chunk_tiles, out,

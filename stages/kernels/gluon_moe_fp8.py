@@ -18,37 +18,22 @@ tests/cpu/test_triton_compile_sm90.py), to be measured against it (`python -m ap
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from stages.kernels import fp8_ref
+from stages.kernels.gluon_hopper import fp8_layout, is_available
 from stages.kernels.moe_routing import Routing
 
 BLOCK = fp8_ref.BLOCK
 NUM_STAGES = 4
 
 
-def is_available() -> bool:
-    try:
-        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
+@functools.lru_cache(maxsize=None)
 def kernel() -> Any:
-    """The @gluon.jit kernel (Gluon imported only when asked for)."""
-    return _kernel()
-
-
-_KERNEL: Any = None
-
-
-def _kernel() -> Any:
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
+    """The @gluon.jit kernel, built at the first call (Gluon imported only when asked for)."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -140,8 +125,7 @@ def _kernel() -> Any:
             gl.store(out, acc.to(c_ptr.dtype.element_ty), mask=keep)
     # fmt: on
 
-    _KERNEL = grouped_w8a8_overlapped
-    return _KERNEL
+    return grouped_w8a8_overlapped
 
 
 def refusal(q: torch.Tensor, w: torch.Tensor, r: Routing) -> str | None:
@@ -154,12 +138,6 @@ def refusal(q: torch.Tensor, w: torch.Tensor, r: Routing) -> str | None:
     if r.block_m not in (64, 128):
         return f"needs 64- or 128-row tiles, got {r.block_m}"
     return None
-
-
-def descriptor_layout(block_shape: list[int]) -> Any:
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for(block_shape, gl.float8e4nv)
 
 
 def grouped_gemm(
@@ -186,10 +164,10 @@ def grouped_gemm(
     c = torch.empty(rows if pairs is None else pairs, n, dtype=dtype, device=q.device)
     ws = w_scale.float().contiguous()
     a_desc = TensorDescriptor(q, [rows, k], [k, 1], [r.block_m, BLOCK],
-                              descriptor_layout([r.block_m, BLOCK]))  # fmt: skip
+                              fp8_layout([r.block_m, BLOCK]))  # fmt: skip
     w_desc = TensorDescriptor(w.view(experts * n, k), [experts * n, k], [k, 1], [BLOCK, BLOCK],
-                              descriptor_layout([BLOCK, BLOCK]))  # fmt: skip
-    _kernel()[(r.max_tiles * (n // BLOCK),)](
+                              fp8_layout([BLOCK, BLOCK]))  # fmt: skip
+    kernel()[(r.max_tiles * (n // BLOCK),)](
         a_desc, w_desc, q_scale, ws, c, r.tile_expert, r.num_tiles, r.pair_of_row, r.row_weight,
         n, k, q_scale.stride(0), ws.stride(0), ws.stride(1), c.stride(0),
         SCATTER=pairs is not None, NUM_STAGES=num_stages, num_warps=r.block_m // 16,

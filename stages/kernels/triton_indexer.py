@@ -327,9 +327,9 @@ def indexer_logits_rows(
     if gluon_chunks is None:
         gluon_chunks = GLUON_CHUNKS
     if gluon_chunks and fp8 and plan.chunk_tiles.shape[0]:
-        from stages.kernels import gluon_indexer
+        from stages.kernels import gluon_hopper
 
-        if not gluon_indexer.is_available():
+        if not gluon_hopper.is_available():
             record_fallback("indexer_logits_rows", "gluon", "device", "-> the Triton chunk kernel")
             gluon_chunks = False
     q, weights = q.contiguous(), weights.contiguous()

@@ -19,11 +19,11 @@ SM90_SHARED_BYTES = 232_448  # an H100/H200 block's (227 KB)
 @pytest.mark.parametrize("block_m", [128, 64])
 @pytest.mark.parametrize("scatter", [False, True], ids=["gate_up", "down"])
 def test_overlapped_fp8_grouped_gemm_compiles(block_m, scatter):
-    from stages.kernels import gluon_moe_fp8
+    from stages.kernels import gluon_hopper, gluon_moe_fp8
 
     fn = gluon_moe_fp8.kernel()
-    a_layout = gluon_moe_fp8.descriptor_layout([block_m, 128])
-    w_layout = gluon_moe_fp8.descriptor_layout([128, 128])
+    a_layout = gluon_hopper.fp8_layout([block_m, 128])
+    w_layout = gluon_hopper.fp8_layout([128, 128])
     scalars = ("N", "K", "stride_as", "stride_wse", "stride_wsn", "stride_cm")
     kernel = compile_gluon_sm90(
         fn,
@@ -57,9 +57,9 @@ def test_overlapped_indexer_chunk_scores_compile(dim):
     """stages/kernels/gluon_indexer.py at V4's index heads (64 x 128) and 64 wide: head h + 1's
     MMA in flight while head h is weighed (`wgmma.wait_group 1`), two warpgroups of 64 tokens x
     64 keys, the queries by TMA, the gathered keys fenced for the MMA, nothing spilled."""
-    from stages.kernels import gluon_indexer
+    from stages.kernels import gluon_hopper, gluon_indexer
 
-    layout = gluon_indexer.descriptor_layout([gluon_indexer.BLOCK_T, dim])
+    layout = gluon_hopper.fp8_layout([gluon_indexer.BLOCK_T, dim])
     ints = ("LMAX", "ENTRIES", "stride_kb", "stride_sb", "stride_wt", "stride_sr", "stride_ot")
     kernel = compile_gluon_sm90(
         gluon_indexer.kernel(),

@@ -156,10 +156,10 @@ def test_gluon_grouped_gemm_equals_the_triton_one(tokens, scatter):
     scaling) against triton_moe_fp8.grouped_gemm on the same layout, V4-Flash's widths at the
     decode and prefill tiles: the same products, scales and fp32 order, so the same bits; where
     not, the largest difference is in the message (then it is a bound to set, not a bug)."""
-    from stages.kernels import gluon_moe_fp8
+    from stages.kernels import gluon_hopper, gluon_moe_fp8
     from stages.kernels.moe_routing import route_and_gather_scaled
 
-    if not gluon_moe_fp8.is_available():
+    if not gluon_hopper.is_available():
         pytest.skip("needs Gluon's Hopper ops on SM90")
     g = torch.Generator(device="cuda").manual_seed(tokens + scatter)
     e, h, inter, k = 32, 4096, 2048, 6

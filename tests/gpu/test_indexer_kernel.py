@@ -84,9 +84,9 @@ def test_gluon_chunk_scores_equal_the_triton_kernel(dim, entries):
     77 tokens (one from position 0, ragged tiles) beside decode rows, which both leave to the
     decode kernel. The same products and order of additions: the same bits; where not, the
     largest difference is in the message."""
-    from stages.kernels import gluon_indexer
+    from stages.kernels import gluon_hopper
 
-    if not gluon_indexer.is_available():
+    if not gluon_hopper.is_available():
         pytest.skip("needs Gluon's Hopper ops on SM90")
     g = torch.Generator(device="cuda").manual_seed(dim)
     group_rows = [(300, 4000), (1, 2100), (77, 0), (1, 9000)]
