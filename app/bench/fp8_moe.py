@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,7 +43,7 @@ def moe_tile_rows(
     Each row also gives the expert weights' read rate (the experts the tokens touch, FP8)."""
     import triton.testing
 
-    from stages.kernels import gluon_moe_fp8, triton_fp8_act, triton_moe_fp8
+    from stages.kernels import triton_fp8_act, triton_moe_fp8
     from stages.kernels.moe_routing import route_and_gather
     from stages.kernels.triton_gemm import num_sms
 
@@ -59,7 +58,6 @@ def moe_tile_rows(
         xq, xs = triton_fp8_act.quantize_act(x)
         touched = int(ids.unique().numel())
         gate_bytes, down_bytes = touched * 2 * inter * h, touched * h * inter
-        flops = 2 * t * k * h * inter  # the down GEMM's; gate/up's twice that
         for block_m in block_ms:
             r, a = route_and_gather(xq.view(torch.uint8), ids, w, e, block_m)
             a = a.view(fp8_ref.FP8)
@@ -79,82 +77,20 @@ def moe_tile_rows(
                             h_in, h_s, dq, ds, r, grid, x.dtype, pairs=t * k, **cfg
                         )
                     )
-                    row = _rates(gu, dn, flops, gate_bytes, down_bytes)
+                    flops = 2 * t * k * h * inter  # the down GEMM's; gate/up's twice that
+                    row = {
+                        "gate_up_ms": round(gu, 3),
+                        "down_ms": round(dn, 3),
+                        "gate_up_tflops": round(2 * flops / gu / 1e9, 1),
+                        "down_tflops": round(flops / dn / 1e9, 1),
+                        "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
+                        "down_tb_s": round(down_bytes / dn / 1e9, 2),
+                    }
                 except Exception as err:  # a configuration that does not compile
                     row = {"error": f"{type(err).__name__}: {err}"[:160]}
                 row = {"shape": name, "block_m": block_m, **cfg, **row}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-            runs: dict[str, Callable[..., torch.Tensor]] = {
-                "triton gate_up": lambda: triton_moe_fp8.grouped_gemm(
-                    a, a_s, gq, gs, r, num_sms(x.device), x.dtype
-                ),
-                "triton down": lambda: triton_moe_fp8.grouped_gemm(
-                    h_in, h_s, dq, ds, r, num_sms(x.device), x.dtype, pairs=t * k
-                ),
-                "gluon gate_up": lambda stages: gluon_moe_fp8.grouped_gemm(
-                    a, a_s, gq, gs, r, x.dtype, num_stages=stages
-                ),
-                "gluon down": lambda stages: gluon_moe_fp8.grouped_gemm(
-                    h_in, h_s, dq, ds, r, x.dtype, pairs=t * k, num_stages=stages
-                ),
-            }
-            for row in _gluon_rows(runs, block_m, stages_list, flops, gate_bytes, down_bytes):
-                row = {"shape": name, "block_m": block_m, **row}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    return rows
-
-
-def _rates(gu: float, dn: float, flops: int, gate_bytes: int, down_bytes: int) -> dict[str, Any]:
-    """A tile row's figures from its gate/up and down times (ms): the down GEMM's FLOPs (gate/up
-    does twice them) and each GEMM's expert bytes."""
-    return {
-        "gate_up_ms": round(gu, 3),
-        "down_ms": round(dn, 3),
-        "gate_up_tflops": round(2 * flops / gu / 1e9, 1),
-        "down_tflops": round(flops / dn / 1e9, 1),
-        "gate_up_tb_s": round(gate_bytes / gu / 1e9, 2),
-        "down_tb_s": round(down_bytes / dn / 1e9, 2),
-    }
-
-
-def _gluon_rows(
-    runs: dict[str, Callable[..., torch.Tensor]],
-    block_m: int,
-    stages_list: tuple[int, ...],
-    flops: int,
-    gate_bytes: int,
-    down_bytes: int,
-) -> list[dict[str, Any]]:
-    """stages.kernels.gluon_moe_fp8 (each K block's MMA overlapped with the last one's scaling)
-    on the Triton rows' layout, per pipeline depth, and whether its bytes equal the Triton
-    kernel's. runs: the two kernels' gate/up and down GEMMs (the Gluon ones take the depth)."""
-    import triton.testing
-
-    from stages.kernels import gluon_hopper
-
-    if not gluon_hopper.is_available() or block_m not in (64, 128):
-        return []
-    want_gu, want_dn = runs["triton gate_up"](), runs["triton down"]()
-    rows = []
-    for stages in stages_list:
-        head = {"kernel": "gluon", "num_warps": block_m // 16, "num_stages": stages}
-        try:
-            got_gu, got_dn = runs["gluon gate_up"](stages), runs["gluon down"](stages)
-            gu = triton.testing.do_bench(lambda: runs["gluon gate_up"](stages))
-            dn = triton.testing.do_bench(lambda: runs["gluon down"](stages))
-            row = {
-                **_rates(gu, dn, flops, gate_bytes, down_bytes),
-                "equal_to_triton": bool(torch.equal(got_gu, want_gu))
-                and bool(torch.equal(got_dn, want_dn)),
-                "max_abs_diff": float(
-                    max((got_gu - want_gu).abs().max(), (got_dn - want_dn).abs().max())
-                ),
-            }
-        except Exception as err:  # a configuration that does not compile or launch
-            row = {"error": f"{type(err).__name__}: {err}"[:300]}
-        rows.append({**head, **row})
     return rows
 
 

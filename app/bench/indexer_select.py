@@ -24,7 +24,6 @@ import torch
 from app.bench.moe import timed
 from stages.kernels import (
     fp8_indexer,
-    gluon_hopper,
     indexer_select,
     triton_indexer,
     triton_rule_topk,
@@ -92,20 +91,11 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
     if with_loop:
         row["loop_ms"] = timed(lambda: loop(q, keys, w, rows, scale, k), reps=5)
     flops = 2 * HEADS * DIM * count * tokens * (keys_per_row - tokens / 2)
-    for name, ks, gluon in (("bf16", keys, False), ("fp8", fp8_keys, False),
-                            ("fp8_gluon", fp8_keys, True)):  # fmt: skip
-        if gluon and not gluon_hopper.is_available():
-            continue
-        ms = timed(
-            lambda: triton_indexer.indexer_logits_rows(q, ks, w, scale, plan, gluon_chunks=gluon),
-            reps=5,
-        )
+    for name, ks in (("bf16", keys), ("fp8", fp8_keys)):
+        ms = timed(lambda: triton_indexer.indexer_logits_rows(q, ks, w, scale, plan), reps=5)
         row[f"logits_{name}_ms"] = ms
         row[f"logits_{name}_tflops"] = round(flops / ms / 1e9, 1)
-    logits = triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan, gluon_chunks=False)
-    if gluon_hopper.is_available():  # the Gluon chunk scores against the Triton kernel's
-        got = triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan, gluon_chunks=True)
-        row["logits_fp8_gluon_equal"] = bool(torch.equal(got, logits))
+    logits = triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan)
     for name, top_k in (
         ("torch", indexer_select.top_k_positions),
         ("triton", triton_topk.top_k_positions),

@@ -127,10 +127,6 @@ class DecodeConfig:
 
 
 DECODE_CONFIG = DecodeConfig()
-# The chunk rows' scores over FP8 keys on stages.kernels.gluon_indexer (each head's MMA
-# overlapped with the last one's ReLU and weight) when on; built without a device, not yet
-# measured against the chunk kernel (`python -m app.bench.indexer_select`, "logits_fp8_gluon").
-GLUON_CHUNKS = False
 QUANTIZE_TOKENS = 4  # tokens a program of the query quantizer takes
 
 
@@ -293,14 +289,12 @@ def indexer_logits_rows(
     plan: Any,
     config: ChunkConfig = CHUNK_CONFIG,
     decode: DecodeConfig = DECODE_CONFIG,
-    gluon_chunks: bool | None = None,
 ) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys the layer's key
     pages ([blocks, E, D] in q's dtype, or [blocks, E, D + 4] uint8: FP8 keys in
     stages/kernels/fp8_indexer.py's layout), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf
     where a token does not see a key). Chunk rows and decode rows are one launch each.
-    config / decode: the kernels' launches (benches sweep them); gluon_chunks: the chunk rows
-    over FP8 keys on gluon_indexer (GLUON_CHUNKS by default, where Gluon's Hopper ops load)."""
+    config / decode: the kernels' launches (benches sweep them)."""
     from stages.kernels import fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
@@ -324,14 +318,6 @@ def indexer_logits_rows(
     else:  # relu(s x) = s relu(x) for s > 0: the softmax scale rides on the head weights
         weights = weights.float() * scale
     values, scales, entries, stride_kb, stride_sb = _key_views(keys, dim)
-    if gluon_chunks is None:
-        gluon_chunks = GLUON_CHUNKS
-    if gluon_chunks and fp8 and plan.chunk_tiles.shape[0]:
-        from stages.kernels import gluon_hopper
-
-        if not gluon_hopper.is_available():
-            record_fallback("indexer_logits_rows", "gluon", "device", "-> the Triton chunk kernel")
-            gluon_chunks = False
     q, weights = q.contiguous(), weights.contiguous()
     out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
     chunk_kernel, decode_kernel = _rows_kernels()
@@ -345,12 +331,7 @@ def indexer_logits_rows(
         plan.key_slots.stride(0),
         out.stride(0),
     )
-    if plan.chunk_tiles.shape[0] and fp8 and gluon_chunks:
-        from stages.kernels import gluon_indexer
-
-        gluon_indexer.chunk_scores(q, values, scales, weights, plan, out, entries, stride_kb,
-                                   stride_sb)  # fmt: skip
-    elif plan.chunk_tiles.shape[0]:
+    if plan.chunk_tiles.shape[0]:
         grid = (plan.chunk_tiles.shape[0], -(-lmax // config.block_l))
         chunk_kernel[grid](
             *args,

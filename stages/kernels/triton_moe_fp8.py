@@ -37,11 +37,14 @@ from stages.kernels.triton_moe_combine import combine
 BLOCK = fp8_ref.BLOCK
 # (BLOCK_M, warps, stages). Prefill (at least 128 rows an expert on average): 128-row tiles on
 # 8 warps, 4 stages, 27-30 % faster than 64 on 4 warps at V4-Flash's 8K and V3.2-bench's 4K
-# chunks (`python -m app.bench.fp8 --moe-tiles`, docs/PERFORMANCE.md). Fewer rows (decode):
+# chunks (`python -m app.bench.fp8 --moe-tiles`, docs/PERFORMANCE.md), their tiles through TMA
+# descriptors (PREFILL_TMA: 2.76 / 1.55 against 3.01 / 1.55 ms for V4-Flash's gate/up / down at
+# 8K tokens on an H100, docs/bench/session22/call1/moe_tiles.json). Fewer rows (decode):
 # 64-row tiles on 4 warps with 5 stages in flight, which stream the expert weights at
 # 3.5-3.7 TB/s at 64 and 512 rows of V4-Flash, against 2.9 with 3 stages
-# (`python -m app.bench.fp8 --moe-decode-tiles`; 16- and 32-row tiles are no faster).
+# (`python -m app.bench.fp8 --moe-decode-tiles`; 16- and 32-row tiles are no faster, nor TMA).
 PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
+PREFILL_TMA = True
 # The fused gate/up SwiGLU epilogue (gate_up_swiglu) below this many tokens, the GEMM then the
 # quantizer from it: same bits, and on an H100 the fused kernel took 0.06 against 0.54 ms at one
 # token but 1.51 / 1.94 / 4.33 against 1.43 / 1.82 / 3.44 ms at 64 / 512 / 8192 tokens (`python
@@ -49,10 +52,6 @@ PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
 # then sweeping the layout's expert padding too (it reads only live rows since); between 1 and
 # 64 not measured.
 UNFUSED_SWIGLU_FROM = 64
-# The grouped GEMMs on stages.kernels.gluon_moe_fp8 (each K block's MMA overlapped with the last
-# one's scaling) from this many tokens; None: never. Built without a device, not yet measured
-# against the Triton kernel (`python -m app.bench.fp8 --moe-tiles`, rows "gluon").
-GLUON_FROM: int | None = None
 
 
 def tiles_for(pairs: int, experts: int) -> tuple[int, int, int]:
@@ -226,7 +225,8 @@ def _moe(
         )
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
-    block_m, warps, stages = tiles_for(t * k, gate_up.shape[0])
+    tiles = tiles_for(t * k, gate_up.shape[0])
+    block_m, warps, stages = tiles
     xq, xs = triton_fp8_act.quantize_act(x)
     # the FP8 rows travel as bytes (the gather copies them unchanged) with their scales; padding
     # rows stay unwritten: their results are never stored at a pair's slot
@@ -239,14 +239,13 @@ def _moe(
             a, a_scale, gate_up, gu_scale, r, grid, x.dtype, limit, warps, stages
         )
     else:  # more rows, or a gate/up column group straddling the halves: GEMM, then quantizer
-        h = _grouped(t, a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, warps, stages)
+        h = _grouped(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, tiles)
         hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit, live=r.pair_of_row)
-    y = _grouped(t, hq, hs, down, d_scale, r, grid, x.dtype, t * k, warps, stages)
+    y = _grouped(hq, hs, down, d_scale, r, grid, x.dtype, t * k, tiles)
     return combine(y, topk_ids, x.dtype)
 
 
 def _grouped(
-    tokens: int,
     q: torch.Tensor,
     q_scale: torch.Tensor,
     w: torch.Tensor,
@@ -255,19 +254,19 @@ def _grouped(
     grid: int,
     dtype: torch.dtype,
     pairs: int | None,
-    warps: int,
-    stages: int,
+    tiles: tuple[int, int, int],
 ) -> torch.Tensor:
-    """grouped_gemm, or from GLUON_FROM tokens gluon_moe_fp8's where it takes the shapes (a
-    shape it does not take is counted as a fallback and runs here)."""
-    if GLUON_FROM is not None and tokens >= GLUON_FROM:
-        from stages.kernels import gluon_moe_fp8
-
-        refused = gluon_moe_fp8.refusal(q, w, r)
-        if refused is None:
-            return gluon_moe_fp8.grouped_gemm(q, q_scale, w, w_scale, r, dtype, pairs)
-        record_fallback("moe_experts_fp8", "gluon", "shape", refused)
-    return grouped_gemm(q, q_scale, w, w_scale, r, grid, dtype, pairs, warps, stages)
+    """grouped_gemm at `tiles`, through TMA descriptors at the prefill tiles where the operands
+    allow them (PREFILL_TMA)."""
+    tma = (
+        PREFILL_TMA
+        and tiles == PREFILL_TILES
+        and q.shape[1] % 16 == 0
+        and q.is_contiguous()
+        and w.is_contiguous()
+    )
+    _, warps, stages = tiles
+    return grouped_gemm(q, q_scale, w, w_scale, r, grid, dtype, pairs, warps, stages, tma)
 
 
 try:

@@ -28,28 +28,6 @@ def compile_sm90(
     )
 
 
-def compile_gluon_sm90(
-    fn: Any,
-    signature: dict[str, str],
-    constants: dict[str, Any],
-    aligned: tuple[str, ...] = (),
-    num_warps: int = 4,
-) -> Any:
-    """compile_sm90 for a @gluon.jit kernel (its layouts are the kernel's own; a tensor
-    descriptor's type names its shared-memory layout)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    sig = dict(signature, **{name: "constexpr" for name in constants})
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    return triton.compile(
-        GluonASTSource(fn, sig, constants, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps},
-    )
-
-
 def registers_and_spills(kernel: Any) -> tuple[int, int]:
     """(registers a thread, bytes spilled) of a compile_sm90 kernel, from the ptxas Triton
     ships (`ptxas -v` on its PTX): spills in a kernel's loop cost it local-memory traffic."""

@@ -146,23 +146,20 @@ def test_an_intermediate_width_off_the_grid_is_refused():
                            r, 1, torch.bfloat16)  # fmt: skip
 
 
-def test_gluon_dispatch_counts_a_refused_shape_and_runs_the_triton_kernel(
-    triton_interpreter, monkeypatch
-):
-    """From GLUON_FROM tokens the grouped GEMMs go to gluon_moe_fp8; where it cannot take them
-    (here: no SM90) the call is counted as a fallback and gives the Triton kernel's result."""
+@pytest.mark.parametrize("scatter", [False, True], ids=["gate_up", "down"])
+def test_prefill_tiles_go_through_tma_descriptors_with_the_same_bits(triton_interpreter, scatter):
+    """At the prefill tiles _grouped loads through TMA descriptors (PREFILL_TMA): the same
+    products, scales and sums as the pointer loads; a tile past N reads zeros, not the next
+    expert's rows (N = 192 on the 128 grid)."""
     from stages.kernels import triton_moe_fp8 as moe
-    from stages.kernels.fallbacks import FALLBACKS
 
     g = torch.Generator().manual_seed(11)
-    r, a, a_scale = _layout(5, 2, 4, 64, 256, g)
-    w, w_scale = fp8_ref.quantize_weight(torch.randn(4, 256, 256, generator=g) / 32)
-    want = moe.grouped_gemm(a, a_scale, w, w_scale, r, 2, torch.bfloat16, pairs=10)
-    FALLBACKS.reset()
-    monkeypatch.setattr(moe, "GLUON_FROM", 4)
-    got = moe._grouped(5, a, a_scale, w, w_scale, r, 2, torch.bfloat16, 10, 4, 2)
-    assert torch.equal(got, want)
-    assert FALLBACKS.counts() == {("moe_experts_fp8", "gluon", "shape"): 1}
-    moe._grouped(3, a, a_scale, w, w_scale, r, 2, torch.bfloat16, 10, 4, 2)  # under GLUON_FROM
-    assert FALLBACKS.counts() == {("moe_experts_fp8", "gluon", "shape"): 1}
-    FALLBACKS.reset()
+    r, a, a_scale = _layout(5, 2, 4, moe.PREFILL_TILES[0], 256, g)
+    w, w_scale = fp8_ref.quantize_weight(torch.randn(4, 192, 256, generator=g) / 32)
+    pairs = 10 if scatter else None
+    want = moe.grouped_gemm(a, a_scale, w, w_scale, r, 2, torch.bfloat16, pairs=pairs)
+    got = moe._grouped(a, a_scale, w, w_scale, r, 2, torch.bfloat16, pairs, moe.PREFILL_TILES)
+    rows = slice(None) if scatter else r.pair_of_row >= 0
+    assert torch.equal(got[rows], want[rows])
+    with pytest.raises(ValueError, match="K % 16"):
+        moe.grouped_gemm(a[:, :200], a_scale, w[..., :200], w_scale, r, 2, torch.bfloat16, tma=True)

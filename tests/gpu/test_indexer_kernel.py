@@ -77,36 +77,6 @@ def test_indexer_logits_rows_match_reference(group_rows, fp8):
     assert err < 2e-3, err
 
 
-@pytest.mark.parametrize("dim,entries", [(128, 16), (64, 64)], ids=["v4", "v32-like"])
-def test_gluon_chunk_scores_equal_the_triton_kernel(dim, entries):
-    """stages/kernels/gluon_indexer.py (each head's MMA overlapped with the last one's ReLU and
-    weight) against the Triton chunk kernel over the same FP8 pages and plan: chunks of 300 and
-    77 tokens (one from position 0, ragged tiles) beside decode rows, which both leave to the
-    decode kernel. The same products and order of additions: the same bits; where not, the
-    largest difference is in the message."""
-    from stages.kernels import gluon_hopper
-
-    if not gluon_hopper.is_available():
-        pytest.skip("needs Gluon's Hopper ops on SM90")
-    g = torch.Generator(device="cuda").manual_seed(dim)
-    group_rows = [(300, 4000), (1, 2100), (77, 0), (1, 9000)]
-    total = sum(n + start for n, start in group_rows)
-    perm = torch.randperm(total + 100, generator=g, device="cuda")
-    rows, off, used = [], 0, 0
-    for n, start in group_rows:
-        rows.append((off, n, start, perm[used : used + start + n]))
-        off, used = off + n, used + start + n
-    plan = decode_plan(rows, "cuda")
-    keys = fp8_indexer.pack(torch.randn(total + 100, dim, generator=g, device="cuda"), entries)
-    q = torch.randn(off, 64, dim, generator=g, device="cuda").bfloat16()
-    w = torch.randn(off, 64, generator=g, device="cuda")
-    want = triton_indexer.indexer_logits_rows(q, keys, w, dim**-0.5, plan, gluon_chunks=False)
-    got = triton_indexer.indexer_logits_rows(q, keys, w, dim**-0.5, plan, gluon_chunks=True)
-    seen = want != float("-inf")
-    assert torch.equal(got == float("-inf"), ~seen)
-    assert torch.equal(got, want), (got[seen] - want[seen]).abs().max().item()
-
-
 @pytest.mark.parametrize("dim", [128, 64])
 def test_fp8_key_write_matches_the_torch_quantizer(dim):
     """The quantize-on-write kernel stores fp8_indexer.write_reference's bytes at the given
