@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.bench.stream_timing import percentile, steady_decode
+from app.bench.stream_timing import percentile, steady_decode, stream_shape
 from app.bench.target import (
     BenchEngine,
     add_memory_flags,
@@ -134,6 +134,7 @@ def _decode_once(engine: BenchEngine, prompts: list[Prompt], n_tokens: int) -> d
         "stage_forward_s": statistics.median(forwards) if forwards else None,
         "wall_per_microbatch_s": wall / max(1, len(forwards)),
         **steady_decode(times),
+        "stream": stream_shape(times, t0),
     }
 
 

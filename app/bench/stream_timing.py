@@ -19,15 +19,33 @@ def steady_decode(times: list[list[float]]) -> dict[str, Any]:
     """The decode in lockstep: from the last request's first token (every prefill behind) to
     the first request's last token (none finished), output tokens per second and the gaps
     between a request's tokens (inter-token latency) p50 / p99 in milliseconds. None where the
-    run has no such window (too few output tokens to outlast the prompts' prefill)."""
+    run has no such window (too few output tokens to outlast the prompts' prefill), or one that
+    holds no whole gap of a request (shorter than a step: its rate would be noise)."""
     start = max(t[0] for t in times)
     stop = min(t[-1] for t in times)
     inside = sum(1 for t in times for x in t if start < x <= stop)
     gaps = [g for t in times for g in token_gaps_ms(t) if start <= g[0] and g[1] <= stop]
     return {
-        "steady_tokens_per_s": inside / (stop - start) if stop > start and inside else None,
+        "steady_tokens_per_s": inside / (stop - start) if stop > start and gaps else None,
         "itl_p50_ms": percentile([g[2] for g in gaps], 50) if gaps else None,
         "itl_p99_ms": percentile([g[2] for g in gaps], 99) if gaps else None,
+    }
+
+
+def stream_shape(times: list[list[float]], t0: float) -> dict[str, Any]:
+    """Where the lockstep window comes from, in seconds after t0: the requests' first and last
+    tokens (min / median / max) and the deltas a request received (min / median): a window
+    that closed has its cause here (a request started late, one finished early, a consumer
+    behind merging deltas)."""
+
+    def spread(xs: list[float]) -> list[float]:
+        return [round(min(xs) - t0, 4), round(percentile(xs, 50) - t0, 4), round(max(xs) - t0, 4)]
+
+    deltas = [len(set(t)) for t in times]
+    return {
+        "first_token_s": spread([t[0] for t in times]),
+        "last_token_s": spread([t[-1] for t in times]),
+        "deltas_min_p50": [min(deltas), percentile([float(d) for d in deltas], 50)],
     }
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.bench.stream_timing import steady_decode, token_gaps_ms
+from app.bench.stream_timing import steady_decode, stream_shape, token_gaps_ms
 
 
 def test_a_delta_of_n_tokens_shares_its_gap():
@@ -18,3 +18,16 @@ def test_steady_window_counts_grouped_and_single_streams_alike():
     s, g = steady_decode([single]), steady_decode([grouped])
     assert s["steady_tokens_per_s"] == pytest.approx(g["steady_tokens_per_s"]) == pytest.approx(10)
     assert s["itl_p50_ms"] == pytest.approx(g["itl_p50_ms"]) == pytest.approx(100)
+
+
+def test_a_window_shorter_than_a_step_gives_no_rate():
+    """One request's first token came after another's tokens but just before its last: the
+    window holds one token of a request and no whole gap, so no steady rate (not 1 / epsilon)."""
+    early = [0.0, 0.1, 0.2, 0.3]
+    late = [0.299, 0.4, 0.5]
+    s = steady_decode([early, late])
+    assert s["steady_tokens_per_s"] is None and s["itl_p50_ms"] is None
+    shape = stream_shape([early, late], t0=0.0)
+    assert shape["first_token_s"] == [0.0, pytest.approx(0.1495), 0.299]
+    assert shape["last_token_s"] == [0.3, 0.4, 0.5]
+    assert shape["deltas_min_p50"] == [3, 3.5]
