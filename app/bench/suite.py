@@ -94,6 +94,8 @@ def decode_figures(raw: dict[str, Any], hbm_tbs: float = H200_HBM_TBS) -> list[F
             # its first token; older files have the whole run's). Not the ITL p50, which falls
             # below the step where a stream behind gets tokens merged (each token a share of
             # the gap): at 512 V4 rows 12.5 ms against a 22 ms step
+            if "steady_tokens_per_s" in s and s["steady_tokens_per_s"] is None:
+                continue  # no lockstep window (stream_timing.steady_decode): no rate to give
             tok_s = s.get("steady_tokens_per_s") or s.get("tokens_per_s")
             itl = s.get("itl_p50_ms")
             step = itl / 1e3 if itl else s.get("stage_forward_s")

@@ -164,6 +164,19 @@ def test_decode_distance_takes_the_step_from_the_rows_tok_s():
     assert tok_s["distance"]["of_hbm"] == round(read / step_ms / 4.8, 3)
 
 
+def test_a_closed_lockstep_window_gives_no_decode_rate():
+    """Session 22's H200 run of the 512-row FP8 row: its window held no whole gap, so the
+    bench gave no steady rate; the report then has no decode figure (not the run's 3,460 tok/s
+    with the prefill inside, nor the sliver's 78,939), only the KV capacity."""
+    root = Path(__file__).resolve().parents[2]
+    path = root / "docs/bench/session22/call2/suite/decode-v4-flash-512-fp8.json"
+    raw = json.loads(path.read_text())["raw"]
+    for part in [raw["decode"], *raw["decode"]["runs"]]:
+        summary = part.get("summary", {}).get("auto", part)
+        summary["steady_tokens_per_s"], summary["itl_p50_ms"] = None, None
+    assert [f["label"] for f in suite.decode_figures(raw)] == ["KV capacity fp8"]
+
+
 def test_a_row_is_labelled_with_the_chip_that_ran_it():
     """An H100 lent for an H200 row says H100 in the report, and its decode rows' fraction of
     HBM divides by the H100's bandwidth; a run with no GPU says cpu."""
