@@ -15,7 +15,8 @@ batched() {  # one case, if the deadline leaves it 40 s (and the decode row its 
   LIMIT=$((left < 80 ? left : 80)) step "batched_$2" $GPU_PYTEST --tb=short "$T[$2]"
 }
 batched 90 v4-fp8
-left=$((${DEADLINE:-585} - SECONDS)); LIMIT=$((left < 90 ? left : 90)) step decode-v4-flash-512-fp8 \
+left=$((${DEADLINE:-585} - SECONDS)); LIMIT=$((left < 90 ? left : 90))  # before the line that reads it
+step decode-v4-flash-512-fp8 \
   python3 -m app.cli bench suite --only decode-v4-flash-512-fp8 --device cuda \
   --timeout $((LIMIT - 5)) --out "$R/suite"
 python3 -c "import json; r = json.load(open('$R/suite/decode-v4-flash-512-fp8.json'))['raw']['decode']['runs'][0]; print({k: r[k] for k in ('wall_s', 'microbatches', 'stage_forward_s', 'steady_tokens_per_s', 'itl_p50_ms', 'stream')})" | tee "$R/decode_stream.txt"
