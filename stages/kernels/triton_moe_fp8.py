@@ -94,6 +94,12 @@ def moe_experts_sm1(
     return _moe(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit, sm_margin=1)
 
 
+def tma_takes(q: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether grouped_gemm's TMA descriptors can read q [rows, K] and w [E, N, K]: contiguous,
+    rows 16-byte aligned (K % 16 for e4m3)."""
+    return q.shape[1] % 16 == 0 and q.is_contiguous() and w.is_contiguous()
+
+
 def grouped_gemm(
     q: torch.Tensor,
     q_scale: torch.Tensor,
@@ -120,7 +126,7 @@ def grouped_gemm(
     c = torch.empty(out_rows, n, dtype=dtype, device=q.device)
     ws = w_scale.float().contiguous()
     progs = max(1, min(grid, r.max_tiles * triton.cdiv(n, BLOCK)))
-    if tma and not (k % 16 == 0 and q.is_contiguous() and w.is_contiguous()):
+    if tma and not tma_takes(q, w):
         raise ValueError(f"grouped_gemm(tma=True) takes contiguous q, w, K % 16 == 0, got K={k}")
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -258,13 +264,7 @@ def _grouped(
 ) -> torch.Tensor:
     """grouped_gemm at `tiles`, through TMA descriptors at the prefill tiles where the operands
     allow them (PREFILL_TMA)."""
-    tma = (
-        PREFILL_TMA
-        and tiles == PREFILL_TILES
-        and q.shape[1] % 16 == 0
-        and q.is_contiguous()
-        and w.is_contiguous()
-    )
+    tma = PREFILL_TMA and tiles == PREFILL_TILES and tma_takes(q, w)
     _, warps, stages = tiles
     return grouped_gemm(q, q_scale, w, w_scale, r, grid, dtype, pairs, warps, stages, tma)
 
