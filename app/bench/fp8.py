@@ -19,8 +19,10 @@ import torch
 from app.bench.fp8_moe import (
     DECODE_TILE_SWEEP,
     MOE_DECODE_SHAPES,
+    moe_loop_rows,
     moe_swiglu_rows,
     moe_tile_rows,
+    swiglu_quantizer_rows,
 )
 from stages.forward_batch import ForwardBatch
 from stages.kernels import fp8_ref
@@ -355,7 +357,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--moe-swiglu", action="store_true", help="only the fused gate/up epilogue against unfused"
     )
+    p.add_argument(
+        "--swiglu-quantizer", action="store_true", help="only the MoE's SwiGLU quantizer launches"
+    )
+    p.add_argument("--moe-loops", action="store_true", help="only the MoE GEMMs' loop variants")
     a = p.parse_args(argv)
+    if a.swiglu_quantizer or a.moe_loops:
+        launches = moe_loop_rows() if a.moe_loops else swiglu_quantizer_rows()
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "launches": launches}, f)
+        return 0
     if a.moe_swiglu:
         rows = moe_swiglu_rows()
         if a.out:

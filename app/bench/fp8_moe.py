@@ -1,7 +1,8 @@
 """The grouped FP8 MoE's kernels on one GPU (`python -m app.bench.fp8` runs them by flag):
 the tile sweep of its two grouped GEMMs at prefill and decode batches (`--moe-tiles`,
 `--moe-decode-tiles`), and the gate/up GEMM with the SwiGLU and quantizer in its epilogue against
-the GEMM then the quantizer (`--moe-swiglu`).
+the GEMM then the quantizer (`--moe-swiglu`), and the unfused path's quantizer per launch
+(`--swiglu-quantizer`).
 
     python -m app.bench.fp8 --moe-swiglu --out docs/bench/moe_swiglu.json
 """
@@ -142,6 +143,139 @@ def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[st
             "fused_ms": round(triton.testing.do_bench(fused), 4),
             "same_bits": same,
         }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+# (BLOCK_M, groups a program, warps) the fused SwiGLU quantizer's sweep takes
+SWIGLU_QUANTIZER_SWEEP = ((8, 16, 32, 64), (1, 2, 4), (4, 8))
+
+
+def swiglu_quantizer_rows(
+    tokens: tuple[int, ...] = (512, 8192),
+    sweep: tuple[tuple[int, ...], ...] = SWIGLU_QUANTIZER_SWEEP,
+) -> list[dict[str, Any]]:
+    """The grouped MoE's unfused SwiGLU quantizer (triton_fp8_act.swiglu_quantize_act over
+    V4-Flash's routed layout, the rows live) per launch: its time, the bytes it moves a second,
+    and whether its bits are the default launch's."""
+    import triton.testing
+
+    from stages.kernels import triton_fp8_act, triton_moe_fp8
+    from stages.kernels.moe_routing import route_and_gather
+
+    e, k, inter, limit = 256, 6, 2048, 10.0
+    rows = []
+    for t in tokens:
+        ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
+        w = torch.rand(t, k, device="cuda")
+        block_m = triton_moe_fp8.tiles_for(t * k, e)[0]
+        r, _ = route_and_gather(torch.zeros(t, 1, device="cuda"), ids, w, e, block_m)
+        gate_up = torch.randn(r.pair_of_row.numel(), 2 * inter, device="cuda").bfloat16()
+        live = r.pair_of_row
+        real = live >= 0
+        moved = int(real.sum()) * (2 * inter * 2 + inter + inter // 32)  # bf16 in, e4m3 + scales
+
+        def run(launch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            return triton_fp8_act._swiglu_quantize(gate_up, limit, live=live, launch=launch)
+
+        want_q, want_s = run(triton_fp8_act.SwigluLaunch())
+        for bm, groups, warps in itertools.product(*sweep):
+            launch = triton_fp8_act.SwigluLaunch(bm, groups, warps)
+            q, s = run(launch)
+            same = torch.equal(q[real].view(torch.uint8), want_q[real].view(torch.uint8))
+            ms = triton.testing.do_bench(lambda: run(launch))
+            row = {
+                "tokens": t,
+                "block_m": bm,
+                "groups": groups,
+                "warps": warps,
+                "ms": round(ms, 4),
+                "tb_per_s": round(moved / ms / 1e9, 2),
+                "same_bits": same and torch.equal(s[real], want_s[real]),
+            }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+# (BLOCK_M, warps, stages, programs an SM, _grouped_w8a8's loop switches): two 64-row programs
+# on an SM may overlap one's FP32 promotion with the other's MMAs (each waits on its own)
+MOE_LOOP_SWEEP: list[tuple[int, int, int, int, dict[str, bool]]] = [
+    (128, 8, 4, 1, {}),
+    (128, 8, 4, 1, {"FLATTEN": True}),
+    (128, 8, 4, 1, {"WS": True}),
+    (128, 8, 4, 1, {"LAG": True}),
+    (128, 8, 3, 1, {}),
+    (64, 4, 4, 1, {}),
+    (64, 4, 4, 2, {}),
+    (64, 4, 3, 2, {}),
+    (64, 4, 4, 2, {"FLATTEN": True}),
+    (64, 4, 3, 2, {"FLATTEN": True}),
+    (64, 4, 3, 3, {}),
+]
+
+
+def moe_loop_rows(
+    sweep: list[tuple[int, int, int, int, dict[str, bool]]] = MOE_LOOP_SWEEP,
+    t: int = 8192,
+) -> list[dict[str, Any]]:
+    """V4-Flash's two grouped FP8 GEMMs at a t-token chunk through TMA, per launch of sweep
+    (tiles, programs an SM, loop switches): times, rates, and whether each output's bits (per
+    pair, so layouts of other BLOCK_M compare) are the first launch's."""
+    import triton.testing
+
+    from stages.kernels import triton_fp8_act, triton_moe_fp8
+    from stages.kernels.moe_routing import route_and_gather
+    from stages.kernels.triton_gemm import num_sms
+
+    e, k, h, inter = 256, 6, 4096, 2048
+    gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
+    dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
+    x = torch.randn(t, h, device="cuda").bfloat16()
+    ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
+    w = torch.rand(t, k, device="cuda")
+    xq, xs = triton_fp8_act.quantize_act(x)
+    hq, hs = triton_fp8_act.quantize_act(torch.randn(t * k, inter, device="cuda").bfloat16())
+    flops = 2 * t * k * h * inter  # the down GEMM's; gate/up's twice that
+    rows, want = [], None
+    for block_m, warps, stages, per_sm, loop in sweep:
+        r, a = route_and_gather(xq.view(torch.uint8), ids, w, e, block_m)
+        a = a.view(fp8_ref.FP8)
+        live = r.pair_of_row >= 0
+        pair = r.pair_of_row[live].long()
+        a_s = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
+        h_in = torch.zeros(a.shape[0], inter, dtype=torch.uint8, device="cuda")
+        h_in[live] = hq.view(torch.uint8)[pair]
+        h_in = h_in.view(fp8_ref.FP8)
+        h_s = hs.new_ones(a.shape[0], inter // 128)
+        h_s[live] = hs[pair]
+        cfg: dict[str, Any] = dict(num_warps=warps, num_stages=stages, tma=True, **loop)
+        grid = per_sm * num_sms(x.device)
+
+        def gate_up() -> torch.Tensor:
+            return triton_moe_fp8.grouped_gemm(a, a_s, gq, gs, r, grid, x.dtype, **cfg)
+
+        def down() -> torch.Tensor:
+            return triton_moe_fp8.grouped_gemm(h_in, h_s, dq, ds, r, grid, x.dtype, t * k, **cfg)
+
+        row: dict[str, Any] = {"block_m": block_m, "warps": warps, "stages": stages}
+        row.update(per_sm=per_sm, **loop)
+        try:
+            by_pair = gate_up().new_empty(t * k, 2 * inter)
+            by_pair[pair] = gate_up()[live]
+            got = (by_pair, down())
+            want = want or got
+            gu, dn = triton.testing.do_bench(gate_up), triton.testing.do_bench(down)
+            row.update(
+                gate_up_ms=round(gu, 3),
+                down_ms=round(dn, 3),
+                gate_up_tflops=round(2 * flops / gu / 1e9, 1),
+                down_tflops=round(flops / dn / 1e9, 1),
+                same_bits=all(torch.equal(g, w_) for g, w_ in zip(got, want)),
+            )
+        except Exception as err:  # a launch that does not compile or run
+            row["error"] = f"{type(err).__name__}: {err}"[:200]
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
