@@ -111,12 +111,14 @@ ROWS: tuple[Row, ...] = (
     Row("decode-v32-512-fp8", "deepseek-v32-bench", "load",
         _decode("deepseek-v32-bench", 512, 64, *FP8, "--kv-blocks", "memory"),
         "1xH200", "decode", "12,407 tok/s (session 5); about 2x the bf16 KV tokens", ("h200",)),
+    # 128 tokens a request: the lockstep window between the last prefill and the first finish
+    # held ~32 steps at 64 and closed to under a step on one H200 run (session 22)
     Row("decode-v4-flash-512", "deepseek-v4-flash", "load",
-        _decode("deepseek-v4-flash", 512, 64, "--short-len", "512", *BF16,
+        _decode("deepseek-v4-flash", 512, 128, "--short-len", "512", *BF16,
                 "--kv-blocks", "memory"),
         "1xH200", "decode", "issue 34: >= 12,000 tok/s (11,259 at c11bcb9)", HEAD),
     Row("decode-v4-flash-512-fp8", "deepseek-v4-flash", "load",
-        _decode("deepseek-v4-flash", 512, 64, "--short-len", "512", *FP8,
+        _decode("deepseek-v4-flash", 512, 128, "--short-len", "512", *FP8,
                 "--kv-blocks", "memory"),
         "1xH200", "decode", "issue 34: >= 20,000 tok/s; 3.8x bf16's KV tokens", HEAD),
     # the latency a user feels: V4-Flash decode at 1 / 16 / 64 / 256 rows on one engine each
