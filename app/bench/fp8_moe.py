@@ -149,7 +149,7 @@ def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[st
 
 
 # (BLOCK_M, groups a program, warps) the fused SwiGLU quantizer's sweep takes
-SWIGLU_QUANTIZER_SWEEP = ((8, 16, 32, 64), (1, 2, 4), (4, 8))
+SWIGLU_QUANTIZER_SWEEP = ((16, 32, 64), (1, 2, 4), (4, 8))
 
 
 def swiglu_quantizer_rows(

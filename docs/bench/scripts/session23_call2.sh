@@ -6,10 +6,10 @@
 set -u
 . docs/bench/scripts/host_env.sh
 LIMIT=200 step moe_loops python3 -m app.bench.fp8 --moe-loops --out "$R/moe_loops.json"
-LIMIT=120 step swiglu_quantizer python3 -m app.bench.fp8 --swiglu-quantizer \
+LIMIT=100 step swiglu_quantizer python3 -m app.bench.fp8 --swiglu-quantizer \
   --out "$R/swiglu_quantizer.json"
-left=$((560 - SECONDS)); LIMIT=$((left < 120 ? left : 120))
-step breakdown_fp8 python3 -m app.bench.deepseek_breakdown --linear auto \
+left=$((${DEADLINE:-560} - SECONDS)); LIMIT=$((left < 120 ? left : 120))
+[ $left -gt 30 ] && step breakdown_fp8 python3 -m app.bench.deepseek_breakdown --linear auto \
   --quantization fp8 --kv-cache-dtype fp8 --cases deepseek-v4-flash:8:262144:8192:512:512 \
   --out "$R/breakdown_fp8.json"
 tar czf "$OUT/results.tgz" -C "$OUT" r
