@@ -19,6 +19,8 @@ import torch
 from app.bench.fp8_moe import (
     DECODE_TILE_SWEEP,
     MOE_DECODE_SHAPES,
+    MOE_LOOP_SWEEP,
+    MOE_TILE_SHAPES,
     moe_loop_rows,
     moe_swiglu_rows,
     moe_tile_rows,
@@ -361,9 +363,17 @@ def main(argv: list[str] | None = None) -> int:
         "--swiglu-quantizer", action="store_true", help="only the MoE's SwiGLU quantizer launches"
     )
     p.add_argument("--moe-loops", action="store_true", help="only the MoE GEMMs' loop variants")
+    p.add_argument(
+        "--moe-loop-shapes", action="store_true", help="with --moe-loops: two launches, each shape"
+    )
     a = p.parse_args(argv)
     if a.swiglu_quantizer or a.moe_loops:
-        launches = moe_loop_rows() if a.moe_loops else swiglu_quantizer_rows()
+        if a.moe_loops and a.moe_loop_shapes:  # the adopted launch and the one before, per shape
+            launches = moe_loop_rows(MOE_LOOP_SWEEP[-1:] + MOE_LOOP_SWEEP[:1], MOE_TILE_SHAPES)
+        elif a.moe_loops:
+            launches = moe_loop_rows()
+        else:
+            launches = swiglu_quantizer_rows()
         if a.out:
             with open(a.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "launches": launches}, f)

@@ -218,18 +218,32 @@ MOE_LOOP_SWEEP: list[tuple[int, int, int, int, dict[str, bool]]] = [
 
 def moe_loop_rows(
     sweep: list[tuple[int, int, int, int, dict[str, bool]]] = MOE_LOOP_SWEEP,
-    t: int = 8192,
+    shapes: list[tuple[str, int, int, int, int, int]] = MOE_TILE_SHAPES[:1],
 ) -> list[dict[str, Any]]:
-    """V4-Flash's two grouped FP8 GEMMs at a t-token chunk through TMA, per launch of sweep
-    (tiles, programs an SM, loop switches): times, rates, and whether each output's bits (per
-    pair, so layouts of other BLOCK_M compare) are the first launch's."""
+    """The two grouped FP8 GEMMs of each shape (V4-Flash's at an 8K chunk by default) through
+    TMA, per launch of sweep (tiles, programs an SM, loop switches): times, rates, and whether
+    each output's bits (per pair, so layouts of other BLOCK_M compare) are the first launch's."""
+    rows = []
+    for shape in shapes:
+        rows += _moe_loop_rows(sweep, *shape)
+    return rows
+
+
+def _moe_loop_rows(
+    sweep: list[tuple[int, int, int, int, dict[str, bool]]],
+    name: str,
+    t: int,
+    e: int,
+    k: int,
+    h: int,
+    inter: int,
+) -> list[dict[str, Any]]:
     import triton.testing
 
     from stages.kernels import triton_fp8_act, triton_moe_fp8
     from stages.kernels.moe_routing import route_and_gather
     from stages.kernels.triton_gemm import num_sms
 
-    e, k, h, inter = 256, 6, 4096, 2048
     gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
     dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
     x = torch.randn(t, h, device="cuda").bfloat16()
@@ -259,7 +273,8 @@ def moe_loop_rows(
         def down() -> torch.Tensor:
             return triton_moe_fp8.grouped_gemm(h_in, h_s, dq, ds, r, grid, x.dtype, t * k, **cfg)
 
-        row: dict[str, Any] = {"block_m": block_m, "warps": warps, "stages": stages}
+        row: dict[str, Any] = {"shape": name, "block_m": block_m, "warps": warps}
+        row["stages"] = stages
         row.update(per_sm=per_sm, **loop)
         try:
             by_pair = gate_up().new_empty(t * k, 2 * inter)

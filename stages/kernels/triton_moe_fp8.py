@@ -35,15 +35,20 @@ from stages.kernels.triton_gemm import num_sms
 from stages.kernels.triton_moe_combine import combine
 
 BLOCK = fp8_ref.BLOCK
-# (BLOCK_M, warps, stages). Prefill (at least 128 rows an expert on average): 128-row tiles on
-# 8 warps, 4 stages, 27-30 % faster than 64 on 4 warps at V4-Flash's 8K and V3.2-bench's 4K
-# chunks (`python -m app.bench.fp8 --moe-tiles`, docs/PERFORMANCE.md), their tiles through TMA
-# descriptors (PREFILL_TMA: 2.76 / 1.55 against 3.01 / 1.55 ms for V4-Flash's gate/up / down at
-# 8K tokens on an H100, docs/bench/session22/call1/moe_tiles.json). Fewer rows (decode):
-# 64-row tiles on 4 warps with 5 stages in flight, which stream the expert weights at
-# 3.5-3.7 TB/s at 64 and 512 rows of V4-Flash, against 2.9 with 3 stages
-# (`python -m app.bench.fp8 --moe-decode-tiles`; 16- and 32-row tiles are no faster, nor TMA).
-PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
+# (BLOCK_M, warps, stages). Prefill (at least PREFILL_FROM_ROWS rows an expert on average):
+# 64-row tiles on 4 warps with 3 stages, PREFILL_PROGRAMS_PER_SM programs an SM, tiles through
+# TMA descriptors (PREFILL_TMA): V4-Flash's gate/up + down at 8K tokens in 2.51 + 1.28 ms on an
+# H100 against 2.73 + 1.51 at one 128-row program of 8 warps an SM (the tile sweep's best before,
+# 4 stages) and 3.30 + 1.72 at one 64-row program (`python -m app.bench.fp8 --moe-loops`,
+# docs/bench/session23/call2/moe_loops.json). Each program waits on its own MMAs before scaling
+# their sum, so several on an SM keep its tensor cores busy in each other's waits; the 64-row
+# tiles also pad an expert's rows less. Fewer rows (decode): 64-row tiles on 4 warps with 5
+# stages, one program an SM, pointer loads, which stream the expert weights at 3.5-3.7 TB/s at
+# 64 and 512 rows of V4-Flash, against 2.9 with 3 stages (`python -m app.bench.fp8
+# --moe-decode-tiles`; 16- and 32-row tiles are no faster, nor TMA).
+PREFILL_TILES, DECODE_TILES = (64, 4, 3), (64, 4, 5)
+PREFILL_FROM_ROWS = 128
+PREFILL_PROGRAMS_PER_SM = 3
 PREFILL_TMA = True
 # The fused gate/up SwiGLU epilogue (gate_up_swiglu) below this many tokens, the GEMM then the
 # quantizer from it: same bits, and on an H100 the fused kernel took 0.06 against 0.54 ms at one
@@ -57,7 +62,7 @@ UNFUSED_SWIGLU_FROM = 64
 def tiles_for(pairs: int, experts: int) -> tuple[int, int, int]:
     """The tile configuration for `pairs` (token, expert) rows over `experts` (a shape, known
     on the host: a CUDA graph's is fixed)."""
-    return PREFILL_TILES if pairs >= PREFILL_TILES[0] * experts else DECODE_TILES
+    return PREFILL_TILES if pairs >= PREFILL_FROM_ROWS * experts else DECODE_TILES
 
 
 def is_available(device: str = "cuda") -> bool:
@@ -264,11 +269,13 @@ def _grouped(
     pairs: int | None,
     tiles: tuple[int, int, int],
 ) -> torch.Tensor:
-    """grouped_gemm at `tiles`, through TMA descriptors at the prefill tiles where the operands
-    allow them (PREFILL_TMA)."""
-    tma = PREFILL_TMA and tiles == PREFILL_TILES and tma_takes(q, w)
+    """grouped_gemm at `tiles` on `grid` SMs, at the prefill tiles PREFILL_PROGRAMS_PER_SM
+    programs each and through TMA descriptors where the operands allow them (PREFILL_TMA)."""
+    prefill = tiles == PREFILL_TILES
+    tma = PREFILL_TMA and prefill and tma_takes(q, w)
+    progs = grid * PREFILL_PROGRAMS_PER_SM if prefill else grid
     _, warps, stages = tiles
-    return grouped_gemm(q, q_scale, w, w_scale, r, grid, dtype, pairs, warps, stages, tma)
+    return grouped_gemm(q, q_scale, w, w_scale, r, progs, dtype, pairs, warps, stages, tma)
 
 
 try:
