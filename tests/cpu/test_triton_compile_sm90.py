@@ -266,7 +266,8 @@ def test_pointer_gemm_compiles_in_both_modes(scaled):
 def test_fp8_grouped_gemm_compiles(scatter, tiles, tma):
     """The grouped W8A8 GEMM at both tile configurations, its tiles through pointer loads or
     TMA descriptors: pipelined, within the block's shared memory, no register spilled (on
-    pointer loads 202-232 registers a thread, through TMA 168-178)."""
+    pointer loads 202-232 registers a thread, through TMA 164-178); at the prefill tiles through
+    TMA, PREFILL_PROGRAMS_PER_SM programs fit one SM's registers and shared memory together."""
     from stages.kernels import triton_moe_fp8
 
     block_m, warps, stages = getattr(triton_moe_fp8, tiles)
@@ -307,11 +308,21 @@ def test_fp8_grouped_gemm_compiles(scatter, tiles, tma):
     ptx = kernel.asm["ptx"]
     assert ("cp.async.bulk.tensor" in ptx) == tma and ("cp.async.cg" in ptx) != tma
     assert kernel.metadata.shared <= SM90_SHARED_BYTES, kernel.metadata.shared
-    assert registers_and_spills(kernel)[1] == 0
+    registers, spilled = registers_and_spills(kernel)
+    assert spilled == 0
+    if tiles == "PREFILL_TILES" and tma:  # its programs an SM resident together (their point;
+        # the pointer loads' 230 registers fit two: that path is only for operands TMA refuses)
+        per_sm = triton_moe_fp8.PREFILL_PROGRAMS_PER_SM
+        warp_registers = -(-registers * 32 // 256) * 256  # allocated per warp in 256s
+        assert per_sm * warps * warp_registers <= SM90_REGISTERS, (registers, per_sm)
+        assert per_sm * (kernel.metadata.shared + 1024) <= SM90_SM_SHARED_BYTES
 
 
 # an H100/H200 block's shared memory (227 KB): a kernel over it compiles but fails at launch
 SM90_SHARED_BYTES = 232_448
+# an SM's: its shared memory (228 KB, each resident block also reserving 1 KB) and registers
+SM90_SM_SHARED_BYTES = 233_472
+SM90_REGISTERS = 65_536
 
 
 @pytest.mark.parametrize("tiles", ["DECODE_TILES", "PREFILL_TILES"])
