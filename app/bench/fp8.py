@@ -24,7 +24,6 @@ from app.bench.fp8_moe import (
     moe_loop_rows,
     moe_swiglu_rows,
     moe_tile_rows,
-    swiglu_quantizer_rows,
 )
 from stages.forward_batch import ForwardBatch
 from stages.kernels import fp8_ref
@@ -359,21 +358,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--moe-swiglu", action="store_true", help="only the fused gate/up epilogue against unfused"
     )
-    p.add_argument(
-        "--swiglu-quantizer", action="store_true", help="only the MoE's SwiGLU quantizer launches"
-    )
-    p.add_argument("--moe-loops", action="store_true", help="only the MoE GEMMs' loop variants")
+    p.add_argument("--moe-loops", action="store_true", help="only the MoE GEMMs at programs an SM")
     p.add_argument(
         "--moe-loop-shapes", action="store_true", help="with --moe-loops: two launches, each shape"
     )
     a = p.parse_args(argv)
-    if a.swiglu_quantizer or a.moe_loops:
-        if a.moe_loops and a.moe_loop_shapes:  # the adopted launch and the one before, per shape
-            launches = moe_loop_rows(MOE_LOOP_SWEEP[-1:] + MOE_LOOP_SWEEP[:1], MOE_TILE_SHAPES)
-        elif a.moe_loops:
-            launches = moe_loop_rows()
-        else:
-            launches = swiglu_quantizer_rows()
+    if a.moe_loops:
+        from stages.kernels import triton_moe_fp8 as moe
+
+        now = (*moe.PREFILL_TILES, moe.PREFILL_PROGRAMS_PER_SM)
+        launches = (
+            moe_loop_rows([now, MOE_LOOP_SWEEP[0]], MOE_TILE_SHAPES)
+            if a.moe_loop_shapes  # the prefill launch against the one before it, each shape
+            else moe_loop_rows()
+        )
         if a.out:
             with open(a.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "launches": launches}, f)

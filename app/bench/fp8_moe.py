@@ -1,8 +1,8 @@
 """The grouped FP8 MoE's kernels on one GPU (`python -m app.bench.fp8` runs them by flag):
 the tile sweep of its two grouped GEMMs at prefill and decode batches (`--moe-tiles`,
 `--moe-decode-tiles`), and the gate/up GEMM with the SwiGLU and quantizer in its epilogue against
-the GEMM then the quantizer (`--moe-swiglu`), and the unfused path's quantizer per launch
-(`--swiglu-quantizer`).
+the GEMM then the quantizer (`--moe-swiglu`), and the prefill GEMMs at several programs an SM
+(`--moe-loops`).
 
     python -m app.bench.fp8 --moe-swiglu --out docs/bench/moe_swiglu.json
 """
@@ -148,81 +148,26 @@ def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[st
     return rows
 
 
-# (BLOCK_M, groups a program, warps) the fused SwiGLU quantizer's sweep takes
-SWIGLU_QUANTIZER_SWEEP = ((16, 32, 64), (1, 2, 4), (4, 8))
-
-
-def swiglu_quantizer_rows(
-    tokens: tuple[int, ...] = (512, 8192),
-    sweep: tuple[tuple[int, ...], ...] = SWIGLU_QUANTIZER_SWEEP,
-) -> list[dict[str, Any]]:
-    """The grouped MoE's unfused SwiGLU quantizer (triton_fp8_act.swiglu_quantize_act over
-    V4-Flash's routed layout, the rows live) per launch: its time, the bytes it moves a second,
-    and whether its bits are the default launch's."""
-    import triton.testing
-
-    from stages.kernels import triton_fp8_act, triton_moe_fp8
-    from stages.kernels.moe_routing import route_and_gather
-
-    e, k, inter, limit = 256, 6, 2048, 10.0
-    rows = []
-    for t in tokens:
-        ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
-        w = torch.rand(t, k, device="cuda")
-        block_m = triton_moe_fp8.tiles_for(t * k, e)[0]
-        r, _ = route_and_gather(torch.zeros(t, 1, device="cuda"), ids, w, e, block_m)
-        gate_up = torch.randn(r.pair_of_row.numel(), 2 * inter, device="cuda").bfloat16()
-        live = r.pair_of_row
-        real = live >= 0
-        moved = int(real.sum()) * (2 * inter * 2 + inter + inter // 32)  # bf16 in, e4m3 + scales
-
-        def run(launch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            return triton_fp8_act._swiglu_quantize(gate_up, limit, live=live, launch=launch)
-
-        want_q, want_s = run(triton_fp8_act.SwigluLaunch())
-        for bm, groups, warps in itertools.product(*sweep):
-            launch = triton_fp8_act.SwigluLaunch(bm, groups, warps)
-            q, s = run(launch)
-            same = torch.equal(q[real].view(torch.uint8), want_q[real].view(torch.uint8))
-            ms = triton.testing.do_bench(lambda: run(launch))
-            row = {
-                "tokens": t,
-                "block_m": bm,
-                "groups": groups,
-                "warps": warps,
-                "ms": round(ms, 4),
-                "tb_per_s": round(moved / ms / 1e9, 2),
-                "same_bits": same and torch.equal(s[real], want_s[real]),
-            }
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    return rows
-
-
-# (BLOCK_M, warps, stages, programs an SM, _grouped_w8a8's loop switches): two 64-row programs
-# on an SM may overlap one's FP32 promotion with the other's MMAs (each waits on its own)
-MOE_LOOP_SWEEP: list[tuple[int, int, int, int, dict[str, bool]]] = [
-    (128, 8, 4, 1, {}),
-    (128, 8, 4, 1, {"FLATTEN": True}),
-    (128, 8, 4, 1, {"WS": True}),
-    (128, 8, 4, 1, {"LAG": True}),
-    (128, 8, 3, 1, {}),
-    (64, 4, 4, 1, {}),
-    (64, 4, 4, 2, {}),
-    (64, 4, 3, 2, {}),
-    (64, 4, 4, 2, {"FLATTEN": True}),
-    (64, 4, 3, 2, {"FLATTEN": True}),
-    (64, 4, 3, 3, {}),
+# (BLOCK_M, warps, stages, programs an SM) of the grouped GEMMs through TMA: each program waits
+# on its own MMAs, so two or three 64-row ones an SM may fill each other's waits. The first is
+# the one-program launch the tile sweep had picked (PREFILL_TILES before session 23).
+MOE_LOOP_SWEEP: list[tuple[int, int, int, int]] = [
+    (128, 8, 4, 1),
+    (128, 8, 3, 1),
+    (64, 4, 4, 1),
+    (64, 4, 4, 2),
+    (64, 4, 3, 2),
+    (64, 4, 3, 3),
 ]
 
 
 def moe_loop_rows(
-    sweep: list[tuple[int, int, int, int, dict[str, bool]]] = MOE_LOOP_SWEEP,
+    sweep: list[tuple[int, int, int, int]] = MOE_LOOP_SWEEP,
     shapes: list[tuple[str, int, int, int, int, int]] = MOE_TILE_SHAPES[:1],
 ) -> list[dict[str, Any]]:
     """The two grouped FP8 GEMMs of each shape (V4-Flash's at an 8K chunk by default) through
-    TMA, per launch of sweep (tiles, programs an SM, loop switches): times, rates, and whether
-    each output's bits (per pair, so layouts of other BLOCK_M compare) are the first launch's."""
+    TMA, per launch of sweep (tiles, programs an SM): times, rates, and whether each output's
+    bits (per pair, so layouts of other BLOCK_M compare) are the first launch's."""
     rows = []
     for shape in shapes:
         rows += _moe_loop_rows(sweep, *shape)
@@ -230,7 +175,7 @@ def moe_loop_rows(
 
 
 def _moe_loop_rows(
-    sweep: list[tuple[int, int, int, int, dict[str, bool]]],
+    sweep: list[tuple[int, int, int, int]],
     name: str,
     t: int,
     e: int,
@@ -253,7 +198,7 @@ def _moe_loop_rows(
     hq, hs = triton_fp8_act.quantize_act(torch.randn(t * k, inter, device="cuda").bfloat16())
     flops = 2 * t * k * h * inter  # the down GEMM's; gate/up's twice that
     rows, want = [], None
-    for block_m, warps, stages, per_sm, loop in sweep:
+    for block_m, warps, stages, per_sm in sweep:
         r, a = route_and_gather(xq.view(torch.uint8), ids, w, e, block_m)
         a = a.view(fp8_ref.FP8)
         live = r.pair_of_row >= 0
@@ -264,7 +209,7 @@ def _moe_loop_rows(
         h_in = h_in.view(fp8_ref.FP8)
         h_s = hs.new_ones(a.shape[0], inter // 128)
         h_s[live] = hs[pair]
-        cfg: dict[str, Any] = dict(num_warps=warps, num_stages=stages, tma=True, **loop)
+        cfg: dict[str, Any] = dict(num_warps=warps, num_stages=stages, tma=True)
         grid = per_sm * num_sms(x.device)
 
         def gate_up() -> torch.Tensor:
@@ -274,8 +219,7 @@ def _moe_loop_rows(
             return triton_moe_fp8.grouped_gemm(h_in, h_s, dq, ds, r, grid, x.dtype, t * k, **cfg)
 
         row: dict[str, Any] = {"shape": name, "block_m": block_m, "warps": warps}
-        row["stages"] = stages
-        row.update(per_sm=per_sm, **loop)
+        row.update(stages=stages, per_sm=per_sm)
         try:
             by_pair = gate_up().new_empty(t * k, 2 * inter)
             by_pair[pair] = gate_up()[live]

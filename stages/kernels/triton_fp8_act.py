@@ -14,28 +14,12 @@ the grouped MoE's silu(gate) * up in the same kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from stages.kernels import fp8_ref
 from stages.kernels.fallbacks import record_fallback
 
 BLOCK_M = 16  # rows per program; each program quantizes one 128-wide group of them
-
-
-@dataclass(frozen=True)
-class SwigluLaunch:
-    """The fused SwiGLU quantizer's launch: rows a program takes, the 128-wide groups it walks
-    one after another, warps. Any launch gives the same bits (each row and group is quantized
-    on its own); `python -m app.bench.fp8 --swiglu-quantizer` sweeps them."""
-
-    block_m: int = BLOCK_M
-    groups: int = 1
-    warps: int = 4
-
-
-SWIGLU_LAUNCH = SwigluLaunch()
 
 
 def quantize_act(
@@ -121,23 +105,19 @@ def _swiglu_quantize(
     rows_multiple: int = 1,
     group_major: bool = False,
     live: torch.Tensor | None = None,
-    launch: SwigluLaunch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch (any device Triton runs on: its interpreter's tests call it)."""
-    launch = launch or SWIGLU_LAUNCH
     m, inter = gate_up.shape[0], gate_up.shape[1] // 2
     q, scale = _buffers(m, inter, rows_multiple, group_major, gate_up.device)
     rows, groups = q.shape[0], scale.shape[1]
     if rows:
-        grid = (triton.cdiv(rows, launch.block_m), triton.cdiv(groups, launch.groups))
-        _swiglu_quantize_1x128[grid](
+        _swiglu_quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
             gate_up, q, scale, gate_up if live is None else live, m, rows, inter,
             gate_up.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
             0.0 if limit is None else rounded(limit, gate_up.dtype), HAS_LIMIT=limit is not None,
             HAS_LIVE=live is not None, CUDA_EXP=gate_up.is_cuda,
-            INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE,
-            BLOCK_M=launch.block_m, GROUPS=launch.groups, GROUP=fp8_ref.BLOCK,
-            num_warps=launch.warps,
+            INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=BLOCK_M,
+            GROUP=fp8_ref.BLOCK, num_warps=4,
         )  # fmt: skip
     return q, scale
 
@@ -227,27 +207,24 @@ if triton is not None:
         x_ptr, q_ptr, s_ptr, live_ptr, M, R, K, stride_xm, stride_qm, stride_sm, stride_sg,
         limit, HAS_LIMIT: tl.constexpr, HAS_LIVE: tl.constexpr, CUDA_EXP: tl.constexpr,
         INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-        GROUPS: tl.constexpr, GROUP: tl.constexpr,
+        GROUP: tl.constexpr,
     ):
         """torch_ref.swiglu's bf16 steps (silu rounded to x's dtype, then the product) over x's
-        halves [gate | up], each 128-wide group of the result quantized as _quantize_1x128,
-        GROUPS of them a program; HAS_LIVE: only the rows whose live_ptr entry is >= 0 read
-        and written."""
+        halves [gate | up], each 128-wide group of the result quantized as _quantize_1x128;
+        HAS_LIVE: only the rows whose live_ptr entry is >= 0 read and written."""
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        group = tl.program_id(1)
+        cols = group * GROUP + tl.arange(0, GROUP)
         real = rows < M
         kept = rows < R
         if HAS_LIVE:
             real = real & (tl.load(live_ptr + rows, mask=real, other=-1) >= 0)
             kept = real
-        row_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
-        for i in tl.static_range(GROUPS):
-            group = tl.program_id(1) * GROUPS + i
-            if group * GROUP < K:
-                cols = group * GROUP + tl.arange(0, GROUP)
-                mask = real[:, None] & (cols[None, :] < K)
-                gate = tl.load(row_ptrs + cols[None, :], mask=mask, other=0.0)
-                up = tl.load(row_ptrs + K + cols[None, :], mask=mask, other=0.0)
-                h = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
-                _quantize_store(h, rows.to(tl.int64), cols, group, real, kept, q_ptr, s_ptr,
-                                K, stride_qm, stride_sm, stride_sg, INV_FP8_MAX, MIN_SCALE)
+        ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :]
+        mask = real[:, None] & (cols[None, :] < K)
+        gate = tl.load(ptrs, mask=mask, other=0.0)
+        up = tl.load(ptrs + K, mask=mask, other=0.0)
+        h = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
+        _quantize_store(h, rows.to(tl.int64), cols, group, real, kept, q_ptr, s_ptr, K,
+                        stride_qm, stride_sm, stride_sg, INV_FP8_MAX, MIN_SCALE)
     # fmt: on

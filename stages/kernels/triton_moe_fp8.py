@@ -117,14 +117,13 @@ def grouped_gemm(
     num_warps: int = DECODE_TILES[1],
     num_stages: int = DECODE_TILES[2],
     tma: bool = False,
-    **loop: bool,
 ) -> torch.Tensor:
     """W8A8 of the layout's rows with their tiles' experts: q [rows, K] fp8 with q_scale
     [rows, K / 128], w [E, N, K] fp8 with w_scale [E, N / 128, K / 128]. Returns c [rows, N]; or,
     given ``pairs``, y [pairs, N]: each row times its routing weight at its pair's slot.
     tma: q's and w's tiles through Hopper TMA descriptors (the bf16 MoE's way) rather than
     pointer loads (contiguous, rows 16-byte aligned, else ValueError): the same products, summed
-    alike. loop: _grouped_w8a8's LAG / FLATTEN / WS switches (benches sweep them)."""
+    alike."""
     rows, k = q.shape
     experts, n = w.shape[:2]
     out_rows = rows if pairs is None else pairs
@@ -170,7 +169,6 @@ def grouped_gemm(
         GROUP_M=8,
         num_warps=num_warps,
         num_stages=num_stages,
-        **loop,
     )
     return c
 
@@ -290,13 +288,6 @@ if triton is not None:
 
     _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
-    @triton.jit  # type: ignore[untyped-decorator]
-    def _w_tile(w_desc, expert, pid_n, ki, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # type: ignore[no-untyped-def]
-        """Expert `expert`'s weight tile [BLOCK_N, BLOCK_K] at (pid_n, ki) through its
-        [E, N, K] descriptor."""
-        tile = w_desc.load([expert.to(tl.int32), pid_n * BLOCK_N, ki * BLOCK_K])
-        return tl.reshape(tile, (BLOCK_N, BLOCK_K))
-
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
     def _grouped_w8a8(  # type: ignore[no-untyped-def]
@@ -304,41 +295,25 @@ if triton is not None:
         weight_ptr, N, K, num_progs, stride_am, stride_as, stride_we, stride_wn, stride_wse,
         stride_wsn, stride_cm, SCATTER: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        LAG: tl.constexpr = False, FLATTEN: tl.constexpr = False, WS: tl.constexpr = False,
     ):
-        """TMA: a_ptr and w_ptr are descriptors ([rows, K] and [E, N, K]), else pointers.
-        LAG (TMA): each K tile's product scaled and summed after the next tile's MMA is issued
-        (the same sums in the same order); FLATTEN / WS: Triton's flattened or warp-specialized
-        persistent loop (benches sweep them)."""
+        """TMA: a_ptr and w_ptr are descriptors ([rows, K] and [E, N, K]), else pointers."""
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = tl.cdiv(N, BLOCK_N)
-        for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs,
-                                flatten=FLATTEN, warp_specialize=WS):
+        for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs):
             pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
             rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             w_scales = ws_ptr + expert * stride_wse + pid_n * stride_wsn
             if TMA:
-                a_scales = as_ptr + rows.to(tl.int64) * stride_as
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                if LAG:
-                    prev = tl.dot(a_ptr.load([pid_m * BLOCK_M, 0]),
-                                  _w_tile(w_ptr, expert, pid_n, 0, BLOCK_N, BLOCK_K).T)
-                    prev_s = tl.load(a_scales)[:, None] * tl.load(w_scales)
-                    for ki in range(1, tl.cdiv(K, BLOCK_K)):
-                        cur = tl.dot(a_ptr.load([pid_m * BLOCK_M, ki * BLOCK_K]),
-                                     _w_tile(w_ptr, expert, pid_n, ki, BLOCK_N, BLOCK_K).T)
-                        acc += prev * prev_s
-                        prev = cur
-                        prev_s = tl.load(a_scales + ki)[:, None] * tl.load(w_scales + ki)
-                    acc += prev * prev_s
-                else:
-                    for ki in range(tl.cdiv(K, BLOCK_K)):  # dot_rows's K loop, tiles by TMA
-                        a = a_ptr.load([pid_m * BLOCK_M, ki * BLOCK_K])
-                        w = _w_tile(w_ptr, expert, pid_n, ki, BLOCK_N, BLOCK_K)
-                        a_s = tl.load(a_scales + ki)
-                        acc += tl.dot(a, w.T) * (a_s[:, None] * tl.load(w_scales + ki))
+                for ki in range(tl.cdiv(K, BLOCK_K)):  # dot_rows's K loop, tiles through TMA
+                    a = a_ptr.load([pid_m * BLOCK_M, ki * BLOCK_K])
+                    w = tl.reshape(w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_N,
+                                               ki * BLOCK_K]),
+                                   (BLOCK_N, BLOCK_K))
+                    a_s = tl.load(as_ptr + rows.to(tl.int64) * stride_as + ki)
+                    acc += tl.dot(a, w.T) * (a_s[:, None] * tl.load(w_scales + ki))
             else:
                 cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
                 acc = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr, w_scales,

@@ -414,7 +414,6 @@ def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
                 "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
                 "MIN_SCALE": fp8_ref.MIN_SCALE,
                 "BLOCK_M": triton_fp8_act.BLOCK_M,
-                "GROUPS": 2,
                 "GROUP": fp8_ref.BLOCK,
             },
             num_warps=4,
