@@ -34,6 +34,21 @@ DECODE_TILE_SWEEP = ((32, 64), (4, 8), (4, 5))
 PREFILL_TILE_SWEEP = ((64, 128), (4, 8), (3, 4))
 
 
+def _moe_operands(t: int, e: int, k: int, h: int, inter: int) -> tuple[torch.Tensor, ...]:
+    """A t-token chunk's MoE operands on the GPU: the experts' gate/up and down weights in FP8
+    with their block scales, the bf16 tokens, their top-k experts (random router logits) and
+    weights, and the tokens quantized in 1 x 128 groups with their scales."""
+    from stages.kernels import triton_fp8_act
+
+    gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
+    dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
+    x = torch.randn(t, h, device="cuda").bfloat16()
+    ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
+    w = torch.rand(t, k, device="cuda")
+    xq, xs = triton_fp8_act.quantize_act(x)
+    return gq, gs, dq, ds, x, ids, w, xq, xs
+
+
 def moe_tile_rows(
     shapes: list[tuple[str, int, int, int, int, int]] = MOE_TILE_SHAPES,
     sweep: tuple[tuple[int, ...], ...] = PREFILL_TILE_SWEEP,
@@ -51,12 +66,7 @@ def moe_tile_rows(
     rows = []
     block_ms, warps_list, stages_list = sweep
     for name, t, e, k, h, inter in shapes:
-        gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
-        dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
-        x = torch.randn(t, h, device="cuda").bfloat16()
-        ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
-        w = torch.rand(t, k, device="cuda")
-        xq, xs = triton_fp8_act.quantize_act(x)
+        gq, gs, dq, ds, x, ids, w, xq, xs = _moe_operands(t, e, k, h, inter)
         touched = int(ids.unique().numel())
         gate_bytes, down_bytes = touched * 2 * inter * h, touched * h * inter
         for block_m in block_ms:
@@ -189,12 +199,7 @@ def _moe_loop_rows(
     from stages.kernels.moe_routing import route_and_gather
     from stages.kernels.triton_gemm import num_sms
 
-    gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
-    dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
-    x = torch.randn(t, h, device="cuda").bfloat16()
-    ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
-    w = torch.rand(t, k, device="cuda")
-    xq, xs = triton_fp8_act.quantize_act(x)
+    gq, gs, dq, ds, x, ids, w, xq, xs = _moe_operands(t, e, k, h, inter)
     hq, hs = triton_fp8_act.quantize_act(torch.randn(t * k, inter, device="cuda").bfloat16())
     flops = 2 * t * k * h * inter  # the down GEMM's; gate/up's twice that
     rows, want = [], None
