@@ -7,6 +7,8 @@ kernels (stages/kernels/triton_topk.py), whose picks must equal torch's under th
     python -m app.bench.indexer_select --out docs/bench/indexer_select.json
     python -m app.bench.indexer_select --topk 512 --no-loop --cases 1x8192:262144 \
         --rate 4 --out docs/bench/indexer_v4_256k.json   # V4's CSA at the 256K last chunk
+    python -m app.bench.indexer_select --chunk-launches --cases 1x8192:262144 --rate 4 \
+        --out /tmp/chunk_launches.json   # the chunk kernel's launches over FP8 keys
 
 Each row also times the last step alone, the rule's top-k of k + 8k candidates a line: torch's
 top_k_positions against the one-program kernel (stages/kernels/triton_rule_topk.py).
@@ -15,6 +17,7 @@ top_k_positions against the one-program kernel (stages/kernels/triton_rule_topk.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -59,16 +62,58 @@ def main() -> None:
     p.add_argument("--topk", type=int, default=2048, help="V3.2: 2048; V4: 512")
     p.add_argument("--rate", type=int, default=1, help="tokens per key (V4's CSA: 4)")
     p.add_argument("--no-loop", action="store_true", help="skip the per-row loop")
+    p.add_argument(
+        "--chunk-launches", action="store_true", help="sweep the chunk kernel's launches instead"
+    )
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    results = [case_row(case, a.topk, a.rate, not a.no_loop) for case in a.cases.split(",")]
+    case = chunk_launch_rows if a.chunk_launches else case_row
+    results = [case(c, a.topk, a.rate, not a.no_loop) for c in a.cases.split(",")]
     with open(a.out, "w") as f:
         json.dump({"env": {"torch": torch.__version__}, "rows": results}, f, indent=1)
 
 
-def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
+# (keys a program, warps, stages, registers a thread): the default, then fewer registers for
+# three (128 keys) or four (64 keys) programs an SM (ptxas picks 232-239 registers: two an SM)
+CHUNK_LAUNCHES = [
+    triton_indexer.ChunkConfig(*launch)
+    for launch in (
+        (128, 4, 3, None), (128, 4, 3, 168), (128, 4, 2, 168), (128, 4, 4, 168),
+        (64, 4, 3, None), (64, 4, 3, 128), (64, 4, 4, 128), (64, 4, 2, 128),
+    )
+]  # fmt: skip
+
+
+def chunk_launch_rows(case: str, k: int, rate: int, _with_loop: bool) -> dict[str, Any]:
+    """The chunk rows' scores over FP8 keys at each of CHUNK_LAUNCHES, with whether each
+    launch's bits equal the default's."""
+    q, keys, w, plan, _rows, flops = _case(case, rate)
+    fp8_keys = fp8_indexer.pack(keys, PAGE_ENTRIES)
+    scale = DIM**-0.5
+    first = triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan)
+    launches = []
+    for cfg in CHUNK_LAUNCHES:
+        out = triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan, config=cfg)
+        ms = timed(lambda: triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan, cfg))
+        launches.append(
+            {
+                **dataclasses.asdict(cfg),
+                "ms": ms,
+                "tflops": round(flops / ms / 1e9, 1),
+                "same_bits": bool(torch.equal(out, first)),
+            }
+        )
+        print(json.dumps({"case": case, **launches[-1]}), flush=True)
+    torch.cuda.empty_cache()
+    return {"case": case, "launches": launches}
+
+
+def _case(
+    case: str, rate: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SelectPlan, list[Row], float]:
     """ROWSxTOKENS:LENGTH: ROWS rows of TOKENS tokens each (1: decode rows) at LENGTH tokens,
-    so LENGTH / rate keys a row."""
+    so LENGTH / rate keys a row: queries, bf16 keys, head weights, the plan, the rows and the
+    scores' FLOPs."""
     shape, length = case.split(":")
     count, tokens = map(int, shape.split("x"))
     keys_per_row = int(length) // rate
@@ -85,12 +130,22 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
     q = torch.randn(count * tokens, HEADS, DIM, generator=g, device="cuda").bfloat16()
     w = torch.randn(count * tokens, HEADS, generator=g, device="cuda")
     plan = SelectPlan.build([(*r, tokens == 1) for r in rows], torch.device("cuda"))
+    flops = 2 * HEADS * DIM * count * tokens * (keys_per_row - tokens / 2)
+    return q, keys, w, plan, rows, flops
+
+
+def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
+    """ROWSxTOKENS:LENGTH: ROWS rows of TOKENS tokens each (1: decode rows) at LENGTH tokens,
+    so LENGTH / rate keys a row."""
+    q, keys, w, plan, rows, flops = _case(case, rate)
+    count, tokens = len(rows), rows[0][1]
+    keys_per_row = rows[0][3].numel()
+    g = torch.Generator(device="cuda").manual_seed(1)
     scale = DIM**-0.5
     fp8_keys = fp8_indexer.pack(keys, PAGE_ENTRIES)
     row: dict[str, Any] = {"rows": count, "tokens_per_row": tokens, "keys": keys_per_row, "k": k}
     if with_loop:
         row["loop_ms"] = timed(lambda: loop(q, keys, w, rows, scale, k), reps=5)
-    flops = 2 * HEADS * DIM * count * tokens * (keys_per_row - tokens / 2)
     for name, ks in (("bf16", keys), ("fp8", fp8_keys)):
         ms = timed(lambda: triton_indexer.indexer_logits_rows(q, ks, w, scale, plan), reps=5)
         row[f"logits_{name}_ms"] = ms

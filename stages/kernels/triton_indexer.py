@@ -106,11 +106,14 @@ DECODE_BLOCK_L = 128
 
 @dataclass(frozen=True)
 class ChunkConfig:
-    """The chunk kernel's launch: keys a program scores (BL), warps and pipeline stages."""
+    """The chunk kernel's launch: keys a program scores (BL), warps, pipeline stages and the
+    registers a thread may take (None: what ptxas picks; fewer let more programs share an SM,
+    one's ReLU and head sum filling another's MMA waits)."""
 
     block_l: int = BLOCK_L
     warps: int = 4
     stages: int = 3
+    maxnreg: int | None = None
 
 
 # the session-14 sweeps on the H200 (docs/bench/session14/call2-3, 8192 queries x 64K keys):
@@ -347,6 +350,7 @@ def indexer_logits_rows(
             KEY_FP8=fp8,
             num_warps=config.warps,
             num_stages=config.stages,
+            maxnreg=config.maxnreg,
         )
     if plan.decode_tiles.shape[0]:
         grid = (plan.decode_tiles.shape[0], -(-lmax // decode.block_l))
