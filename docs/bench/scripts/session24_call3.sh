@@ -6,10 +6,18 @@
 #    the sweep's fastest launch with the default's bits; a copy with the MoE's prefill launch
 #    of before session 23 (128 x 8 x 4, one program an SM), since call 1's chunk profile on
 #    another H100 had the MoE group slower than session 23's at the old launch.
+# Run as two calls on one warm machine (the carried tree's 64 MiB do not hold Ray, FlashMLA and
+# llguidance at once): PART=1 carrying .gpu and FlashMLA's wheel, then PART=2 carrying
+# llguidance's wheel (installed into the /tmp/site the first call left).
 set -u
 . docs/bench/scripts/host_env.sh
+if [ "${PART:-1}" = 1 ]; then
 LIMIT=90 step chunk_launches python3 -m app.bench.indexer_select --chunk-launches \
   --cases 1x8192:262144 --rate 4 --out "$R/chunk_launches.json"
+cp "$R/chunk_launches.json" /tmp/
+tar czf "$OUT/results.tgz" -C "$OUT" r; exit 0
+fi
+cp /tmp/chunk_launches.json "$R/" 2>/dev/null
 TTFT=(python3 -m app.bench.engine --model-shape deepseek-v4-flash --pp 1 --linear auto
   --runs 262144:8192 --modes auto --reps 1 --quantization fp8 --kv-cache-dtype fp8)
 LIMIT=100 step ttft_base "${TTFT[@]}" --out "$R/ttft_base.json"
