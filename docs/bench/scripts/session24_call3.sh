@@ -20,7 +20,7 @@ fi
 cp /tmp/chunk_launches.json "$R/" 2>/dev/null
 TTFT=(python3 -m app.bench.engine --model-shape deepseek-v4-flash --pp 1 --linear auto
   --runs 262144:8192 --modes auto --reps 1 --quantization fp8 --kv-cache-dtype fp8)
-LIMIT=100 step ttft_base "${TTFT[@]}" --out "$R/ttft_base.json"
+LIMIT=150 step ttft_base "${TTFT[@]}" --out "$R/ttft_base.json"
 best=$(python3 - "$R/chunk_launches.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"][0]["launches"]
@@ -33,16 +33,20 @@ PY
 )
 echo "fastest chunk launch: ${best:-the default}" | tee "$R/chunk_best.txt"
 alt() {  # alt NAME FILE OLD NEW: this tree copied to /tmp/NAME with OLD replaced by NEW in FILE
-  rm -rf "/tmp/$1"; mkdir -p "/tmp/$1"; cp -r app stages "/tmp/$1/"
+  rm -rf "/tmp/$1"; mkdir -p "/tmp/$1"; mkdir -p "/tmp/$1/docs/bench"; cp -r app stages "/tmp/$1/"; cp -r docs/bench/configs "/tmp/$1/docs/bench/"
   python3 - "/tmp/$1/$2" "$3" "$4" <<'PY'
 import sys
 p, old, new = sys.argv[1:]
 s = open(p).read(); assert old in s, old; open(p, "w").write(s.replace(old, new))
 PY
 }
-if [ -n "$best" ]; then
+if [ "${PART}" = 3 ]; then  # after part 2's flip to ChunkConfig(maxnreg=168): the launch before
+  alt idx stages/kernels/triton_indexer.py "CHUNK_CONFIG = ChunkConfig(maxnreg=168)" "CHUNK_CONFIG = ChunkConfig()"
+  (cd /tmp/idx && PYTHONPATH=/tmp/site:/tmp/idx LIMIT=150 step ttft_indexer_before "${TTFT[@]}" \
+    --out "$R/ttft_indexer_before.json")
+elif [ -n "$best" ]; then
   alt idx stages/kernels/triton_indexer.py "CHUNK_CONFIG = ChunkConfig()" "CHUNK_CONFIG = $best"
-  (cd /tmp/idx && PYTHONPATH=/tmp/site:/tmp/idx LIMIT=100 step ttft_indexer_launch "${TTFT[@]}" \
+  (cd /tmp/idx && PYTHONPATH=/tmp/site:/tmp/idx LIMIT=150 step ttft_indexer_launch "${TTFT[@]}" \
     --out "$R/ttft_indexer_launch.json")
 fi
 alt moe stages/kernels/triton_moe_fp8.py "PREFILL_TILES, DECODE_TILES = (64, 4, 3), (64, 4, 5)
@@ -50,6 +54,6 @@ PREFILL_FROM_ROWS = 128
 PREFILL_PROGRAMS_PER_SM = 3" "PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
 PREFILL_FROM_ROWS = 128
 PREFILL_PROGRAMS_PER_SM = 1"
-(cd /tmp/moe && PYTHONPATH=/tmp/site:/tmp/moe LIMIT=100 step ttft_moe_old_launch "${TTFT[@]}" \
+(cd /tmp/moe && PYTHONPATH=/tmp/site:/tmp/moe LIMIT=150 step ttft_moe_old_launch "${TTFT[@]}" \
   --out "$R/ttft_moe_old_launch.json")
 tar czf "$OUT/results.tgz" -C "$OUT" r
