@@ -368,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
 
         now = (*moe.PREFILL_TILES, moe.PREFILL_PROGRAMS_PER_SM)
         launches = (
-            moe_loop_rows([now, MOE_LOOP_SWEEP[0]], MOE_TILE_SHAPES)
-            if a.moe_loop_shapes  # the prefill launch against the one before it, each shape
+            moe_loop_rows([now, MOE_LOOP_SWEEP[-1]], MOE_TILE_SHAPES)
+            if a.moe_loop_shapes  # the prefill launch against three 64-row programs an SM
             else moe_loop_rows()
         )
         if a.out:

@@ -160,7 +160,7 @@ def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[st
 
 # (BLOCK_M, warps, stages, programs an SM) of the grouped GEMMs through TMA: each program waits
 # on its own MMAs, so two or three 64-row ones an SM may fill each other's waits. The first is
-# the one-program launch the tile sweep had picked (PREFILL_TILES before session 23).
+# the one-program launch the tile sweep had picked (PREFILL_TILES), the last session 23's.
 MOE_LOOP_SWEEP: list[tuple[int, int, int, int]] = [
     (128, 8, 4, 1),
     (128, 8, 3, 1),

@@ -117,8 +117,13 @@ class ChunkConfig:
 
 
 # the session-14 sweeps on the H200 (docs/bench/session14/call2-3, 8192 queries x 64K keys):
-# no other launch beat this one over both key dtypes (FP8 10.5 ms, bf16 17.5)
-CHUNK_CONFIG = ChunkConfig(maxnreg=168)
+# no other launch beat this one over both key dtypes (FP8 10.5 ms, bf16 17.5). ptxas gives it
+# 239 registers a thread: two programs an SM. Over FP8 keys 168 (92 bytes spilled) let three
+# share an SM, one's ReLU and head sum running in another's MMA waits: 9.60 against 10.79 ms on
+# an H100 for the 256K last chunk's 8K queries x 64K keys, the same bits (`python -m
+# app.bench.indexer_select --chunk-launches`, session 24); bf16 keys' shared memory holds two
+CHUNK_CONFIG = ChunkConfig()
+CHUNK_CONFIG_FP8 = ChunkConfig(maxnreg=168)
 
 
 @dataclass(frozen=True)
@@ -290,14 +295,15 @@ def indexer_logits_rows(
     weights: torch.Tensor,
     scale: float,
     plan: Any,
-    config: ChunkConfig = CHUNK_CONFIG,
+    config: ChunkConfig | None = None,
     decode: DecodeConfig = DECODE_CONFIG,
 ) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys the layer's key
     pages ([blocks, E, D] in q's dtype, or [blocks, E, D + 4] uint8: FP8 keys in
     stages/kernels/fp8_indexer.py's layout), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf
     where a token does not see a key). Chunk rows and decode rows are one launch each.
-    config / decode: the kernels' launches (benches sweep them)."""
+    config / decode: the kernels' launches (benches sweep them; config by default
+    CHUNK_CONFIG_FP8 over FP8 keys, else CHUNK_CONFIG)."""
     from stages.kernels import fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
@@ -320,6 +326,7 @@ def indexer_logits_rows(
         q, weights = quantize_queries(q, weights, scale)
     else:  # relu(s x) = s relu(x) for s > 0: the softmax scale rides on the head weights
         weights = weights.float() * scale
+    config = config or (CHUNK_CONFIG_FP8 if fp8 else CHUNK_CONFIG)
     values, scales, entries, stride_kb, stride_sb = _key_views(keys, dim)
     q, weights = q.contiguous(), weights.contiguous()
     out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)

@@ -36,19 +36,19 @@ from stages.kernels.triton_moe_combine import combine
 
 BLOCK = fp8_ref.BLOCK
 # (BLOCK_M, warps, stages). Prefill (at least PREFILL_FROM_ROWS rows an expert on average):
-# 64-row tiles on 4 warps with 3 stages, PREFILL_PROGRAMS_PER_SM programs an SM, tiles through
-# TMA descriptors (PREFILL_TMA): V4-Flash's gate/up + down at 8K tokens in 2.51 + 1.28 ms on an
-# H100 against 2.73 + 1.51 at one 128-row program of 8 warps an SM (the tile sweep's best before,
-# 4 stages) and 3.30 + 1.72 at one 64-row program (`python -m app.bench.fp8 --moe-loops`,
-# docs/bench/session23/call2/moe_loops.json). Each program waits on its own MMAs before scaling
-# their sum, so several on an SM keep its tensor cores busy in each other's waits; the 64-row
-# tiles also pad an expert's rows less. Fewer rows (decode): 64-row tiles on 4 warps with 5
-# stages, one program an SM, pointer loads, which stream the expert weights at 3.5-3.7 TB/s at
-# 64 and 512 rows of V4-Flash, against 2.9 with 3 stages (`python -m app.bench.fp8
-# --moe-decode-tiles`; 16- and 32-row tiles are no faster, nor TMA).
-PREFILL_TILES, DECODE_TILES = (64, 4, 3), (64, 4, 5)
+# 128-row tiles on 8 warps with 4 stages, PREFILL_PROGRAMS_PER_SM programs an SM, tiles through
+# TMA descriptors (PREFILL_TMA). Three 64-row programs an SM (64, 4, 3) were faster on the
+# uniform routing of `python -m app.bench.fp8 --moe-loops` (V4-Flash's gate/up + down at 8K
+# tokens 2.51 + 1.28 against 2.73 + 1.51 ms on one H100, 2.72 + 1.30 against 2.68 + 1.51 on
+# another) but not through the engine: V4-Flash's FP8 TTFT at 256K on one H100 was 3.906 s
+# against 3.877 at this launch (five runs each, interleaved; docs/PERFORMANCE.md, session 24).
+# Fewer rows (decode): 64-row tiles on 4 warps with 5 stages, one program an SM, pointer loads,
+# which stream the expert weights at 3.5-3.7 TB/s at 64 and 512 rows of V4-Flash, against 2.9
+# with 3 stages (`python -m app.bench.fp8 --moe-decode-tiles`; 16- and 32-row tiles are no
+# faster, nor TMA).
+PREFILL_TILES, DECODE_TILES = (128, 8, 4), (64, 4, 5)
 PREFILL_FROM_ROWS = 128
-PREFILL_PROGRAMS_PER_SM = 3
+PREFILL_PROGRAMS_PER_SM = 1
 PREFILL_TMA = True
 # The fused gate/up SwiGLU epilogue (gate_up_swiglu) below this many tokens, the GEMM then the
 # quantizer from it: same bits, and on an H100 the fused kernel took 0.06 against 0.54 ms at one

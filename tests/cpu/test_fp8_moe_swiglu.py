@@ -153,12 +153,13 @@ def test_prefill_tiles_go_through_tma_descriptors_with_the_same_bits(
     triton_interpreter, monkeypatch, scatter
 ):
     """At the prefill tiles _grouped loads through TMA descriptors (PREFILL_TMA, the default)
-    with PREFILL_PROGRAMS_PER_SM programs an SM: the same products, scales and sums as the
-    pointer loads on one program an SM; a tile past N reads zeros, not the next expert's rows
-    (N = 192 on the 128 grid)."""
+    with PREFILL_PROGRAMS_PER_SM programs an SM (three here, as the bench's sweep launches
+    them): the same products, scales and sums as the pointer loads on one program an SM; a tile
+    past N reads zeros, not the next expert's rows (N = 192 on the 128 grid)."""
     from stages.kernels import triton_moe_fp8 as moe
 
-    assert moe.PREFILL_TMA and moe.PREFILL_PROGRAMS_PER_SM > 1
+    assert moe.PREFILL_TMA
+    monkeypatch.setattr(moe, "PREFILL_PROGRAMS_PER_SM", 3)
     calls: list[tuple[int, bool]] = []
     grouped_gemm = moe.grouped_gemm
     monkeypatch.setattr(
@@ -171,7 +172,7 @@ def test_prefill_tiles_go_through_tma_descriptors_with_the_same_bits(
     pairs = 10 if scatter else None
     want = grouped_gemm(a, a_scale, w, w_scale, r, 2, torch.bfloat16, pairs=pairs)
     got = moe._grouped(a, a_scale, w, w_scale, r, 2, torch.bfloat16, pairs, moe.PREFILL_TILES)
-    assert calls == [(2 * moe.PREFILL_PROGRAMS_PER_SM, True)]  # programs, tma
+    assert calls == [(2 * 3, True)]  # programs, tma
     rows = slice(None) if scatter else r.pair_of_row >= 0
     assert torch.equal(got[rows], want[rows])
     with pytest.raises(ValueError, match="K % 16"):
