@@ -14,11 +14,12 @@ models are trained on.
 from __future__ import annotations
 
 import json
-from typing import Any
-
-import llguidance
+from typing import TYPE_CHECKING, Any
 
 from app.request import InvalidRequest, StructuredOutput
+
+if TYPE_CHECKING:
+    import llguidance
 
 _JSON_OPTIONS: Any = {
     "whitespace_flexible": False,
@@ -47,6 +48,8 @@ def llg_tokenizer(
 ) -> llguidance.LLTokenizer:
     """llguidance's view of the serving tokenizer, with the model's vocabulary size (the
     logits' width) and its EOS ids. Takes about a second for a large vocabulary: build once."""
+    import llguidance
+
     hf = getattr(tokenizer, "hf", None)
     if hf is not None:
         from llguidance.hf import from_tokenizer  # imports transformers: only for HF ones
@@ -60,6 +63,8 @@ def llg_tokenizer(
 
 def grammar_text(so: StructuredOutput) -> str:
     """llguidance's grammar for `so`; InvalidRequest when its spec is not even well formed."""
+    import llguidance
+
     try:
         if so.kind == "json":
             return llguidance.LLMatcher.grammar_from_json_schema(so.spec, overrides=_JSON_OPTIONS)
@@ -104,6 +109,8 @@ class Grammars:
                 f"structured outputs are unavailable with this model's tokenizer ({self._error}).",
                 param=so.source,
             )
+        import llguidance  # imported by prepare's llg_tokenizer already
+
         grammar = grammar_text(so)
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
