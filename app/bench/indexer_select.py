@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from stages.kernels import (
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 
 HEADS, DIM = 64, 128
+GATHER_SWEEP = (16, 32, 64)  # the compaction's taken groups a step (triton_topk.GATHER)
 PAGE_ENTRIES = 16  # V4's indexer keys: a 64-token block at rate 4
 # (first token in the batch, tokens, first position, the row's key slots)
 Row = tuple[int, int, int, torch.Tensor]
@@ -151,18 +153,24 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
         row[f"logits_{name}_ms"] = ms
         row[f"logits_{name}_tflops"] = round(flops / ms / 1e9, 1)
     logits = triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan)
-    for name, top_k in (
+    top_ks: list[tuple[str, Callable[[torch.Tensor, int], torch.Tensor]]] = [
         ("torch", indexer_select.top_k_positions),
         ("triton", triton_topk.top_k_positions),
         ("triton_g16", functools.partial(triton_topk.top_k_positions, group=16)),
-    ):
+    ]
+    top_ks += [
+        (f"triton_gather{n}", functools.partial(triton_topk.top_k_positions, gather=n))
+        for n in GATHER_SWEEP
+    ]
+    for name, top_k in top_ks:
         row[f"topk_{name}_ms"] = timed(lambda: topk_slots(logits, plan, k, top_k), reps=5)
+    want = indexer_select.top_k_positions(logits.clone(), k)
     row["topk_triton_equals_torch"] = bool(
-        torch.equal(
-            indexer_select.top_k_positions(logits.clone(), k),
-            triton_topk.top_k_positions(logits.clone(), k),
-        )
+        torch.equal(want, triton_topk.top_k_positions(logits.clone(), k))
     )
+    for n in GATHER_SWEEP:
+        got = triton_topk.top_k_positions(logits.clone(), k, gather=n)
+        row[f"topk_triton_gather{n}_equals_torch"] = bool(torch.equal(want, got))
     # the last step alone: the rule's top-k of the compaction's k + 8k candidates a line
     width = k + triton_topk.GROUP * k
     if triton_rule_topk.fits(width, k):

@@ -52,6 +52,9 @@ COMPACT = (256, 4)
 FIND_THETA = True
 # a line's group maxima the kernel's select keeps in registers (a 256K prompt's CSA lines: 8K)
 RESIDENT_KEYS = 8192
+# the compaction's scores read over the indices of the groups it takes, this many a step (None:
+# step by step of the maxima, reading the taken groups of each; the default until measured)
+GATHER: int | None = None
 
 
 def is_available(device: str) -> bool:
@@ -110,10 +113,26 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit  # type: ignore[untyped-decorator]
+    def _keep(S, VAL, POS, line, offs, valid, theta, above, equal, K, stride_s, stride_c):  # type: ignore[no-untyped-def]
+        """Of the scores at offs (position order; valid: may hold a candidate) those above
+        theta to slots K + above.., the first equal ones to slots equal.. while under K.
+        Returns the new (above, equal)."""
+        s = tl.load(S + line * stride_s + offs, mask=valid, other=float("-inf"))
+        gt = valid & (s > theta)
+        eq = valid & (s == theta)
+        gt_slot = K + above + tl.cumsum(gt.to(tl.int32), 0) - 1
+        eq_slot = equal + tl.cumsum(eq.to(tl.int32), 0) - 1
+        slot = tl.where(gt, gt_slot, eq_slot)
+        keep = gt | (eq & (eq_slot < K))
+        tl.store(VAL + line * stride_c + slot, s, mask=keep)
+        tl.store(POS + line * stride_c + slot, offs.to(tl.int64), mask=keep)
+        return above + tl.sum(gt.to(tl.int32)), equal + tl.sum(eq.to(tl.int32))
+
+    @triton.jit  # type: ignore[untyped-decorator]
     def compact_kernel(  # type: ignore[no-untyped-def]
-        S, M, THETA, VAL, POS, L, G, K, stride_s, stride_m, stride_c, GROUP: tl.constexpr,
+        S, M, THETA, VAL, POS, TAKEN, L, G, K, stride_s, stride_m, stride_c, GROUP: tl.constexpr,
         BLOCK_G: tl.constexpr, FIND_THETA: tl.constexpr, SELECT: tl.constexpr,
-        RESIDENT: tl.constexpr,
+        RESIDENT: tl.constexpr, GATHER: tl.constexpr, GATHER_G: tl.constexpr,
     ):
         """theta, the K-th largest of a line's group maxima M (FIND_THETA: found here and
         written to THETA; else read from it); then the line's scores above theta to slots
@@ -121,7 +140,11 @@ if triton is not None:
         (values and positions). It walks the maxima and reads the scores only of groups whose
         maximum reaches theta (no other group holds a candidate): those above it (at most
         K - 1), and those equal to it while fewer than K equal scores are kept (a later one's
-        are past the first K)."""
+        are past the first K).
+        GATHER: first the indices of those groups (in position order, to TAKEN: every group
+        above theta and the first K equal to it, each of which holds an equal score), then
+        their scores GATHER_G groups a step: the scans run over the groups taken, not over
+        every group of a step that takes any. The same slots either way."""
         line = tl.program_id(0).to(tl.int64)
         if FIND_THETA:
             theta = _kth_largest(M + line * stride_m, G, K, SELECT, RESIDENT)
@@ -130,27 +153,43 @@ if triton is not None:
             theta = tl.load(THETA + line)
         above = 0
         equal = 0
-        for start in range(0, G, BLOCK_G):
-            groups = start + tl.arange(0, BLOCK_G)
-            m = tl.load(M + line * stride_m + groups, mask=groups < G, other=float("-inf"))
-            take = (groups < G) & ((m > theta) | ((m == theta) & (equal < K)))
-            if tl.sum(take.to(tl.int32)) > 0:  # most steps: the maxima read, nothing else
-                offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-                valid = take[:, None] & (offs < L)
-                s = tl.load(S + line * stride_s + offs, mask=valid, other=float("-inf"))
-                s = tl.reshape(s, (BLOCK_G * GROUP,))  # in position order
-                offs = tl.reshape(offs, (BLOCK_G * GROUP,))
-                valid = tl.reshape(valid, (BLOCK_G * GROUP,))
-                gt = valid & (s > theta)
-                eq = valid & (s == theta)
-                gt_slot = K + above + tl.cumsum(gt.to(tl.int32), 0) - 1
-                eq_slot = equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-                slot = tl.where(gt, gt_slot, eq_slot)
-                keep = gt | (eq & (eq_slot < K))
-                tl.store(VAL + line * stride_c + slot, s, mask=keep)
-                tl.store(POS + line * stride_c + slot, offs.to(tl.int64), mask=keep)
-                above += tl.sum(gt.to(tl.int32))
-                equal += tl.sum(eq.to(tl.int32))
+        if GATHER:
+            taken = 0
+            equal_groups = 0
+            for start in range(0, G, BLOCK_G):
+                groups = start + tl.arange(0, BLOCK_G)
+                m = tl.load(M + line * stride_m + groups, mask=groups < G, other=float("-inf"))
+                tie = (groups < G) & (m == theta)
+                rank = equal_groups + tl.cumsum(tie.to(tl.int32), 0)
+                take = (groups < G) & ((m > theta) | (tie & (rank <= K)))
+                slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(TAKEN + line * 2 * K + slot, groups, mask=take)
+                taken += tl.sum(take.to(tl.int32))
+                equal_groups += tl.sum(tie.to(tl.int32))
+            tl.debug_barrier()  # TAKEN's stores seen by every thread of the program
+            for start in range(0, taken, GATHER_G):
+                index = start + tl.arange(0, GATHER_G)
+                group = tl.load(TAKEN + line * 2 * K + index, mask=index < taken, other=0)
+                offs = group[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+                valid = (index < taken)[:, None] & (offs < L)
+                above, equal = _keep(
+                    S, VAL, POS, line, tl.reshape(offs, (GATHER_G * GROUP,)),
+                    tl.reshape(valid, (GATHER_G * GROUP,)), theta, above, equal, K, stride_s,
+                    stride_c,
+                )
+        else:
+            for start in range(0, G, BLOCK_G):
+                groups = start + tl.arange(0, BLOCK_G)
+                m = tl.load(M + line * stride_m + groups, mask=groups < G, other=float("-inf"))
+                take = (groups < G) & ((m > theta) | ((m == theta) & (equal < K)))
+                if tl.sum(take.to(tl.int32)) > 0:  # most steps: the maxima read, nothing else
+                    offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+                    valid = take[:, None] & (offs < L)
+                    above, equal = _keep(
+                        S, VAL, POS, line, tl.reshape(offs, (BLOCK_G * GROUP,)),
+                        tl.reshape(valid, (BLOCK_G * GROUP,)), theta, above, equal, K,
+                        stride_s, stride_c,
+                    )
     # fmt: on
 
 
@@ -210,10 +249,13 @@ def top_k_positions(
     group: int = GROUP,
     compact: tuple[int, int] = COMPACT,
     find_theta: bool = FIND_THETA,
+    gather: int | None = GATHER,
 ) -> torch.Tensor:
     """indexer_select.top_k_positions's contract: [..., L] fp32 -> [..., k] long, the rule's
     positions in the rule's order. compact: the compaction's launch; find_theta: theta found by
-    the compaction kernel, else by torch's top-k of the maxima (benches sweep both)."""
+    the compaction kernel, else by torch's top-k of the maxima; gather: the compaction's
+    scores read over the groups it takes, this many a step, else step by step of the maxima
+    (benches sweep them)."""
     width = scores.shape[-1]
     if width < 2 * (k + group * k):  # short lines: no fewer candidates to gain
         return _rule(scores, k)
@@ -232,10 +274,12 @@ def top_k_positions(
             theta = torch.empty(lines, device=flat.device)
         else:
             theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
+        taken = torch.empty(lines, 2 * k if gather else 1, dtype=torch.int32, device=flat.device)
         compact_kernel[(lines,)](
-            flat, maxima, theta, values, positions, width, groups, k, flat.stride(0),
+            flat, maxima, theta, values, positions, taken, width, groups, k, flat.stride(0),
             maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=compact[0],
-            FIND_THETA=find_theta, **_select_launch(groups), num_warps=compact[1],
+            FIND_THETA=find_theta, **_select_launch(groups), GATHER=bool(gather),
+            GATHER_G=gather or 1, num_warps=compact[1],
         )  # fmt: skip
     picked = positions.gather(-1, _rule(values, k))
     return picked.view(*scores.shape[:-1], k)

@@ -154,17 +154,20 @@ def test_query_quantizer_compiles():
 
 
 @pytest.mark.parametrize("groups,find_theta", [(8192, False), (8192, True), (32768, True)])
-def test_topk_compaction_compiles(groups, find_theta):
+@pytest.mark.parametrize("gather", [None, 32], ids=["by-step", "gather"])
+def test_topk_compaction_compiles(groups, find_theta, gather):
     from stages.kernels import triton_topk
 
     # theta read, or found with the maxima in registers, or walked
     select = {"FIND_THETA": find_theta, **triton_topk._select_launch(groups)}
-    sig = {"S": "*fp32", "M": "*fp32", "THETA": "*fp32", "VAL": "*fp32", "POS": "*i64"}
+    sig = {"S": "*fp32", "M": "*fp32", "THETA": "*fp32", "VAL": "*fp32", "POS": "*i64",
+           "TAKEN": "*i32"}  # fmt: skip
     _compile(
         triton_topk.compact_kernel,
         {**sig, "L": "i32", "G": "i32", "K": "i32", "stride_s": "i64", "stride_m": "i64",
          "stride_c": "i64"},
-        {"GROUP": triton_topk.GROUP, "BLOCK_G": triton_topk.COMPACT[0], **select},
+        {"GROUP": triton_topk.GROUP, "BLOCK_G": triton_topk.COMPACT[0], **select,
+         "GATHER": bool(gather), "GATHER_G": gather or 1},
         num_warps=triton_topk.COMPACT[1],
     )
     _compile(

@@ -73,17 +73,48 @@ def test_interpreted_topk_takes_torch_for_the_candidates_of_many_lines(
 
 @pytest.mark.parametrize("compact", [(4, 4), (64, 4), (1024, 16)])
 @pytest.mark.parametrize("find_theta", [False, True])
+@pytest.mark.parametrize("gather", [None, 2, 16], ids=["by-step", "gather-2", "gather-16"])
 def test_interpreted_topk_is_the_rule_at_any_compaction_step(
-    triton_interpreter, compact, find_theta
+    triton_interpreter, compact, find_theta, gather
 ):
     """The compaction's launch (group maxima a step, warps) changes how a line is walked, not
     what it keeps: many steps a line (the equal groups' cut-off taken step by step), or the
-    whole line in one."""
+    whole line in one; its scores read step by step or over the taken groups' indices, a few
+    or many a step."""
     from stages.kernels import triton_topk
 
     scores = _scores(2, 5000, seed=11)
-    got = triton_topk.top_k_positions(scores.clone(), 16, compact=compact, find_theta=find_theta)
+    got = triton_topk.top_k_positions(
+        scores.clone(), 16, compact=compact, find_theta=find_theta, gather=gather
+    )
     assert torch.equal(got, top_k_positions(scores.clone(), 16))
+
+
+@pytest.mark.parametrize("gather", [2, 64])
+def test_interpreted_gathered_compaction_is_the_rule_on_tied_lines(triton_interpreter, gather):
+    """The gathered walk takes every group above theta and only the first k whose maximum
+    equals it: lines all of one value, all zeros of both signs, ties at theta inside groups
+    above it, fewer finite scores than k, and the lines of the tie tests above."""
+    from stages.kernels import triton_topk
+
+    g = torch.Generator().manual_seed(5)
+    width = 3000
+    lines = torch.stack(
+        [
+            torch.full((width,), 0.5),
+            torch.zeros(width),
+            torch.randint(0, 3, (width,), generator=g).float(),  # many ties at every value
+            torch.randn(width, generator=g).relu(),  # ReLU zeros: theta often 0
+        ]
+    )
+    lines[1, 1::2] = -0.0
+    lines[3, 2000:] = float("-inf")
+    for k in (1, 40, 300):
+        got = triton_topk.top_k_positions(lines.clone(), k, gather=gather)
+        assert torch.equal(got, top_k_positions(lines.clone(), k)), k
+    scores = _scores(3, 2500, seed=3)
+    got = triton_topk.top_k_positions(scores.clone(), 100, gather=gather)
+    assert torch.equal(got, top_k_positions(scores.clone(), 100))
 
 
 @pytest.mark.parametrize("k", [1, 7, 64])
@@ -108,9 +139,11 @@ def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k,
     values = torch.full((lines, k + group * k), float("-inf"))
     positions = torch.zeros(lines, k + group * k, dtype=torch.long)
     triton_topk.compact_kernel[(lines,)](
-        scores, maxima, theta, values, positions, width, groups, k, scores.stride(0),
-        maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=128, FIND_THETA=True,
+        scores, maxima, theta, values, positions, torch.empty(lines, 1, dtype=torch.int32), width,
+        groups, k, scores.stride(0), maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=128,
+        FIND_THETA=True,
         **(triton_topk._select_launch(groups) if resident else {"SELECT": 64, "RESIDENT": False}),
+        GATHER=False, GATHER_G=1,
     )  # fmt: skip
     assert torch.equal(theta, maxima.topk(k, dim=-1).values.amin(-1))  # -0.0 == 0.0
 
