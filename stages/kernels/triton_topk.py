@@ -112,7 +112,7 @@ if triton is not None:
         bits = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
         return bits.to(tl.float32, bitcast=True)
 
-    @triton.jit  # type: ignore[untyped-decorator]
+    @triton.jit
     def _keep(S, VAL, POS, line, offs, valid, theta, above, equal, K, stride_s, stride_c):  # type: ignore[no-untyped-def]
         """Of the scores at offs (position order; valid: may hold a candidate) those above
         theta to slots K + above.., the first equal ones to slots equal.. while under K.
