@@ -17,7 +17,10 @@ for an 8K chunk (docs/PERFORMANCE.md). Here:
 3. then one pass over each line's maxima keeps, in position order, every score above theta
    (they fit in group * k slots) and the first k equal to it (the rule takes equal ones by
    lower position), reading the scores only of the groups whose maximum reaches theta: about
-   k groups of a 64K-score line's 8K, where the pass had read every score;
+   k groups of a 64K-score line's 8K, where the pass had read every score. The pass first
+   writes those groups' indices (every group above theta and the first k equal to it: each
+   holds an equal score), then reads their scores a few groups a step (GATHER), so its scans
+   run over about k groups, not over every group of each step that takes one;
 4. the rule's top-k of those k + group * k candidates (triton_rule_topk, one program a line;
    torch's top_k_positions for a k it does not take, or past RULE_KERNEL_MAX_LINES lines,
    where torch's is faster): equal scores are in position order in
@@ -53,8 +56,12 @@ FIND_THETA = True
 # a line's group maxima the kernel's select keeps in registers (a 256K prompt's CSA lines: 8K)
 RESIDENT_KEYS = 8192
 # the compaction's scores read over the indices of the groups it takes, this many a step (None:
-# step by step of the maxima, reading the taken groups of each; the default until measured)
-GATHER: int | None = None
+# step by step of the maxima, reading the taken groups of each, with scans over every group of
+# a step that takes any). On an H100 the whole top-k of the 256K last chunk's CSA lines (8,192
+# lines of 64K scores, k 512) took 3.70 ms at 64, 3.82 at 32, 3.94 at 16, against 6.68 step by
+# step, the same picks as torch's rule (`python -m app.bench.indexer_select --topk 512
+# --no-loop --cases 1x8192:262144 --rate 4`, docs/bench/session24/call6)
+GATHER: int | None = 64
 
 
 def is_available(device: str) -> bool:
