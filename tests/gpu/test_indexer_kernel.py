@@ -179,6 +179,9 @@ def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k):
     # theta found in the compaction kernel: the maxima in registers (65536 / 8 groups), or
     # walked (400000 / 8)
     assert torch.equal(triton_topk.top_k_positions(scores.clone(), k, find_theta=True), want)
+    # the compaction's scores read step by step of the maxima (the default reads them over the
+    # taken groups' indices, triton_topk.GATHER)
+    assert torch.equal(triton_topk.top_k_positions(scores.clone(), k, gather=None), want)
     assert torch.equal(top_k_positions(scores, k), want)
 
 
