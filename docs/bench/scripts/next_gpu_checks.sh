@@ -1,24 +1,23 @@
 #!/usr/bin/env bash
-# What session 12 left for the GPU host (not yet run): the per-row kernel tests (FlashMLA's dense
-# and FP8 decode batched against alone), the batched-vs-alone engine test after V4's mixed FP8
-# forwards split (b15ff42), and DeepGEMM's crash with a native backtrace. One H200, Ray carried
-# (.gpu), .whl, .tfw (the trimmed transformers 5.24 of session 12), .gpu-deepgemm; results
-# under $OUT/r.
+# What session 24 left for the GPU host, one H200 (carry .gpu, .whl/sgl_flash_mla-*.whl, .tfw,
+# .commit; the engine no longer needs llguidance): the tree's V4-Flash FP8 figures of record
+# after session 24's changes (the MoE's prefill launch back to one 128-row program an SM, the
+# indexer chunk kernel's register cap, the gathered top-k compaction, none yet measured on an
+# H200 nor the last through the engine), the top-k's tie-rule tests on the device with both
+# walks, the 256K chunk by groups, and the 512-row FP8 decode row. DEADLINE (default 580 s).
+# The 1M row (`--only ttft-v4-flash-1m-fp8`, ~330 s) and the bf16 decode row
+# (`decode-v4-flash-512`, whose headline figure predates the stream merge of c11bcb9) want a call
+# each.
 set -u
-R=$OUT/r; mkdir -p "$R"
-step() { local name=$1; shift; echo "== $(date +%T) $name: $*"; local t0=$SECONDS
-  timeout "${LIMIT:-300}" "$@" > "$R/$name.log" 2>&1; echo "rc $? in $((SECONDS - t0)) s" | tee -a "$R/$name.log"; tail -8 "$R/$name.log"; }
-mkdir -p /tmp/site && (test -d /tmp/site/ray || tar -C /tmp/site -xJf .gpu/raysite.tar.xz)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-(test -d /tmp/site/transformers || tar -C /tmp/site -xJf .tfw/tf-slim.tar.xz)
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PPSERVE_COMMIT=$(cat .commit)
-LIMIT=120 step kernels python3 -m pytest -rA -m gpu -p no:cacheprovider -k "alone or batch" \
-  tests/gpu/test_mla_moe_kernels.py tests/gpu/test_flash_mla_v4.py
-LIMIT=420 step batched python3 -m pytest -rA -m gpu -p no:cacheprovider tests/gpu/test_batched_vs_alone_cuda.py
-if [ -d .gpu-deepgemm ]; then
-  gcc -shared -fPIC -O0 -o /tmp/segv.so docs/bench/scripts/segv_backtrace.c
-  DG_CXX=g++ LIMIT=150 step dg_build bash .gpu-deepgemm/deepgemm_build.sh .gpu-deepgemm/deepgemm-src.tar.xz /tmp/dg
-  . /tmp/dg/env.sh
-  LD_PRELOAD=/tmp/segv.so LIMIT=60 step dg_probe python3 docs/bench/scripts/session12_dg_probe.py
-fi
+. docs/bench/scripts/host_env.sh
+LIMIT=90 step gpu_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
+  tests/gpu/test_indexer_kernel.py tests/gpu/test_rule_topk_cuda.py
+LIMIT=240 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
+  --device cuda --timeout 235 --out "$R/suite"
+LIMIT=80 step breakdown_fp8 python3 -m app.bench.deepseek_breakdown --linear auto \
+  --quantization fp8 --kv-cache-dtype fp8 --cases deepseek-v4-flash:8:262144:8192:512:512 \
+  --out "$R/breakdown_fp8.json"
+left=$((${DEADLINE:-580} - SECONDS)); LIMIT=$((left < 150 ? left : 150))
+[ $left -gt 90 ] && step decode-v4-flash-512-fp8 python3 -m app.cli bench suite \
+  --only decode-v4-flash-512-fp8 --device cuda --timeout $((LIMIT - 5)) --out "$R/suite"
 tar czf "$OUT/results.tgz" -C "$OUT" r
