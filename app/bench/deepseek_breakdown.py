@@ -215,6 +215,48 @@ class OpTimer:
         return {"forward_ms": round(start.elapsed_time(end), 3), "ops": ops}
 
 
+def expert_loads(ids: torch.Tensor, experts: int) -> dict[str, float]:
+    """How evenly one routing spreads a chunk's rows over the routed experts (ids [T, k]; a
+    shared slot's column past them is left out): experts touched, the busiest one's rows, the
+    mean and the coefficient of variation over all of them. The grouped GEMM reads each touched
+    expert's weights once, and a skewed load favours taller tiles."""
+    counts = torch.bincount(ids.flatten().long(), minlength=experts)[:experts].double()
+    mean = counts.mean()
+    return {
+        "touched": int((counts > 0).sum()),
+        "max_rows": int(counts.max()),
+        "mean_rows": round(float(mean), 2),
+        "cv": round(float(counts.std(unbiased=False) / mean), 3) if mean > 0 else 0.0,
+    }
+
+
+class RoutingLoads:
+    """expert_loads of each route_topk call (one a MoE layer) while `on`."""
+
+    def __init__(self, experts: int) -> None:
+        self.on, self.experts = False, experts
+        self.layers: list[dict[str, float]] = []
+
+    def kernels(self, kernels: Kernels) -> Kernels:
+        route = kernels.route_topk
+        if route is None:
+            return kernels
+
+        def routed(*args: Any, **kwargs: Any) -> Any:
+            out = route(*args, **kwargs)
+            if self.on:
+                self.layers.append(expert_loads(out[1], self.experts))
+            return out
+
+        return dataclasses.replace(kernels, route_topk=routed)
+
+    def measure(self, fn: Callable[[], object]) -> list[dict[str, float]]:
+        self.layers, self.on = [], True
+        fn()
+        self.on = False
+        return self.layers
+
+
 def hidden_channel(args: ModelArgs, chunk: int) -> dict[str, Any]:
     """Bytes of one chunk's hidden state between stages and one device copy of it (the
     stage-to-stage send needs two GPUs)."""
@@ -272,6 +314,7 @@ def run(
     block = kv_block_size(config)
     is_v4 = config["model_type"] == "deepseek_v4"
     timer = OpTimer()
+    loads = RoutingLoads(int(config.get("n_routed_experts") or 0))
     kernels = select_kernels(
         "cuda",
         setting.linear,
@@ -281,7 +324,15 @@ def run(
     )
     standin = PendingRecvStandin() if setting.standin else None
     model = build_stage_model(
-        args, None, 0, layers, True, True, timer.kernels(kernels), "bfloat16", "cuda"
+        args,
+        None,
+        0,
+        layers,
+        True,
+        True,
+        loads.kernels(timer.kernels(kernels)),
+        "bfloat16",
+        "cuda",
     )
     if is_v4:
         timer.instrument(model)
@@ -316,6 +367,8 @@ def run(
         }
         if is_v4:
             out["prefill"]["v4_ops"] = timer.measure(lambda: model(tokens[-chunk:], last, kv))
+        if loads.experts:
+            out["prefill"]["expert_loads"] = loads.measure(lambda: model(tokens[-chunk:], last, kv))
         per_row = -(-(decode_ctx + 1) // block)
         rows = [
             (

@@ -26,3 +26,18 @@ from app.bench.deepseek_breakdown import group_of
 )
 def test_kernels_fall_in_their_groups(kernel, group):
     assert group_of(kernel) == group
+
+
+def test_expert_loads_of_a_routing():
+    """A chunk's routing by experts: touched, busiest, mean over all routed experts and their
+    spread; a shared slot's column (id == experts) left out."""
+    import torch
+
+    from app.bench.deepseek_breakdown import expert_loads
+
+    even = torch.arange(8).view(4, 2)  # 4 tokens x top-2 over 8 experts: one row each
+    assert expert_loads(even, 8) == {"touched": 8, "max_rows": 1, "mean_rows": 1.0, "cv": 0.0}
+    skewed = torch.tensor([[0, 1], [0, 1], [0, 2], [0, 8]])  # 8: a shared slot
+    loads = expert_loads(skewed, 4)
+    assert (loads["touched"], loads["max_rows"], loads["mean_rows"]) == (3, 4, 1.75)
+    assert loads["cv"] == round(float(torch.tensor([4.0, 2, 1, 0]).std(unbiased=False)) / 1.75, 3)
