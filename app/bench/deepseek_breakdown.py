@@ -31,6 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from app.bench.attention import cuda_median_ms
 from app.bench.memory import leading_layers
+from app.bench.moe import expert_loads
 from app.bench.standin import SPIN_KERNEL, PendingRecvStandin
 from app.bench.target import kv_block_size, shape_config, stage_args
 from stages.forward_batch import ForwardBatch
@@ -213,21 +214,6 @@ class OpTimer:
             for label, pairs in sorted(self.events.items())
         }
         return {"forward_ms": round(start.elapsed_time(end), 3), "ops": ops}
-
-
-def expert_loads(ids: torch.Tensor, experts: int) -> dict[str, float]:
-    """How evenly one routing spreads a chunk's rows over the routed experts (ids [T, k]; a
-    shared slot's column past them is left out): experts touched, the busiest one's rows, the
-    mean and the coefficient of variation over all of them. The grouped GEMM reads each touched
-    expert's weights once, and a skewed load favours taller tiles."""
-    counts = torch.bincount(ids.flatten().long(), minlength=experts)[:experts].double()
-    mean = counts.mean()
-    return {
-        "touched": int((counts > 0).sum()),
-        "max_rows": int(counts.max()),
-        "mean_rows": round(float(mean), 2),
-        "cv": round(float(counts.std(unbiased=False) / mean), 3) if mean > 0 else 0.0,
-    }
 
 
 class RoutingLoads:

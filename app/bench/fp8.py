@@ -362,15 +362,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--moe-loop-shapes", action="store_true", help="with --moe-loops: two launches, each shape"
     )
+    p.add_argument(
+        "--moe-skew",
+        type=float,
+        default=0.0,
+        help="with --moe-loops: router logits plus this times a random popularity an expert",
+    )
     a = p.parse_args(argv)
     if a.moe_loops:
         from stages.kernels import triton_moe_fp8 as moe
 
         now = (*moe.PREFILL_TILES, moe.PREFILL_PROGRAMS_PER_SM)
         launches = (
-            moe_loop_rows([now, MOE_LOOP_SWEEP[-1]], MOE_TILE_SHAPES)
+            moe_loop_rows([now, MOE_LOOP_SWEEP[-1]], MOE_TILE_SHAPES, a.moe_skew)
             if a.moe_loop_shapes  # the prefill launch against three 64-row programs an SM
-            else moe_loop_rows()
+            else moe_loop_rows(skew=a.moe_skew)
         )
         if a.out:
             with open(a.out, "w") as f:

@@ -34,16 +34,23 @@ DECODE_TILE_SWEEP = ((32, 64), (4, 8), (4, 5))
 PREFILL_TILE_SWEEP = ((64, 128), (4, 8), (3, 4))
 
 
-def _moe_operands(t: int, e: int, k: int, h: int, inter: int) -> tuple[torch.Tensor, ...]:
+def _moe_operands(
+    t: int, e: int, k: int, h: int, inter: int, skew: float = 0.0
+) -> tuple[torch.Tensor, ...]:
     """A t-token chunk's MoE operands on the GPU: the experts' gate/up and down weights in FP8
-    with their block scales, the bf16 tokens, their top-k experts (random router logits) and
-    weights, and the tokens quantized in 1 x 128 groups with their scales."""
+    with their block scales, the bf16 tokens, their top-k experts (uniform random router
+    logits, plus skew times a random popularity an expert: 0 routes evenly, a few units crowd
+    the rows onto some experts) and weights, and the tokens quantized in 1 x 128 groups with
+    their scales."""
     from stages.kernels import triton_fp8_act
 
     gq, gs = fp8_ref.quantize_weight(torch.randn(e, 2 * inter, h, device="cuda") / 60)
     dq, ds = fp8_ref.quantize_weight(torch.randn(e, h, inter, device="cuda") / 40)
     x = torch.randn(t, h, device="cuda").bfloat16()
-    ids = torch.rand(t, e, device="cuda").topk(k, dim=-1).indices
+    logits = torch.rand(t, e, device="cuda")
+    if skew:
+        logits += skew * torch.randn(e, device="cuda")
+    ids = logits.topk(k, dim=-1).indices
     w = torch.rand(t, k, device="cuda")
     xq, xs = triton_fp8_act.quantize_act(x)
     return gq, gs, dq, ds, x, ids, w, xq, xs
@@ -174,13 +181,15 @@ MOE_LOOP_SWEEP: list[tuple[int, int, int, int]] = [
 def moe_loop_rows(
     sweep: list[tuple[int, int, int, int]] = MOE_LOOP_SWEEP,
     shapes: list[tuple[str, int, int, int, int, int]] = MOE_TILE_SHAPES[:1],
+    skew: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The two grouped FP8 GEMMs of each shape (V4-Flash's at an 8K chunk by default) through
-    TMA, per launch of sweep (tiles, programs an SM): times, rates, and whether each output's
+    TMA, per launch of sweep (tiles, programs an SM), routed evenly or with `skew`
+    (_moe_operands; each row gives the experts' load): times, rates, and whether each output's
     bits (per pair, so layouts of other BLOCK_M compare) are the first launch's."""
     rows = []
     for shape in shapes:
-        rows += _moe_loop_rows(sweep, *shape)
+        rows += _moe_loop_rows(sweep, *shape, skew=skew)
     return rows
 
 
@@ -192,14 +201,17 @@ def _moe_loop_rows(
     k: int,
     h: int,
     inter: int,
+    skew: float,
 ) -> list[dict[str, Any]]:
     import triton.testing
 
+    from app.bench.moe import expert_loads
     from stages.kernels import triton_fp8_act, triton_moe_fp8
     from stages.kernels.moe_routing import route_and_gather
     from stages.kernels.triton_gemm import num_sms
 
-    gq, gs, dq, ds, x, ids, w, xq, xs = _moe_operands(t, e, k, h, inter)
+    gq, gs, dq, ds, x, ids, w, xq, xs = _moe_operands(t, e, k, h, inter, skew)
+    loads = expert_loads(ids, e)
     hq, hs = triton_fp8_act.quantize_act(torch.randn(t * k, inter, device="cuda").bfloat16())
     flops = 2 * t * k * h * inter  # the down GEMM's; gate/up's twice that
     rows, want = [], None
@@ -224,7 +236,7 @@ def _moe_loop_rows(
             return triton_moe_fp8.grouped_gemm(h_in, h_s, dq, ds, r, grid, x.dtype, t * k, **cfg)
 
         row: dict[str, Any] = {"shape": name, "block_m": block_m, "warps": warps}
-        row.update(stages=stages, per_sm=per_sm)
+        row.update(stages=stages, per_sm=per_sm, skew=skew, loads=loads)
         try:
             by_pair = gate_up().new_empty(t * k, 2 * inter)
             by_pair[pair] = gate_up()[live]

@@ -48,6 +48,21 @@ DOWN_CANDIDATES = [
 SMALL_M: list[MoeConfig] = []
 
 
+def expert_loads(ids: torch.Tensor, experts: int) -> dict[str, float]:
+    """How evenly one routing spreads a chunk's rows over the routed experts (ids [T, k]; a
+    shared slot's column past them is left out): experts touched, the busiest one's rows, the
+    mean and the coefficient of variation over all of them. The grouped GEMM reads each touched
+    expert's weights once, and a skewed load favours taller tiles."""
+    counts = torch.bincount(ids.flatten().long(), minlength=experts)[:experts].double()
+    mean = counts.mean()
+    return {
+        "touched": int((counts > 0).sum()),
+        "max_rows": int(counts.max()),
+        "mean_rows": round(float(mean), 2),
+        "cv": round(float(counts.std(unbiased=False) / mean), 3) if mean > 0 else 0.0,
+    }
+
+
 def timed(
     fn: Callable[[], object],
     standin: PendingRecvStandin | None = None,

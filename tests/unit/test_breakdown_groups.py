@@ -33,7 +33,7 @@ def test_expert_loads_of_a_routing():
     spread; a shared slot's column (id == experts) left out."""
     import torch
 
-    from app.bench.deepseek_breakdown import expert_loads
+    from app.bench.moe import expert_loads
 
     even = torch.arange(8).view(4, 2)  # 4 tokens x top-2 over 8 experts: one row each
     assert expert_loads(even, 8) == {"touched": 8, "max_rows": 1, "mean_rows": 1.0, "cv": 0.0}
