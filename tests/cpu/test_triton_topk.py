@@ -73,7 +73,7 @@ def test_interpreted_topk_takes_torch_for_the_candidates_of_many_lines(
 
 @pytest.mark.parametrize("compact", [(4, 4), (64, 4), (1024, 16)])
 @pytest.mark.parametrize("find_theta", [False, True])
-@pytest.mark.parametrize("gather", [None, 2, 16], ids=["by-step", "gather-2", "gather-16"])
+@pytest.mark.parametrize("gather", [None, 16], ids=["by-step", "gather-16"])
 def test_interpreted_topk_is_the_rule_at_any_compaction_step(
     triton_interpreter, compact, find_theta, gather
 ):
@@ -90,12 +90,22 @@ def test_interpreted_topk_is_the_rule_at_any_compaction_step(
     assert torch.equal(got, top_k_positions(scores.clone(), 16))
 
 
-@pytest.mark.parametrize("gather", [2, 64])
-def test_interpreted_gathered_compaction_is_the_rule_on_tied_lines(triton_interpreter, gather):
+@pytest.mark.parametrize(
+    ("gather", "resident"),
+    [(2, True), (64, True), (64, False)],
+    ids=["gather-2", "gather-64", "gather-64-maxima-walked"],
+)
+def test_interpreted_gathered_compaction_is_the_rule_on_tied_lines(
+    triton_interpreter, monkeypatch, gather, resident
+):
     """The gathered walk takes every group above theta and only the first k whose maximum
     equals it: lines all of one value, all zeros of both signs, ties at theta inside groups
-    above it, fewer finite scores than k, and the lines of the tie tests above."""
+    above it, fewer finite scores than k, and the lines of the tie tests above; theta from
+    maxima held in registers or (fewer resident keys than the line's groups) walked."""
     from stages.kernels import triton_topk
+
+    if not resident:
+        monkeypatch.setattr(triton_topk, "RESIDENT_KEYS", 64)
 
     g = torch.Generator().manual_seed(5)
     width = 3000
