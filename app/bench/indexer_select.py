@@ -36,7 +36,7 @@ from stages.kernels import (
 from stages.kernels.indexer_select import SelectPlan, topk_slots
 
 HEADS, DIM = 64, 128
-GATHER_SWEEP = (16, 32, 64)  # the compaction's taken groups a step (triton_topk.GATHER)
+GATHER_SWEEP = (16, 32, 64)  # the compaction's taken groups a step (triton_topk.GATHER's default)
 PAGE_ENTRIES = 16  # V4's indexer keys: a 64-token block at rate 4
 # (first token in the batch, tokens, first position, the row's key slots)
 Row = tuple[int, int, int, torch.Tensor]
@@ -156,6 +156,7 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
     top_ks: list[tuple[str, Callable[[torch.Tensor, int], torch.Tensor]]] = [
         ("torch", indexer_select.top_k_positions),
         ("triton", triton_topk.top_k_positions),
+        ("triton_by_step", functools.partial(triton_topk.top_k_positions, gather=None)),
         ("triton_g16", functools.partial(triton_topk.top_k_positions, group=16)),
     ]
     top_ks += [
