@@ -149,14 +149,19 @@ def indexer_logits(
 ) -> torch.Tensor:
     """DeepSeek-V3.2's lightning-indexer scores, in transformers' order of operations:
     logits[t, l] = sum_h weights[t, h] * relu(scale * q[t, h] . k[l]).
-    q [T, Hi, D], k [L, D], weights [T, Hi] fp32 -> [T, L] fp32 (no causal mask: the caller's)."""
-    t, heads, _ = q.shape
+    q [T, Hi, D], k [L, D], weights [T, Hi] fp32 -> [T, L] fp32 (no causal mask: the caller's).
+    A query's scores are one [Hi, D] x [D, L] product of their own (a batched GEMM over the
+    queries), so they do not depend on how many queries share a tile: a GEMM folded over the
+    tile's rows rounds a row by the tile's height on some CPUs (AVX-512 MKL kernels)."""
+    t, heads, dim = q.shape
     k_t = k.float().T
     out = torch.empty(t, k.shape[0], dtype=torch.float32, device=q.device)
     step = max(1, TILE_ELEMENTS // max(1, heads * k.shape[0]))
     for i in range(0, t, step):
-        scores = torch.relu(torch.matmul(q[i : i + step].float(), k_t) * scale)  # [n, Hi, L]
-        out[i : i + step] = torch.matmul(weights[i : i + step, None, :].float(), scores)[:, 0]
+        tile = q[i : i + step].float()
+        keys = k_t.expand(tile.shape[0], dim, k.shape[0])
+        scores = torch.relu(torch.bmm(tile, keys) * scale)  # [n, Hi, L]
+        out[i : i + step] = torch.bmm(weights[i : i + step, None, :].float(), scores)[:, 0]
     return out
 
 

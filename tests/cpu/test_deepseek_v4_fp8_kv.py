@@ -191,9 +191,10 @@ def test_chunk_beside_decode_rows_equals_the_chunk_alone(checkpoint):
         [(20, 1, b_table, True), (30, 15, a_table, True), (50, 1, c_table, True)],
     )
     want = torch.cat((want_decode[:1], want_chunk, want_decode[1:]))
-    # fp32 GEMMs of 17 rows and of 15 round apart on the CPU (2e-6 measured, as with a bf16
-    # cache); a chunk query given another row's keys moves its logits by tenths
-    assert (got - want).abs().max().item() < 1e-4
+    # fp32 GEMMs of 17 rows and of 15 round apart on the CPU (2e-6 measured on one CPU, as with
+    # a bf16 cache; 8e-4 on an AVX-512 one, where such a difference moved a key across an e4m3
+    # rounding boundary); a chunk query given another row's keys moves its logits by tenths
+    assert (got - want).abs().max().item() < 1e-2
 
 
 def test_flash_backends_fall_back_to_the_reference_saying_why_once(caplog):
