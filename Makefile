@@ -42,11 +42,12 @@ lint: install
 
 # CI: lint, then everything but GPU tests and the slow soak; the fuzz run at its small CI size.
 # The Triton kernels' interpreter tests run apart: TRITON_INTERPRET must be set before triton is
-# imported, and it changes what every @triton.jit builds. A crash prints every thread's stack.
+# imported, and it changes what every @triton.jit builds. A crash prints every thread's stack;
+# the slowest tests are listed at the end (the suite must stay under 30 minutes on 2 cores).
 test: export PYTHONFAULTHANDLER = 1
 test: install lint
 	$(PY) -m pytest tests -m "not gpu and not slow and not interpreter" -q -p no:cacheprovider \
-		$(PYTEST_ARGS)
+		--durations=25 $(PYTEST_ARGS)
 	TRITON_INTERPRET=1 $(PY) -m pytest tests/cpu -m "interpreter and not slow" -q \
 		-p no:cacheprovider $(PYTEST_ARGS)
 
