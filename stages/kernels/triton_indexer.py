@@ -121,7 +121,8 @@ class ChunkConfig:
 # 239 registers a thread: two programs an SM. Over FP8 keys 168 (92 bytes spilled) let three
 # share an SM, one's ReLU and head sum running in another's MMA waits: 9.60 against 10.79 ms on
 # an H100 for the 256K last chunk's 8K queries x 64K keys, the same bits (`python -m
-# app.bench.indexer_select --chunk-launches`, session 24); bf16 keys' shared memory holds two
+# app.bench.indexer_select --chunk-launches`, session 24). bf16 keys keep ptxas's choice: their
+# 80 KB of shared memory a program hold two programs an SM either way
 CHUNK_CONFIG = ChunkConfig()
 CHUNK_CONFIG_FP8 = ChunkConfig(maxnreg=168)
 
