@@ -1,9 +1,18 @@
 """The real Serve app over real HTTP with the official openai client: greedy text equals the
-engine's, streaming framing, /v1/models, /health, and every error case."""
+engine's, streaming framing, /v1/models, /health, and every error case; each sampling parameter's
+observable effect; bad input (malformed requests get OpenAI's error JSON with the right 4xx, and
+the next request is served exactly as before).
+
+One cluster for all of them (each Serve cluster costs ~30 s to start and stop on 2 cores): the
+sampling and bad-input tests were test_sampling_http.py and test_bad_input_http.py, whose apps
+were this module's main app (the bad-input one with --max-request-bytes, which no other request
+here comes near)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import uuid
 
 import httpx
@@ -13,6 +22,7 @@ import pytest
 from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster
 
 KEY = "sekret"
+LIMIT = 16 << 10  # --max-request-bytes of the main app (the bad-input tests' 413s)
 ORIGIN = "https://app.example.com"  # the keyed app's one CORS origin
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 MESSAGES = [{"role": "system", "content": "You are terse."},
@@ -21,7 +31,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
 
 @pytest.fixture(scope="module")
 def served(fast_metrics):  # bench serve reads the skip counters
-    apps = {"ppserve": ("/", ENGINE_ARGS),
+    apps = {"ppserve": ("/", {**ENGINE_ARGS, "max_request_bytes": LIMIT}),
             "keyed": ("/keyed", {**ENGINE_ARGS, "pp": 1, "api_key": KEY,
                                  "allowed_origins": [ORIGIN]})}
     try:
@@ -391,3 +401,287 @@ def test_bench_serve_runs(served, tmp_path):
     for r in rows:  # each rate's own share of the server's skip counters (auto: nothing missed)
         comm = r["pp_output_comm"]
         assert comm["sent"] >= 3 and comm["missed"] == 0 and comm["orphaned"] == 0
+
+
+# -- sampling: each parameter has an observable effect (was test_sampling_http.py) ---------------
+
+RANDOM = "ppserve-random"
+STORY = "Once upon a time, in a pipeline far away, "
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served.client()
+
+
+def sample(client, **kw):
+    kw.setdefault("max_tokens", 16)
+    r = client.completions.create(model=RANDOM, prompt=kw.pop("prompt", STORY), **kw)
+    return r.choices[0], r.usage
+
+
+@pytest.fixture(scope="module")
+def greedy_choice(client):
+    """The greedy continuation: text and the token ids (from logprobs' byte pieces)."""
+    choice, _ = sample(client, temperature=0, logprobs=0, max_tokens=16)
+    return choice
+
+
+def piece_id(piece: str) -> int:
+    """The byte tokenizer's id of a logprobs token string."""
+    if piece.startswith("bytes:"):
+        return int(piece[len("bytes:\\x"):], 16)
+    if piece.startswith("<unused"):
+        return int(piece[len("<unused"):-1])
+    return {"<bos>": 256, "<eos>": 257}.get(piece) or ord(piece)
+
+
+def test_greedy_equivalents(client, greedy_choice):
+    for kw in ({"temperature": 1.0, "extra_body": {"top_k": 1}, "seed": 1},
+               {"temperature": 1.0, "top_p": 1e-6, "seed": 2},
+               {"temperature": 1.0, "extra_body": {"min_p": 0.999}, "seed": 3}):
+        assert sample(client, **kw)[0].text == greedy_choice.text, kw
+
+
+def test_seed_reproducible(client):
+    a = sample(client, temperature=1.0, seed=1234)[0].text
+    b = sample(client, temperature=1.0, seed=1234)[0].text
+    c = sample(client, temperature=1.0, seed=4321)[0].text
+    assert a == b and a != c
+
+
+def test_seed_reproducible_when_batched(served):
+    async def run():
+        async with served.async_client() as ac:
+            reqs = [ac.completions.create(model=RANDOM, prompt=STORY, max_tokens=12,
+                                          temperature=1.0, seed=7 if i % 2 else 8)
+                    for i in range(6)]
+            return [r.choices[0].text for r in await asyncio.gather(*reqs)]
+
+    texts = asyncio.run(run())
+    assert len(set(texts[0::2])) == 1 and len(set(texts[1::2])) == 1
+
+
+def test_max_tokens_length(client):
+    choice, usage = sample(client, temperature=0, max_tokens=5)
+    assert choice.finish_reason == "length" and usage.completion_tokens == 5
+
+
+def test_stop_string_truncates(client):
+    # This prompt's greedy text has varied characters (the random model often repeats one).
+    text = sample(client, prompt="The", temperature=0)[0].text
+    # A stop string from the middle of the greedy text, and one spanning two tokens.
+    i = next(i for i in range(1, len(text)) if text[i] != "\ufffd" and text[i] not in text[:i])
+    for stop in (text[i], text[i:i + 2]):
+        choice, _ = sample(client, prompt="The", temperature=0, stop=["never", stop])
+        assert choice.text == text[:i] and choice.finish_reason == "stop"
+        choice, _ = sample(client, prompt="The", temperature=0, stop=[stop],
+                           extra_body={"include_stop_str_in_output": True})
+        assert choice.text == text[:i] + stop
+
+
+def test_stop_token_ids_and_min_tokens(client, greedy_choice):
+    first = piece_id(greedy_choice.logprobs.tokens[0])
+    choice, usage = sample(client, temperature=0, extra_body={"stop_token_ids": [first]})
+    assert choice.finish_reason == "stop" and usage.completion_tokens == 1
+    choice, usage = sample(client, temperature=0, logprobs=0,
+                           extra_body={"stop_token_ids": [first], "min_tokens": 4})
+    assert usage.completion_tokens >= 4
+    assert all(piece_id(p) != first for p in choice.logprobs.tokens[:4])
+
+
+def test_ignore_eos(served):
+    """Find a seeded sample that hits <eos>, then the same request with ignore_eos runs on."""
+    async def eos_samples(seeds, ignore_eos):
+        async with served.async_client() as ac:
+            reqs = [ac.completions.create(model=RANDOM, prompt="x", max_tokens=300,
+                                          temperature=50.0, seed=s,
+                                          extra_body={"ignore_eos": ignore_eos})
+                    for s in seeds]
+            return await asyncio.gather(*reqs)
+
+    seeds = list(range(8))
+    outs = asyncio.run(eos_samples(seeds, False))
+    stopped = [s for s, r in zip(seeds, outs) if r.choices[0].finish_reason == "stop"]
+    assert stopped, "no seed sampled <eos> in 300 tokens (chance ~0.05%)"
+    seed = stopped[0]
+    before = next(r for s, r in zip(seeds, outs) if s == seed)
+    assert before.usage.completion_tokens < 300
+    after = asyncio.run(eos_samples([seed], True))[0]
+    assert after.choices[0].finish_reason == "length" and after.usage.completion_tokens == 300
+    assert after.choices[0].text.startswith(before.choices[0].text)
+
+
+def test_logprobs_completions(client, greedy_choice):
+    choice, usage = sample(client, temperature=0, logprobs=3, max_tokens=8)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0 and 1 <= len(top) <= 4
+        assert math.isclose(value, max(top.values()), abs_tol=1e-5)  # greedy = the best
+        assert token in top
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert choice.text == greedy_choice.text[:len(choice.text)]
+
+
+def test_logprobs_chat_stream(client):
+    stream = client.chat.completions.create(
+        model=RANDOM, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+        temperature=0, logprobs=True, top_logprobs=2, stream=True)
+    entries = [e for ch in stream if ch.choices and ch.choices[0].logprobs
+               for e in ch.choices[0].logprobs.content]
+    assert len(entries) == 6
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 2 and e.bytes
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+
+
+def test_penalties_change_output(client):
+    base = sample(client, temperature=0, max_tokens=24)[0].text
+    for kw in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0},
+               {"extra_body": {"repetition_penalty": 2.0}}):
+        assert sample(client, temperature=0, max_tokens=24, **kw)[0].text != base, kw
+
+
+def test_temperature_changes_output(client, greedy_choice):
+    texts = {sample(client, temperature=2.0, seed=s)[0].text for s in range(3)}
+    assert texts != {greedy_choice.text} and len(texts) > 1
+
+
+# -- bad input: refused with OpenAI's error JSON, then the next request served (was
+# test_bad_input_http.py) --------------------------------------------------------------------------
+
+OK = {"prompt": "Pipelines keep every stage busy.", "max_tokens": 6, "temperature": 0}
+MSG = [{"role": "user", "content": "hi"}]
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+# (path, body: dict or raw bytes, status, param or None)
+CASES = [
+    # non-finite numbers, as Python's json module (and many clients) spell them
+    (C, b'{"prompt": "x", "temperature": NaN}', 400, "temperature"),
+    (C, b'{"prompt": "x", "top_p": Infinity}', 400, "top_p"),
+    (C, b'{"prompt": "x", "presence_penalty": -Infinity}', 400, "presence_penalty"),
+    (C, b'{"prompt": "x", "frequency_penalty": 1e999}', 400, "frequency_penalty"),
+    (C, b'{"prompt": "x", "repetition_penalty": NaN, "stream": true}', 400,
+     "repetition_penalty"),
+    (C, b'{"prompt": "x", "min_p": NaN}', 400, "min_p"),
+    (C, b'{"prompt": "x", "logit_bias": {"5": NaN}}', 400, "logit_bias"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400,
+     "temperature"),
+    # chat messages
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages.content"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "messages.content"),
+    (CHAT, {"messages": [{"role": 5, "content": "x"}]}, 400, "messages.role"),
+    (CHAT, {"messages": [{"content": "x"}]}, 400, "messages.role"),
+    (CHAT, {"messages": "hello"}, 400, "messages"),
+    (CHAT, {"messages": []}, 400, "messages"),
+    # wrong types
+    (C, {"prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
+    (C, {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    (C, {"prompt": {"text": "x"}}, 400, "prompt"),
+    (C, {"prompt": "x", "stop": 5}, 400, "stop"),
+    (CHAT, {"messages": MSG, "max_completion_tokens": 2.5}, 400, "max_completion_tokens"),
+    # values out of range
+    (C, {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": 10 ** 12}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": 2 ** 70, "stream": True}, 400, "max_tokens"),
+    (CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+    (C, {"prompt": "x", "n": 0}, 400, "n"),
+    (CHAT, {"messages": MSG, "n": 129}, 400, "n"),
+    (C, {"prompt": "x", "seed": 2 ** 64}, 400, "seed"),
+    (C, {"prompt": ["x", [1, 2]]}, 400, "prompt"),
+    (C, {"prompt": [[1, 2], [5, 320]]}, 400, "prompt"),
+    (C, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 50}, 400, "logprobs"),
+    # token ids outside the vocabulary (320 for the built-in model)
+    (C, {"prompt": [5, 320]}, 400, "prompt"),
+    (C, {"prompt": [[-1, 4]]}, 400, "prompt"),
+    (C, {"prompt": "x", "stop_token_ids": [5, 10 ** 9], "min_tokens": 2}, 400,
+     "stop_token_ids"),
+    (CHAT, {"messages": MSG, "stop_token_ids": [-3]}, 400, "stop_token_ids"),
+    # text that is not UTF-8
+    (C, b'{"prompt": "\xff\xfe abc"}', 400, None),
+    (C, b'{"prompt": "a\\ud800b"}', 400, "prompt"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400,
+     "messages.content"),
+    # not JSON objects
+    (C, b"[" * 10_000, 400, None),
+    (C, b"", 400, None),
+    # too long
+    (C, {"prompt": "x" * 600}, 400, "prompt"),
+    (C, {"prompt": "x" * 500, "max_tokens": 100}, 400, "max_tokens"),
+    (C, {"prompt": "x" * (LIMIT + 1)}, 413, None),
+]
+
+
+@pytest.fixture(scope="module")
+def baseline(served):
+    r = send(served, C, OK)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def send(served, path, body, **kwargs):
+    kw = {"content": body} if isinstance(body, (bytes, type(x for x in ()))) else {"json": body}
+    return httpx.post(f"{served.base_url}{path}", timeout=60, **kw, **kwargs)
+
+
+def assert_still_serving(served, baseline):
+    r = send(served, C, OK)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == baseline
+
+
+@pytest.mark.parametrize("path,body,status,param", CASES,
+                         ids=[f"{i}-{c[0].rsplit('/', 1)[1]}" for i, c in enumerate(CASES)])
+def test_refused_then_next_request_served(served, baseline, path, body, status, param):
+    r = send(served, path, body)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param, err
+    assert_still_serving(served, baseline)
+
+
+def test_chunked_body_past_the_limit(served, baseline):
+    """No Content-Length (chunked transfer): the ingress still stops reading at the limit."""
+    def chunks():
+        yield b'{"prompt": "'
+        for _ in range(LIMIT // 1024 + 2):
+            yield b"y" * 1024
+        yield b'"}'
+
+    r = send(served, C, chunks())
+    assert r.status_code == 413, r.text
+    assert str(LIMIT) in r.json()["error"]["message"]
+    assert_still_serving(served, baseline)
+
+
+def test_official_client_sees_the_errors(served, baseline):
+    client = served.client()
+    with pytest.raises(openai.BadRequestError, match="messages.content"):
+        client.chat.completions.create(model="ppserve-random",
+                                       messages=[{"role": "user", "content": None}])
+    with pytest.raises(openai.BadRequestError, match="n must be"):
+        client.completions.create(model="ppserve-random", prompt="x", n=200)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model="ppserve-random", prompt="z" * (LIMIT + 10))
+    assert e.value.status_code == 413
+    assert_still_serving(served, baseline)
+
+
+def test_large_seed_and_empty_content_are_served(served):
+    """Valid edge values are not refused: the signed 64-bit range's ends as seeds (past them
+    is a 400), an empty system message."""
+    for seed in (2 ** 63 - 1, -2 ** 63):
+        r = send(served, C, {**OK, "seed": seed, "temperature": 0.7})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+    r = send(served, C, {**OK, "seed": 2 ** 80})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+    r = send(served, CHAT, {"messages": [{"role": "system", "content": ""}, *MSG],
+                            "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert served.stats()["num_waiting"] == 0
