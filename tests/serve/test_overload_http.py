@@ -16,7 +16,10 @@ from tests.serve.conftest import ENGINE_ARGS, start_cluster, stop_cluster, wait_
 from tests.serve.flood import flood, sequential
 from tests.serve.test_metrics_http import scrape, value
 
-MAX_SEQS, MAX_WAITING, N = 4, 6, 32
+# N: 16 requests at once against room for MAX_SEQS + MAX_WAITING = 10, so each round refuses
+# some (6) and serves the rest; 32 refused more of them to the same effect, and their run alone
+# (the reference, one request at a time) cost ~15 s more.
+MAX_SEQS, MAX_WAITING, N = 4, 6, 16
 # 20 blocks of 16 tokens: four running requests of up to 40 + 90 tokens (9 blocks each) do not
 # fit together, so on-demand admission must preempt, mostly requests already decoding.
 OVERLOAD_ARGS = {**ENGINE_ARGS, "max_num_seqs": MAX_SEQS, "max_waiting_requests": MAX_WAITING,
