@@ -368,7 +368,18 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="with --moe-loops: router logits plus this times a random popularity an expert",
     )
+    p.add_argument(
+        "--act-quantizers", action="store_true", help="only the activation quantizers' launches"
+    )
     a = p.parse_args(argv)
+    if a.act_quantizers:
+        from app.bench.fp8_act import act_quantizer_rows
+
+        rows = act_quantizer_rows()
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "act_quantizers": rows}, f)
+        return 0
     if a.moe_loops:
         from stages.kernels import triton_moe_fp8 as moe
 

@@ -19,7 +19,10 @@ import torch
 from stages.kernels import fp8_ref
 from stages.kernels.fallbacks import record_fallback
 
-BLOCK_M = 16  # rows per program; each program quantizes one 128-wide group of them
+# (rows a program, warps): each program quantizes one 128-wide group of its rows. LAUNCH: the
+# plain quantizer's, SWIGLU_LAUNCH: the SwiGLU one's (`python -m app.bench.fp8 --act-quantizers`)
+LAUNCH = (16, 4)
+SWIGLU_LAUNCH = (16, 4)
 
 
 def quantize_act(
@@ -40,7 +43,8 @@ def quantize_act(
     q, scale = _buffers(m, k, rows_multiple, group_major, x.device)
     rows, groups = q.shape[0], scale.shape[1]
     if rows:
-        _quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
+        block_m, warps = LAUNCH
+        _quantize_1x128[(triton.cdiv(rows, block_m), groups)](
             x,
             q,
             scale,
@@ -53,9 +57,9 @@ def quantize_act(
             scale.stride(1),
             INV_FP8_MAX=1 / fp8_ref.FP8_MAX,
             MIN_SCALE=fp8_ref.MIN_SCALE,
-            BLOCK_M=BLOCK_M,
+            BLOCK_M=block_m,
             GROUP=fp8_ref.BLOCK,
-            num_warps=4,
+            num_warps=warps,
         )
     return q, scale
 
@@ -111,13 +115,14 @@ def _swiglu_quantize(
     q, scale = _buffers(m, inter, rows_multiple, group_major, gate_up.device)
     rows, groups = q.shape[0], scale.shape[1]
     if rows:
-        _swiglu_quantize_1x128[(triton.cdiv(rows, BLOCK_M), groups)](
+        block_m, warps = SWIGLU_LAUNCH
+        _swiglu_quantize_1x128[(triton.cdiv(rows, block_m), groups)](
             gate_up, q, scale, gate_up if live is None else live, m, rows, inter,
             gate_up.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
             0.0 if limit is None else rounded(limit, gate_up.dtype), HAS_LIMIT=limit is not None,
             HAS_LIVE=live is not None, CUDA_EXP=gate_up.is_cuda,
-            INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=BLOCK_M,
-            GROUP=fp8_ref.BLOCK, num_warps=4,
+            INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=block_m,
+            GROUP=fp8_ref.BLOCK, num_warps=warps,
         )  # fmt: skip
     return q, scale
 

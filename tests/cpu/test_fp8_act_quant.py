@@ -46,10 +46,10 @@ def _interpreted_quantizer(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     m, k = x.shape
     q = torch.empty(m, k, dtype=fp8_ref.FP8)
     s = torch.empty(m, -(-k // 128))
-    triton_fp8_act._quantize_1x128[(-(-m // triton_fp8_act.BLOCK_M), s.shape[1])](
+    triton_fp8_act._quantize_1x128[(-(-m // triton_fp8_act.LAUNCH[0]), s.shape[1])](
         x, q, s, m, m, k, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
         INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE,
-        BLOCK_M=triton_fp8_act.BLOCK_M, GROUP=fp8_ref.BLOCK,
+        BLOCK_M=triton_fp8_act.LAUNCH[0], GROUP=fp8_ref.BLOCK,
     )  # fmt: skip
     return q, s
 

@@ -400,10 +400,10 @@ def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
         {
             "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
             "MIN_SCALE": fp8_ref.MIN_SCALE,
-            "BLOCK_M": triton_fp8_act.BLOCK_M,
+            "BLOCK_M": triton_fp8_act.LAUNCH[0],
             "GROUP": fp8_ref.BLOCK,
         },
-        num_warps=4,
+        num_warps=triton_fp8_act.LAUNCH[1],
     )
     ptx = compiled.asm["ptx"]
     assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
@@ -425,10 +425,10 @@ def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
                 "CUDA_EXP": True,
                 "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
                 "MIN_SCALE": fp8_ref.MIN_SCALE,
-                "BLOCK_M": triton_fp8_act.BLOCK_M,
+                "BLOCK_M": triton_fp8_act.SWIGLU_LAUNCH[0],
                 "GROUP": fp8_ref.BLOCK,
             },
-            num_warps=4,
+            num_warps=triton_fp8_act.SWIGLU_LAUNCH[1],
         )
         ptx = compiled.asm["ptx"]  # IEEE divisions, the silu's too (torch's silu divides so)
         assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
