@@ -183,6 +183,9 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
         row["candidates_rule_kernel_ms"] = timed(
             lambda: triton_rule_topk.rule_top_k(values, k), reps=5
         )
+        row["candidates_rule_kernel_ranked_ms"] = timed(  # step 3 by counted ranks
+            lambda: triton_rule_topk.rule_top_k(values, k, sort=False), reps=5
+        )
         row["candidates_rule_equals_torch"] = bool(
             torch.equal(
                 triton_rule_topk.rule_top_k(values, k),

@@ -5,8 +5,9 @@ equal ones the lower position) of lines that fit one program's registers, in one
    largest found a bit at a time from the top (32 counts over the keys, as triton_topk's theta);
 2. every score above it kept, and the first of those equal to it (in position order) until k
    are kept;
-3. each kept one's place in the rule's order counted against the others (k x k comparisons of
-   int64 keys: the score's order, then the position reversed), its position stored there.
+3. the kept ones put in the rule's order by their int64 keys (the score's order, then the
+   position reversed: distinct), sorted descending (SORT; else each one's place counted against
+   the others, k x k comparisons), their positions stored in that order.
 
 One launch where torch's path took about ten (the -0.0 fold, its radix top-k, the rule's keys,
 their radix sort and the gathers): a decode step's CSA lines when they are short, and the
@@ -22,6 +23,9 @@ import torch
 MAX_WIDTH = 8192  # scores a program holds: 16 warps, 16 of each of its arrays a thread
 MAX_K = 1024  # step 3's [k, CHUNK] comparisons stay in registers
 CHUNK = 16  # kept keys compared a step: [K_POW2, CHUNK] int64 fits the registers (64 spilled)
+# step 3 as tl.sort of the k kept keys (a bitonic network: k log2(k)^2 / 4 compare-swaps) rather
+# than k x k comparisons of their ranks
+SORT = True
 
 
 def fits(width: int, k: int) -> bool:
@@ -39,9 +43,10 @@ def warps_for(block: int) -> int:
     return max(4, min(16, block // 512))
 
 
-def rule_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+def rule_top_k(scores: torch.Tensor, k: int, sort: bool = SORT) -> torch.Tensor:
     """indexer_select.top_k_positions's contract for lines that fit (`fits`): [..., L] ->
-    [..., k] long, the rule's positions in the rule's order. scores is not modified."""
+    [..., k] long, the rule's positions in the rule's order. scores is not modified. sort:
+    step 3 as a sort of the kept keys, else their ranks counted (benches compare them)."""
     width = scores.shape[-1]
     if not fits(width, k):
         raise ValueError(f"rule_top_k takes lines of up to {MAX_WIDTH} and k up to {MAX_K}")
@@ -53,7 +58,7 @@ def rule_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
     if lines:
         _rule_top_k[(lines,)](
             flat, out, kept, width, k, flat.stride(0), out.stride(0), kept.stride(0),
-            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, num_warps=warps_for(block),
+            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, SORT=sort, num_warps=warps_for(block),
         )  # fmt: skip
     return out.view(*scores.shape[:-1], k)
 
@@ -70,7 +75,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["W", "K", "stride_s", "stride_o"])  # type: ignore[untyped-decorator]
     def _rule_top_k(  # type: ignore[no-untyped-def]
         S, OUT, KEPT, W, K, stride_s, stride_o, stride_k, BLOCK: tl.constexpr,
-        K_POW2: tl.constexpr, CHUNK: tl.constexpr,
+        K_POW2: tl.constexpr, CHUNK: tl.constexpr, SORT: tl.constexpr,
     ):
         line = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -97,11 +102,16 @@ if triton is not None:
         j = tl.arange(0, K_POW2)
         lowest = -9223372036854775807 - 1
         mine = tl.load(KEPT + line * stride_k + j, mask=j < K, other=lowest)
-        rank = tl.zeros((K_POW2,), dtype=tl.int32)
-        for start in range(0, K, CHUNK):
-            c = start + tl.arange(0, CHUNK)
-            theirs = tl.load(KEPT + line * stride_k + c, mask=c < K, other=lowest)
-            rank += tl.sum((theirs[None, :] > mine[:, None]).to(tl.int32), 1)
-        position = (BLOCK - 1) - (mine & 0x7FFFFFFF)  # the low word: BLOCK - 1 - position
-        tl.store(OUT + line * stride_o + rank, position, mask=j < K)
+        if SORT:  # the kept keys sorted (a bitonic network), the padding's lowest ones last
+            ordered_keys = tl.sort(mine, 0, descending=True)
+            position = (BLOCK - 1) - (ordered_keys & 0x7FFFFFFF)
+            tl.store(OUT + line * stride_o + j, position, mask=j < K)
+        else:  # each key's rank counted against the others, CHUNK of them a step
+            rank = tl.zeros((K_POW2,), dtype=tl.int32)
+            for start in range(0, K, CHUNK):
+                c = start + tl.arange(0, CHUNK)
+                theirs = tl.load(KEPT + line * stride_k + c, mask=c < K, other=lowest)
+                rank += tl.sum((theirs[None, :] > mine[:, None]).to(tl.int32), 1)
+            position = (BLOCK - 1) - (mine & 0x7FFFFFFF)  # the low word: BLOCK - 1 - position
+            tl.store(OUT + line * stride_o + rank, position, mask=j < K)
     # fmt: on

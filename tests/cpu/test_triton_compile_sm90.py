@@ -203,9 +203,11 @@ def test_fp8_gemv_compiles_pipelined_without_spills(rows, swiglu):
 
 
 @pytest.mark.parametrize("width,k", [(576, 512), (4608, 512), (64, 37)])
-def test_rule_topk_compiles(width, k):
+@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "ranked"])
+def test_rule_topk_compiles(width, k, sort):
     """The rule's top-k in one program at a decode step's short CSA line, the compaction's
-    candidates of a long one (the widest block, 16 warps) and a small line."""
+    candidates of a long one (the widest block, 16 warps) and a small line, its step 3 a sort
+    or counted ranks: nothing spilled."""
     from stages.kernels import triton_rule_topk as r
 
     block, k_pow2 = r.launch_shape(width, k)
@@ -213,7 +215,7 @@ def test_rule_topk_compiles(width, k):
         r._rule_top_k,
         {"S": "*fp32", "OUT": "*i64", "KEPT": "*i64", "W": "i32", "K": "i32", "stride_s": "i32",
          "stride_o": "i32", "stride_k": "i32"},
-        {"BLOCK": block, "K_POW2": k_pow2, "CHUNK": r.CHUNK},
+        {"BLOCK": block, "K_POW2": k_pow2, "CHUNK": r.CHUNK, "SORT": sort},
         num_warps=r.warps_for(block),
     )  # fmt: skip
     assert registers_and_spills(kernel)[1] == 0  # a CHUNK of 64 spilled ~400 bytes

@@ -27,12 +27,14 @@ def _lines(n: int, width: int, seed: int) -> torch.Tensor:
     "n,width,k",
     [(3, 600, 512), (2, 100, 37), (4, 64, 64), (2, 4608, 512), (1, 1000, 1), (5, 17, 16)],
 )
-def test_interpreted_kernel_keeps_the_rule(triton_interpreter, n, width, k):
+@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "ranked"])
+def test_interpreted_kernel_keeps_the_rule(triton_interpreter, n, width, k, sort):
+    """Both orderings of step 3: the kept keys sorted (the default) or their ranks counted."""
     from stages.kernels import triton_rule_topk
 
     scores = _lines(n, width, seed=width + k)
     before = scores.clone()
-    got = triton_rule_topk.rule_top_k(scores, k)
+    got = triton_rule_topk.rule_top_k(scores, k, sort=sort)
     assert torch.equal(scores.view(torch.int32), before.view(torch.int32))  # -0.0 kept too
     want = indexer_select.top_k_positions(scores.clone(), k)
     assert got.shape == want.shape == (n, k) and got.dtype == torch.long

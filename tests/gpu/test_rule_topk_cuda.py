@@ -29,9 +29,10 @@ def _lines(n: int, width: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("n,width,k", [(1, 576, 512), (512, 576, 512), (8192, 4608, 512),
                                        (3, 8192, 512), (7, 300, 300)])  # fmt: skip
-def test_kernel_keeps_the_rule(n, width, k):
+@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "ranked"])
+def test_kernel_keeps_the_rule(n, width, k, sort):
     scores = _lines(n, width, seed=n + width)
-    got = triton_rule_topk.rule_top_k(scores, k)
+    got = triton_rule_topk.rule_top_k(scores, k, sort=sort)
     assert torch.equal(got, indexer_select.top_k_positions(scores.clone(), k))
 
 
