@@ -39,11 +39,12 @@ import torch
 from stages.kernels import indexer_select, triton_paged_decode, triton_rule_topk
 
 GROUP = 8  # scores per group whose maximum bounds the threshold
-# The one-program rule kernel up to this many lines, torch's top-k beyond: on an H100 the kernel
-# took 0.09 / 0.22 against 0.17 / 0.26 ms at 1 / 512 lines of k + 8k candidates (k 512), but
-# 0.42 / 0.80 / 3.04 against 0.27 / 0.44 / 1.55 at 1,024 / 2,048 / 8,192 (a prefill chunk's;
-# `python -m app.bench.indexer_select`, docs/bench/session22/call1/indexer_select.json).
-RULE_KERNEL_MAX_LINES = 512
+# The one-program rule kernel up to this many lines, torch's top-k beyond: on an H100, with its
+# step 3 a sort (triton_rule_topk.SORT), the kernel took 0.14 / 0.29 / 0.44 against torch's
+# 0.32 / 0.51 / 0.45 ms at 512 / 1,024 / 2,048 lines of k + 8k candidates (k 512), but 1.69
+# against 1.58 at 8,192 (an 8K prefill chunk's; `python -m app.bench.indexer_select --topk 512
+# --rate 4`, docs/bench/session25/call5/indexer_select.json).
+RULE_KERNEL_MAX_LINES = 2048
 BLOCK = 2048  # scores a program reads per step
 # the compaction's (group maxima a step, warps): a program walks one whole line's maxima, and
 # reads the scores of a step's groups only if one of them may hold a candidate; theta found in

@@ -159,8 +159,10 @@ def test_batched_selection_equals_the_row_loop_with_ties(fp8):
 
 @pytest.mark.parametrize(
     "tokens,width,k",
-    # 1100 lines: past triton_topk.RULE_KERNEL_MAX_LINES, the candidates' top-k is torch's
-    [(64, 300, 16), (512, 65536, 2048), (8, 400000, 512), (300, 70000, 512), (1100, 8192, 256)],
+    # 1100 lines: the candidates' top-k on the rule kernel; 2100: past
+    # triton_topk.RULE_KERNEL_MAX_LINES, torch's
+    [(64, 300, 16), (512, 65536, 2048), (8, 400000, 512), (300, 70000, 512), (1100, 8192, 256),
+     (2100, 8192, 256)],
 )
 def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k):
     """top_k_positions on CUDA (one-block and multi-block top-k alike) keeps a stable
