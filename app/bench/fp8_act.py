@@ -6,6 +6,7 @@ time, the bytes each moves a second, and whether their bits are the current laun
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,7 +30,8 @@ def act_quantizer_rows(
     gate_up = torch.randn(live.numel(), 2 * inter, generator=g, device="cuda").bfloat16()
     x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
     live_rows = int((live >= 0).sum())
-    cases = {
+    Quantizer = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    cases: dict[str, tuple[str, Quantizer, int]] = {
         "quantize": (
             "LAUNCH",
             lambda: triton_fp8_act.quantize_act(x),
