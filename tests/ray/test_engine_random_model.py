@@ -31,7 +31,7 @@ def test_seeded_tokens_do_not_depend_on_pp_chunk_or_batch(ray_cluster):
     params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=s,
                              ignore_eos=True) for s in (11, 12, 13, 14)]
     results = {}
-    for pp, chunk in [(1, 512), (3, 5), (3, 16), (2, 7)]:
+    for pp, chunk in [(1, 512), (3, 5), (2, 7)]:
         cfg = EngineConfig(pp_size=pp, device="cpu", chunk_size=chunk, block_size=8,
                            stage_num_cpus=0.5, num_kv_blocks=256, channel_check=True)
         with Engine(cfg) as engine:

@@ -188,8 +188,18 @@ def _run_ahead_cfg(checkpoint, pp, skip, run_ahead, budget=None):
                         run_ahead=run_ahead)
 
 
-@pytest.mark.parametrize("pp", [1, 2, 3])
-@pytest.mark.parametrize("skip", ["off", "auto"])
+# make test runs each PP size once and both skip modes; `make test-slow` the other three
+RUN_AHEAD_FAST = [("auto", 1), ("off", 2), ("auto", 3)]
+
+
+@pytest.mark.parametrize(
+    "skip,pp",
+    [
+        pytest.param(s, p, marks=[] if (s, p) in RUN_AHEAD_FAST else [pytest.mark.slow])
+        for s in ("off", "auto")
+        for p in (1, 2, 3)
+    ],
+)
 def test_run_ahead_greedy_matches_transformers(ray_cluster, checkpoint, prompts, reference, pp,
                                                skip):
     assert _run_ahead_cfg(checkpoint, pp, skip, True).inflight == (3 if pp == 1 else 2 * pp)

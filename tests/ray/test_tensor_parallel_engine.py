@@ -23,14 +23,17 @@ from tests.ray.test_stage_failure import TIMEOUT, _prompt, _wait_for
 
 TP = 2
 # (case, pp, skip, run_ahead): each family at PP 1 and 2, the skip modes and run-ahead rotating
+# make test runs each family once, with both PP sizes, every skip mode and run-ahead on and off
+# among the four; `make test-slow` each family at its other PP size too
+SLOW = [pytest.mark.slow]
 MATRIX = [
     ("llama", 1, "off", False),
-    ("llama", 2, "auto", True),
+    pytest.param("llama", 2, "auto", True, marks=SLOW),
     ("qwen3_moe", 1, "sglang", True),
-    ("qwen3_moe", 2, "off", False),
-    ("ds_v3", 1, "auto", False),
+    pytest.param("qwen3_moe", 2, "off", False, marks=SLOW),
+    pytest.param("ds_v3", 1, "auto", False, marks=SLOW),
     ("ds_v3", 2, "sglang", True),
-    ("ds_v4", 1, "off", True),
+    pytest.param("ds_v4", 1, "off", True, marks=SLOW),
     ("ds_v4", 2, "auto", False),
 ]
 
