@@ -43,10 +43,10 @@ def warps_for(block: int) -> int:
     return max(4, min(16, block // 512))
 
 
-def rule_top_k(scores: torch.Tensor, k: int, sort: bool = SORT) -> torch.Tensor:
+def rule_top_k(scores: torch.Tensor, k: int, sort: bool | None = None) -> torch.Tensor:
     """indexer_select.top_k_positions's contract for lines that fit (`fits`): [..., L] ->
     [..., k] long, the rule's positions in the rule's order. scores is not modified. sort:
-    step 3 as a sort of the kept keys, else their ranks counted (benches compare them)."""
+    step 3 as a sort of the kept keys, else their ranks counted (None: SORT; benches compare)."""
     width = scores.shape[-1]
     if not fits(width, k):
         raise ValueError(f"rule_top_k takes lines of up to {MAX_WIDTH} and k up to {MAX_K}")
@@ -58,7 +58,8 @@ def rule_top_k(scores: torch.Tensor, k: int, sort: bool = SORT) -> torch.Tensor:
     if lines:
         _rule_top_k[(lines,)](
             flat, out, kept, width, k, flat.stride(0), out.stride(0), kept.stride(0),
-            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, SORT=sort, num_warps=warps_for(block),
+            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, SORT=SORT if sort is None else sort,
+            num_warps=warps_for(block),
         )  # fmt: skip
     return out.view(*scores.shape[:-1], k)
 

@@ -2,10 +2,8 @@
 sampling, priority admission, structured outputs, the output-channel skip rule, and `ppserve
 bench prefix`.
 
-One Ray cluster for all of them: each section was a module of its own (test_seeded_sampling.py,
-test_priority.py, test_structured_outputs.py, test_output_skip.py, test_bench_prefix.py) whose
-only fixture was the `ray_cluster` each started and stopped again (~10 s apiece on 2 cores;
-186 s for the five modules, 157 s for this one)."""
+One Ray cluster for all of them: their only shared fixture is `ray_cluster`, which a module
+of its own each would start and stop again."""
 
 from __future__ import annotations
 
