@@ -25,23 +25,24 @@ TP = 2
 # (case, pp, skip, run_ahead): each family at PP 1 and 2, the skip modes and run-ahead rotating
 # make test runs each family once, with both PP sizes, every skip mode and run-ahead on and off
 # among the four; `make test-slow` each family at its other PP size too
-SLOW = [pytest.mark.slow]
-MATRIX = [
+RUNS = [
     ("llama", 1, "off", False),
-    pytest.param("llama", 2, "auto", True, marks=SLOW),
+    ("llama", 2, "auto", True),
     ("qwen3_moe", 1, "sglang", True),
-    pytest.param("qwen3_moe", 2, "off", False, marks=SLOW),
-    pytest.param("ds_v3", 1, "auto", False, marks=SLOW),
+    ("qwen3_moe", 2, "off", False),
+    ("ds_v3", 1, "auto", False),
     ("ds_v3", 2, "sglang", True),
-    pytest.param("ds_v4", 1, "off", True, marks=SLOW),
+    ("ds_v4", 1, "off", True),
     ("ds_v4", 2, "auto", False),
 ]
+SLOW_RUNS = {RUNS[1], RUNS[3], RUNS[4], RUNS[6]}
+MATRIX = [pytest.param(*r, marks=[pytest.mark.slow] if r in SLOW_RUNS else []) for r in RUNS]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("tp-families")
-    return {name: CASES[name].write(root) for name in {c[0] for c in MATRIX}}
+    return {name: CASES[name].write(root) for name in {r[0] for r in RUNS}}
 
 
 @pytest.fixture(scope="module")
