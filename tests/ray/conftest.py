@@ -9,8 +9,10 @@ import pytest
 def ray_cluster():
     import ray
 
+    from tests.ray_start import init_local_ray
+
     # 2 physical cores: give Ray enough logical CPUs for a coordinator and 3 stages.
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    init_local_ray(num_cpus=8, include_dashboard=False, log_to_driver=False,
+                   runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     yield ray
     ray.shutdown()

@@ -48,15 +48,15 @@ class Served:
 
 def start_cluster(apps: dict[str, tuple[str, dict]]) -> Served:
     """`apps`: name -> (route prefix, build_app args). The first one is the main app."""
-    import ray
     from ray import serve
 
     from app.server import build_app
+    from tests.ray_start import init_local_ray
 
     metrics_port, http_port = free_port(), free_port()
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
-             _metrics_export_port=metrics_port,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    init_local_ray(num_cpus=8, include_dashboard=False, log_to_driver=False,
+                   _metrics_export_port=metrics_port,
+                   runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     for name, (prefix, args) in apps.items():
         serve.run(build_app(args), name=name, route_prefix=prefix)
