@@ -65,13 +65,12 @@ fuzz: install
 soak: install
 	$(PY) -m pytest tests/serve/test_soak_http.py -q -s -p no:cacheprovider
 
-# Bad input and CORS (test_openai_api.py), fuzz (full), overload, soak, faults (stage and replica
-# killed), startup failures and the no-code-from-data scan: slow tests included (`make test`
-# skips those).
+# Bad input, fuzz (full), overload, soak, faults (stage and replica killed), startup failures,
+# CORS and the no-code-from-data scan: slow tests included (`make test` skips those).
 test-reliability: install
 	PPSERVE_FUZZ_EXAMPLES=500 $(PY) -m pytest -q -s -p no:cacheprovider \
 		tests/unit/test_request_validation.py tests/unit/test_request_data_never_executed.py \
-		tests/serve/test_fuzz_openapi.py \
+		tests/serve/test_bad_input_http.py tests/serve/test_fuzz_openapi.py \
 		tests/serve/test_overload_http.py tests/serve/test_soak_http.py \
 		tests/ray/test_stage_failure.py tests/serve/test_faults_http.py \
 		tests/ray/test_startup_failures.py tests/serve/test_openai_api.py
