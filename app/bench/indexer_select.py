@@ -165,9 +165,21 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
     ]
     for name, top_k in top_ks:
         row[f"topk_{name}_ms"] = timed(lambda: topk_slots(logits, plan, k, top_k), reps=5)
+    # the models' call: the scores kernel writes the group maxima, the top-k skips its pass
+    maxima = indexer_select.maxima_buffer(q.shape[0], logits.shape[1], logits.device)
+    row["logits_fp8_with_maxima_ms"] = timed(
+        lambda: triton_indexer.indexer_logits_rows(q, fp8_keys, w, scale, plan, maxima=maxima),
+        reps=5,
+    )
+    row["topk_triton_given_maxima_ms"] = timed(
+        lambda: topk_slots(logits, plan, k, triton_topk.top_k_positions, maxima), reps=5
+    )
     want = indexer_select.top_k_positions(logits.clone(), k)
     row["topk_triton_equals_torch"] = bool(
         torch.equal(want, triton_topk.top_k_positions(logits.clone(), k))
+    )
+    row["topk_given_maxima_equals_torch"] = bool(
+        torch.equal(want, triton_topk.top_k_positions(logits.clone(), k, maxima=maxima))
     )
     for n in GATHER_SWEEP:
         got = triton_topk.top_k_positions(logits.clone(), k, gather=n)

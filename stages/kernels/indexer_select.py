@@ -26,6 +26,26 @@ from stages.kernels import fp8_indexer, torch_ref
 # Tokens of one chunk row scored together by a program of the Triton kernel (the MMA's rows);
 # rows of one token (decode) are tiles of their own, whose MMA rows are the index heads.
 CHUNK_TILE = 64
+# Scores per group whose maximum the long lines' top-k reads (stages/kernels/triton_topk.py):
+# the scores op can write them as it scores, sparing the top-k a pass over the scores.
+MAXIMA_GROUP = 8
+
+
+def maxima_shape(lines: int, width: int) -> tuple[int, int]:
+    return lines, -(-width // MAXIMA_GROUP)
+
+
+def maxima_buffer(lines: int, width: int, device: torch.device) -> torch.Tensor:
+    """The [lines, groups] fp32 buffer a scores op fills with its lines' group maxima."""
+    return torch.empty(maxima_shape(lines, width), dtype=torch.float32, device=device)
+
+
+def group_maxima(scores: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[i, g] = the maximum of scores[i, g * MAXIMA_GROUP : (g + 1) * MAXIMA_GROUP]."""
+    lines, width = scores.shape
+    pad = out.shape[1] * MAXIMA_GROUP - width
+    padded = torch.nn.functional.pad(scores, (0, pad), value=float("-inf")) if pad else scores
+    return torch.amax(padded.view(lines, -1, MAXIMA_GROUP), dim=-1, out=out)
 
 
 @dataclass
@@ -87,13 +107,18 @@ class SelectPlan:
 
 
 def logits_rows_reference(
-    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, scale: float, plan: SelectPlan
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    weights: torch.Tensor,
+    scale: float,
+    plan: SelectPlan,
+    maxima: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The indexer_logits_rows contract, a row at a time on torch_ref.indexer_logits:
     q [Ts, Hi, D] and weights [Ts, Hi] of the plan's tokens, keys the layer's key pages
     ([blocks, E, D], or [blocks, E, D + 4] uint8: FP8 keys, stages/kernels/fp8_indexer.py, of
     which each row's are dequantized, scored by the FP8 queries) -> [Ts, Lmax] fp32, -inf where
-    the token does not see the key."""
+    the token does not see the key; maxima (maxima_buffer) filled with the group maxima."""
     ts, lmax = q.shape[0], plan.key_slots.shape[1]
     out = torch.full((ts, lmax), float("-inf"), dtype=torch.float32, device=q.device)
     fp8 = keys.dtype == torch.uint8
@@ -107,23 +132,44 @@ def logits_rows_reference(
         k = fp8_indexer.read(keys, slots) if flat is None else flat.index_select(0, slots)
         out[span, :length] = torch_ref.indexer_logits(q[span], k, weights[span], scale)
     cols = torch.arange(lmax, device=q.device)
-    return out.masked_fill_(cols[None, :] >= plan.visible[:, None], float("-inf"))
+    out.masked_fill_(cols[None, :] >= plan.visible[:, None], float("-inf"))
+    if maxima is not None:
+        group_maxima(out, maxima)
+    return out
+
+
+def scores_with_maxima(
+    score: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    weights: torch.Tensor,
+    scale: float,
+    plan: SelectPlan,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, their group maxima) from the kernels' indexer_logits_rows `score`, which
+    writes both as it scores; index_topk takes the maxima with the scores."""
+    maxima = maxima_buffer(q.shape[0], plan.key_slots.shape[1], q.device)
+    return score(q, keys, weights, scale, plan, maxima=maxima), maxima
 
 
 def topk_slots(
     logits: torch.Tensor,
     plan: SelectPlan,
     k: int,
-    top_k: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    top_k: Callable[..., torch.Tensor] | None = None,
+    maxima: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[Ts, k] int32 cache slots of each token's top k keys; -1 where a token sees fewer.
-    top_k: the kernels' index_topk (the rule's positions), top_k_positions by default."""
-    pos = (top_k or top_k_positions)(logits, k)
+    top_k: the kernels' index_topk (the rule's positions), top_k_positions by default;
+    maxima: the logits' group maxima where the scores op wrote them."""
+    pos = (top_k or top_k_positions)(logits, k, maxima=maxima)
     slots = plan.key_slots[plan.token_row[:, None], pos]
     return slots.masked_fill(logits.gather(1, pos) == float("-inf"), -1).int()
 
 
-def top_k_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
+def top_k_positions(
+    scores: torch.Tensor, k: int, maxima: torch.Tensor | None = None
+) -> torch.Tensor:
     """[..., k] long: the positions (last dim) of each line's k highest scores, among equal
     scores the lower position first, in that order -- what a stable descending sort keeps, and
     the one rule of every selection path (DSA, CSA; CPU, CUDA; batched or alone). torch leaves
@@ -135,7 +181,8 @@ def top_k_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     answer. On CUDA torch's radix-select top-k already keeps the rule's set -- it gathers the
     values equal to the k-th in position order (tests/gpu/test_indexer_kernel.py checks it on
     one-block and multi-block lines) -- at a third of the int64 keys' cost; the k chosen are
-    then put in the rule's order by the same keys."""
+    then put in the rule's order by the same keys. maxima (the lines' group maxima, which
+    the index_topk contract passes on) are not needed here."""
     scores = scores.add_(0.0)
     if scores.is_cuda:
         return rule_order(scores, scores.topk(k, dim=-1, sorted=False).indices)

@@ -146,13 +146,14 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
-    def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
-                     stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot,
+    def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, M, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
+                     stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot, stride_m,
                      HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr,
-                     BL: tl.constexpr, KEY_FP8: tl.constexpr):
+                     BL: tl.constexpr, KEY_FP8: tl.constexpr, GROUP: tl.constexpr):
         """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic (KEY_FP8:
         Q and K e4m3, KS each key's float32 scale). Slot s is entry s % ENTRIES of block
-        s // ENTRIES (fp8_indexer's pages; bf16 keys are one entry's values after another)."""
+        s // ENTRIES (fp8_indexer's pages; bf16 keys are one entry's values after another).
+        GROUP (> 0): M also gets each GROUP columns' maximum."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 3).to(tl.int64)
         first = tl.load(TILES + tile * 3 + 1)
@@ -166,7 +167,7 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
         store_mask = t_mask[:, None] & (offs_l[None, :] < LMAX)
         seen = tl.max(visible, 0)
         if tl.program_id(1) * BL >= seen:  # no token of the tile sees this block
-            tl.store(out_ptrs, tl.full((BT, BL), float("-inf"), tl.float32), mask=store_mask)
+            acc = tl.full((BT, BL), float("-inf"), tl.float32)
         else:
             l_mask = offs_l < seen
             slots = tl.load(SLOTS + row * stride_sr + offs_l, mask=l_mask, other=0).to(tl.int64)
@@ -185,16 +186,22 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
             if KEY_FP8:  # a positive power of two: relu and the head sum commute with it
                 acc = acc * tl.load(KS + block * stride_sb + entry, mask=l_mask, other=0.0)[None, :]
             acc = tl.where(offs_l[None, :] < visible[:, None], acc, float("-inf"))
-            tl.store(out_ptrs, acc, mask=store_mask)
+        tl.store(out_ptrs, acc, mask=store_mask)
+        if GROUP:
+            groups = tl.program_id(1) * (BL // GROUP) + tl.arange(0, BL // GROUP)
+            tl.store(M + offs_t[:, None] * stride_m + groups[None, :],
+                     tl.max(tl.reshape(acc, (BT, BL // GROUP, GROUP)), 2),
+                     mask=t_mask[:, None] & (groups[None, :] * GROUP < LMAX))
     # fmt: on
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
-    def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
-                      stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot,
+    def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, M, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
+                      stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot, stride_m,
                       HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BL: tl.constexpr,
-                      KEY_FP8: tl.constexpr):
-        """One token (a decode row) x BL of its keys; the index heads are the MMA's rows."""
+                      KEY_FP8: tl.constexpr, GROUP: tl.constexpr):
+        """One token (a decode row) x BL of its keys; the index heads are the MMA's rows.
+        GROUP as chunk_kernel's."""
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 2).to(tl.int64)
         tok = tl.load(TILES + tile * 2 + 1).to(tl.int64)
@@ -202,7 +209,7 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
         offs_l = tl.program_id(1) * BL + tl.arange(0, BL)
         out_ptrs = OUT + tok * stride_ot + offs_l
         if tl.program_id(1) * BL >= visible:
-            tl.store(out_ptrs, tl.full((BL,), float("-inf"), tl.float32), mask=offs_l < LMAX)
+            logit = tl.full((BL,), float("-inf"), tl.float32)
         else:
             l_mask = offs_l < visible
             slots = tl.load(SLOTS + row * stride_sr + offs_l, mask=l_mask, other=0).to(tl.int64)
@@ -220,7 +227,12 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
             if KEY_FP8:  # as in chunk_kernel: each key's scale after the head sum
                 logit = logit * tl.load(KS + block * stride_sb + entry, mask=l_mask, other=0.0)
             logit = tl.where(l_mask, logit, float("-inf"))
-            tl.store(out_ptrs, logit, mask=offs_l < LMAX)
+        tl.store(out_ptrs, logit, mask=offs_l < LMAX)
+        if GROUP:
+            groups = tl.program_id(1) * (BL // GROUP) + tl.arange(0, BL // GROUP)
+            tl.store(M + tok * stride_m + groups,
+                     tl.max(tl.reshape(logit, (BL // GROUP, GROUP)), 1),
+                     mask=groups * GROUP < LMAX)
     # fmt: on
 
     return chunk_kernel, decode_kernel
@@ -298,13 +310,16 @@ def indexer_logits_rows(
     plan: Any,
     config: ChunkConfig | None = None,
     decode: DecodeConfig = DECODE_CONFIG,
+    maxima: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys the layer's key
     pages ([blocks, E, D] in q's dtype, or [blocks, E, D + 4] uint8: FP8 keys in
     stages/kernels/fp8_indexer.py's layout), weights [Ts, Hi], plan -> [Ts, Lmax] fp32 (-inf
-    where a token does not see a key). Chunk rows and decode rows are one launch each.
-    config / decode: the kernels' launches (benches sweep them; config by default
-    CHUNK_CONFIG_FP8 over FP8 keys, else CHUNK_CONFIG)."""
+    where a token does not see a key); maxima (indexer_select.maxima_buffer) filled with each
+    group's maximum by the same launches, which spares the top-k a pass over the scores.
+    Chunk rows and decode rows are one launch each. config / decode: the kernels' launches
+    (benches sweep them; config by default CHUNK_CONFIG_FP8 over FP8 keys, else
+    CHUNK_CONFIG)."""
     from stages.kernels import fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
@@ -322,7 +337,7 @@ def indexer_logits_rows(
         refusal = _heads_refused(heads) if plan.decode_tiles.shape[0] else None
     if refusal is not None:
         _fall_back("indexer_logits_rows", refusal)
-        return indexer_select.logits_rows_reference(q, keys, weights, scale, plan)
+        return indexer_select.logits_rows_reference(q, keys, weights, scale, plan, maxima)
     if fp8:  # FP8 queries against the keys' e4m3 values; each key's scale after them
         q, weights = quantize_queries(q, weights, scale)
     else:  # relu(s x) = s relu(x) for s > 0: the softmax scale rides on the head weights
@@ -331,6 +346,11 @@ def indexer_logits_rows(
     values, scales, entries, stride_kb, stride_sb = _key_views(keys, dim)
     q, weights = q.contiguous(), weights.contiguous()
     out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
+    group = indexer_select.MAXIMA_GROUP if maxima is not None else 0
+    if maxima is None:
+        maxima = out  # not written: GROUP 0 compiles the maxima out
+    elif maxima.shape != indexer_select.maxima_shape(ts, lmax) or maxima.stride(1) != 1:
+        raise ValueError(f"maxima {tuple(maxima.shape)} for {ts} lines of {lmax} scores")
     chunk_kernel, decode_kernel = _rows_kernels()
     args = (q, values, scales, weights, plan.key_slots, plan.visible)
     strides = (
@@ -341,6 +361,7 @@ def indexer_logits_rows(
         weights.stride(0),
         plan.key_slots.stride(0),
         out.stride(0),
+        maxima.stride(0),
     )
     if plan.chunk_tiles.shape[0]:
         grid = (plan.chunk_tiles.shape[0], -(-lmax // config.block_l))
@@ -348,6 +369,7 @@ def indexer_logits_rows(
             *args,
             plan.chunk_tiles,
             out,
+            maxima,
             lmax,
             entries,
             *strides,
@@ -356,6 +378,7 @@ def indexer_logits_rows(
             BT=indexer_select.CHUNK_TILE,
             BL=config.block_l,
             KEY_FP8=fp8,
+            GROUP=group,
             num_warps=config.warps,
             num_stages=config.stages,
             maxnreg=config.maxnreg,
@@ -366,6 +389,7 @@ def indexer_logits_rows(
             *args,
             plan.decode_tiles,
             out,
+            maxima,
             lmax,
             entries,
             *strides,
@@ -373,6 +397,7 @@ def indexer_logits_rows(
             HEAD_DIM=dim,
             BL=decode.block_l,
             KEY_FP8=fp8,
+            GROUP=group,
             num_warps=decode.warps,
         )
     return out

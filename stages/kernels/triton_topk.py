@@ -6,8 +6,9 @@ position, in that order).
 torch's top-k over a 256K prompt's ~64K compressed entries per query takes 8 ms a CSA layer
 for an 8K chunk (docs/PERFORMANCE.md). Here:
 
-1. the maxima of the line's groups of `group` scores (a Triton pass reading the scores once;
-   torch's amax over groups of 8 took 4 ms a layer);
+1. the maxima of the line's groups of `group` scores: written by the indexer's scores kernels
+   as they score (stages/kernels/triton_indexer.py), else a Triton pass reading the scores
+   once (torch's amax over groups of 8 took 4 ms a layer);
 2. theta, the k-th largest of those maxima: torch's top-k over a line `group` times shorter,
    or (find_theta) the next pass's kernel, 32 counts over the line's maxima held in
    registers, a bit of the answer each.
@@ -38,7 +39,7 @@ import torch
 
 from stages.kernels import indexer_select, triton_paged_decode, triton_rule_topk
 
-GROUP = 8  # scores per group whose maximum bounds the threshold
+GROUP = indexer_select.MAXIMA_GROUP  # scores per group whose maximum bounds the threshold
 # The one-program rule kernel up to this many lines, torch's top-k beyond: on an H100, with its
 # step 3 a sort (triton_rule_topk.SORT), the kernel took 0.14 / 0.29 / 0.44 against torch's
 # 0.32 / 0.51 / 0.45 ms at 512 / 1,024 / 2,048 lines of k + 8k candidates (k 512), but 1.69
@@ -244,10 +245,13 @@ def warm_widths(k: int, widest: int) -> list[int]:
 
 def warm_up(k: int, widest: int, device: torch.device | str) -> int:
     """Compiles top_k_positions' launches for lines of up to `widest` scores (warm_widths, one
-    line of zeros each) before a prompt's TTFT would pay for them. Returns the widths run."""
+    line of zeros each) before a prompt's TTFT would pay for them, given the group maxima as
+    the models' scores op gives them (its maxima pass is not compiled). Returns the widths run."""
     widths = warm_widths(k, widest)
     for width in widths:
-        top_k_positions(torch.zeros(1, width, device=device), min(k, width))
+        scores = torch.zeros(1, width, device=device)
+        maxima = indexer_select.maxima_buffer(1, width, scores.device)
+        top_k_positions(scores, min(k, width), maxima=indexer_select.group_maxima(scores, maxima))
     return len(widths)
 
 
@@ -258,12 +262,14 @@ def top_k_positions(
     compact: tuple[int, int] = COMPACT,
     find_theta: bool = FIND_THETA,
     gather: int | None = GATHER,
+    maxima: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """indexer_select.top_k_positions's contract: [..., L] fp32 -> [..., k] long, the rule's
-    positions in the rule's order. compact: the compaction's launch; find_theta: theta found by
-    the compaction kernel, else by torch's top-k of the maxima; gather: the compaction's
-    scores read over the groups it takes, this many a step, else step by step of the maxima
-    (benches sweep them)."""
+    positions in the rule's order. maxima: the lines' group maxima ([lines, groups], as
+    indexer_select.group_maxima), when the scores op wrote them; else a pass over the scores
+    finds them. compact: the compaction's launch; find_theta: theta found by the compaction
+    kernel, else by torch's top-k of the maxima; gather: the compaction's scores read over the
+    groups it takes, this many a step, else step by step of the maxima (benches sweep them)."""
     width = scores.shape[-1]
     if width < 2 * (k + group * k):  # short lines: no fewer candidates to gain
         return _rule(scores, k)
@@ -272,12 +278,15 @@ def top_k_positions(
     slots = k + group * k
     values = torch.full((lines, slots), float("-inf"), device=flat.device)
     positions = torch.zeros(lines, slots, dtype=torch.long, device=flat.device)
+    if maxima is not None and (group != GROUP or maxima.shape != (lines, groups)):
+        raise ValueError(f"maxima {tuple(maxima.shape)} for {lines} lines of {width} scores")
     if lines:
-        maxima = torch.empty(lines, groups, device=flat.device)
-        maxima_kernel[(lines, triton.cdiv(groups * group, BLOCK))](
-            flat, maxima, width, groups, flat.stride(0), maxima.stride(0), GROUP=group,
-            BLOCK=BLOCK, num_warps=4,
-        )  # fmt: skip
+        if maxima is None:
+            maxima = torch.empty(lines, groups, device=flat.device)
+            maxima_kernel[(lines, triton.cdiv(groups * group, BLOCK))](
+                flat, maxima, width, groups, flat.stride(0), maxima.stride(0), GROUP=group,
+                BLOCK=BLOCK, num_warps=4,
+            )  # fmt: skip
         if find_theta:
             theta = torch.empty(lines, device=flat.device)
         else:

@@ -23,7 +23,7 @@ from stages.attention.base import AnyBatch, AttentionBackend, on_torch
 from stages.forward_batch import PagedDecodeBatch
 from stages.kernels.fallbacks import Refusal
 from stages.kernels.flash_mla import PREFIX_KEYS
-from stages.kernels.indexer_select import topk_slots
+from stages.kernels.indexer_select import scores_with_maxima, topk_slots
 from stages.models.deepseek_config import INDEXER_KEY
 from stages.models.dsa import SparseRows
 from stages.models.families import FLASH_MLA_PAGE, GraphSetting
@@ -249,7 +249,8 @@ class MLASparseBackend(AttentionBackend[MLADecodeRows | SparseRows]):
         plan, indices = rows.plan, rows.dense.clone()
         q, weights = layer.indexer.queries(x, q_resid, cos, sin)
         pages = kv.pages(local_layer, INDEXER_KEY)  # [blocks, block_size, 1, width]
-        logits = indexer_logits_rows(
+        logits, maxima = scores_with_maxima(
+            indexer_logits_rows,
             q[plan.token_index],
             pages.view(pages.shape[0], pages.shape[1], pages.shape[-1]),
             weights[plan.token_index],
@@ -257,6 +258,6 @@ class MLASparseBackend(AttentionBackend[MLADecodeRows | SparseRows]):
             plan,
         )
         indices[plan.token_index] = topk_slots(
-            logits, plan, indices.shape[1], _kernel(layer.kernels, "index_topk")
+            logits, plan, indices.shape[1], _kernel(layer.kernels, "index_topk"), maxima
         )
         return indices

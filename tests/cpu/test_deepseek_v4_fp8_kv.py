@@ -155,9 +155,9 @@ def test_fp8_kv_logits_close_to_the_unquantized_cache(checkpoint, monkeypatch, i
 
     score = indexer_select.logits_rows_reference
 
-    def score_rounded(q, keys, weights, scale, plan):  # the indexer's queries FP8 too
+    def score_rounded(q, keys, weights, scale, plan, maxima=None):  # the queries FP8 too
         q8, q_scale = fp8_indexer.quantize_queries(q)
-        return score(q8.float() * q_scale[..., None], keys, weights, scale, plan)
+        return score(q8.float() * q_scale[..., None], keys, weights, scale, plan, maxima)
 
     monkeypatch.setattr(V4Cache, "write", write_rounded)
     monkeypatch.setattr(indexer_select, "logits_rows_reference", score_rounded)

@@ -14,8 +14,11 @@ from hypothesis import strategies as st
 from stages.forward_batch import ForwardBatch
 from stages.kernels import torch_ref
 from stages.kernels.indexer_select import (
+    MAXIMA_GROUP,
     SelectPlan,
+    group_maxima,
     logits_rows_reference,
+    maxima_buffer,
     topk_slots,
 )
 from stages.models.dsa import SparseRows
@@ -98,11 +101,17 @@ def test_interpreted_kernel_matches_reference(triton_interpreter):
     heads = 16  # the kernel's MMA needs >= 16 rows per tile
     q16 = q16.repeat(1, heads // HEADS, 1)
     w = weights.repeat(1, heads // HEADS) / 4
-    out = triton_indexer.indexer_logits_rows(q16, k16, w, 0.25, plan)
-    ref = logits_rows_reference(q16.float(), k16.float(), w, 0.25, plan)
+    maxima, ref_maxima = (maxima_buffer(t, plan.key_slots.shape[1], "cpu") for _ in "ab")
+    out = triton_indexer.indexer_logits_rows(q16, k16, w, 0.25, plan, maxima=maxima)
+    ref = logits_rows_reference(q16.float(), k16.float(), w, 0.25, plan, ref_maxima)
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
     seen = ref != float("-inf")
     torch.testing.assert_close(out[seen], ref[seen], rtol=1e-3, atol=1e-3)
+    # each op's group maxima are its own scores' (58 columns: the last group is short)
+    assert maxima.shape[1] * MAXIMA_GROUP > out.shape[1]
+    assert torch.equal(maxima, group_maxima(out, torch.empty_like(maxima)))
+    assert torch.equal(ref_maxima, group_maxima(ref, torch.empty_like(maxima)))
+    assert torch.equal(ref_maxima == float("-inf"), maxima == float("-inf"))
 
 
 # -- the tie rule, as a property of every batch ----------------------------------------------
@@ -203,7 +212,9 @@ def test_interpreted_fp8_kernel_matches_reference(triton_interpreter):
     q = q[:t].repeat(1, heads // HEADS, 1) * torch.rand(t, heads, 1, generator=g)
     w = weights[:t].repeat(1, heads // HEADS) - 0.5
     packed = fp8_indexer.pack(keys, 4)  # the block layout: 4 entries a block
-    out = triton_indexer.indexer_logits_rows(q, packed, w, 0.25, plan)
+    maxima = maxima_buffer(t, plan.key_slots.shape[1], "cpu")
+    out = triton_indexer.indexer_logits_rows(q, packed, w, 0.25, plan, maxima=maxima)
+    assert torch.equal(maxima, group_maxima(out, torch.empty_like(maxima)))
     ref = logits_rows_reference(q, packed, w, 0.25, plan)
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
     seen = ref != float("-inf")

@@ -111,6 +111,7 @@ def test_moe_routing_compiles():
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-keys", "fp8-keys"])
 def test_indexer_rows_kernels_compile(fp8):
     from stages.kernels import triton_indexer
+    from stages.kernels.indexer_select import MAXIMA_GROUP
 
     chunk, decode = triton_indexer._rows_kernels()
     strides = ("stride_qt", "stride_qh", "stride_kb", "stride_sb", "stride_wt", "stride_sr")
@@ -123,11 +124,13 @@ def test_indexer_rows_kernels_compile(fp8):
         "VISIBLE": "*i32",
         "TILES": "*i32",
         "OUT": "*fp32",
+        "M": "*fp32",
         "LMAX": "i32",
         "ENTRIES": "i32",
-        **{s: "i32" for s in (*strides, "stride_ot")},
+        **{s: "i32" for s in (*strides, "stride_ot", "stride_m")},
     }
-    shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8}
+    # with the group maxima the top-k reads (the model's calls write them)
+    shape = {"HEADS": 64, "HEAD_DIM": 128, "KEY_FP8": fp8, "GROUP": MAXIMA_GROUP}
     cfg = triton_indexer.CHUNK_CONFIG_FP8 if fp8 else triton_indexer.CHUNK_CONFIG
     chunk_shape = {**shape, "BT": 64, "BL": cfg.block_l}
     aligned = tuple(a for a, t in sig.items() if t.startswith("*") or a.startswith("stride"))

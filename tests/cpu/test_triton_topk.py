@@ -10,7 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.kernels.indexer_select import top_k_positions
+from stages.kernels.indexer_select import (
+    MAXIMA_GROUP,
+    group_maxima,
+    maxima_buffer,
+    top_k_positions,
+)
 
 
 def _scores(lines: int, width: int, seed: int) -> torch.Tensor:
@@ -35,6 +40,9 @@ def test_interpreted_topk_is_the_rule(triton_interpreter, lines, width, k, group
     assert width >= 2 * (k + group * k)  # the candidates' path, not torch's
     got = triton_topk.top_k_positions(scores.clone(), k, group)
     assert torch.equal(got, top_k_positions(scores.clone(), k))
+    if group == MAXIMA_GROUP:  # the maxima the scores op wrote (signed zeros either way)
+        maxima = group_maxima(scores, maxima_buffer(lines, width, scores.device))
+        assert torch.equal(triton_topk.top_k_positions(scores.clone(), k, maxima=maxima), got)
 
 
 def test_interpreted_topk_of_equal_and_continuous_lines(triton_interpreter):

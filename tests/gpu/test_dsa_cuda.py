@@ -112,16 +112,18 @@ def test_fp8_cache_indexer_scores_on_triton_match_the_reference():
     import dataclasses
 
     from stages.kernels import triton_indexer
-    from stages.kernels.indexer_select import logits_rows_reference
+    from stages.kernels.indexer_select import group_maxima, logits_rows_reference
 
     calls = []
 
-    def checked(q, keys, weights, scale, plan):
-        out = triton_indexer.indexer_logits_rows(q, keys, weights, scale, plan)
+    def checked(q, keys, weights, scale, plan, maxima=None):
+        out = triton_indexer.indexer_logits_rows(q, keys, weights, scale, plan, maxima=maxima)
         ref = logits_rows_reference(q.float(), keys, weights, scale, plan)
         seen = ref != float("-inf")
         calls.append((keys.dtype, keys.shape[-1], torch.equal(out == float("-inf"), ~seen),
                       ((out[seen] - ref[seen]).norm() / ref[seen].norm()).item()))
+        if maxima is not None:  # the kernel's group maxima are its own scores'
+            assert torch.equal(maxima, group_maxima(out, torch.empty_like(maxima)))
         return out
 
     torch.manual_seed(0)

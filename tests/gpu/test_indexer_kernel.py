@@ -53,7 +53,7 @@ def test_indexer_logits_rows_match_reference(group_rows, fp8):
     """The batched kernel over a paged cache (shuffled slots) against the row-at-a-time
     reference, at V3.2's index heads: the same -inf pattern, scores within the bf16 band. FP8
     keys: the reference dequantizes the same bytes (fp32 math)."""
-    from stages.kernels.indexer_select import logits_rows_reference
+    from stages.kernels.indexer_select import group_maxima, logits_rows_reference, maxima_buffer
 
     g = torch.Generator(device="cuda").manual_seed(len(group_rows))
     total = sum(n + start for n, start in group_rows)
@@ -72,6 +72,11 @@ def test_indexer_logits_rows_match_reference(group_rows, fp8):
     out = triton_indexer.indexer_logits_rows(q, keys, w, 128**-0.5, plan)
     ref = logits_rows_reference(q.float(), keys if fp8 else keys.float(), w, 128**-0.5, plan)
     assert torch.equal(out == float("-inf"), ref == float("-inf"))
+    # the group maxima written beside the scores: the same scores, and their groups' maxima
+    maxima = maxima_buffer(off, out.shape[1], out.device)
+    assert torch.equal(triton_indexer.indexer_logits_rows(q, keys, w, 128**-0.5, plan,
+                                                          maxima=maxima), out)  # fmt: skip
+    assert torch.equal(maxima, group_maxima(out, torch.empty_like(maxima)))
     seen = ref != float("-inf")
     err = ((out[seen] - ref[seen]).norm() / ref[seen].norm()).item()
     assert err < 2e-3, err

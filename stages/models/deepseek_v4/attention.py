@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from stages.kernels.indexer_select import scores_with_maxima
 from stages.kernels.registry import Kernels
 from stages.models.deepseek_v4.cache import V4Cache
 from stages.models.deepseek_v4.config import (
@@ -128,11 +129,15 @@ class Indexer(GroupCompressor):
         score, top_k = _op(self.kernels.indexer_logits_rows), _op(self.kernels.index_topk)
         k, scale = min(self.topk, plan.max_entries), self.width**-0.5
         if len(plan.select) == 1 and plan.select[0][0] == slice(0, t):  # decode: one tile
-            picked = top_k(score(q, keys, weights, scale, plan.select[0][1]), k)
+            logits, maxima = scores_with_maxima(score, q, keys, weights, scale, plan.select[0][1])
+            picked = top_k(logits, k, maxima=maxima)
         else:
             picked = torch.empty(t, k, dtype=torch.long, device=x.device)
             for tokens, select in plan.select:
-                picked[tokens] = top_k(score(q[tokens], keys, weights[tokens], scale, select), k)
+                logits, maxima = scores_with_maxima(
+                    score, q[tokens], keys, weights[tokens], scale, select
+                )
+                picked[tokens] = top_k(logits, k, maxima=maxima)
         return picked.masked_fill_(picked >= plan.visible[:, None], -1)
 
 
