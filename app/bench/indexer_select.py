@@ -174,6 +174,12 @@ def case_row(case: str, k: int, rate: int, with_loop: bool) -> dict[str, Any]:
     row["topk_triton_given_maxima_ms"] = timed(
         lambda: topk_slots(logits, plan, k, triton_topk.top_k_positions, maxima), reps=5
     )
+    # the candidates' top-k over whole lines (torch's past RULE_KERNEL_MAX_LINES), not prefixes
+    triton_topk.CANDIDATE_PREFIX = False
+    row["topk_triton_given_maxima_whole_lines_ms"] = timed(
+        lambda: topk_slots(logits, plan, k, triton_topk.top_k_positions, maxima), reps=5
+    )
+    triton_topk.CANDIDATE_PREFIX = True
     want = indexer_select.top_k_positions(logits.clone(), k)
     row["topk_triton_equals_torch"] = bool(
         torch.equal(want, triton_topk.top_k_positions(logits.clone(), k))

@@ -26,6 +26,11 @@ CHUNK = 16  # kept keys compared a step: [K_POW2, CHUNK] int64 fits the register
 # step 3 as tl.sort of the k kept keys (a bitonic network: k log2(k)^2 / 4 compare-swaps) rather
 # than k x k comparisons of their ranks
 SORT = True
+# Lines given their live prefix (`lengths`): those whose prefix fits this many scores take a
+# launch this wide, the others the line's. triton_topk's candidates (k + 8k slots a line) hold
+# k + a little more than k live ones on a prompt's lines: 4 warps over 2,048 scores, not 16
+# over 8,192.
+PREFIX_BLOCK = 2048
 
 
 def fits(width: int, k: int) -> bool:
@@ -43,24 +48,40 @@ def warps_for(block: int) -> int:
     return max(4, min(16, block // 512))
 
 
-def rule_top_k(scores: torch.Tensor, k: int, sort: bool | None = None) -> torch.Tensor:
+def rule_top_k(
+    scores: torch.Tensor,
+    k: int,
+    sort: bool | None = None,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """indexer_select.top_k_positions's contract for lines that fit (`fits`): [..., L] ->
     [..., k] long, the rule's positions in the rule's order. scores is not modified. sort:
-    step 3 as a sort of the kept keys, else their ranks counted (None: SORT; benches compare)."""
+    step 3 as a sort of the kept keys, else their ranks counted (None: SORT; benches compare).
+    lengths ([lines] int32): each line's live prefix, at least k long, past which every score
+    is -inf, so the rule never picks past it: a line whose prefix fits PREFIX_BLOCK is read
+    that far only (a launch of that width; the others take the line's), the same positions."""
     width = scores.shape[-1]
     if not fits(width, k):
         raise ValueError(f"rule_top_k takes lines of up to {MAX_WIDTH} and k up to {MAX_K}")
     flat = scores.reshape(-1, width).float().contiguous()
     lines = flat.shape[0]
-    block, k_pow2 = launch_shape(width, k)
     out = torch.empty(lines, k, dtype=torch.long, device=flat.device)
-    kept = torch.empty(lines, k_pow2, dtype=torch.long, device=flat.device)  # the kept keys
+    kept = torch.empty(lines, launch_shape(width, k)[1], dtype=torch.long, device=flat.device)
+    # (widest line read, lines whose prefix is in (low, high]): one launch, or two by prefix
+    if lengths is None:
+        launches, lengths = [(width, -1, width)], out  # lengths unread
+    else:
+        short = launch_shape(min(width, PREFIX_BLOCK), k)[0]
+        launches = [(short, -1, short)] + ([(width, short, width)] if width > short else [])
     if lines:
-        _rule_top_k[(lines,)](
-            flat, out, kept, width, k, flat.stride(0), out.stride(0), kept.stride(0),
-            BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK, SORT=SORT if sort is None else sort,
-            num_warps=warps_for(block),
-        )  # fmt: skip
+        for widest, low, high in launches:
+            block, k_pow2 = launch_shape(widest, k)
+            _rule_top_k[(lines,)](
+                flat, out, kept, lengths, width, k, low, high, flat.stride(0), out.stride(0),
+                kept.stride(0), BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK,
+                SORT=SORT if sort is None else sort, HAS_LENGTHS=lengths is not out,
+                num_warps=warps_for(block),
+            )  # fmt: skip
     return out.view(*scores.shape[:-1], k)
 
 
@@ -73,12 +94,26 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
     # fmt: off
     # one compile per (BLOCK, K_POW2), whatever the line's width and k divide by
-    @triton.jit(do_not_specialize=["W", "K", "stride_s", "stride_o"])  # type: ignore[untyped-decorator]
+    @triton.jit(do_not_specialize=["W", "K", "LOW", "HIGH", "stride_s", "stride_o"])  # type: ignore[untyped-decorator]
     def _rule_top_k(  # type: ignore[no-untyped-def]
-        S, OUT, KEPT, W, K, stride_s, stride_o, stride_k, BLOCK: tl.constexpr,
+        S, OUT, KEPT, LENGTHS, W, K, LOW, HIGH, stride_s, stride_o, stride_k,
+        BLOCK: tl.constexpr, K_POW2: tl.constexpr, CHUNK: tl.constexpr, SORT: tl.constexpr,
+        HAS_LENGTHS: tl.constexpr,
+    ):
+        """The line's first W scores (HAS_LENGTHS: its live prefix, LENGTHS[line], and only
+        if LOW < it <= HIGH: another launch takes the others)."""
+        line = tl.program_id(0).to(tl.int64)
+        if HAS_LENGTHS:
+            W = tl.load(LENGTHS + line)
+        if (W > LOW) & (W <= HIGH):
+            _rule_line(S, OUT, KEPT, line, W, K, stride_s, stride_o, stride_k, BLOCK, K_POW2,
+                       CHUNK, SORT)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _rule_line(  # type: ignore[no-untyped-def]
+        S, OUT, KEPT, line, W, K, stride_s, stride_o, stride_k, BLOCK: tl.constexpr,
         K_POW2: tl.constexpr, CHUNK: tl.constexpr, SORT: tl.constexpr,
     ):
-        line = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         live = offs < W
         v = tl.load(S + line * stride_s + offs, mask=live, other=float("-inf")) + 0.0

@@ -22,11 +22,11 @@ for an 8K chunk (docs/PERFORMANCE.md). Here:
    writes those groups' indices (every group above theta and the first k equal to it: each
    holds an equal score), then reads their scores a few groups a step (GATHER), so its scans
    run over about k groups, not over every group of each step that takes one;
-4. the rule's top-k of those k + group * k candidates (triton_rule_topk, one program a line;
-   torch's top_k_positions for a k it does not take, or past RULE_KERNEL_MAX_LINES lines,
-   where torch's is faster): equal scores are in position order in
-   each region, and the regions hold no equal scores, so the candidates' order breaks ties as
-   the positions do.
+4. the rule's top-k of those k + group * k candidates (triton_rule_topk, one program a line,
+   reading each line's live prefix only: the k slots of equal scores, then the ones above
+   theta, which the compaction counts; torch's top_k_positions for a k it does not take):
+   equal scores are in position order in each region, and the regions hold no equal scores,
+   so the candidates' order breaks ties as the positions do.
 
 Every step is a device op of fixed shape (no host sync): decode rows take it in CUDA graphs.
 Lines too short to gain take step 4 alone over the whole line (torch's top-k where the rule's
@@ -40,12 +40,16 @@ import torch
 from stages.kernels import indexer_select, triton_paged_decode, triton_rule_topk
 
 GROUP = indexer_select.MAXIMA_GROUP  # scores per group whose maximum bounds the threshold
-# The one-program rule kernel up to this many lines, torch's top-k beyond: on an H100, with its
+# Without the candidates' live prefixes (CANDIDATE_PREFIX off, or a whole line's top-k), the
+# one-program rule kernel up to this many lines, torch's top-k beyond: on an H100, with its
 # step 3 a sort (triton_rule_topk.SORT), the kernel took 0.14 / 0.29 / 0.44 against torch's
 # 0.32 / 0.51 / 0.45 ms at 512 / 1,024 / 2,048 lines of k + 8k candidates (k 512), but 1.69
 # against 1.58 at 8,192 (an 8K prefill chunk's; `python -m app.bench.indexer_select --topk 512
 # --rate 4`, docs/bench/session25/call5/indexer_select.json).
 RULE_KERNEL_MAX_LINES = 2048
+# The candidates' top-k reads each line's live prefix only (k + the scores above theta, which
+# the compaction counts), on the rule's kernel at any line count (triton_rule_topk.PREFIX_BLOCK)
+CANDIDATE_PREFIX = True
 BLOCK = 2048  # scores a program reads per step
 # the compaction's (group maxima a step, warps): a program walks one whole line's maxima, and
 # reads the scores of a step's groups only if one of them may hold a candidate; theta found in
@@ -139,7 +143,8 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def compact_kernel(  # type: ignore[no-untyped-def]
-        S, M, THETA, VAL, POS, TAKEN, L, G, K, stride_s, stride_m, stride_c, GROUP: tl.constexpr,
+        S, M, THETA, VAL, POS, TAKEN, LIVE, L, G, K, stride_s, stride_m, stride_c,
+        GROUP: tl.constexpr,
         BLOCK_G: tl.constexpr, FIND_THETA: tl.constexpr, SELECT: tl.constexpr,
         RESIDENT: tl.constexpr, GATHER: tl.constexpr, GATHER_G: tl.constexpr,
     ):
@@ -153,7 +158,8 @@ if triton is not None:
         GATHER: first the indices of those groups (in position order, to TAKEN: every group
         above theta and the first K equal to it, each of which holds an equal score), then
         their scores GATHER_G groups a step: the scans run over the groups taken, not over
-        every group of a step that takes any. The same slots either way."""
+        every group of a step that takes any. The same slots either way. LIVE: K + the count
+        above theta, the slots' live prefix (every later one stays -inf)."""
         line = tl.program_id(0).to(tl.int64)
         if FIND_THETA:
             theta = _kth_largest(M + line * stride_m, G, K, SELECT, RESIDENT)
@@ -199,6 +205,7 @@ if triton is not None:
                         tl.reshape(valid, (BLOCK_G * GROUP,)), theta, above, equal, K,
                         stride_s, stride_c,
                     )
+        tl.store(LIVE + line, K + above)
     # fmt: on
 
 
@@ -278,6 +285,7 @@ def top_k_positions(
     slots = k + group * k
     values = torch.full((lines, slots), float("-inf"), device=flat.device)
     positions = torch.zeros(lines, slots, dtype=torch.long, device=flat.device)
+    live = torch.empty(lines, dtype=torch.int32, device=flat.device)  # the slots' live prefix
     if maxima is not None and (group != GROUP or maxima.shape != (lines, groups)):
         raise ValueError(f"maxima {tuple(maxima.shape)} for {lines} lines of {width} scores")
     if lines:
@@ -293,19 +301,23 @@ def top_k_positions(
             theta = maxima.topk(k, dim=-1, sorted=False).values.amin(-1).contiguous()
         taken = torch.empty(lines, 2 * k if gather else 1, dtype=torch.int32, device=flat.device)
         compact_kernel[(lines,)](
-            flat, maxima, theta, values, positions, taken, width, groups, k, flat.stride(0),
+            flat, maxima, theta, values, positions, taken, live, width, groups, k, flat.stride(0),
             maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=compact[0],
             FIND_THETA=find_theta, **_select_launch(groups), GATHER=bool(gather),
             GATHER_G=gather or 1, num_warps=compact[1],
         )  # fmt: skip
-    picked = positions.gather(-1, _rule(values, k))
+    picked = positions.gather(-1, _rule(values, k, live if CANDIDATE_PREFIX else None))
     return picked.view(*scores.shape[:-1], k)
 
 
-def _rule(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The rule's top-k of whole lines: one program a line where it fits and the lines are
+def _rule(scores: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """The rule's top-k of whole lines: one program a line where it fits and either the
+    lines' live prefixes are known (`lengths`, triton_rule_topk.rule_top_k's) or the lines are
     few (RULE_KERNEL_MAX_LINES), else torch's."""
     lines = scores.numel() // max(1, scores.shape[-1])
-    if lines <= RULE_KERNEL_MAX_LINES and triton_rule_topk.fits(scores.shape[-1], k):
-        return triton_rule_topk.rule_top_k(scores, k)
+    if triton_rule_topk.fits(scores.shape[-1], k):
+        if lengths is not None:
+            return triton_rule_topk.rule_top_k(scores, k, lengths=lengths)
+        if lines <= RULE_KERNEL_MAX_LINES:
+            return triton_rule_topk.rule_top_k(scores, k)
     return indexer_select.top_k_positions(scores, k)

@@ -205,20 +205,25 @@ def test_fp8_gemv_compiles_pipelined_without_spills(rows, swiglu):
     assert registers_and_spills(kernel)[1] == 0
 
 
-@pytest.mark.parametrize("width,k", [(576, 512), (4608, 512), (64, 37)])
+@pytest.mark.parametrize(
+    "width,k,lengths",
+    [(576, 512, False), (4608, 512, False), (64, 37, False), (2048, 512, True), (4608, 512, True)],
+)
 @pytest.mark.parametrize("sort", [True, False], ids=["sorted", "ranked"])
-def test_rule_topk_compiles(width, k, sort):
+def test_rule_topk_compiles(width, k, lengths, sort):
     """The rule's top-k in one program at a decode step's short CSA line, the compaction's
     candidates of a long one (the widest block, 16 warps) and a small line, its step 3 a sort
-    or counted ranks: nothing spilled."""
+    or counted ranks, and over the candidates' live prefixes (PREFIX_BLOCK's launch and the
+    whole lines'): nothing spilled."""
     from stages.kernels import triton_rule_topk as r
 
     block, k_pow2 = r.launch_shape(width, k)
     kernel = _compile(
         r._rule_top_k,
-        {"S": "*fp32", "OUT": "*i64", "KEPT": "*i64", "W": "i32", "K": "i32", "stride_s": "i32",
-         "stride_o": "i32", "stride_k": "i32"},
-        {"BLOCK": block, "K_POW2": k_pow2, "CHUNK": r.CHUNK, "SORT": sort},
+        {"S": "*fp32", "OUT": "*i64", "KEPT": "*i64", "LENGTHS": "*i32", "W": "i32", "K": "i32",
+         "LOW": "i32", "HIGH": "i32", "stride_s": "i32", "stride_o": "i32", "stride_k": "i32"},
+        {"BLOCK": block, "K_POW2": k_pow2, "CHUNK": r.CHUNK, "SORT": sort,
+         "HAS_LENGTHS": lengths},
         num_warps=r.warps_for(block),
     )  # fmt: skip
     assert registers_and_spills(kernel)[1] == 0  # a CHUNK of 64 spilled ~400 bytes

@@ -41,6 +41,24 @@ def test_interpreted_kernel_keeps_the_rule(triton_interpreter, n, width, k, sort
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "ranked"])
+def test_interpreted_kernel_over_live_prefixes_keeps_the_rule(
+    triton_interpreter, monkeypatch, sort
+):
+    """Lines given their live prefix (at least k, -inf past it, as triton_topk's candidates):
+    prefixes up to PREFIX_BLOCK in one launch, longer ones in the line's; ties, -0.0 and -inf
+    inside the prefixes; the rule's positions, as over whole lines."""
+    from stages.kernels import triton_rule_topk
+
+    monkeypatch.setattr(triton_rule_topk, "PREFIX_BLOCK", 64)
+    n, width, k = 6, 300, 40
+    scores = _lines(n, width, seed=7)
+    lengths = torch.tensor([40, 64, 65, 300, 41, 200], dtype=torch.int32)  # both launches
+    scores.masked_fill_(torch.arange(width)[None, :] >= lengths[:, None].long(), float("-inf"))
+    got = triton_rule_topk.rule_top_k(scores, k, sort=sort, lengths=lengths)
+    assert torch.equal(got, indexer_select.top_k_positions(scores.clone(), k))
+
+
 def test_lines_it_does_not_fit_are_refused():
     from stages.kernels import triton_rule_topk
 

@@ -58,25 +58,34 @@ def test_interpreted_topk_of_equal_and_continuous_lines(triton_interpreter):
         assert torch.equal(got, top_k_positions(scores.clone(), k)), k
 
 
+@pytest.mark.parametrize("prefix", [True, False], ids=["live-prefix", "whole-lines"])
 @pytest.mark.parametrize("lines", [2, 3])
-def test_interpreted_topk_takes_torch_for_the_candidates_of_many_lines(
-    triton_interpreter, monkeypatch, lines
+def test_interpreted_topk_takes_the_kernel_or_torch_for_the_candidates(
+    triton_interpreter, monkeypatch, lines, prefix
 ):
-    """Past RULE_KERNEL_MAX_LINES lines (a prefill chunk's) the candidates' top-k is torch's,
-    where the one-program kernel is slower; up to it, the kernel's. The picks are the rule's
-    either way."""
+    """The candidates' top-k: on the rule's kernel over each line's live prefix (the
+    compaction's count) at any line count; without the prefixes (CANDIDATE_PREFIX off), past
+    RULE_KERNEL_MAX_LINES lines (a prefill chunk's) torch's, where the one-program kernel over
+    whole lines is slower. The picks are the rule's either way."""
     from stages.kernels import triton_rule_topk, triton_topk
 
-    calls: list[int] = []
+    calls: list[tuple[int, bool]] = []
     kernel = triton_rule_topk.rule_top_k
     monkeypatch.setattr(triton_topk, "RULE_KERNEL_MAX_LINES", 2)
-    monkeypatch.setattr(
-        triton_rule_topk, "rule_top_k", lambda s, k: calls.append(s.shape[0]) or kernel(s, k)
-    )
+    monkeypatch.setattr(triton_topk, "CANDIDATE_PREFIX", prefix)
+
+    def counted(s, k, lengths=None):
+        calls.append((s.shape[0], lengths is not None))
+        return kernel(s, k, lengths=lengths)
+
+    monkeypatch.setattr(triton_rule_topk, "rule_top_k", counted)
     scores = _scores(lines, 2500, seed=lines)
     got = triton_topk.top_k_positions(scores.clone(), 100)
     assert torch.equal(got, top_k_positions(scores.clone(), 100))
-    assert calls == ([lines] if lines <= 2 else [])
+    if prefix:
+        assert calls == [(lines, True)]
+    else:
+        assert calls == ([(lines, False)] if lines <= 2 else [])
 
 
 @pytest.mark.parametrize("compact", [(4, 4), (64, 4), (1024, 16)])
@@ -156,14 +165,21 @@ def test_interpreted_threshold_is_the_kth_largest_maximum(triton_interpreter, k,
     theta = torch.empty(lines)
     values = torch.full((lines, k + group * k), float("-inf"))
     positions = torch.zeros(lines, k + group * k, dtype=torch.long)
+    live = torch.empty(lines, dtype=torch.int32)
     triton_topk.compact_kernel[(lines,)](
-        scores, maxima, theta, values, positions, torch.empty(lines, 1, dtype=torch.int32), width,
-        groups, k, scores.stride(0), maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=128,
+        scores, maxima, theta, values, positions, torch.empty(lines, 1, dtype=torch.int32), live,
+        width, groups, k, scores.stride(0), maxima.stride(0), values.stride(0), GROUP=group,
+        BLOCK_G=128,
         FIND_THETA=True,
         **(triton_topk._select_launch(groups) if resident else {"SELECT": 64, "RESIDENT": False}),
         GATHER=False, GATHER_G=1,
     )  # fmt: skip
     assert torch.equal(theta, maxima.topk(k, dim=-1).values.amin(-1))  # -0.0 == 0.0
+    # the candidates' live prefix: k slots, then one for each score above theta
+    assert torch.equal(live.long(), k + (scores > theta[:, None]).sum(1))
+    assert (values[:, : k + group * k] == float("-inf")).logical_or(
+        torch.arange(k + group * k)[None, :] < live[:, None].long()
+    ).all()
 
 
 @pytest.mark.parametrize(("k", "widest"), [(512, 262144), (2048, 1040384), (512, 10000), (16, 300)])

@@ -164,12 +164,13 @@ def test_batched_selection_equals_the_row_loop_with_ties(fp8):
 
 @pytest.mark.parametrize(
     "tokens,width,k",
-    # 1100 lines: the candidates' top-k on the rule kernel; 2100: past
-    # triton_topk.RULE_KERNEL_MAX_LINES, torch's
+    # the candidates' top-k on the rule kernel over their live prefixes; over whole lines
+    # (CANDIDATE_PREFIX off) at 1100 lines the kernel's, at 2100 (past
+    # triton_topk.RULE_KERNEL_MAX_LINES) torch's
     [(64, 300, 16), (512, 65536, 2048), (8, 400000, 512), (300, 70000, 512), (1100, 8192, 256),
      (2100, 8192, 256)],
 )
-def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k):
+def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k, monkeypatch):
     """top_k_positions on CUDA (one-block and multi-block top-k alike) keeps a stable
     descending sort's first k, in its order, on lines full of exact ties and of -0.0 beside
     0.0; torch's float top-k is checked beside it for the record only. The radix kernel
@@ -189,6 +190,8 @@ def test_tie_rule_on_cuda_is_a_stable_sort(tokens, width, k):
     # the compaction's scores read step by step of the maxima (the default reads them over the
     # taken groups' indices, triton_topk.GATHER)
     assert torch.equal(triton_topk.top_k_positions(scores.clone(), k, gather=None), want)
+    monkeypatch.setattr(triton_topk, "CANDIDATE_PREFIX", False)
+    assert torch.equal(triton_topk.top_k_positions(scores.clone(), k), want)
     assert torch.equal(top_k_positions(scores, k), want)
 
 

@@ -1,7 +1,8 @@
 """The rule's top-k in one program (stages/kernels/triton_rule_topk.py) on CUDA against
 indexer_select.top_k_positions, the rule every selection path keeps: a one-row and a 512-row
 decode step's short CSA lines, an 8K chunk's compaction candidates (k + 8k a line), the widest
-line it takes; ReLU zeros, -0.0, repeats and -inf tails; and replayed in a CUDA graph."""
+line it takes; ReLU zeros, -0.0, repeats and -inf tails; the candidates read to their live
+prefixes; and replayed in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -36,12 +37,33 @@ def test_kernel_keeps_the_rule(n, width, k, sort):
     assert torch.equal(got, indexer_select.top_k_positions(scores.clone(), k))
 
 
-def test_graph_replay_equals_eager():
-    scores = _lines(64, 576, seed=1)
-    triton_rule_topk.rule_top_k(scores, 512)  # compiled before the capture
+def _prefixed(n: int, width: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lines with a live prefix each (k to the whole line, both launches'), -inf past it."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lengths = torch.randint(k, width + 1, (n,), generator=g, device="cuda").int()
+    lengths[: n // 2] = torch.randint(k, 2 * k, (n // 2,), generator=g, device="cuda").int()
+    scores = _lines(n, width, seed)
+    past = torch.arange(width, device="cuda")[None, :] >= lengths[:, None].long()
+    return scores.masked_fill_(past, float("-inf")), lengths
+
+
+@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "ranked"])
+def test_kernel_over_live_prefixes_keeps_the_rule(sort):
+    scores, lengths = _prefixed(8192, 4608, 512, seed=5)
+    got = triton_rule_topk.rule_top_k(scores, 512, sort=sort, lengths=lengths)
+    assert torch.equal(got, indexer_select.top_k_positions(scores.clone(), 512))
+
+
+@pytest.mark.parametrize("prefixes", [False, True], ids=["whole-lines", "live-prefixes"])
+def test_graph_replay_equals_eager(prefixes):
+    scores, lengths = _prefixed(64, 4608, 512, seed=1)
+    given = lengths if prefixes else None
+    triton_rule_topk.rule_top_k(scores, 512, lengths=given)  # compiled before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        picked = triton_rule_topk.rule_top_k(scores, 512)
-    scores.copy_(_lines(64, 576, seed=2))
+        picked = triton_rule_topk.rule_top_k(scores, 512, lengths=given)
+    new, new_lengths = _prefixed(64, 4608, 512, seed=2)
+    scores.copy_(new)
+    lengths.copy_(new_lengths)
     graph.replay()
     assert torch.equal(picked, indexer_select.top_k_positions(scores.clone(), 512))
