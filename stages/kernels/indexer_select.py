@@ -145,9 +145,14 @@ def scores_with_maxima(
     weights: torch.Tensor,
     scale: float,
     plan: SelectPlan,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(scores, their group maxima) from the kernels' indexer_logits_rows `score`, which
-    writes both as it scores; index_topk takes the maxima with the scores."""
+    writes both as it scores; index_topk takes the maxima with the scores. A plan of decode
+    rows only gets none: for so few lines the decode kernel's maxima cost more than the
+    top-k's own pass (512 rows x 64K keys on an H100: scores 3.37 -> 3.77 ms, the top-k
+    0.35 -> 0.32; docs/bench/session26/call1)."""
+    if not plan.chunk_tiles.shape[0]:
+        return score(q, keys, weights, scale, plan), None
     maxima = maxima_buffer(q.shape[0], plan.key_slots.shape[1], q.device)
     return score(q, keys, weights, scale, plan, maxima=maxima), maxima
 

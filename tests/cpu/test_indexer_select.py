@@ -19,6 +19,7 @@ from stages.kernels.indexer_select import (
     group_maxima,
     logits_rows_reference,
     maxima_buffer,
+    scores_with_maxima,
     topk_slots,
 )
 from stages.models.dsa import SparseRows
@@ -112,6 +113,26 @@ def test_interpreted_kernel_matches_reference(triton_interpreter):
     assert torch.equal(maxima, group_maxima(out, torch.empty_like(maxima)))
     assert torch.equal(ref_maxima, group_maxima(ref, torch.empty_like(maxima)))
     assert torch.equal(ref_maxima == float("-inf"), maxima == float("-inf"))
+
+
+def test_scores_come_with_their_maxima_unless_the_plan_is_decode_rows_only():
+    """scores_with_maxima: a plan with a chunk gets the scores' group maxima for the top-k; a
+    plan of decode rows only gets none (the top-k then finds them itself)."""
+    q, keys, weights, g = _inputs(11, ties=True)
+    rows, t = _rows(g)
+    mixed = decode_plan(rows, "cpu")
+    scores, maxima = scores_with_maxima(
+        logits_rows_reference, q[:t], keys, weights[:t], 0.25, mixed
+    )
+    assert maxima is not None
+    assert torch.equal(maxima, group_maxima(scores, torch.empty_like(maxima)))
+    decode_only = decode_plan([r for r in rows if r[1] == 1], "cpu")
+    assert decode_only.chunk_tiles.shape[0] == 0
+    n = decode_only.token_index.shape[0]
+    scores, maxima = scores_with_maxima(
+        logits_rows_reference, q[:n], keys, weights[:n], 0.25, decode_only
+    )
+    assert maxima is None and scores.shape == (n, decode_only.key_slots.shape[1])
 
 
 # -- the tie rule, as a property of every batch ----------------------------------------------
