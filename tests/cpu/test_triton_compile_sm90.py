@@ -164,7 +164,7 @@ def test_topk_compaction_compiles(groups, find_theta, gather):
     # theta read, or found with the maxima in registers, or walked
     select = {"FIND_THETA": find_theta, **triton_topk._select_launch(groups)}
     sig = {"S": "*fp32", "M": "*fp32", "THETA": "*fp32", "VAL": "*fp32", "POS": "*i64",
-           "TAKEN": "*i32"}  # fmt: skip
+           "TAKEN": "*i32", "LIVE": "*i32"}  # fmt: skip
     _compile(
         triton_topk.compact_kernel,
         {**sig, "L": "i32", "G": "i32", "K": "i32", "stride_s": "i64", "stride_m": "i64",
