@@ -237,11 +237,13 @@ class Kernels:
     # (q [T,Hi,D], k [L,D], weights [T,Hi] fp32, scale) -> [T,L] fp32:
     # sum_h weights[t,h] * relu(scale * q[t,h].k[l]); the model masks causally, takes top-k
     indexer_logits: Callable[..., Any] | None = None
-    # (q [Ts,Hi,D], keys [slots,D], weights [Ts,Hi] fp32, scale, SelectPlan) -> [Ts,Lmax] fp32,
-    # -inf where a token does not see the key
+    # (q [Ts,Hi,D], keys [slots,D], weights [Ts,Hi] fp32, scale, SelectPlan, maxima=None)
+    # -> [Ts,Lmax] fp32, -inf where a token does not see the key; maxima: a buffer
+    # (indexer_select.maxima_buffer) also filled with the scores' group maxima
     indexer_logits_rows: Callable[..., Any] | None = None
-    # (scores [N, L] fp32, k) -> [N, k] long: each line's top k positions under the selection
-    # rule (highest score, then lower position), in that order
+    # (scores [N, L] fp32, k, maxima=None) -> [N, k] long: each line's top k positions under
+    # the selection rule (highest score, then lower position), in that order; maxima: the
+    # scores' group maxima where the scores op wrote them
     index_topk: Callable[..., Any] | None = None
     # (q [T,H,D], kv [N,D], indices [T,K] (-1: none), sinks [H] fp32, scale) -> [T,H,D]
     sparse_sink_attention: Callable[..., Any] | None = None

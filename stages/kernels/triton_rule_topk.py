@@ -68,19 +68,18 @@ def rule_top_k(
     out = torch.empty(lines, k, dtype=torch.long, device=flat.device)
     kept = torch.empty(lines, launch_shape(width, k)[1], dtype=torch.long, device=flat.device)
     # (widest line read, lines whose prefix is in (low, high]): one launch, or two by prefix
-    if lengths is None:
-        launches, lengths = [(width, -1, width)], out  # lengths unread
-    else:
+    launches = [(width, -1, width)]
+    if lengths is not None:
         short = launch_shape(min(width, PREFIX_BLOCK), k)[0]
         launches = [(short, -1, short)] + ([(width, short, width)] if width > short else [])
     if lines:
         for widest, low, high in launches:
             block, k_pow2 = launch_shape(widest, k)
             _rule_top_k[(lines,)](
-                flat, out, kept, lengths, width, k, low, high, flat.stride(0), out.stride(0),
-                kept.stride(0), BLOCK=block, K_POW2=k_pow2, CHUNK=CHUNK,
-                SORT=SORT if sort is None else sort, HAS_LENGTHS=lengths is not out,
-                num_warps=warps_for(block),
+                flat, out, kept, out if lengths is None else lengths, width, k, low, high,
+                flat.stride(0), out.stride(0), kept.stride(0), BLOCK=block, K_POW2=k_pow2,
+                CHUNK=CHUNK, SORT=SORT if sort is None else sort,
+                HAS_LENGTHS=lengths is not None, num_warps=warps_for(block),
             )  # fmt: skip
     return out.view(*scores.shape[:-1], k)
 
