@@ -1,7 +1,8 @@
-"""The Triton kernels of the MoE, the GEMMs, the indexer and its top-k compile for an H200
-(sm_90) on a machine with no GPU (triton.compile with an explicit target, the wheel's own ptxas):
-catches type and shape errors before device time is spent. Skipped without triton; slow (tens of
-seconds). DeepSeek-V4's layer kernels: test_triton_compile_sm90_v4.py."""
+"""The Triton kernels of the MoE, the GEMMs and the indexer compile for an H200 (sm_90) on a
+machine with no GPU (triton.compile with an explicit target, the wheel's own ptxas): catches
+type and shape errors before device time is spent. Skipped without triton; slow (tens of
+seconds). DeepSeek-V4's layer kernels: test_triton_compile_sm90_v4.py; the indexer's top-k:
+test_triton_compile_sm90_topk.py."""
 
 from __future__ import annotations
 
@@ -156,31 +157,6 @@ def test_query_quantizer_compiles():
     _compile(triton_indexer._quantize_kernel(), sig, {**shape, "FP8_MAX": fp8_latent.FP8_MAX})
 
 
-@pytest.mark.parametrize("groups,find_theta", [(8192, False), (8192, True), (32768, True)])
-@pytest.mark.parametrize("gather", [None, 32], ids=["by-step", "gather"])
-def test_topk_compaction_compiles(groups, find_theta, gather):
-    from stages.kernels import triton_topk
-
-    # theta read, or found with the maxima in registers, or walked
-    select = {"FIND_THETA": find_theta, **triton_topk._select_launch(groups)}
-    sig = {"S": "*fp32", "M": "*fp32", "THETA": "*fp32", "VAL": "*fp32", "POS": "*i64",
-           "TAKEN": "*i32", "LIVE": "*i32"}  # fmt: skip
-    _compile(
-        triton_topk.compact_kernel,
-        {**sig, "L": "i32", "G": "i32", "K": "i32", "stride_s": "i64", "stride_m": "i64",
-         "stride_c": "i64"},
-        {"GROUP": triton_topk.GROUP, "BLOCK_G": triton_topk.COMPACT[0], **select,
-         "GATHER": bool(gather), "GATHER_G": gather or 1},
-        num_warps=triton_topk.COMPACT[1],
-    )
-    _compile(
-        triton_topk.maxima_kernel,
-        {"S": "*fp32", "M": "*fp32", "L": "i32", "G": "i32", "stride_s": "i64", "stride_m": "i64"},
-        {"GROUP": triton_topk.GROUP, "BLOCK": triton_topk.BLOCK},
-        num_warps=4,
-    )
-
-
 @pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "swiglu-linear"])
 @pytest.mark.parametrize("rows", [1, 2, 4])
 def test_fp8_gemv_compiles_pipelined_without_spills(rows, swiglu):
@@ -203,30 +179,6 @@ def test_fp8_gemv_compiles_pipelined_without_spills(rows, swiglu):
     ptx = kernel.asm["ptx"]
     assert "cp.async" in ptx and "div.rn.f32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert registers_and_spills(kernel)[1] == 0
-
-
-@pytest.mark.parametrize(
-    "width,k,lengths",
-    [(576, 512, False), (4608, 512, False), (64, 37, False), (2048, 512, True), (4608, 512, True)],
-)
-@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "ranked"])
-def test_rule_topk_compiles(width, k, lengths, sort):
-    """The rule's top-k in one program at a decode step's short CSA line, the compaction's
-    candidates of a long one (the widest block, 16 warps) and a small line, its step 3 a sort
-    or counted ranks, and over the candidates' live prefixes (PREFIX_BLOCK's launch and the
-    whole lines'): nothing spilled."""
-    from stages.kernels import triton_rule_topk as r
-
-    block, k_pow2 = r.launch_shape(width, k)
-    kernel = _compile(
-        r._rule_top_k,
-        {"S": "*fp32", "OUT": "*i64", "KEPT": "*i64", "LENGTHS": "*i32", "W": "i32", "K": "i32",
-         "LOW": "i32", "HIGH": "i32", "stride_s": "i32", "stride_o": "i32", "stride_k": "i32"},
-        {"BLOCK": block, "K_POW2": k_pow2, "CHUNK": r.CHUNK, "SORT": sort,
-         "HAS_LENGTHS": lengths},
-        num_warps=r.warps_for(block),
-    )  # fmt: skip
-    assert registers_and_spills(kernel)[1] == 0  # a CHUNK of 64 spilled ~400 bytes
 
 
 @pytest.mark.parametrize("dim", [128, 64, 100])
