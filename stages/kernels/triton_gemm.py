@@ -321,6 +321,10 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    # the block-scaled K loops (dot_rows, triton_moe_fp8's TMA one) load the next K tile's
+    # scales a step ahead; False: each step's own, as before (the device A/B's switch)
+    SCALES_AHEAD = tl.constexpr(False)
+
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
     def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):  # type: ignore[no-untyped-def]
@@ -383,16 +387,29 @@ if triton is not None:
         BLOCK_SCALED: FP8 operands whose K tiles each take a_s[row, ki] * w_s[ki] (as_ptr: the
         activations' group scales, ws_ptr: the output tile's row of weight block scales)."""
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(tl.cdiv(K, BLOCK_K)):
-            ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-            kmask = ks[None, :] < K
-            a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)
-            w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=kmask, other=0.0)
-            if BLOCK_SCALED:
-                a_s = tl.load(as_ptr + rows * stride_as + ki)
-                w_s = tl.load(ws_ptr + ki)
+        if BLOCK_SCALED:
+            k_tiles = tl.cdiv(K, BLOCK_K)
+            a_s_next, w_s_next = tl.load(as_ptr + rows * stride_as), tl.load(ws_ptr)
+            for ki in range(k_tiles):
+                # the next K tile's scales loaded a step ahead: the pipeliner takes only the
+                # loads that feed the dot, so these were each step's wait on memory
+                a_s, w_s = a_s_next, w_s_next
+                ahead = tl.minimum(ki + 1, k_tiles - 1) if SCALES_AHEAD else ki
+                a_s_next = tl.load(as_ptr + rows * stride_as + ahead)
+                w_s_next = tl.load(ws_ptr + ahead)
+                if not SCALES_AHEAD:
+                    a_s, w_s = a_s_next, w_s_next
+                ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+                kmask = ks[None, :] < K
+                a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)
+                w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=kmask, other=0.0)
                 acc += tl.dot(a, w.T) * (a_s[:, None] * w_s)
-            else:
+        else:
+            for ki in range(tl.cdiv(K, BLOCK_K)):
+                ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+                kmask = ks[None, :] < K
+                a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)
+                w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=kmask, other=0.0)
                 acc = tl.dot(a, w.T, acc)
         return acc
     # fmt: on

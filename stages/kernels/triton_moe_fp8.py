@@ -284,7 +284,7 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
     from stages.kernels.triton_fp8_act import _quantize_store, swiglu_steps
-    from stages.kernels.triton_gemm import _tile_coords, dot_rows
+    from stages.kernels.triton_gemm import SCALES_AHEAD, _tile_coords, dot_rows
 
     _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -307,13 +307,20 @@ if triton is not None:
             w_scales = ws_ptr + expert * stride_wse + pid_n * stride_wsn
             if TMA:
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for ki in range(tl.cdiv(K, BLOCK_K)):  # dot_rows's K loop, tiles through TMA
+                k_tiles = tl.cdiv(K, BLOCK_K)
+                a_scales = as_ptr + rows.to(tl.int64) * stride_as
+                a_s_next, w_s_next = tl.load(a_scales), tl.load(w_scales)
+                for ki in range(k_tiles):  # dot_rows's K loop (scales a step ahead), TMA tiles
+                    a_s, w_s = a_s_next, w_s_next
+                    ahead = tl.minimum(ki + 1, k_tiles - 1) if SCALES_AHEAD else ki
+                    a_s_next, w_s_next = tl.load(a_scales + ahead), tl.load(w_scales + ahead)
+                    if not SCALES_AHEAD:
+                        a_s, w_s = a_s_next, w_s_next
                     a = a_ptr.load([pid_m * BLOCK_M, ki * BLOCK_K])
                     w = tl.reshape(w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_N,
                                                ki * BLOCK_K]),
                                    (BLOCK_N, BLOCK_K))
-                    a_s = tl.load(as_ptr + rows.to(tl.int64) * stride_as + ki)
-                    acc += tl.dot(a, w.T) * (a_s[:, None] * tl.load(w_scales + ki))
+                    acc += tl.dot(a, w.T) * (a_s[:, None] * w_s)
             else:
                 cols_safe = tl.where(cols < N, cols, 0).to(tl.int64)
                 acc = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr, w_scales,
