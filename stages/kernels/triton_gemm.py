@@ -323,7 +323,7 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
     # the block-scaled K loops (dot_rows, triton_moe_fp8's TMA one) load the next K tile's
     # scales a step ahead; False: each step's own, as before (the device A/B's switch)
-    SCALES_AHEAD = tl.constexpr(False)
+    SCALES_AHEAD = tl.constexpr(True)
 
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
