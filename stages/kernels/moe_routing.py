@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from stages.kernels import pdl
+
 # pairs (tokens x k) counted and planned in one program: a 512-row decode step's 512 x 7
 ONE_PROGRAM_PAIRS = 4096
 
@@ -131,15 +133,16 @@ def _route_gather(
         cursors = torch.empty(num_experts, dtype=torch.int32, device=device)
         _count_plan[(1,)](
             ids, cursors, n, *plan_outs, BLOCK_N=max(16, triton.next_power_of_2(n)),
-            BLOCK_E=triton.next_power_of_2(num_experts + 1), **plan_blocks,
+            BLOCK_E=triton.next_power_of_2(num_experts + 1), **plan_blocks, **pdl.options(ids),
         )  # fmt: skip
     else:
         counters = torch.zeros(2, num_experts, dtype=torch.int32, device=device)
         block = 256
-        _count[(triton.cdiv(n, block),)](ids, counters, n, BLOCK=block)
+        _count[(triton.cdiv(n, block),)](ids, counters, n, BLOCK=block, **pdl.options(ids))
         _plan[(1,)](
-            counters, *plan_outs, BLOCK_E=triton.next_power_of_2(num_experts), **plan_blocks
-        )
+            counters, *plan_outs, BLOCK_E=triton.next_power_of_2(num_experts), **plan_blocks,
+            **pdl.options(ids),
+        )  # fmt: skip
         cursors = counters[1]
     pairs = 16
     _scatter[(triton.cdiv(n, pairs),)](
@@ -162,6 +165,7 @@ def _route_gather(
         BLOCK_H=256,
         SCALES=scales is not None,
         BLOCK_S=triton.next_power_of_2(1 if scales is None else scales.shape[1]),
+        **pdl.options(ids),
     )
     return Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m), a, a_scale
 
@@ -173,9 +177,13 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def _count(ids_ptr, counts_ptr, N, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _count(  # type: ignore[no-untyped-def]
+        ids_ptr, counts_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+    ):
+        enter(PDL)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         expert = tl.load(ids_ptr + offs, mask=offs < N, other=-1).to(tl.int32)
         keep = expert >= 0  # -1: a pick no expert here runs
@@ -194,7 +202,9 @@ if triton is not None:
         BLOCK_E: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_R: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         es = tl.arange(0, BLOCK_E)
         counts = tl.load(counters_ptr + es, mask=es < E, other=0)
         _plan_counts(
@@ -227,9 +237,11 @@ if triton is not None:
         BLOCK_E: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_R: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """_count and _plan of up to BLOCK_N pairs in one program: the counts a histogram (a
         skipped pick, id -1, in bin E, past the experts), _scatter's cursors zeroed."""
+        enter(PDL)
         offs = tl.arange(0, BLOCK_N)
         expert = tl.load(ids_ptr + offs, mask=offs < N, other=-1).to(tl.int32)
         counts = tl.histogram(tl.where(expert >= 0, expert, E), BLOCK_E, mask=offs < N)
@@ -303,7 +315,9 @@ if triton is not None:
         BLOCK_H: tl.constexpr,
         SCALES: tl.constexpr,
         BLOCK_S: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         pairs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
         expert = tl.load(ids_ptr + pairs, mask=pairs < N, other=-1).to(tl.int32)
         keep = expert >= 0

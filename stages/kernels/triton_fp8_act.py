@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_ref
+from stages.kernels import fp8_ref, pdl
 from stages.kernels.fallbacks import record_fallback
 
 # (rows a program, warps): each program quantizes one 128-wide group of its rows. LAUNCH: the
@@ -60,6 +60,7 @@ def quantize_act(
             BLOCK_M=block_m,
             GROUP=fp8_ref.BLOCK,
             num_warps=warps,
+            **pdl.options(x),
         )
     return q, scale
 
@@ -122,7 +123,7 @@ def _swiglu_quantize(
             0.0 if limit is None else rounded(limit, gate_up.dtype), HAS_LIMIT=limit is not None,
             HAS_LIVE=live is not None, CUDA_EXP=gate_up.is_cuda,
             INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=block_m,
-            GROUP=fp8_ref.BLOCK, num_warps=warps,
+            GROUP=fp8_ref.BLOCK, num_warps=warps, **pdl.options(gate_up),
         )  # fmt: skip
     return q, scale
 
@@ -152,6 +153,8 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
+
     # fmt: off
 
     @triton.jit  # type: ignore[untyped-decorator]
@@ -194,8 +197,9 @@ if triton is not None:
     def _quantize_1x128(  # type: ignore[no-untyped-def]
         x_ptr, q_ptr, s_ptr, M, R, K, stride_xm, stride_qm, stride_sm, stride_sg,
         INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-        GROUP: tl.constexpr,
+        GROUP: tl.constexpr, PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         group = tl.program_id(1)
         cols = group * GROUP + tl.arange(0, GROUP)
@@ -212,11 +216,12 @@ if triton is not None:
         x_ptr, q_ptr, s_ptr, live_ptr, M, R, K, stride_xm, stride_qm, stride_sm, stride_sg,
         limit, HAS_LIMIT: tl.constexpr, HAS_LIVE: tl.constexpr, CUDA_EXP: tl.constexpr,
         INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-        GROUP: tl.constexpr,
+        GROUP: tl.constexpr, PDL: tl.constexpr = False,
     ):
         """torch_ref.swiglu's bf16 steps (silu rounded to x's dtype, then the product) over x's
         halves [gate | up], each 128-wide group of the result quantized as _quantize_1x128;
         HAS_LIVE: only the rows whose live_ptr entry is >= 0 read and written."""
+        enter(PDL)
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         group = tl.program_id(1)
         cols = group * GROUP + tl.arange(0, GROUP)

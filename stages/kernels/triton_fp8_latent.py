@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import fp8_indexer, fp8_indexer_layout, fp8_latent, fp8_v4, fp8_v4_layout
+from stages.kernels import fp8_indexer, fp8_indexer_layout, fp8_latent, fp8_v4, fp8_v4_layout, pdl
 from stages.kernels.fallbacks import record_fallback
 
 
@@ -50,6 +50,7 @@ def write(flat: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None
         TILE=fp8_latent.TILE,
         FP8_MAX=fp8_latent.FP8_MAX,
         num_warps=4,
+        **pdl.options(flat),
     )
 
 
@@ -77,6 +78,7 @@ def write_indexer_key(pages: torch.Tensor, keys: torch.Tensor, slots: torch.Tens
         BLOCK=triton.next_power_of_2(dim),
         FP8_MAX=fp8_latent.FP8_MAX,
         num_warps=1,
+        **pdl.options(pages),
     )
 
 
@@ -105,6 +107,7 @@ def write_v4(pages: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> 
         TILE=fp8_v4_layout.TILE,
         FP8_MAX=fp8_latent.FP8_MAX,
         num_warps=4,
+        **pdl.options(pages),
     )
 
 
@@ -115,6 +118,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _pow2_scale(x, FP8_MAX: tl.constexpr, AXIS: tl.constexpr = 0):  # type: ignore[no-untyped-def]
@@ -138,7 +142,9 @@ if triton is not None:
         ROPE: tl.constexpr,
         TILE: tl.constexpr,
         FP8_MAX: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         tiles: tl.constexpr = NOPE // TILE
@@ -166,7 +172,9 @@ if triton is not None:
         DIM: tl.constexpr,
         BLOCK: tl.constexpr,
         FP8_MAX: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         block, entry = slot // entries, slot % entries
@@ -192,7 +200,9 @@ if triton is not None:
         ROPE: tl.constexpr,
         TILE: tl.constexpr,
         FP8_MAX: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         block, offset = slot // entries, slot % entries

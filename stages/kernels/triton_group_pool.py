@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from stages.kernels import group_pool as reference
+from stages.kernels import pdl
 from stages.kernels.fallbacks import record_fallback
 
 # elements of a program's [slots, channels] tile (a heavily compressed group: 128 x 32)
@@ -96,7 +97,7 @@ def launch(
         inputs, slots, first, first if live is None else live, bias, out,
         w, inputs.stride(0), slots.stride(0), bias.stride(0), out.stride(0),
         RATE=rate, OVERLAP=overlap, LIVE=live is not None, CUDA_EXP=inputs.is_cuda,
-        BLOCK_S=block_s, BLOCK_W=block_w, num_warps=num_warps, **options,
+        BLOCK_S=block_s, BLOCK_W=block_w, num_warps=num_warps, **options, **pdl.options(out),
     )  # fmt: skip
     return out
 
@@ -109,6 +110,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
     # fmt: off
 
     @triton.jit  # type: ignore[untyped-decorator]
@@ -116,7 +118,9 @@ if triton is not None:
         in_ptr, slot_ptr, first_ptr, live_ptr, bias_ptr, out_ptr, W, stride_in, stride_slot,
         stride_bias, stride_out, RATE: tl.constexpr, OVERLAP: tl.constexpr, LIVE: tl.constexpr,
         CUDA_EXP: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         g = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
         if LIVE:  # a group that does not complete is zeros, as the torch form's empty softmax

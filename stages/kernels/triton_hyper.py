@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import hyper_connection
+from stages.kernels import hyper_connection, pdl
 from stages.kernels.fallbacks import record_fallback
 
 BLOCK_T, BLOCK_K, BLOCK_D = 16, 128, 256
@@ -112,7 +112,7 @@ def launch_mix(
     _project[(blocks, split)](
         x, w, parts, squares, t, k, m, k_per_split,
         BLOCK_T=block_t, BLOCK_K=BLOCK_K, BLOCK_M=triton.next_power_of_2(max(m, 16)),
-        PRECISION=precision, num_warps=warps,
+        PRECISION=precision, num_warps=warps, **pdl.options(x),
     )  # fmt: skip
     block_t, block_d, finish_warps = finish_tile(t, n, d)
     post = torch.empty(t, n, dtype=torch.float32, device=x.device)
@@ -124,7 +124,7 @@ def launch_mix(
         collapsed, weight.float().contiguous(), t, d, split, iters, eps, norm_eps, 1.0 / d,
         out_eps, N=n, NORM=out_norm is not None, CUDA_RSQRT=x.is_cuda, BLOCK_T=block_t,
         BLOCK_D=block_d, SPLIT_BLOCK=min(triton.next_power_of_2(split), 64 // block_t),
-        num_warps=finish_warps,
+        num_warps=finish_warps, **pdl.options(x),
     )  # fmt: skip
     return post, comb, collapsed
 
@@ -163,7 +163,7 @@ def merge(
     grid = (triton.cdiv(t, BLOCK_T), triton.cdiv(d, BLOCK_D))
     _merge[grid](
         x, o, post.float().contiguous(), comb.float().contiguous(), result, t, d,
-        N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4,
+        N=n, BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, num_warps=4, **pdl.options(x),
     )  # fmt: skip
     return result
 
@@ -176,15 +176,17 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _project(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, part_ptr, sq_ptr, T, K, M, K_PER_SPLIT,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
         """part[s, t, :M] = x[t, ks] @ w[:, ks].T and sq[s, t] = sum(x[t, ks]^2) over split s's
         slice ks of K; x [T, K] bf16, w [M, K] fp32."""
+        enter(PDL)
         split = tl.program_id(1)
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         cols = tl.arange(0, BLOCK_M)
@@ -226,12 +228,13 @@ if triton is not None:
         part_ptr, sq_ptr, base_ptr, scale_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, w_ptr, T, D,
         SPLIT, iters, eps, norm_eps, inv_d, out_eps, N: tl.constexpr, NORM: tl.constexpr,
         CUDA_RSQRT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-        SPLIT_BLOCK: tl.constexpr,
+        SPLIT_BLOCK: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
         """Each token's mix row [pre N | post N | comb N x N] from the partial sums and the RMS
         factor; pre, post and the Sinkhorn-normalised comb; out[t] = sum_i pre[t, i] * x[t, i]
         (NORM: then V4RMSNorm's (out * rsqrt(mean(out^2) + out_eps)) * w in fp32, cast once,
         as rms_norm_fp32's kernel, over the rounded out)."""
+        enter(PDL)
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         row_ok = rows < T
         i = tl.arange(0, N)
@@ -340,10 +343,11 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def _merge(  # type: ignore[no-untyped-def]
         x_ptr, o_ptr, post_ptr, comb_ptr, y_ptr, T, D,
-        N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
     ):  # fmt: skip
         """y[t, j] = round(post[t, j] * o[t]) + round(sum_i comb[t, i, j] * x[t, i]), with post
         and comb first rounded to the streams' dtype, as the torch form computes it."""
+        enter(PDL)
         rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         ds = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         row_ok, d_ok = rows < T, ds < D

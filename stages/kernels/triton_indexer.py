@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from stages.kernels import triton_fp8_latent, triton_paged_decode
+from stages.kernels import pdl, triton_fp8_latent, triton_paged_decode
 from stages.kernels.fallbacks import KernelTarget, Refusal, record_fallback
 
 BLOCK_T, BLOCK_L = 64, 128
@@ -149,11 +149,13 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     def chunk_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, M, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
                      stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot, stride_m,
                      HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr,
-                     BL: tl.constexpr, KEY_FP8: tl.constexpr, GROUP: tl.constexpr):
+                     BL: tl.constexpr, KEY_FP8: tl.constexpr, GROUP: tl.constexpr,
+                     PDL: tl.constexpr = False):
         """Up to BT tokens of one row x BL of its keys: logits_kernel's arithmetic (KEY_FP8:
         Q and K e4m3, KS each key's float32 scale). Slot s is entry s % ENTRIES of block
         s // ENTRIES (fp8_indexer's pages; bf16 keys are one entry's values after another).
         GROUP (> 0): M also gets each GROUP columns' maximum."""
+        pdl.enter(PDL)
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 3).to(tl.int64)
         first = tl.load(TILES + tile * 3 + 1)
@@ -199,9 +201,10 @@ def _rows_kernels() -> tuple[Any, Any]:  # Triton JITFunctions (untyped)
     def decode_kernel(Q, K, KS, W, SLOTS, VISIBLE, TILES, OUT, M, LMAX, ENTRIES, stride_qt,  # type: ignore[no-untyped-def]
                       stride_qh, stride_kb, stride_sb, stride_wt, stride_sr, stride_ot, stride_m,
                       HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BL: tl.constexpr,
-                      KEY_FP8: tl.constexpr, GROUP: tl.constexpr):
+                      KEY_FP8: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr = False):
         """One token (a decode row) x BL of its keys; the index heads are the MMA's rows.
         GROUP as chunk_kernel's."""
+        pdl.enter(PDL)
         tile = tl.program_id(0)
         row = tl.load(TILES + tile * 2).to(tl.int64)
         tok = tl.load(TILES + tile * 2 + 1).to(tl.int64)
@@ -247,9 +250,10 @@ def _quantize_kernel() -> Any:  # a Triton JITFunction (untyped)
     @triton.jit  # type: ignore[untyped-decorator]
     def quantize_kernel(Q, W, QOUT, WOUT, T, scale, stride_qt, stride_qh, stride_wt,  # type: ignore[no-untyped-def]
                         HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS: tl.constexpr,
-                        FP8_MAX: tl.constexpr):
+                        FP8_MAX: tl.constexpr, PDL: tl.constexpr = False):
         """fp8_indexer.quantize_queries of TOKENS tokens (each head its power-of-two scale,
         the same bits), and their head weights times the softmax scale and that scale."""
+        pdl.enter(PDL)
         offs_d = tl.arange(0, HEAD_DIM)
         hs = tl.arange(0, HEADS)
         for i in tl.static_range(TOKENS):
@@ -285,6 +289,7 @@ def quantize_queries(
         _quantize_kernel()[(-(-ts // QUANTIZE_TOKENS),)](
             q, weights, values, scaled, ts, scale, q.stride(0), q.stride(1), weights.stride(0),
             HEADS=heads, HEAD_DIM=dim, TOKENS=QUANTIZE_TOKENS, FP8_MAX=fp8_latent.FP8_MAX,
+            **pdl.options(values),
         )  # fmt: skip
     return values, scaled
 
@@ -382,6 +387,7 @@ def indexer_logits_rows(
             num_warps=config.warps,
             num_stages=config.stages,
             maxnreg=config.maxnreg,
+            **pdl.options(out),
         )
     if plan.decode_tiles.shape[0]:
         grid = (plan.decode_tiles.shape[0], -(-lmax // decode.block_l))
@@ -399,6 +405,7 @@ def indexer_logits_rows(
             KEY_FP8=fp8,
             GROUP=group,
             num_warps=decode.warps,
+            **pdl.options(out),
         )
     return out
 

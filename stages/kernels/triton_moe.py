@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import torch_ref
+from stages.kernels import pdl, torch_ref
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather
 from stages.kernels.moe_tuning import MoeConfig, TileConfig, pick_moe_config
@@ -167,6 +167,7 @@ def gate_up_silu(
         WARP_SPECIALIZE=g.warp_specialize,
         num_warps=g.num_warps,
         num_stages=g.num_stages,
+        **pdl.options(h),
     )
     return h
 
@@ -205,6 +206,7 @@ def down_scatter(
         WARP_SPECIALIZE=d.warp_specialize,
         num_warps=d.num_warps,
         num_stages=d.num_stages,
+        **pdl.options(y),
     )
     return y
 
@@ -216,6 +218,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
     from stages.kernels.triton_gemm import _tile_coords
 
     # fmt: off
@@ -223,8 +226,10 @@ if triton is not None:
     def _gate_up_silu(a_desc, w_desc, h_desc, tile_expert_ptr, num_tiles_ptr, INTER, H,  # type: ignore[no-untyped-def]
                       num_progs, LIMIT, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                      PDL: tl.constexpr = False):
         """h[rows of tile m, n tile] = silu(a @ gate[e].T) * (a @ up[e].T), e = tile's expert."""
+        enter(PDL)
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = (INTER + BLOCK_N - 1) // BLOCK_N
         k_tiles = (H + BLOCK_K - 1) // BLOCK_K
@@ -260,8 +265,10 @@ if triton is not None:
     def _down_scatter(h_desc, d_desc, y_ptr, pair_ptr, weight_ptr, tile_expert_ptr,  # type: ignore[no-untyped-def]
                       num_tiles_ptr, H, INTER, num_progs, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                      FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                      PDL: tl.constexpr = False):
         """y[pair of row] = weight of row * (h[row] @ down[e].T) for the rows of each tile."""
+        enter(PDL)
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = (H + BLOCK_N - 1) // BLOCK_N
         k_tiles = (INTER + BLOCK_K - 1) // BLOCK_K

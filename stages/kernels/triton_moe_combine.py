@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from stages.kernels import pdl
+
 # tokens x channels of a program (a 4096-wide hidden row: 8 programs across it)
 BLOCK_T, BLOCK_H = 4, 512
 
@@ -30,7 +32,7 @@ def combine(y: torch.Tensor, topk_ids: torch.Tensor, dtype: torch.dtype) -> torc
     grid = (triton.cdiv(t, BLOCK_T), triton.cdiv(hidden, BLOCK_H))
     _combine[grid](
         y, topk_ids, out, t, hidden, y.stride(0), topk_ids.stride(0), out.stride(0),
-        K=k, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, num_warps=4,
+        K=k, BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, num_warps=4, **pdl.options(y),
     )  # fmt: skip
     return out
 
@@ -42,13 +44,16 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
+
     # fmt: off
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _combine(  # type: ignore[no-untyped-def]
         y_ptr, ids_ptr, out_ptr, T, H, stride_y, stride_ids, stride_out, K: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         in_t, in_h = rows < T, (cols < H)[None, :]

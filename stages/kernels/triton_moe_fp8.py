@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from stages.kernels import fp8_ref, triton_fp8_act
+from stages.kernels import fp8_ref, pdl, triton_fp8_act
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather_scaled
 from stages.kernels.triton_gemm import num_sms
@@ -169,6 +169,7 @@ def grouped_gemm(
         GROUP_M=8,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl.options(c),
     )
     return c
 
@@ -211,6 +212,7 @@ def gate_up_swiglu(
         HAS_LIMIT=limit is not None, CUDA_EXP=q.is_cuda, H_DTYPE=_TL_DTYPES[dtype],
         INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=r.block_m,
         BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8, num_warps=num_warps, num_stages=num_stages,
+        **pdl.options(hq),
     )  # fmt: skip
     return hq, hs
 
@@ -283,6 +285,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
     from stages.kernels.triton_fp8_act import _quantize_store, swiglu_steps
     from stages.kernels.triton_gemm import SCALES_AHEAD, _tile_coords, dot_rows
 
@@ -295,8 +298,10 @@ if triton is not None:
         weight_ptr, N, K, num_progs, stride_am, stride_as, stride_we, stride_wn, stride_wse,
         stride_wsn, stride_cm, SCATTER: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """TMA: a_ptr and w_ptr are descriptors ([rows, K] and [E, N, K]), else pointers."""
+        enter(PDL)
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = tl.cdiv(N, BLOCK_N)
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs):
@@ -344,11 +349,12 @@ if triton is not None:
         stride_qm, stride_qsm, limit, HAS_LIMIT: tl.constexpr, CUDA_EXP: tl.constexpr,
         H_DTYPE: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr,
+        GROUP_M: tl.constexpr, PDL: tl.constexpr = False,
     ):
         """For each (M tile, 128-wide column group n): gate = a @ w[n].T and up = a @ w[I/128 +
         n].T with _grouped_w8a8's K loop (dot_rows, one after the other), rounded to H_DTYPE,
         through swiglu_steps, quantized as one 1 x 128 group, stored at the tile's real rows."""
+        enter(PDL)
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = INTER // BLOCK_N
         for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, num_progs):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from stages.kernels import pdl
 from stages.kernels import rope_tail as reference
 from stages.kernels.fallbacks import record_fallback
 
@@ -117,7 +118,7 @@ def launch(
         1.0 / d, 0.0 if norm_eps is None else norm_eps,
         R=r, NORM=norm, WEIGHTED=weight is not None, CUDA_RSQRT=x.is_cuda, BLOCK_H=block_h,
         BLOCK_D=block_d, num_warps=num_warps,
-        **options,
+        **options, **pdl.options(x),
     )  # fmt: skip
     return x
 
@@ -152,7 +153,7 @@ def launch_angles(
             positions, inv_freq.contiguous(), cos, sin, n, half, scaling,
             ROUND_BF16=dtype == torch.bfloat16, ROUND_F16=dtype == torch.float16,
             CUDA_MATH=positions.is_cuda, BLOCK_N=ANGLE_ROWS,
-            BLOCK_H=triton.next_power_of_2(half), num_warps=1, **options,
+            BLOCK_H=triton.next_power_of_2(half), num_warps=1, **options, **pdl.options(cos),
         )  # fmt: skip
     return cos, sin
 
@@ -183,7 +184,7 @@ def launch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         rows, weight, out, rows.shape[0], d, rows.stride(0), out.stride(0),
         1.0 / d, eps,
         CUDA_RSQRT=x.is_cuda, BLOCK_R=NORM_ROWS, BLOCK_D=triton.next_power_of_2(d),
-        num_warps=8, **options,
+        num_warps=8, **options, **pdl.options(out),
     )  # fmt: skip
     return out.view(x.shape)
 
@@ -196,6 +197,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
     # fmt: off
 
     @triton.jit  # type: ignore[untyped-decorator]
@@ -203,7 +205,9 @@ if triton is not None:
         x_ptr, cos_ptr, sin_ptr, w_ptr, H, D, stride_t, stride_h, stride_c, stride_s, inv_d,
         eps, R: tl.constexpr, NORM: tl.constexpr, WEIGHTED: tl.constexpr,
         CUDA_RSQRT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         in_h = (heads < H)[:, None]
@@ -248,8 +252,10 @@ if triton is not None:
         pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF, scaling, ROUND_BF16: tl.constexpr,
         ROUND_F16: tl.constexpr, CUDA_MATH: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """cos / signed sin per channel of positions x inv_freq (rope_tail.rope_angles)."""
+        enter(PDL)
         rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
         j = tl.arange(0, BLOCK_H)
         ok = (rows < N)[:, None] & (j < HALF)[None, :]
@@ -274,8 +280,10 @@ if triton is not None:
     def _rms_norm(  # type: ignore[no-untyped-def]
         x_ptr, w_ptr, out_ptr, N, D, stride_x, stride_o, inv_d, eps,
         CUDA_RSQRT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """out = (x * rsqrt(mean(x^2) + eps)) * w in fp32, cast to x's dtype, per row."""
+        enter(PDL)
         rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
         cols = tl.arange(0, BLOCK_D)[None, :]
         mask = (rows < N) & (cols < D)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from stages.kernels import pdl
 from stages.kernels import route_topk as reference
 from stages.kernels.fallbacks import record_fallback
 
@@ -98,7 +99,7 @@ def launch(
             K=k, SQRTSOFTPLUS=scoring == "sqrtsoftplus", PICK=ids is None, COPY=copied,
             EXTRA=extra is not None, CUDA_MATH=logits.is_cuda, BLOCK_T=BLOCK_T,
             BLOCK_E=triton.next_power_of_2(experts), K_POW2=triton.next_power_of_2(k),
-            num_warps=4, **options,
+            num_warps=4, **options, **pdl.options(weights),
         )  # fmt: skip
     return weights, picked
 
@@ -111,6 +112,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
     # fmt: off
 
     @triton.jit  # type: ignore[untyped-decorator]
@@ -119,9 +121,11 @@ if triton is not None:
         stride_w, scale, extra, K: tl.constexpr, SQRTSOFTPLUS: tl.constexpr,
         PICK: tl.constexpr, COPY: tl.constexpr, EXTRA: tl.constexpr, CUDA_MATH: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, K_POW2: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """PICK: the top K by score + bias, stored at ids; else the K given ids (a hash
         layer's), copied to ids with COPY. EXTRA: column K of ids and weights is `extra`, 1."""
+        enter(PDL)
         rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
         cols = tl.arange(0, BLOCK_E)
         in_t = rows < T

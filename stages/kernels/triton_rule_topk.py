@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from stages.kernels import pdl
+
 MAX_WIDTH = 8192  # scores a program holds: 16 warps, 16 of each of its arrays a thread
 MAX_K = 1024  # step 3's [k, CHUNK] comparisons stay in registers
 CHUNK = 16  # kept keys compared a step: [K_POW2, CHUNK] int64 fits the registers (64 spilled)
@@ -79,7 +81,7 @@ def rule_top_k(
                 flat, out, kept, out if lengths is None else lengths, width, k, low, high,
                 flat.stride(0), out.stride(0), kept.stride(0), BLOCK=block, K_POW2=k_pow2,
                 CHUNK=CHUNK, SORT=SORT if sort is None else sort,
-                HAS_LENGTHS=lengths is not None, num_warps=warps_for(block),
+                HAS_LENGTHS=lengths is not None, num_warps=warps_for(block), **pdl.options(out),
             )  # fmt: skip
     return out.view(*scores.shape[:-1], k)
 
@@ -91,6 +93,8 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
+
     # fmt: off
     # one compile per (BLOCK, K_POW2), whatever the line's width and k divide by
     @triton.jit(do_not_specialize=["W", "K", "LOW", "HIGH", "stride_s", "stride_o"])  # type: ignore[untyped-decorator]
@@ -98,9 +102,11 @@ if triton is not None:
         S, OUT, KEPT, LENGTHS, W, K, LOW, HIGH, stride_s, stride_o, stride_k,
         BLOCK: tl.constexpr, K_POW2: tl.constexpr, CHUNK: tl.constexpr, SORT: tl.constexpr,
         HAS_LENGTHS: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """The line's first W scores (HAS_LENGTHS: its live prefix, LENGTHS[line], and only
         if LOW < it <= HIGH: another launch takes the others)."""
+        enter(PDL)
         line = tl.program_id(0).to(tl.int64)
         if HAS_LENGTHS:
             W = tl.load(LENGTHS + line)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from stages.kernels import indexer_select, triton_paged_decode, triton_rule_topk
+from stages.kernels import indexer_select, pdl, triton_paged_decode, triton_rule_topk
 
 GROUP = indexer_select.MAXIMA_GROUP  # scores per group whose maximum bounds the threshold
 # Without the candidates' live prefixes (CANDIDATE_PREFIX off, or a whole line's top-k), the
@@ -81,10 +81,14 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
+
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
-    def maxima_kernel(S, M, L, G, stride_s, stride_m, GROUP: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def maxima_kernel(S, M, L, G, stride_s, stride_m, GROUP: tl.constexpr, BLOCK: tl.constexpr,  # type: ignore[no-untyped-def]
+                      PDL: tl.constexpr = False):
         """Each group of GROUP scores' maximum (the line's tail past L as -inf)."""
+        enter(PDL)
         line = tl.program_id(0).to(tl.int64)
         groups = tl.program_id(1) * (BLOCK // GROUP) + tl.arange(0, BLOCK // GROUP)
         offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -147,6 +151,7 @@ if triton is not None:
         GROUP: tl.constexpr,
         BLOCK_G: tl.constexpr, FIND_THETA: tl.constexpr, SELECT: tl.constexpr,
         RESIDENT: tl.constexpr, GATHER: tl.constexpr, GATHER_G: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """theta, the K-th largest of a line's group maxima M (FIND_THETA: found here and
         written to THETA; else read from it); then the line's scores above theta to slots
@@ -160,6 +165,7 @@ if triton is not None:
         their scores GATHER_G groups a step: the scans run over the groups taken, not over
         every group of a step that takes any. The same slots either way. LIVE: K + the count
         above theta, the slots' live prefix (every later one stays -inf)."""
+        enter(PDL)
         line = tl.program_id(0).to(tl.int64)
         if FIND_THETA:
             theta = _kth_largest(M + line * stride_m, G, K, SELECT, RESIDENT)
@@ -293,7 +299,7 @@ def top_k_positions(
             maxima = torch.empty(lines, groups, device=flat.device)
             maxima_kernel[(lines, triton.cdiv(groups * group, BLOCK))](
                 flat, maxima, width, groups, flat.stride(0), maxima.stride(0), GROUP=group,
-                BLOCK=BLOCK, num_warps=4,
+                BLOCK=BLOCK, num_warps=4, **pdl.options(maxima),
             )  # fmt: skip
         if find_theta:
             theta = torch.empty(lines, device=flat.device)
@@ -304,7 +310,7 @@ def top_k_positions(
             flat, maxima, theta, values, positions, taken, live, width, groups, k, flat.stride(0),
             maxima.stride(0), values.stride(0), GROUP=group, BLOCK_G=compact[0],
             FIND_THETA=find_theta, **_select_launch(groups), GATHER=bool(gather),
-            GATHER_G=gather or 1, num_warps=compact[1],
+            GATHER_G=gather or 1, num_warps=compact[1], **pdl.options(values),
         )  # fmt: skip
     picked = positions.gather(-1, _rule(values, k, live if CANDIDATE_PREFIX else None))
     return picked.view(*scores.shape[:-1], k)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from stages.kernels import pdl
 from stages.kernels import v4_paged_index as reference
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.v4_paged_index import RateIndex, WindowIndex
@@ -79,7 +80,7 @@ def launch_window(
         _window_index[(n,)](
             positions, lengths, table_rows, block_tables, indices, slots,
             block_tables.stride(0), block_tables.shape[1], block_size, window,
-            BLOCK_W=triton.next_power_of_2(window), num_warps=1,
+            BLOCK_W=triton.next_power_of_2(window), num_warps=1, **pdl.options(slots),
         )  # fmt: skip
     return WindowIndex(indices, slots)
 
@@ -118,7 +119,7 @@ def launch_rate(
             scratch_slot // block_size * per_block,
             RATE=rate, DENSE=dense, BLOCK_M=min(entries_a_step, triton.next_power_of_2(most)),
             BLOCK_G=triton.next_power_of_2(2 * rate), BLOCK_W=triton.next_power_of_2(window),
-            num_warps=4,
+            num_warps=4, **pdl.options(positions),
         )  # fmt: skip
     return out
 
@@ -130,6 +131,7 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
+    from stages.kernels.pdl import enter
     # fmt: off
 
     @triton.jit
@@ -150,7 +152,9 @@ if triton is not None:
     def _window_index(  # type: ignore[no-untyped-def]
         pos_ptr, len_ptr, trow_ptr, tab_ptr, idx_ptr, slot_ptr, stride_tab, max_cols, BS, W,
         BLOCK_W: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         i = tl.program_id(0).to(tl.int64)
         pos = tl.load(pos_ptr + i).to(tl.int64)
         live = tl.load(len_ptr + i) > 0
@@ -167,7 +171,9 @@ if triton is not None:
         input_ptr, first_ptr, gpos_ptr, entry_ptr, completes_ptr, dense_ptr, stride_tab,
         max_cols, N, BS, W, MOST, scratch_entry, RATE: tl.constexpr, DENSE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_W: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
+        enter(PDL)
         i = tl.program_id(0).to(tl.int64)
         per_block = BS // RATE
         pos = tl.load(pos_ptr + i).to(tl.int64)
