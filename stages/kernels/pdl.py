@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-# the device A/B's switch (docs/bench/scripts/session27_call4.sh): off, every launch is a plain one
+# off: every launch a plain one (the one-row V4 decode step 4-5 % slower, docs/PERFORMANCE.md)
 ENABLED = True
 
 

@@ -322,7 +322,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
     # the block-scaled K loops (dot_rows, triton_moe_fp8's TMA one) load the next K tile's
-    # scales a step ahead; False: each step's own, as before (the device A/B's switch)
+    # scales a step ahead (V4's FP8 decode step faster, its prefill alike: docs/PERFORMANCE.md,
+    # session 27); False: each step's own
     SCALES_AHEAD = tl.constexpr(True)
 
     # fmt: off

@@ -9,7 +9,10 @@ multiple of 4: chunk cuts fall inside CSA groups), the first prompt with more CS
 index_topk (65 entries: 260 tokens); V3.2's block (64), the chunk size and index_topk (128).
 16 greedy tokens cross more while decoding: V4's 127-token prompt the window and first HCA
 group, its 250-token one the second HCA group and top-k, its 4090-token one the decode graphs'
-first select width (4096: it and every row batched with it move to the 4352-wide graphs); V3.2's
+first select width (4096: it and every row batched with it move to the 4736-wide graphs), and
+the ones around 4,608 tokens the indexer top-k's compaction (triton_topk: lines of 2(k + 8k) =
+1,152 CSA entries or more, and every line of a batch as wide; the 4736-wide graphs' rows too);
+V3.2's
 120-token prompt passes top-k (from the dense graphs to the selecting ones). Each prompt is
 served alone, then all at once, then staggered (tests/gpu/conftest.py's stream_staggered:
 waves of 1-3 requests, long and short alternating, each wave arriving once the one before has
@@ -79,6 +82,7 @@ from typing import Any
 import pytest
 
 from stages.kernels import flash_mla
+from stages.kernels.indexer_select import MAXIMA_GROUP
 from tests.deepseek_v4_ref import write_checkpoint
 from tests.gpu.conftest import stream_staggered
 from tests.gpu.test_deepseek_decode_graphs import FLASH_V32, graphed_and_eager, ray_gpu  # noqa: F401
@@ -131,9 +135,12 @@ def around(*edges: int) -> set[int]:
     return {n + d for n in edges for d in (-1, 0, 1)}
 
 
-V4_LEN = 4352  # past V4's first graph width (4096): a second one, 4352 wide
+# past V4's first graph width (4096) and the compaction's first line: a second width, 37 blocks
+V4_LEN = 4736
 V4 = dict(FLASH_V4, max_position_embeddings=V4_LEN)
 CSA_RATE, HCA_RATE = V4["compress_rates"].values()
+# the first prompt whose last row's CSA line the top-k compacts (triton_topk.top_k_positions)
+COMPACTED = CSA_RATE * 2 * (V4["index_topk"] + MAXIMA_GROUP * V4["index_topk"])
 CASES = {
     "v4": Case(
         V4,
@@ -144,7 +151,7 @@ CASES = {
             sorted(
                 {1, 250, 300, 4090}
                 | around(CSA_RATE, V4["sliding_window"], HCA_RATE, CHUNK)
-                | around(CSA_RATE * (V4["index_topk"] + 1) - 1)
+                | around(CSA_RATE * (V4["index_topk"] + 1) - 1, COMPACTED)
             )
         ),
     ),
