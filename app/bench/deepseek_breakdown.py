@@ -35,6 +35,7 @@ from app.bench.moe import expert_loads
 from app.bench.standin import SPIN_KERNEL, PendingRecvStandin
 from app.bench.target import kv_block_size, shape_config, stage_args
 from stages.forward_batch import ForwardBatch
+from stages.kernels import pdl
 from stages.kernels.registry import Kernels, fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
@@ -410,7 +411,9 @@ def main() -> None:
         layers, prompt, chunk, rows, ctx = map(int, nums)
         results.append(run(shape, layers, prompt, chunk, rows, ctx, setting))
     with open(a.out, "w") as f:
-        json.dump({"env": {"torch": torch.__version__}, "cases": results}, f, indent=1)
+        # kernel times include PDL's waits when pdl is on (stages/kernels/pdl.py)
+        env = {"torch": torch.__version__, "pdl": pdl.ENABLED}
+        json.dump({"env": env, "cases": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from app.bench.deepseek_breakdown import profiled
 from app.bench.target import kv_block_size, stage_args, v4_flash_bench_config
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
+from stages.kernels import pdl
 from stages.kernels.registry import fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
@@ -107,6 +108,9 @@ def run(
         "kv_cache_dtype": kv_cache_dtype,
         "kernels": kernels.names,
         "capture": capture,
+        # launched with PDL, a kernel's profiled time includes its wait for the one before, so
+        # kernels_ms over-counts (stages/kernels/pdl.py); the step time does not
+        "pdl": pdl.ENABLED,
         "rows": {},
     }
     ids = torch.randint(3, args.vocab_size, (max_rows,), device="cuda")
