@@ -21,6 +21,8 @@ from app.bench.fp8_moe import (
     MOE_DECODE_SHAPES,
     MOE_LOOP_SWEEP,
     MOE_TILE_SHAPES,
+    SWIGLU_LAUNCH_TOKENS,
+    SWIGLU_LAUNCHES,
     moe_loop_rows,
     moe_swiglu_rows,
     moe_tile_rows,
@@ -358,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--moe-swiglu", action="store_true", help="only the fused gate/up epilogue against unfused"
     )
+    p.add_argument(
+        "--moe-swiglu-launches",
+        action="store_true",
+        help="only the fused gate/up at 1-16 rows over (warps, stages)",
+    )
     p.add_argument("--moe-loops", action="store_true", help="only the MoE GEMMs at programs an SM")
     p.add_argument(
         "--moe-loop-shapes", action="store_true", help="with --moe-loops: two launches, each shape"
@@ -393,8 +400,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(a.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "launches": launches}, f)
         return 0
-    if a.moe_swiglu:
-        rows = moe_swiglu_rows()
+    if a.moe_swiglu or a.moe_swiglu_launches:
+        rows = (
+            moe_swiglu_rows(SWIGLU_LAUNCH_TOKENS, SWIGLU_LAUNCHES)
+            if a.moe_swiglu_launches
+            else moe_swiglu_rows()
+        )
         if a.out:
             with open(a.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "moe_swiglu": rows}, f, indent=1)

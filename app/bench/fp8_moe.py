@@ -116,10 +116,21 @@ def moe_tile_rows(
 MOE_SWIGLU_TOKENS = (1, 8, 16, 32, 64, 512, 8192)
 
 
-def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[str, Any]]:
+# (warps, stages) of the fused gate/up at a few decode rows (`--moe-swiglu-launches`): a one-row
+# step's largest kernel streams its experts at ~1.75 TB/s on an H100 at the decode tiles' (4, 5)
+SWIGLU_LAUNCH_TOKENS = (1, 4, 16)
+SWIGLU_LAUNCHES = tuple((w, s) for w in (4, 8) for s in (3, 4, 5, 6, 7))
+
+
+def moe_swiglu_rows(
+    tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS,
+    launches: tuple[tuple[int, int], ...] = (),
+) -> list[dict[str, Any]]:
     """V4-Flash's gate/up GEMM with the SwiGLU and the down GEMM's quantizer in its epilogue
     (triton_moe_fp8.gate_up_swiglu) against the GEMM then the fused quantizer over the layout
-    (the path before it), at the tiles the MoE picks; each row says whether their bytes agree."""
+    (the path before it), at the tiles the MoE picks; each row says whether their bytes agree.
+    launches: (warps, stages) to time the fused kernel at besides, each row with its time and
+    whether its bytes equal the picked launch's."""
     import triton.testing
 
     from stages.kernels import triton_fp8_act, triton_moe_fp8
@@ -160,6 +171,18 @@ def moe_swiglu_rows(tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS) -> list[dict[st
             "fused_ms": round(triton.testing.do_bench(fused), 4),
             "same_bits": same,
         }
+        for lw, ls in launches:
+
+            def other(lw: int = lw, ls: int = ls) -> tuple[torch.Tensor, torch.Tensor]:
+                return triton_moe_fp8.gate_up_swiglu(
+                    a, a_s, gq, gs, r, grid, x.dtype, limit, lw, ls
+                )
+
+            oq, os_ = other()
+            row[f"fused_ms_{lw}w{ls}s"] = round(triton.testing.do_bench(other), 4)
+            row[f"same_bits_{lw}w{ls}s"] = torch.equal(
+                oq[real].view(torch.uint8), fq[real].view(torch.uint8)
+            ) and torch.equal(os_[real], fs[real])
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
