@@ -15,11 +15,12 @@ sed -i 's/^    SCALES_AHEAD = tl.constexpr(True)$/    SCALES_AHEAD = tl.constexp
   /tmp/soff/stages/kernels/triton_gemm.py
 grep -c "^ENABLED = False$" /tmp/pdloff/stages/kernels/pdl.py
 grep -c "SCALES_AHEAD = tl.constexpr(False)$" /tmp/soff/stages/kernels/triton_gemm.py
-in_copy() { local dir=$1; shift; bash -c "cd /tmp/$dir && PYTHONPATH=/tmp/site:/tmp/$dir $*"; }
 D="python3 -m app.bench.v4_decode --context 512 --quantization fp8 --kv-cache-dtype fp8 --rows 1,512"
 LIMIT=170 step decode_on_1 $D --out "$R/decode_on_1.json"
-LIMIT=110 step decode_pdloff_1 in_copy pdloff "$D --out $R/decode_pdloff_1.json"
-LIMIT=110 step decode_soff_1 in_copy soff "$D --out $R/decode_soff_1.json"
+# step runs its command under timeout, so a copy's run is a bash -c, not a shell function
+for v in pdloff soff; do
+  LIMIT=110 step decode_${v}_1 bash -c "cd /tmp/$v && PYTHONPATH=/tmp/site:/tmp/$v $D --out $R/decode_${v}_1.json"
+done
 left=$((${DEADLINE:-575} - SECONDS))
 [ $left -gt 60 ] && LIMIT=$((left - 5)) step gpu_tests $GPU_PYTEST tests/gpu/test_deepseek_v4_decode_graphs.py \
   "${KERNEL_TESTS[@]:0:5}" tests/gpu/test_triton_hyper.py tests/gpu/test_triton_rope.py
