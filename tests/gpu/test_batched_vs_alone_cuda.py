@@ -12,8 +12,7 @@ group, its 250-token one the second HCA group and top-k, its 4090-token one the 
 first select width (4096: it and every row batched with it move to the 4736-wide graphs), and
 the ones around 4,608 tokens the indexer top-k's compaction (triton_topk: lines of 2(k + 8k) =
 1,152 CSA entries or more, and every line of a batch as wide; the 4736-wide graphs' rows too);
-V3.2's
-120-token prompt passes top-k (from the dense graphs to the selecting ones). Each prompt is
+V3.2's 120-token prompt passes top-k (from the dense graphs to the selecting ones). Each prompt is
 served alone, then all at once, then staggered (tests/gpu/conftest.py's stream_staggered:
 waves of 1-3 requests, long and short alternating, each wave arriving once the one before has
 streamed 3 tokens: prefill chunks, cut short by the token budget, share forwards with other
