@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Session 27, call 6 (one GPU, whichever comes, in the ~300 s of device time left; carry as call
-# 4): on an H200 the ttft-v4-flash-fp8 rows of record at this tree (PDL, the scales a step
-# ahead); on an H100 the fused gate/up MoE at 1-16 decode rows over (warps, stages)
-# (app.bench.fp8 --moe-swiglu-launches), then the decode tile sweep of the grouped GEMMs.
+# Session 27, call 6 (one GPU, whichever comes; carry as call 4; not run: the budget was out):
+# first the GPU tests of the kernels now launched with PDL that only ran through V4's paths
+# (V3.2's decode graphs and DSA, the indexer, the rule's and the router's top-k); then on an
+# H200 the ttft-v4-flash-fp8 rows of record at this tree (PDL, the scales a step ahead); on an
+# H100 the fused gate/up MoE at 1-16 decode rows over (warps, stages) (app.bench.fp8
+# --moe-swiglu-launches), then the decode tile sweep of the grouped GEMMs.
 set -u
 . docs/bench/scripts/host_env.sh
+LIMIT=240 step pdl_tests python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
+  tests/gpu/test_deepseek_decode_graphs.py tests/gpu/test_dsa_cuda.py \
+  tests/gpu/test_indexer_kernel.py tests/gpu/test_rule_topk_cuda.py tests/gpu/test_route_topk_cuda.py
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   LIMIT=260 step ttft-v4-flash-fp8 python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
     --device cuda --timeout 255 --out "$R/suite"
