@@ -116,21 +116,24 @@ def moe_tile_rows(
 MOE_SWIGLU_TOKENS = (1, 8, 16, 32, 64, 512, 8192)
 
 
-# (warps, stages) of the fused gate/up at a few decode rows (`--moe-swiglu-launches`): a one-row
-# step's largest kernel streams its experts at ~1.75 TB/s on an H100 at the decode tiles' (4, 5)
+# (warps, stages, gate and up side by side) of the fused gate/up at a few decode rows
+# (`--moe-swiglu-launches`): a one-row step's largest kernel streams its experts at ~1.75 TB/s
+# on an H100 at the decode tiles' (4, 5), one after the other
 SWIGLU_LAUNCH_TOKENS = (1, 4, 16)
-SWIGLU_LAUNCHES = tuple((w, s) for w in (4, 8) for s in (3, 4, 5, 6, 7))
+SWIGLU_LAUNCHES = tuple((w, s, False) for w in (4, 8) for s in (3, 4, 5, 6, 7)) + tuple(
+    (8, s, True) for s in (3, 4, 5)
+)
 
 
 def moe_swiglu_rows(
     tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS,
-    launches: tuple[tuple[int, int], ...] = (),
+    launches: tuple[tuple[int, int, bool], ...] = (),
 ) -> list[dict[str, Any]]:
     """V4-Flash's gate/up GEMM with the SwiGLU and the down GEMM's quantizer in its epilogue
     (triton_moe_fp8.gate_up_swiglu) against the GEMM then the fused quantizer over the layout
     (the path before it), at the tiles the MoE picks; each row says whether their bytes agree.
-    launches: (warps, stages) to time the fused kernel at besides, each row with its time and
-    whether its bytes equal the picked launch's."""
+    launches: (warps, stages, side by side) to time the fused kernel at besides, each row with
+    its time and whether its bytes equal the picked launch's."""
     import triton.testing
 
     from stages.kernels import triton_fp8_act, triton_moe_fp8
@@ -171,16 +174,19 @@ def moe_swiglu_rows(
             "fused_ms": round(triton.testing.do_bench(fused), 4),
             "same_bits": same,
         }
-        for lw, ls in launches:
+        for lw, ls, side in launches:
 
-            def other(lw: int = lw, ls: int = ls) -> tuple[torch.Tensor, torch.Tensor]:
+            def other(
+                lw: int = lw, ls: int = ls, side: bool = side
+            ) -> tuple[torch.Tensor, torch.Tensor]:
                 return triton_moe_fp8.gate_up_swiglu(
-                    a, a_s, gq, gs, r, grid, x.dtype, limit, lw, ls
+                    a, a_s, gq, gs, r, grid, x.dtype, limit, lw, ls, side_by_side=side
                 )
 
             oq, os_ = other()
-            row[f"fused_ms_{lw}w{ls}s"] = round(triton.testing.do_bench(other), 4)
-            row[f"same_bits_{lw}w{ls}s"] = torch.equal(
+            name = f"{lw}w{ls}s" + ("_side_by_side" if side else "")
+            row[f"fused_ms_{name}"] = round(triton.testing.do_bench(other), 4)
+            row[f"same_bits_{name}"] = torch.equal(
                 oq[real].view(torch.uint8), fq[real].view(torch.uint8)
             ) and torch.equal(os_[real], fs[real])
         print(json.dumps(row), flush=True)
