@@ -321,11 +321,6 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
-    # the block-scaled K loops (dot_rows, triton_moe_fp8's TMA one) load the next K tile's
-    # scales a step ahead (V4's FP8 decode step faster, its prefill alike: docs/PERFORMANCE.md,
-    # session 27); False: each step's own
-    SCALES_AHEAD = tl.constexpr(True)
-
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
     def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):  # type: ignore[no-untyped-def]
@@ -395,11 +390,9 @@ if triton is not None:
                 # the next K tile's scales loaded a step ahead: the pipeliner takes only the
                 # loads that feed the dot, so these were each step's wait on memory
                 a_s, w_s = a_s_next, w_s_next
-                ahead = tl.minimum(ki + 1, k_tiles - 1) if SCALES_AHEAD else ki
+                ahead = tl.minimum(ki + 1, k_tiles - 1)
                 a_s_next = tl.load(as_ptr + rows * stride_as + ahead)
                 w_s_next = tl.load(ws_ptr + ahead)
-                if not SCALES_AHEAD:
-                    a_s, w_s = a_s_next, w_s_next
                 ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
                 kmask = ks[None, :] < K
                 a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)

@@ -297,7 +297,7 @@ except ImportError:  # pragma: no cover - depends on the install
 if triton is not None:
     from stages.kernels.pdl import enter
     from stages.kernels.triton_fp8_act import _quantize_store, swiglu_steps
-    from stages.kernels.triton_gemm import SCALES_AHEAD, _tile_coords, dot_rows
+    from stages.kernels.triton_gemm import _tile_coords, dot_rows
 
     _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -327,10 +327,8 @@ if triton is not None:
                 a_s_next, w_s_next = tl.load(a_scales), tl.load(w_scales)
                 for ki in range(k_tiles):  # dot_rows's K loop (scales a step ahead), TMA tiles
                     a_s, w_s = a_s_next, w_s_next
-                    ahead = tl.minimum(ki + 1, k_tiles - 1) if SCALES_AHEAD else ki
+                    ahead = tl.minimum(ki + 1, k_tiles - 1)
                     a_s_next, w_s_next = tl.load(a_scales + ahead), tl.load(w_scales + ahead)
-                    if not SCALES_AHEAD:
-                        a_s, w_s = a_s_next, w_s_next
                     a = a_ptr.load([pid_m * BLOCK_M, ki * BLOCK_K])
                     w = tl.reshape(w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_N,
                                                ki * BLOCK_K]),
@@ -414,11 +412,9 @@ if triton is not None:
         g_s_next, u_s_next = tl.load(gate_scales), tl.load(up_scales)
         for ki in range(k_tiles):
             a_s, g_s, u_s = a_s_next, g_s_next, u_s_next
-            ahead = tl.minimum(ki + 1, k_tiles - 1) if SCALES_AHEAD else ki
+            ahead = tl.minimum(ki + 1, k_tiles - 1)
             a_s_next = tl.load(a_scales + ahead)
             g_s_next, u_s_next = tl.load(gate_scales + ahead), tl.load(up_scales + ahead)
-            if not SCALES_AHEAD:
-                a_s, g_s, u_s = a_s_next, g_s_next, u_s_next
             ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
             kmask = ks[None, :] < K
             a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=kmask, other=0.0)

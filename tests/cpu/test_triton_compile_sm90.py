@@ -344,9 +344,9 @@ def test_fp8_gate_up_swiglu_compiles_within_shared_memory(tiles):
     assert "cp.async" in kernel.asm["ptx"]  # the loads pipelined
     assert kernel.metadata.shared <= SM90_SHARED_BYTES, kernel.metadata.shared
     # a few registers spilled at the decode tiles: 28 bytes, which the SASS showed before the
-    # first K loop and after the last, and 44 with the scales loaded a step ahead
-    # (triton_gemm.SCALES_AHEAD, whose one-row step was faster, docs/PERFORMANCE.md session 27;
-    # those 44 not located); gate and up in two accumulators at 4 warps spilled 128
+    # first K loop and after the last, and 44 with the scales loaded a step ahead (dot_rows,
+    # whose one-row step was faster, docs/PERFORMANCE.md session 27; those 44 not located);
+    # gate and up in two accumulators at 4 warps spilled 128
     assert registers_and_spills(kernel)[1] <= 48
     assert "div.rn.f32" in kernel.asm["ptx"]
 
