@@ -241,7 +241,7 @@ if triton is not None:
         ij = i[:, None] * N + i[None, :]  # [N, N]: comb[i, j]
         pre_w = tl.zeros((BLOCK_T, N), dtype=tl.float32)
         post_w = tl.zeros((BLOCK_T, N), dtype=tl.float32)
-        comb_w = tl.zeros((BLOCK_T, N, N), dtype=tl.float32)
+        comb_w = tl.zeros((BLOCK_T, N * N), dtype=tl.float32)
         squares = tl.zeros((BLOCK_T,), dtype=tl.float32)
         ss = tl.arange(0, SPLIT_BLOCK)
         for s0 in range(0, SPLIT, SPLIT_BLOCK):  # SPLIT_BLOCK splits' partial sums a load
@@ -253,7 +253,7 @@ if triton is not None:
                 tl.load(mix_row[:, :, None] + N + i, mask=ok[:, :, None], other=0.0), 0
             )
             comb_w += tl.sum(
-                tl.load(mix_row[:, :, None, None] + 2 * N + ij, mask=ok[:, :, None, None],
+                tl.load(mix_row[:, :, None] + 2 * N + tl.arange(0, N * N), mask=ok[:, :, None],
                         other=0.0),
                 0,
             )  # fmt: skip
@@ -265,7 +265,7 @@ if triton is not None:
         pre = tl.sigmoid(pre_w * s_pre + tl.load(base_ptr + i)[None, :]) + eps
         post_w = post_w * factor[:, None]
         post = 2 * tl.sigmoid(post_w * s_post + tl.load(base_ptr + N + i)[None, :])
-        comb_w = comb_w * factor[:, None, None]
+        comb_w = tl.reshape(comb_w, (BLOCK_T, N, N)) * factor[:, None, None]
         logits = comb_w * s_comb + tl.load(base_ptr + 2 * N + ij)[None, :, :]
         logits = logits - tl.max(logits, axis=2)[:, :, None]
         e = tl.exp(logits)
