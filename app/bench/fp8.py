@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--moe-swiglu-launches",
         action="store_true",
-        help="only the fused gate/up at 1-16 rows over (warps, stages, gate and up side by side)",
+        help="only the fused gate/up at 1-16 rows over (warps, stages)",
     )
     p.add_argument("--moe-loops", action="store_true", help="only the MoE GEMMs at programs an SM")
     p.add_argument(

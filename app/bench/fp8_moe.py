@@ -116,24 +116,22 @@ def moe_tile_rows(
 MOE_SWIGLU_TOKENS = (1, 8, 16, 32, 64, 512, 8192)
 
 
-# (warps, stages, gate and up side by side) of the fused gate/up at a few decode rows
-# (`--moe-swiglu-launches`): a one-row step's largest kernel streams its experts at ~1.75 TB/s
-# on an H100 at the decode tiles' (4, 5), one after the other
+# (warps, stages) of the fused gate/up at a few decode rows besides its SWIGLU_LAUNCH
+# (`--moe-swiglu-launches`): gate and up side by side on 8 warps at 4 stages took a one-row
+# V4-Flash FP8 step 0.09 ms under gate then up on 4 warps at 5 (docs/PERFORMANCE.md, session 28)
 SWIGLU_LAUNCH_TOKENS = (1, 4, 16)
-SWIGLU_LAUNCHES = tuple((w, s, False) for w in (4, 8) for s in (3, 4, 5, 6, 7)) + tuple(
-    (8, s, True) for s in (3, 4, 5)
-)
+SWIGLU_LAUNCHES = ((8, 3), (8, 5), (8, 6), (16, 4))
 
 
 def moe_swiglu_rows(
     tokens: tuple[int, ...] = MOE_SWIGLU_TOKENS,
-    launches: tuple[tuple[int, int, bool], ...] = (),
+    launches: tuple[tuple[int, int], ...] = (),
 ) -> list[dict[str, Any]]:
     """V4-Flash's gate/up GEMM with the SwiGLU and the down GEMM's quantizer in its epilogue
     (triton_moe_fp8.gate_up_swiglu) against the GEMM then the fused quantizer over the layout
     (the path before it), at the tiles the MoE picks; each row says whether their bytes agree.
-    launches: (warps, stages, side by side) to time the fused kernel at besides, each row with
-    its time and whether its bytes equal the picked launch's."""
+    launches: (warps, stages) to time the fused kernel at besides its own (SWIGLU_LAUNCH), each
+    row with its time and whether its bytes equal the own launch's."""
     import triton.testing
 
     from stages.kernels import triton_fp8_act, triton_moe_fp8
@@ -158,9 +156,7 @@ def moe_swiglu_rows(
             return triton_fp8_act.swiglu_quantize_act(c, limit, live=r.pair_of_row)
 
         def fused() -> tuple[torch.Tensor, torch.Tensor]:
-            return triton_moe_fp8.gate_up_swiglu(
-                a, a_s, gq, gs, r, grid, x.dtype, limit, warps, stages
-            )
+            return triton_moe_fp8.gate_up_swiglu(a, a_s, gq, gs, r, grid, x.dtype, limit)
 
         real = r.pair_of_row >= 0
         (uq, us), (fq, fs) = unfused(), fused()
@@ -174,19 +170,16 @@ def moe_swiglu_rows(
             "fused_ms": round(triton.testing.do_bench(fused), 4),
             "same_bits": same,
         }
-        for lw, ls, side in launches:
+        for lw, ls in launches:
 
-            def other(
-                lw: int = lw, ls: int = ls, side: bool = side
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            def other(lw: int = lw, ls: int = ls) -> tuple[torch.Tensor, torch.Tensor]:
                 return triton_moe_fp8.gate_up_swiglu(
-                    a, a_s, gq, gs, r, grid, x.dtype, limit, lw, ls, side_by_side=side
+                    a, a_s, gq, gs, r, grid, x.dtype, limit, lw, ls
                 )
 
             oq, os_ = other()
-            name = f"{lw}w{ls}s" + ("_side_by_side" if side else "")
-            row[f"fused_ms_{name}"] = round(triton.testing.do_bench(other), 4)
-            row[f"same_bits_{name}"] = torch.equal(
+            row[f"fused_ms_{lw}w{ls}s"] = round(triton.testing.do_bench(other), 4)
+            row[f"same_bits_{lw}w{ls}s"] = torch.equal(
                 oq[real].view(torch.uint8), fq[real].view(torch.uint8)
             ) and torch.equal(os_[real], fs[real])
         print(json.dumps(row), flush=True)

@@ -57,12 +57,11 @@ PREFILL_TMA = True
 # then sweeping the layout's expert padding too (it reads only live rows since); between 1 and
 # 64 not measured.
 UNFUSED_SWIGLU_FROM = 64
-# The fused gate/up with gate's and up's columns in one product a K step (half the steps, 8
-# warps over the [64, 256] tile: no spill, 160 KB at 4 stages, compiled for sm_90): a one-row
-# step's gate/up streams its experts at ~1.75 TB/s on an H100 walking 64 K steps a program.
-# Off until measured (`python -m app.bench.fp8 --moe-swiglu-launches` times both).
-SWIGLU_SIDE_BY_SIDE = False
-SIDE_BY_SIDE_LAUNCH = (8, 4)  # (warps, stages)
+# The fused gate/up's launch (warps, stages): gate's and up's columns in one [64, 256] product
+# a K step on 8 warps (no spill, 160 KB of shared memory at 4 stages, compiled for sm_90). On an
+# H100 it took V4-Flash's FP8 decode step from 2.54 to 2.45 ms at one row and from 9.45 to 8.52
+# at 16 against gate then up on 4 warps with 5 stages (docs/PERFORMANCE.md, session 28).
+SWIGLU_LAUNCH = (8, 4)
 
 
 def tiles_for(pairs: int, experts: int) -> tuple[int, int, int]:
@@ -189,17 +188,15 @@ def gate_up_swiglu(
     grid: int,
     dtype: torch.dtype,
     limit: float | None = None,
-    num_warps: int = DECODE_TILES[1],
-    num_stages: int = DECODE_TILES[2],
+    num_warps: int = SWIGLU_LAUNCH[0],
+    num_stages: int = SWIGLU_LAUNCH[1],
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
-    side_by_side: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The down GEMM's input from the layout's rows, in one kernel: q [rows, K] fp8 with
     q_scale [rows, K / 128], gate_up [E, 2I, K] fp8 (gate rows first; I a multiple of 128) with
     gu_scale [E, 2I / 128, K / 128] -> (hq [rows, I] e4m3, hs [rows, I / 128] fp32), the bits of
     swiglu_quantize_act(grouped_gemm(...) in `dtype`, limit) on the real rows; padding rows are
-    left unwritten (the down GEMM never stores them); `out`: the two buffers to write;
-    side_by_side: gate's and up's columns in one product a K step (the same bits)."""
+    left unwritten (the down GEMM never stores them); `out`: the two buffers to write."""
     rows, k = q.shape
     inter = gate_up.shape[1] // 2
     if inter % BLOCK:
@@ -219,7 +216,7 @@ def gate_up_swiglu(
         0.0 if limit is None else triton_fp8_act.rounded(limit, dtype),
         HAS_LIMIT=limit is not None, CUDA_EXP=q.is_cuda, H_DTYPE=_TL_DTYPES[dtype],
         INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=r.block_m,
-        BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8, SIDE_BY_SIDE=side_by_side,
+        BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8,
         num_warps=num_warps, num_stages=num_stages, **pdl.options(hq),
     )  # fmt: skip
     return hq, hs
@@ -256,11 +253,7 @@ def _moe(
     )
     a = a.view(fp8_ref.FP8)
     if t < UNFUSED_SWIGLU_FROM and gate_up.shape[1] % (2 * BLOCK) == 0:
-        launch = SIDE_BY_SIDE_LAUNCH if SWIGLU_SIDE_BY_SIDE else (warps, stages)
-        hq, hs = gate_up_swiglu(
-            a, a_scale, gate_up, gu_scale, r, grid, x.dtype, limit, *launch,
-            side_by_side=SWIGLU_SIDE_BY_SIDE,
-        )  # fmt: skip
+        hq, hs = gate_up_swiglu(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, limit)
     else:  # more rows, or a gate/up column group straddling the halves: GEMM, then quantizer
         h = _grouped(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, tiles)
         hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit, live=r.pair_of_row)
@@ -357,12 +350,12 @@ if triton is not None:
         stride_qm, stride_qsm, limit, HAS_LIMIT: tl.constexpr, CUDA_EXP: tl.constexpr,
         H_DTYPE: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, SIDE_BY_SIDE: tl.constexpr = False, PDL: tl.constexpr = False,
+        GROUP_M: tl.constexpr, PDL: tl.constexpr = False,
     ):
         """For each (M tile, 128-wide column group n): gate = a @ w[n].T and up = a @ w[I/128 +
-        n].T with _grouped_w8a8's K loop (dot_rows, one after the other; SIDE_BY_SIDE: both in
-        one [BLOCK_M, 2 BLOCK_N] product a K step, half the steps), rounded to H_DTYPE,
-        through swiglu_steps, quantized as one 1 x 128 group, stored at the tile's real rows."""
+        n].T (_gate_up_side_by_side: both in one [BLOCK_M, 2 BLOCK_N] product a K step),
+        rounded to H_DTYPE, through swiglu_steps, quantized as one 1 x 128 group, stored at the
+        tile's real rows."""
         enter(PDL)
         num_pid_m = tl.load(num_tiles_ptr)
         num_pid_n = INTER // BLOCK_N
@@ -372,22 +365,11 @@ if triton is not None:
             rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             gate_scales = ws_ptr + expert * stride_wse + pid_n * stride_wsn
-            if SIDE_BY_SIDE:
-                gate, up = _gate_up_side_by_side(
-                    a_ptr, as_ptr, w_ptr + expert * stride_we, gate_scales,
-                    gate_scales + num_pid_n * stride_wsn, rows, cols.to(tl.int64), INTER, K,
-                    stride_am, stride_as, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
-                gate, up = gate.to(H_DTYPE), up.to(H_DTYPE)
-            else:
-                # gate, then up: one accumulator live at a time, the gate kept rounded to
-                # H_DTYPE (what swiglu_steps takes), so the kernel fits its registers
-                gate = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr, gate_scales, rows,
-                                cols.to(tl.int64), K, stride_am, stride_wn, stride_as, BLOCK_M,
-                                BLOCK_N, BLOCK_K, True).to(H_DTYPE)
-                up = dot_rows(a_ptr, w_ptr + expert * stride_we, as_ptr,
-                              gate_scales + num_pid_n * stride_wsn, rows,
-                              (INTER + cols).to(tl.int64), K, stride_am, stride_wn, stride_as,
-                              BLOCK_M, BLOCK_N, BLOCK_K, True).to(H_DTYPE)
+            gate, up = _gate_up_side_by_side(
+                a_ptr, as_ptr, w_ptr + expert * stride_we, gate_scales,
+                gate_scales + num_pid_n * stride_wsn, rows, cols.to(tl.int64), INTER, K,
+                stride_am, stride_as, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
+            gate, up = gate.to(H_DTYPE), up.to(H_DTYPE)
             h = swiglu_steps(gate, up, limit, HAS_LIMIT, CUDA_EXP)
             real = tl.load(pair_ptr + rows) >= 0
             _quantize_store(h, rows, cols, pid_n, real, real, q_ptr, qs_ptr, INTER, stride_qm,

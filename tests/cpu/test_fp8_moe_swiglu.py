@@ -204,28 +204,3 @@ def test_block_scaled_k_loops_against_fp8_ref(triton_interpreter, tma):
     pair = r.pair_of_row.long()[real]
     weighted = want * r.row_weight[real, None]
     torch.testing.assert_close(slots[pair], weighted, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("limit", [None, 0.5])
-def test_gate_and_up_side_by_side_keep_the_bits(triton_interpreter, limit):
-    """gate_up_swiglu with gate's and up's columns in one product a K step (side_by_side)
-    writes the bytes and scales of the one-after-the-other loops, over three K tiles, four
-    column groups and rows of different scales."""
-    from stages.kernels import triton_moe_fp8 as moe
-
-    g = torch.Generator().manual_seed(17)
-    r, a, a_scale = _layout(6, 2, 4, 16, 384, g)
-    w = torch.randn(4, 1024, 384, generator=g) / 64
-    w[:, :512] *= 3  # gate and up of different scales: a swapped half shows
-    gate_up, gu_scale = fp8_ref.quantize_weight(w)
-    cfg = dict(num_warps=4, num_stages=1)
-    want_q, want_s = moe.gate_up_swiglu(
-        a, a_scale, gate_up, gu_scale, r, 3, torch.bfloat16, limit, **cfg
-    )
-    got_q, got_s = moe.gate_up_swiglu(
-        a, a_scale, gate_up, gu_scale, r, 3, torch.bfloat16, limit, side_by_side=True, **cfg
-    )
-    real = r.pair_of_row >= 0
-    assert torch.equal(got_q[real].view(torch.uint8), want_q[real].view(torch.uint8))
-    assert torch.equal(got_s[real], want_s[real])
-    assert bool((want_s[real] > 0).all())

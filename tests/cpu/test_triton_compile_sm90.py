@@ -299,65 +299,15 @@ SM90_SM_SHARED_BYTES = 233_472
 SM90_REGISTERS = 65_536
 
 
-@pytest.mark.parametrize("tiles", ["DECODE_TILES", "PREFILL_TILES"])
-def test_fp8_gate_up_swiglu_compiles_within_shared_memory(tiles):
-    """The grouped gate/up GEMM with the SwiGLU and quantizer in its epilogue, at both tile
-    configurations, within the block's shared memory (120 KB at the decode tiles' 5 stages:
-    the gate's K loop, then the up's; run side by side, two weight tiles a stage took 200 KB
-    and spilled registers in the loop)."""
+def test_fp8_gate_up_swiglu_compiles_without_spilling():
+    """The grouped gate/up GEMM with the SwiGLU and quantizer in its epilogue, gate's and up's
+    columns in one product a K step, at its launch (SWIGLU_LAUNCH: 8 warps over the decode
+    tiles' [64, 256]): pipelined, within the block's shared memory, nothing spilled (at 4 warps
+    it spilled over 500 bytes; gate then up on 4 warps spilled 44), IEEE division in the
+    quantizer."""
     from stages.kernels import fp8_ref, triton_moe_fp8
 
-    block_m, warps, stages = getattr(triton_moe_fp8, tiles)
-    strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn")
-    kernel = _compile(
-        triton_moe_fp8._grouped_w8a8_swiglu,
-        {
-            "a_ptr": "*fp8e4nv",
-            "as_ptr": "*fp32",
-            "w_ptr": "*fp8e4nv",
-            "ws_ptr": "*fp32",
-            "q_ptr": "*fp8e4nv",
-            "qs_ptr": "*fp32",
-            "tile_expert_ptr": "*i32",
-            "num_tiles_ptr": "*i32",
-            "pair_ptr": "*i32",
-            **{s: "i32" for s in ("INTER", "K", "num_progs", *strides, "stride_qm", "stride_qsm")},
-            "limit": "fp32",
-        },
-        {
-            "HAS_LIMIT": True,
-            "CUDA_EXP": True,
-            "H_DTYPE": triton.language.bfloat16,
-            "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
-            "MIN_SCALE": fp8_ref.MIN_SCALE,
-            "BLOCK_M": block_m,
-            "BLOCK_N": 128,
-            "BLOCK_K": 128,
-            "GROUP_M": 8,
-        },
-        # as the launcher sees V4-Flash's buffers, so the pipeline's stages are in shared memory
-        aligned=("a_ptr", "as_ptr", "w_ptr", "ws_ptr", "q_ptr", "INTER", "K", "stride_am",
-                 "stride_we", "stride_wn", "stride_qm"),
-        num_warps=warps,
-        num_stages=stages,
-    )  # fmt: skip
-    assert "cp.async" in kernel.asm["ptx"]  # the loads pipelined
-    assert kernel.metadata.shared <= SM90_SHARED_BYTES, kernel.metadata.shared
-    # a few registers spilled at the decode tiles: 28 bytes, which the SASS showed before the
-    # first K loop and after the last, and 44 with the scales loaded a step ahead (dot_rows,
-    # whose one-row step was faster, docs/PERFORMANCE.md session 27; those 44 not located);
-    # gate and up in two accumulators at 4 warps spilled 128
-    assert registers_and_spills(kernel)[1] <= 48
-    assert "div.rn.f32" in kernel.asm["ptx"]
-
-
-def test_fp8_gate_up_side_by_side_compiles_without_spilling():
-    """The fused gate/up with gate's and up's columns in one product a K step, at its launch
-    (SIDE_BY_SIDE_LAUNCH: 8 warps over the [64, 256] tile): pipelined, within the block's shared
-    memory, nothing spilled (at 4 warps it spilled over 500 bytes)."""
-    from stages.kernels import fp8_ref, triton_moe_fp8
-
-    warps, stages = triton_moe_fp8.SIDE_BY_SIDE_LAUNCH
+    warps, stages = triton_moe_fp8.SWIGLU_LAUNCH
     strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn")
     kernel = _compile(
         triton_moe_fp8._grouped_w8a8_swiglu,
@@ -372,16 +322,18 @@ def test_fp8_gate_up_side_by_side_compiles_without_spilling():
             "HAS_LIMIT": True, "CUDA_EXP": True, "H_DTYPE": triton.language.bfloat16,
             "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX, "MIN_SCALE": fp8_ref.MIN_SCALE,
             "BLOCK_M": triton_moe_fp8.DECODE_TILES[0], "BLOCK_N": 128, "BLOCK_K": 128,
-            "GROUP_M": 8, "SIDE_BY_SIDE": True,
+            "GROUP_M": 8,
         },
+        # as the launcher sees V4-Flash's buffers, so the pipeline's stages are in shared memory
         aligned=("a_ptr", "as_ptr", "w_ptr", "ws_ptr", "q_ptr", "INTER", "K", "stride_am",
                  "stride_we", "stride_wn", "stride_qm"),
         num_warps=warps,
         num_stages=stages,
     )  # fmt: skip
-    assert "cp.async" in kernel.asm["ptx"]
+    assert "cp.async" in kernel.asm["ptx"]  # the loads pipelined
     assert kernel.metadata.shared <= SM90_SHARED_BYTES, kernel.metadata.shared
     assert registers_and_spills(kernel)[1] == 0
+    assert "div.rn.f32" in kernel.asm["ptx"]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
