@@ -396,7 +396,14 @@ def main() -> None:
     p.add_argument("--standin", action="store_true", help="also profile under the stand-in")
     p.add_argument("--fp8-prefill-attention", default="auto")
     p.add_argument("--mxfp4-experts", choices=MXFP4_EXPERTS, default=MXFP4_EXPERTS_DEFAULT)
+    p.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="plain launches: each profiled kernel's time its own (with PDL it includes the "
+        "kernel's wait for the one before, stages/kernels/pdl.py)",
+    )
     a = p.parse_args()
+    pdl.ENABLED = not a.no_pdl
     setting = Setting(
         a.linear,
         a.quantization == "fp8",

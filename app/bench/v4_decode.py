@@ -168,7 +168,14 @@ def main() -> None:
         help="V4's shared expert in the routed experts' grouped kernel or a SwiGLU beside them",
     )
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="plain launches: each profiled kernel's time its own (with PDL it includes the "
+        "kernel's wait for the one before, stages/kernels/pdl.py)",
+    )
     a = p.parse_args()
+    pdl.ENABLED = not a.no_pdl
     out = run(
         [int(x) for x in a.rows.split(",")],
         a.context,

@@ -4,7 +4,7 @@
 # eager equals the general path; the engine's tokens equal --enforce-eager's) and V4's batched,
 # staggered requests against alone and eager in bf16 and FP8; the hyper-connections' GPU tests
 # (the comb summed as [S, T, N * N]); then issue 34's FP8 decode rows (1, 16, 64, 256, 512) in
-# graphs and the fused gate/up's launch sweep.
+# graphs, and with --no-pdl the 256K last chunk's groups and the decode step's kernels.
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -19,7 +19,12 @@ left=$((${DEADLINE:-580} - SECONDS))
 [ $left -gt 50 ] && LIMIT=$((left > 100 ? 60 : left - 5)) step v4_decode python3 -m app.bench.v4_decode \
   --context 512 --quantization fp8 --kv-cache-dtype fp8 --rows 1,16,64,256,512 --out "$R/v4_decode.json"
 left=$((${DEADLINE:-580} - SECONDS))
-[ $left -gt 30 ] && LIMIT=$((left - 5)) step swiglu_launches python3 -m app.bench.fp8 \
-  --moe-swiglu-launches --out "$R/swiglu_launches.json"
+[ $left -gt 40 ] && LIMIT=$((left > 80 ? 60 : left - 5)) step breakdown_nopdl python3 -m \
+  app.bench.deepseek_breakdown --linear auto --quantization fp8 --kv-cache-dtype fp8 --no-pdl \
+  --cases deepseek-v4-flash:8:262144:8192:512:512 --out "$R/breakdown_nopdl.json"
+left=$((${DEADLINE:-580} - SECONDS))
+[ $left -gt 30 ] && LIMIT=$((left - 5)) step v4_decode_nopdl python3 -m app.bench.v4_decode \
+  --context 512 --quantization fp8 --kv-cache-dtype fp8 --rows 1,512 --no-pdl \
+  --out "$R/v4_decode_nopdl.json"
 grep -h "^| " $R/*.log
 tar czf "$OUT/results.tgz" -C "$OUT" r
