@@ -66,12 +66,23 @@ def test_mix_matches_torch(t, n, d, precision):
 def test_merge_matches_torch(t, n, d):
     streams, fn, base, scale = _inputs(t, n, d, seed=1)
     post, comb, _ = hyper_connection.mix(streams, fn, base, scale, 20, 1e-6, 1e-6)
-    out = torch.randn(t, d, device="cuda").bfloat16()
+    g = torch.Generator(device="cuda").manual_seed(2)
+    out = torch.randn(t, d, generator=g, device="cuda").bfloat16()
     got = triton_hyper.merge(streams, out, post, comb)
     ref = hyper_connection.merge(streams, out, post, comb)
     assert got.dtype == ref.dtype and got.shape == ref.shape
-    # one bf16 ulp: cuBLAS's batched 4-wide product need not round as the kernel does
-    torch.testing.assert_close(got.float(), ref.float(), rtol=8e-3, atol=1e-2)
+    # cuBLAS's batched 4-wide product need not round as the kernel's does: one bf16 ulp of that
+    # product, carried into the sum (more than the sum's own ulp where the terms cancel: one
+    # element in 67M was two of its ulps off, session 28), and one of the sum's rounding
+    product = torch.matmul(comb.bfloat16().transpose(-1, -2), streams).float()
+    bound = _bf16_ulp(ref.float()) + _bf16_ulp(product)
+    off = (got.float() - ref.float()).abs() - bound
+    assert bool((off <= 0).all()), f"{int((off > 0).sum())} elements, worst {off.max().item()}"
+
+
+def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """bf16's unit in the last place at each of x's magnitudes (8 significant bits)."""
+    return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0**-126))) - 7)
 
 
 def test_v4_stage_on_triton_hyper_connections_matches_torch_forms():
