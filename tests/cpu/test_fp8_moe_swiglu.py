@@ -204,3 +204,39 @@ def test_block_scaled_k_loops_against_fp8_ref(triton_interpreter, tma):
     pair = r.pair_of_row.long()[real]
     weighted = want * r.row_weight[real, None]
     torch.testing.assert_close(slots[pair], weighted, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tokens_rows_keep_their_bits_alone_and_batched(triton_interpreter):
+    """The FP8 MoE's decode path at the kernels (the fused gate/up, then the down GEMM stored at
+    each pair's slot): a token's slots are the same bytes alone and third of six tokens, its
+    rows then at other places in tiles its experts share with other tokens' rows (the engine's
+    batched-vs-alone property)."""
+    from stages.kernels import moe_routing
+    from stages.kernels import triton_moe_fp8 as moe
+
+    g = torch.Generator().manual_seed(23)
+    experts, k, hidden, inter, block_m = 4, 2, 256, 256, 16
+    x = torch.randn(6, hidden, generator=g)
+    x[1] *= 6
+    ids = torch.rand(6, experts, generator=g).topk(k, dim=-1).indices
+    weights = torch.rand(6, k, generator=g)
+    gate_up, gu_scale = fp8_ref.quantize_weight(
+        torch.randn(experts, 2 * inter, hidden, generator=g) / 64
+    )
+    down, d_scale = fp8_ref.quantize_weight(torch.randn(experts, hidden, inter, generator=g) / 32)
+    cfg = dict(num_warps=4, num_stages=1)
+
+    def slots(tokens: list[int]) -> torch.Tensor:
+        xq, xs = fp8_ref.quantize_act(x[tokens])
+        r = moe_routing.route(ids[tokens], weights[tokens], experts, block_m)
+        token = r.pair_of_row.long().clamp(min=0) // k
+        a = xq.view(torch.uint8)[token].view(fp8_ref.FP8)
+        hq, hs = moe.gate_up_swiglu(
+            a, xs[token].contiguous(), gate_up, gu_scale, r, 3, torch.bfloat16, **cfg
+        )
+        y = moe.grouped_gemm(hq, hs, down, d_scale, r, 3, torch.bfloat16, len(tokens) * k, **cfg)
+        return y.view(len(tokens), k, hidden)
+
+    alone, batched = slots([2]), slots([0, 1, 2, 3, 4, 5])
+    assert torch.equal(batched[2].view(torch.int16), alone[0].view(torch.int16))
+    assert bool((alone.float().abs() > 0).any())
