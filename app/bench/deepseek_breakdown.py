@@ -113,6 +113,17 @@ def group_of(name: str) -> str:
     return "other"
 
 
+def add_no_pdl_flag(p: argparse.ArgumentParser) -> None:
+    """--no-pdl: the benches that profile (this one, v4_decode) with plain launches, read as
+    `pdl.ENABLED = not a.no_pdl` before anything runs."""
+    p.add_argument(
+        "--no-pdl",
+        action="store_true",
+        help="plain launches: each profiled kernel's time its own (with PDL it includes the "
+        "kernel's wait for the one before, stages/kernels/pdl.py)",
+    )
+
+
 def profiled(fn: Callable[[], object], standin: PendingRecvStandin | None = None) -> dict[str, Any]:
     """fn's kernels from the profiler, grouped by op; with a stand-in, the spin (sized to
     outlast fn) is posted just before fn and left out of the table."""
@@ -396,12 +407,7 @@ def main() -> None:
     p.add_argument("--standin", action="store_true", help="also profile under the stand-in")
     p.add_argument("--fp8-prefill-attention", default="auto")
     p.add_argument("--mxfp4-experts", choices=MXFP4_EXPERTS, default=MXFP4_EXPERTS_DEFAULT)
-    p.add_argument(
-        "--no-pdl",
-        action="store_true",
-        help="plain launches: each profiled kernel's time its own (with PDL it includes the "
-        "kernel's wait for the one before, stages/kernels/pdl.py)",
-    )
+    add_no_pdl_flag(p)
     a = p.parse_args()
     pdl.ENABLED = not a.no_pdl
     setting = Setting(

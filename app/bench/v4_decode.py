@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import torch
 
-from app.bench.deepseek_breakdown import profiled
+from app.bench.deepseek_breakdown import add_no_pdl_flag, profiled
 from app.bench.target import kv_block_size, stage_args, v4_flash_bench_config
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
@@ -168,12 +168,7 @@ def main() -> None:
         help="V4's shared expert in the routed experts' grouped kernel or a SwiGLU beside them",
     )
     p.add_argument("--out", default=None)
-    p.add_argument(
-        "--no-pdl",
-        action="store_true",
-        help="plain launches: each profiled kernel's time its own (with PDL it includes the "
-        "kernel's wait for the one before, stages/kernels/pdl.py)",
-    )
+    add_no_pdl_flag(p)
     a = p.parse_args()
     pdl.ENABLED = not a.no_pdl
     out = run(

@@ -216,8 +216,8 @@ def gate_up_swiglu(
         0.0 if limit is None else triton_fp8_act.rounded(limit, dtype),
         HAS_LIMIT=limit is not None, CUDA_EXP=q.is_cuda, H_DTYPE=_TL_DTYPES[dtype],
         INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_M=r.block_m,
-        BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8,
-        num_warps=num_warps, num_stages=num_stages, **pdl.options(hq),
+        BLOCK_N=BLOCK, BLOCK_K=BLOCK, GROUP_M=8, num_warps=num_warps, num_stages=num_stages,
+        **pdl.options(hq),
     )  # fmt: skip
     return hq, hs
 
@@ -244,7 +244,7 @@ def _moe(
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
     tiles = tiles_for(t * k, gate_up.shape[0])
-    block_m, warps, stages = tiles
+    block_m = tiles[0]
     xq, xs = triton_fp8_act.quantize_act(x)
     # the FP8 rows travel as bytes (the gather copies them unchanged) with their scales; padding
     # rows stay unwritten: their results are never stored at a pair's slot
