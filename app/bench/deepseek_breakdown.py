@@ -173,6 +173,38 @@ def profiled(fn: Callable[[], object], standin: PendingRecvStandin | None = None
     }
 
 
+def host_view(fn: Callable[[], object]) -> dict[str, Any]:
+    """fn from the host's side: the milliseconds its call takes to return (launches, planning,
+    any wait on the device) and until the device is done, and where it synchronises with the
+    device (torch's sync debug mode: the caller's file:line of each synchronising op, counted).
+    A forward that waits on the device mid-way leaves it idle while the host launches on."""
+    import time
+    import warnings
+
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            start = time.perf_counter()
+            fn()
+            returned = time.perf_counter()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    done = time.perf_counter()
+    syncs: dict[str, int] = defaultdict(int)
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            syncs[f"{w.filename}:{w.lineno}"] += 1
+    return {
+        "returned_ms": round((returned - start) * 1e3, 3),
+        "done_ms": round((done - start) * 1e3, 3),
+        "syncs": sorted(syncs.items(), key=lambda kv: -kv[1]),
+    }
+
+
 class OpTimer:
     """CUDA events around ops of a model (instance methods wrapped) while `on`."""
 
@@ -363,6 +395,7 @@ def run(
                 **alone_and_standin(lambda: model(tokens[-chunk:], last, kv), standin),
             },
         }
+        out["prefill"]["host"] = host_view(lambda: model(tokens[-chunk:], last, kv))
         if is_v4:
             out["prefill"]["v4_ops"] = timer.measure(lambda: model(tokens[-chunk:], last, kv))
         if loads.experts:
@@ -384,6 +417,7 @@ def run(
             "context": decode_ctx,
             **alone_and_standin(lambda: model(ids, batch, kv), standin),
         }
+        out["decode"]["host"] = host_view(lambda: model(ids, batch, kv))
         if is_v4:
             out["decode"]["v4_ops"] = timer.measure(lambda: model(ids, batch, kv))
     if is_v4:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-ACT_LAUNCHES = [(16, 4), (32, 4), (64, 4), (32, 8), (64, 8), (128, 8)]
+ACT_LAUNCHES = [(16, 4), (4, 1), (8, 2), (8, 4), (16, 2), (16, 8), (32, 4), (64, 4), (32, 8)]
 
 
 def act_quantizer_rows(
