@@ -2,7 +2,8 @@
 # Session 29, call 3 (one GPU, an H200 if it comes; carry .gpu, .whl/sgl_flash_mla-*.whl, .tfw,
 # .commit): the revised hyper-connection merge test; the last 8K chunk of 256K by groups with
 # the host's view (how long the forward takes to return, where it synchronises), with PDL and
-# with plain launches (each kernel's own time); the activation quantizers' launches; then the
+# with plain launches (each kernel's own time); the activation quantizers' launches; Nsight
+# Compute on the one-row MoE's two kernels (where ncu exists and may read the counters); then the
 # V4-Flash rows of record still missing at this tree: the decode step in graphs at 1-512 rows
 # in FP8 and bf16, the bf16 TTFT rows (FP8 against bf16 at 256K), the bf16 512-row decode row,
 # the engine's FP8 ITL at 1-256 rows.
@@ -19,6 +20,7 @@ LIMIT=60 step breakdown_fp8_nopdl python3 -m app.bench.deepseek_breakdown --line
   --quantization fp8 --kv-cache-dtype fp8 --cases $CASE --no-pdl \
   --out "$R/breakdown_fp8_nopdl.json"
 LIMIT=60 step act_quantizers python3 -m app.bench.fp8 --act-quantizers --out "$R/act_quantizers.json"
+LIMIT=90 step ncu_moe bash -c 'NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); echo "ncu: $NCU"; [ -n "$NCU" ] && $NCU -k regex:_grouped_w8a8 --launch-skip 4 --launch-count 2 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats python3 docs/bench/scripts/ncu_moe_one_row.py'
 LIMIT=70 step v4_decode_fp8 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
   --kv-cache-dtype fp8 --rows 1,16,64,256,512 --out "$R/v4_decode_fp8.json"
 LIMIT=70 step v4_decode_bf16 python3 -m app.bench.v4_decode --context 512 \
