@@ -196,7 +196,7 @@ def host_view(fn: Callable[[], object]) -> dict[str, Any]:
     done = time.perf_counter()
     syncs: dict[str, int] = defaultdict(int)
     for w in caught:
-        if "synchroniz" in str(w.message):
+        if str(w.message).startswith("called a synchronizing CUDA operation"):
             syncs[f"{w.filename}:{w.lineno}"] += 1
     return {
         "returned_ms": round((returned - start) * 1e3, 3),

@@ -11,15 +11,12 @@ from typing import Any
 
 import torch
 
-# the plain quantizer's (rows a program, warps); the SwiGLU one's also walk groups a program
 ACT_LAUNCHES = [(16, 4), (8, 2), (8, 4), (16, 2), (32, 4), (64, 4), (32, 8)]
-SWIGLU_ACT_LAUNCHES = [
-    (16, 4, 1), (8, 2, 1), (8, 4, 1), (16, 2, 1), (32, 4, 1),
-    (16, 4, 2), (16, 4, 4), (16, 4, 16), (8, 2, 4), (8, 4, 16), (32, 4, 4), (32, 8, 16),
-]  # fmt: skip
 
 
-def act_quantizer_rows(tokens: int = 8192) -> list[dict[str, Any]]:
+def act_quantizer_rows(
+    launches: list[tuple[int, int]] = ACT_LAUNCHES, tokens: int = 8192
+) -> list[dict[str, Any]]:
     import triton.testing
 
     from stages.kernels import triton_fp8_act
@@ -34,22 +31,20 @@ def act_quantizer_rows(tokens: int = 8192) -> list[dict[str, Any]]:
     x = torch.randn(tokens, hidden, generator=g, device="cuda").bfloat16()
     live_rows = int((live >= 0).sum())
     Quantizer = Callable[[], tuple[torch.Tensor, torch.Tensor]]
-    cases: dict[str, tuple[str, Quantizer, int, list[Any]]] = {
+    cases: dict[str, tuple[str, Quantizer, int]] = {
         "quantize": (
             "LAUNCH",
             lambda: triton_fp8_act.quantize_act(x),
             x.numel() * 2 + x.numel() + tokens * hidden // 128 * 4,
-            ACT_LAUNCHES,
         ),
         "swiglu_quantize": (
             "SWIGLU_LAUNCH",
             lambda: triton_fp8_act.swiglu_quantize_act(gate_up, limit, live=live),
             live_rows * (2 * inter * 2 + inter + inter // 128 * 4),
-            SWIGLU_ACT_LAUNCHES,
         ),
     }
     rows = []
-    for name, (knob, fn, moved, launches) in cases.items():
+    for name, (knob, fn, moved) in cases.items():
         current = getattr(triton_fp8_act, knob)
         want_q, want_s = fn()
         for launch in launches:

@@ -111,26 +111,6 @@ def test_interpreted_swiglu_quantizer_skips_rows_that_are_not_live(triton_interp
     assert bool((q[~on].float() == 7.0).all()) and bool((s[~on] == -3.0).all())
 
 
-@pytest.mark.parametrize("launch", [(16, 4, 2), (8, 2, 3), (32, 4, 16)])
-def test_interpreted_swiglu_quantizer_walks_groups_with_the_same_bits(
-    triton_interpreter, monkeypatch, launch
-):
-    """A program that walks several of its rows' groups (SWIGLU_LAUNCH's third entry, 3 of 4
-    leaving the last program one group past K) writes the bits of one group a program, on the
-    live rows only, and nothing past the scales' groups."""
-    g = torch.Generator().manual_seed(5)
-    gate_up = (torch.randn(40, 1024, generator=g) * 2).half()
-    live = torch.full((40,), -1, dtype=torch.int32)
-    live[[0, 1, 5, 16, 17, 33, 39]] = torch.arange(7, dtype=torch.int32)
-    want_q, want_s = triton_fp8_act._swiglu_quantize(gate_up, 2.0, live=live)
-    monkeypatch.setattr(triton_fp8_act, "SWIGLU_LAUNCH", launch)
-    q, s = triton_fp8_act._swiglu_quantize(gate_up, 2.0, live=live)
-    on = live >= 0
-    assert s.shape == (40, 4)
-    assert torch.equal(q[on].view(torch.uint8), want_q[on].view(torch.uint8))
-    assert torch.equal(s[on], want_s[on])
-
-
 @pytest.mark.parametrize("limit", [None, 3.0])
 def test_swiglu_down_projection_is_the_down_projection_of_the_swiglu(limit):
     """Linear.forward_swiglu (a SwiGLU's down projection fed gate | up) on FP8 weights with the

@@ -376,7 +376,6 @@ def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
                 "MIN_SCALE": fp8_ref.MIN_SCALE,
                 "BLOCK_M": triton_fp8_act.SWIGLU_LAUNCH[0],
                 "GROUP": fp8_ref.BLOCK,
-                "GROUPS": triton_fp8_act.SWIGLU_LAUNCH[2],
             },
             num_warps=triton_fp8_act.SWIGLU_LAUNCH[1],
         )
