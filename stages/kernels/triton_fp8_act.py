@@ -20,9 +20,8 @@ from stages.kernels import fp8_ref, pdl
 from stages.kernels.fallbacks import record_fallback
 
 # (rows a program, warps): each program quantizes one 128-wide group of its rows. LAUNCH: the
-# plain quantizer's, SWIGLU_LAUNCH: the SwiGLU one's (`python -m app.bench.fp8 --act-quantizers`:
-# on an H100 the SwiGLU one's 8K-token MoE layout took 0.495 ms at (8, 4), 0.512 at (16, 4);
-# walking all 16 of a row block's groups in one program, 0.487, was not worth its loop)
+# plain quantizer's, SWIGLU_LAUNCH: the SwiGLU one's, each the fastest of the launches swept by
+# `python -m app.bench.fp8 --act-quantizers` (docs/PERFORMANCE.md, session 29)
 LAUNCH = (16, 4)
 SWIGLU_LAUNCH = (8, 4)
 
