@@ -20,8 +20,8 @@ from stages.kernels import fp8_ref, pdl
 from stages.kernels.fallbacks import record_fallback
 
 # (rows a program, warps): each program quantizes one 128-wide group of its rows. LAUNCH: the
-# plain quantizer's, SWIGLU_LAUNCH: the SwiGLU one's, each the fastest of the launches swept by
-# `python -m app.bench.fp8 --act-quantizers` (docs/PERFORMANCE.md, session 29)
+# plain quantizer's (every launch swept within 4 % of it), SWIGLU_LAUNCH: the SwiGLU one's (the
+# fastest swept): `python -m app.bench.fp8 --act-quantizers`, docs/PERFORMANCE.md (session 29)
 LAUNCH = (16, 4)
 SWIGLU_LAUNCH = (8, 4)
 
