@@ -143,6 +143,9 @@ def run(
                     "step_over_kernels": round(ms / max(prof["total_ms"], 1e-9), 2),
                     "groups_ms": prof["groups_ms"],
                     "top_kernels_ms": prof["top_kernels_ms"][:24],
+                    # what the launches are: the fusions' candidates at few rows
+                    "launches_by_group": prof["launches_by_group"],
+                    "most_launched": prof["most_launched"],
                 }
             out["rows"][str(n)] = result
             print(json.dumps({"rows": n, **{k: v for k, v in result.items()}})[:600], flush=True)
