@@ -60,6 +60,10 @@ def _fall_back(op: str, q: torch.Tensor, keys: torch.Tensor | None) -> bool:
 
 
 def _pad_sinks(sinks: torch.Tensor, heads: int) -> torch.Tensor:
+    """sinks [H] as the kernel's fp32 [heads]: the tensor itself where it already is (a pad of
+    nothing is still a copy, a launch a layer in every decode step)."""
+    if sinks.shape[0] == heads and sinks.dtype == torch.float32 and sinks.is_contiguous():
+        return sinks
     return torch.nn.functional.pad(sinks.float(), (0, heads - sinks.shape[0])).contiguous()
 
 

@@ -123,6 +123,11 @@ BACKENDS: dict[str, dict[str, str]] = {
         "torch": "stages.kernels.v4_paged_index:rate_index",
         "triton": "stages.kernels.triton_v4_paged_index:rate_index",
     },
+    # A CSA layer's picked entries -> their cache slots, for the FP8 attention's decode rows.
+    "v4_pick_slots": {
+        "torch": "stages.kernels.v4_paged_index:pick_slots",
+        "triton": "stages.kernels.triton_v4_paged_index:pick_slots",
+    },
     # DeepSeek-V4's rotary angles at a forward's positions, as rope_tail takes them.
     "rope_angles": {
         "torch": "stages.kernels.rope_tail:rope_angles",
@@ -205,6 +210,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "route_topk": ("triton", "torch"),
     "v4_window_index": ("triton", "torch"),
     "v4_rate_index": ("triton", "torch"),
+    "v4_pick_slots": ("triton", "torch"),
     # the GEMV of a few rows by name only: slower than cuBLASLt on the H100 (one row 3.16 against
     # 2.76 ms a V4 step, four 7.07 against 4.43) and its rows differ from the GEMMs' batched
     # (docs/PERFORMANCE.md, session 19)
@@ -278,6 +284,7 @@ class Kernels:
     # stages/kernels/v4_paged_index
     v4_window_index: Callable[..., Any] | None = None
     v4_rate_index: Callable[..., Any] | None = None
+    v4_pick_slots: Callable[..., Any] | None = None
     # (x [..., K], weight [N, K] fp8, scale_inv [N/128, K/128] fp32, bias) -> [..., N]; set
     # only when FP8 weights stay FP8 (Linear then holds them so)
     fp8_linear: Callable[..., Any] | None = None
@@ -415,6 +422,7 @@ def select_kernels(
             ("route_topk", "auto"),
             ("v4_window_index", "auto"),
             ("v4_rate_index", "auto"),
+            ("v4_pick_slots", "auto"),
             *((op, choice) for op, choice in optional.items() if choice is not None),
         )
     }

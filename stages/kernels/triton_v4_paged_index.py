@@ -1,9 +1,10 @@
-"""The `v4_window_index` / `v4_rate_index` ops (stages/kernels/v4_paged_index.py) in one Triton
-kernel each: a program per row reads its position, length and block table row and writes every
-index tensor of the row. The torch forms take about 15 and 35 small kernels (each [B] or [B, k]
-wide), which in a CUDA-graph decode step of V4's two rates came to ~100 launches of ~4 us, more
-than the step's arithmetic. Integers only: the same values as the torch forms, bit for bit.
-Inputs off CUDA take the torch forms, counted and logged once (stages/kernels/fallbacks.py)."""
+"""The `v4_window_index` / `v4_rate_index` / `v4_pick_slots` ops
+(stages/kernels/v4_paged_index.py) in one Triton kernel each: a program per row reads its
+position, length and block table row and writes every index tensor of the row (or its picks'
+slots). The torch forms take about 15, 35 and 5 small kernels (each [B] or [B, k] wide), which in
+a CUDA-graph decode step of V4's two rates came to ~100 launches of ~4 us, more than the step's
+arithmetic. Integers only: the same values as the torch forms, bit for bit. Inputs off CUDA take
+the torch forms, counted and logged once (stages/kernels/fallbacks.py)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,24 @@ def rate_index(
     if _refused("v4_rate_index", positions):
         return reference.rate_index(*args, scratch_slot)
     return launch_rate(*args, scratch_slot)
+
+
+def pick_slots(picked: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    if _refused("v4_pick_slots", picked):
+        return reference.pick_slots(picked, table)
+    return launch_pick_slots(picked, table)
+
+
+def launch_pick_slots(picked: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
+    rows, k = picked.shape
+    out = torch.empty(rows, k, dtype=torch.int32, device=picked.device)
+    if rows and k:
+        _pick_slots[(rows,)](
+            picked, table, out, k, picked.stride(0), table.stride(0), out.stride(0),
+            BLOCK_K=triton.next_power_of_2(k), num_warps=4, **pdl.options(out),
+        )  # fmt: skip
+    return out
 
 
 def launch_window(
@@ -205,4 +224,17 @@ if triton is not None:
         if DENSE:  # the window's pool indices
             j, _, own = _window_row(i, pos, live, W, BLOCK_W)
             tl.store(dense_ptr + i * (W + MOST) + j, own.to(tl.int32), mask=j < W)
+
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _pick_slots(  # type: ignore[no-untyped-def]
+        pick_ptr, table_ptr, out_ptr, K, stride_p, stride_t, stride_o, BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr = False,
+    ):
+        enter(PDL)
+        i = tl.program_id(0).to(tl.int64)
+        j = tl.arange(0, BLOCK_K)
+        pick = tl.load(pick_ptr + i * stride_p + j, mask=j < K, other=-1).to(tl.int64)
+        picked = pick >= 0
+        slot = tl.load(table_ptr + i * stride_t + tl.maximum(pick, 0), mask=picked, other=-1)
+        tl.store(out_ptr + i * stride_o + j, tl.where(picked, slot, -1).to(tl.int32), mask=j < K)
     # fmt: on

@@ -1,8 +1,9 @@
 """The index arithmetic of a DeepSeek-V4 decode-only microbatch on its static buffers (the
-`v4_window_index` and `v4_rate_index` ops' torch forms; V4Plan.paged assembles the plan from
-them): every width fixed, so a CUDA graph replays it. Slot s of a component whose blocks hold E
-entries is entry s % E of block s // E; a row's entry i lives in block table column i // E
-(past the table's last column: its last block, for the caller to mask).
+`v4_window_index`, `v4_rate_index` and `v4_pick_slots` ops' torch forms; V4Plan.paged assembles the
+plan from the first two, a CSA layer's FP8 attention takes its picks' slots from the third): every
+width fixed, so a CUDA graph replays it. Slot s of a component whose blocks hold E entries is entry
+s % E of block s // E; a row's entry i lives in block table column i // E (past the table's last
+column: its last block, for the caller to mask).
 
 The torch forms take a few dozen small kernels a step (the Triton ones, one a call)."""
 
@@ -102,3 +103,10 @@ def rate_index(
         completes,
         dense_indices,
     )
+
+
+def pick_slots(picked: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """[T, k] int32: the cache slot of each entry a decode row's indexer picked (picked [T, k]
+    entry ids, -1: none, which stays -1; table [T, E] long: each row's entry slots)."""
+    chosen = table.gather(1, picked.clamp(min=0).long())
+    return torch.where(picked < 0, -1, chosen).int()

@@ -54,6 +54,7 @@ def test_registry_auto_and_explicit():
                           "rms_norm_fp32": "torch", "rope_angles": "torch",
                           "group_pool": "torch", "route_topk": "torch",
                           "v4_window_index": "torch", "v4_rate_index": "torch",
+                          "v4_pick_slots": "torch",
                           "mla_sparse_fp8": "torch",
                           "mla_prefill_fp8": "torch"}
     with pytest.raises(ValueError, match="not available"):

@@ -196,6 +196,13 @@ def test_v4_paged_index_compiles(rate, dense):
          "BLOCK_W": 128},  # fmt: skip
         num_warps=4,
     )
+    _compile(
+        k._pick_slots,
+        {"pick_ptr": "*i64", "table_ptr": "*i64", "out_ptr": "*i32",
+         **{name: "i32" for name in ("K", "stride_p", "stride_t", "stride_o")}},  # fmt: skip
+        {"BLOCK_K": 512},
+        num_warps=4,
+    )
 
 
 def test_rope_angles_compiles():

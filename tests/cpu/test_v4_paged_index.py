@@ -66,3 +66,20 @@ def test_triton_backend_off_cuda_is_a_counted_fallback():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert FALLBACKS.counts() == {("v4_rate_index", "triton", "device"): 1}
     FALLBACKS.reset()
+
+
+@pytest.mark.parametrize("k", [4, 7, 512])
+def test_interpreted_pick_slots_is_the_torch_form(triton_interpreter, k):
+    """A CSA decode row's picks (entry ids, -1: none, anywhere in the row) -> their slots."""
+    from stages.kernels import triton_v4_paged_index as kernel
+
+    g = torch.Generator().manual_seed(k)
+    rows, entries = 5, 600
+    table = torch.randperm(10_000, generator=g)[: rows * entries].view(rows, entries)
+    picked = torch.randint(-1, entries, (rows, k), generator=g)
+    picked[1] = -1  # a row with no entry yet
+    picked[2, : k // 2] = -1
+    want = torch_form.pick_slots(picked, table)
+    got = kernel.launch_pick_slots(picked, table)
+    assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want)
+    assert torch.equal(want[1], torch.full((k,), -1, dtype=torch.int32))

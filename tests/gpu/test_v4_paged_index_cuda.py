@@ -36,3 +36,14 @@ def test_kernels_give_the_torch_forms_integers(rows):
     ):
         for name, a, b in zip(want._fields, got, want):
             assert (a is None and b is None) or torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("rows", [1, 512])
+def test_pick_slots_gives_the_torch_forms_integers(rows):
+    """A CSA layer's picks (index_topk 512 of a 256K row's 64K entries, -1: none) -> slots."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    table = torch.randint(0, 1 << 30, (rows, 65536), generator=g, device="cuda")
+    picked = torch.randint(-1, 65536, (rows, 512), generator=g, device="cuda")
+    picked[0, 256:] = -1
+    got = kernel.pick_slots(picked, table)
+    assert got.dtype == torch.int32 and torch.equal(got, torch_form.pick_slots(picked, table))

@@ -145,10 +145,10 @@ class V4Backend(AttentionBackend[V4Plan]):
         if layer.indexer is not None:
             picked = layer.indexer.select(x, q_resid, angles, rp, cache, local)
             if rp.entry_table is not None:  # decode-only rows: each row's own entry table
-                chosen = rp.entry_table.gather(1, picked.clamp(min=0))
-            else:  # entry e of the token's row at rp.entry_slots[token_base - Nw + e]
-                first = rp.token_base[:, None] - plan.window_slots.shape[0]
-                chosen = rp.entry_slots[(first + picked).clamp(min=0)]
+                return window, _op(layer.kernels.v4_pick_slots)(picked, rp.entry_table), None
+            # entry e of the token's row at rp.entry_slots[token_base - Nw + e]
+            first = rp.token_base[:, None] - plan.window_slots.shape[0]
+            chosen = rp.entry_slots[(first + picked).clamp(min=0)]
             return window, torch.where(picked < 0, -1, chosen).int(), None
         shared = plan.fp8_shared.setdefault(layer.rate, {})
         if SLOTS not in shared:
