@@ -65,19 +65,21 @@ def rate_index(
     return launch_rate(*args, scratch_slot)
 
 
-def pick_slots(picked: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def pick_slots(picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     if _refused("v4_pick_slots", picked):
-        return reference.pick_slots(picked, table)
-    return launch_pick_slots(picked, table)
+        return reference.pick_slots(picked, table, visible)
+    return launch_pick_slots(picked, table, visible)
 
 
-def launch_pick_slots(picked: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def launch_pick_slots(
+    picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
     """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
     rows, k = picked.shape
     out = torch.empty(rows, k, dtype=torch.int32, device=picked.device)
     if rows and k:
         _pick_slots[(rows,)](
-            picked, table, out, k, picked.stride(0), table.stride(0), out.stride(0),
+            picked, table, visible, out, k, picked.stride(0), table.stride(0), out.stride(0),
             BLOCK_K=triton.next_power_of_2(k), num_warps=4, **pdl.options(out),
         )  # fmt: skip
     return out
@@ -227,14 +229,14 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _pick_slots(  # type: ignore[no-untyped-def]
-        pick_ptr, table_ptr, out_ptr, K, stride_p, stride_t, stride_o, BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr = False,
+        pick_ptr, table_ptr, visible_ptr, out_ptr, K, stride_p, stride_t, stride_o,
+        BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
     ):
         enter(PDL)
         i = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, BLOCK_K)
         pick = tl.load(pick_ptr + i * stride_p + j, mask=j < K, other=-1).to(tl.int64)
-        picked = pick >= 0
+        picked = (pick >= 0) & (pick < tl.load(visible_ptr + i))
         slot = tl.load(table_ptr + i * stride_t + tl.maximum(pick, 0), mask=picked, other=-1)
         tl.store(out_ptr + i * stride_o + j, tl.where(picked, slot, -1).to(tl.int32), mask=j < K)
     # fmt: on

@@ -105,8 +105,10 @@ def rate_index(
     )
 
 
-def pick_slots(picked: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def pick_slots(picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """[T, k] int32: the cache slot of each entry a decode row's indexer picked (picked [T, k]
-    entry ids, -1: none, which stays -1; table [T, E] long: each row's entry slots)."""
+    entry ids in [-1, E), table [T, E] long: each row's entry slots, visible [T]: how many of
+    them the row sees); -1 for none and for a pick the row does not see."""
     chosen = table.gather(1, picked.clamp(min=0).long())
-    return torch.where(picked < 0, -1, chosen).int()
+    seen = (picked >= 0) & (picked < visible[:, None])
+    return torch.where(seen, chosen, -1).int()

@@ -70,7 +70,8 @@ def test_triton_backend_off_cuda_is_a_counted_fallback():
 
 @pytest.mark.parametrize("k", [4, 7, 512])
 def test_interpreted_pick_slots_is_the_torch_form(triton_interpreter, k):
-    """A CSA decode row's picks (entry ids, -1: none, anywhere in the row) -> their slots."""
+    """A CSA decode row's picks (entry ids, -1: none, anywhere in the row; some past what the
+    row sees) -> their slots, -1 for none and for the unseen."""
     from stages.kernels import triton_v4_paged_index as kernel
 
     g = torch.Generator().manual_seed(k)
@@ -79,7 +80,12 @@ def test_interpreted_pick_slots_is_the_torch_form(triton_interpreter, k):
     picked = torch.randint(-1, entries, (rows, k), generator=g)
     picked[1] = -1  # a row with no entry yet
     picked[2, : k // 2] = -1
-    want = torch_form.pick_slots(picked, table)
-    got = kernel.launch_pick_slots(picked, table)
+    visible = torch.tensor([600, 0, 599, 300, 1])
+    want = torch_form.pick_slots(picked, table, visible)
+    got = kernel.launch_pick_slots(picked, table, visible)
     assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want)
     assert torch.equal(want[1], torch.full((k,), -1, dtype=torch.int32))
+    unseen = picked >= visible[:, None]
+    assert unseen.any() and (want[unseen] == -1).all()
+    seen = (picked >= 0) & ~unseen
+    assert torch.equal(want[seen], table.gather(1, picked.clamp(min=0))[seen].int())

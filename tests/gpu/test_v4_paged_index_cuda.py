@@ -45,5 +45,7 @@ def test_pick_slots_gives_the_torch_forms_integers(rows):
     table = torch.randint(0, 1 << 30, (rows, 65536), generator=g, device="cuda")
     picked = torch.randint(-1, 65536, (rows, 512), generator=g, device="cuda")
     picked[0, 256:] = -1
-    got = kernel.pick_slots(picked, table)
-    assert got.dtype == torch.int32 and torch.equal(got, torch_form.pick_slots(picked, table))
+    visible = torch.randint(0, 65537, (rows,), generator=g, device="cuda")
+    got = kernel.pick_slots(picked, table, visible)
+    want = torch_form.pick_slots(picked, table, visible)
+    assert got.dtype == torch.int32 and torch.equal(got, want)

@@ -118,9 +118,12 @@ class Indexer(GroupCompressor):
         plan: RatePlan,
         cache: V4Cache,
         local: int,
+        hide_unseen: bool = True,
     ) -> torch.Tensor:
         """[T, k] entry ids each query attends to (-1: none), k <= index_topk: every token
-        scored against its own row's entries, in token tiles of bounded memory."""
+        scored against its own row's entries, in token tiles of bounded memory. hide_unseen
+        False: picks at or past a row's visible entries (a row that sees fewer than k) are left
+        for the caller to drop (v4_pick_slots does, in its one launch)."""
         t = x.shape[0]
         q = self.q_b_proj(q_resid).view(t, self.heads, self.width)
         q = apply_rope(q, angles, self.kernels)
@@ -138,6 +141,8 @@ class Indexer(GroupCompressor):
                     score, q[tokens], keys, weights[tokens], scale, select
                 )
                 picked[tokens] = top_k(logits, k, maxima=maxima)
+        if not hide_unseen:
+            return picked
         return picked.masked_fill_(picked >= plan.visible[:, None], -1)
 
 

@@ -143,9 +143,13 @@ class V4Backend(AttentionBackend[V4Plan]):
         if rp is None or not rp.max_entries:  # sliding, or no entry yet: the window alone
             return window, None, plan.fp8_shared.setdefault(0, {})
         if layer.indexer is not None:
-            picked = layer.indexer.select(x, q_resid, angles, rp, cache, local)
-            if rp.entry_table is not None:  # decode-only rows: each row's own entry table
-                return window, _op(layer.kernels.v4_pick_slots)(picked, rp.entry_table), None
+            table = rp.entry_table  # decode-only rows: each row's own entry table
+            picked = layer.indexer.select(
+                x, q_resid, angles, rp, cache, local, hide_unseen=table is None
+            )
+            if table is not None:
+                pick_slots = _op(layer.kernels.v4_pick_slots)
+                return window, pick_slots(picked, table, rp.visible), None
             # entry e of the token's row at rp.entry_slots[token_base - Nw + e]
             first = rp.token_base[:, None] - plan.window_slots.shape[0]
             chosen = rp.entry_slots[(first + picked).clamp(min=0)]
