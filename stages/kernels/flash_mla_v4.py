@@ -88,17 +88,12 @@ def sparse_sink_attention(
     return attended
 
 
-def _valid_first(
-    indices: torch.Tensor, in_order: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _valid_first(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(each row's valid ids moved first, order kept, padded with -1 to the kernel's step,
     [T, 1, K'] int32; each row's count [T] int32): the kernel reads only a row's first
-    `count` ids (topk_length), so padding costs it nothing. in_order: the rows' -1 are all at
-    their ends already (nothing to move: no sort)."""
+    `count` ids (topk_length), so padding costs it nothing."""
     valid = indices >= 0
     counts = valid.sum(dim=1, dtype=torch.int32)
-    if in_order:
-        return flash_mla.pad_topk(indices).unsqueeze(1), counts
     order = (~valid).to(torch.int8).argsort(dim=1, stable=True)
     return flash_mla.pad_topk(indices.gather(1, order)).unsqueeze(1), counts
 
@@ -114,7 +109,7 @@ def sparse_sink_attention_fp8(
     state: dict[str, Any] | None = None,
     window_state: dict[str, Any] | None = None,
     schedule_state: dict[str, Any] | None = None,
-    comp_valid_first: bool = False,
+    comp_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp8_v4.sparse_sink_attention's contract: q [T, H, 512] bf16, pages [blocks, P, 1, 584],
     window [T, W] / comp [T, E] slot ids (-1: none), sinks [H] fp32 -> [T, H, 512]. state: a
@@ -123,8 +118,9 @@ def sparse_sink_attention_fp8(
     forward): the ids packed for the kernel and its schedule, derived from them, are kept there
     for the next call. schedule_state (else state): where the schedule is kept, a dict passed
     again only with the same window and the same count of comp ids in each row (V4's CSA
-    layers of a forward: each picks min(k, visible) of the same entries). comp_valid_first:
-    each row of comp has its -1 at its end (the indexer's picks, in the rule's order)."""
+    layers of a forward: each picks min(k, visible) of the same entries). comp_counts [T] int32:
+    each row of comp holds this many ids first, then only -1 (the indexer's picks, in the
+    rule's order, counted where they were made): nothing to move or count here."""
     if _fall_back("sparse_sink_attention_fp8", q, None) or (qp := flash_mla.pad_heads(q)) is None:
         return fp8_v4.sparse_sink_attention(q, window_pages, window, comp_pages, comp, sinks, scale)
     fm = flash_mla.wheel()
@@ -137,7 +133,10 @@ def sparse_sink_attention_fp8(
     if packed is None:
         comp_ids = None
         if comp is not None and comp_pages is not None:
-            comp_ids = _valid_first(comp, comp_valid_first)
+            if comp_counts is not None:
+                comp_ids = flash_mla.pad_topk(comp).unsqueeze(1), comp_counts
+            else:
+                comp_ids = _valid_first(comp)
         packed = state[PACKED] = (window_packed, comp_ids)
     (window_ids, window_counts), comp_packed = packed
     extra = {}

@@ -108,12 +108,12 @@ def sparse_sink_attention(
     state: dict[str, Any] | None = None,
     window_state: dict[str, Any] | None = None,
     schedule_state: dict[str, Any] | None = None,
-    comp_valid_first: bool = False,
+    comp_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """torch_ref.sparse_sink_attention over FP8 pages [blocks, P, 1, 584], read in place:
     query t attends to the window entries at slots window[t] and the compressed ones at
     comp[t] (-1: none). Only the slots some query names are dequantized. -> [T, H, 512] in
-    q's dtype. state / window_state / schedule_state, comp_valid_first: what a kernel backend
+    q's dtype. state / window_state / schedule_state, comp_counts: what a kernel backend
     keeps between calls and may take for granted (stages/kernels/flash_mla_v4.py; unused
     here)."""
     pools, parts, base = [], [], 0

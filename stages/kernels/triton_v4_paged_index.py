@@ -65,7 +65,9 @@ def rate_index(
     return launch_rate(*args, scratch_slot)
 
 
-def pick_slots(picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def pick_slots(
+    picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     if _refused("v4_pick_slots", picked):
         return reference.pick_slots(picked, table, visible)
     return launch_pick_slots(picked, table, visible)
@@ -73,16 +75,17 @@ def pick_slots(picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor)
 
 def launch_pick_slots(
     picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's launch on any device Triton runs on (its interpreter's tests call it)."""
     rows, k = picked.shape
     out = torch.empty(rows, k, dtype=torch.int32, device=picked.device)
+    counts = torch.zeros(rows, dtype=torch.int32, device=picked.device)
     if rows and k:
         _pick_slots[(rows,)](
-            picked, table, visible, out, k, picked.stride(0), table.stride(0), out.stride(0),
-            BLOCK_K=triton.next_power_of_2(k), num_warps=4, **pdl.options(out),
+            picked, table, visible, out, counts, k, picked.stride(0), table.stride(0),
+            out.stride(0), BLOCK_K=triton.next_power_of_2(k), num_warps=4, **pdl.options(out),
         )  # fmt: skip
-    return out
+    return out, counts
 
 
 def launch_window(
@@ -229,7 +232,7 @@ if triton is not None:
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _pick_slots(  # type: ignore[no-untyped-def]
-        pick_ptr, table_ptr, visible_ptr, out_ptr, K, stride_p, stride_t, stride_o,
+        pick_ptr, table_ptr, visible_ptr, out_ptr, count_ptr, K, stride_p, stride_t, stride_o,
         BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
     ):
         enter(PDL)
@@ -239,4 +242,5 @@ if triton is not None:
         picked = (pick >= 0) & (pick < tl.load(visible_ptr + i))
         slot = tl.load(table_ptr + i * stride_t + tl.maximum(pick, 0), mask=picked, other=-1)
         tl.store(out_ptr + i * stride_o + j, tl.where(picked, slot, -1).to(tl.int32), mask=j < K)
+        tl.store(count_ptr + i, tl.sum(picked.to(tl.int32), axis=0))
     # fmt: on

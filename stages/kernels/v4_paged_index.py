@@ -105,10 +105,13 @@ def rate_index(
     )
 
 
-def pick_slots(picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """[T, k] int32: the cache slot of each entry a decode row's indexer picked (picked [T, k]
-    entry ids in [-1, E), table [T, E] long: each row's entry slots, visible [T]: how many of
-    them the row sees); -1 for none and for a pick the row does not see."""
+def pick_slots(
+    picked: torch.Tensor, table: torch.Tensor, visible: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([T, k] int32: the cache slot of each entry a decode row's indexer picked, -1 for none
+    and for a pick the row does not see; [T] int32: each row's count of slots) of picked [T, k]
+    entry ids in [-1, E), table [T, E] long (each row's entry slots), visible [T] (how many of
+    them the row sees)."""
     chosen = table.gather(1, picked.clamp(min=0).long())
     seen = (picked >= 0) & (picked < visible[:, None])
-    return torch.where(seen, chosen, -1).int()
+    return torch.where(seen, chosen, -1).int(), seen.sum(dim=1, dtype=torch.int32)

@@ -248,7 +248,7 @@ def test_csa_picks_keep_the_contract_flash_mla_takes_them_by(checkpoint):
         run((PROMPT * 2)[:n], [(0, n, table, False)])
     calls.clear()
     run([5, 6, 7, 8], [(n, 1, table, True) for n, table in tables.items()])
-    picked = [(w, c, kw) for w, c, kw in calls if kw.get("comp_valid_first")]
+    picked = [(w, c, kw) for w, c, kw in calls if kw.get("comp_counts") is not None]
     assert len(picked) == sum(
         kind == "compressed_sparse_attention" for kind in TINY_V4["layer_types"]
     )
@@ -258,6 +258,7 @@ def test_csa_picks_keep_the_contract_flash_mla_takes_them_by(checkpoint):
     for window, comp, kw in picked:
         valid = comp >= 0
         assert torch.equal(valid, valid.cummin(dim=1).values)  # no pick after a -1
+        assert torch.equal(kw["comp_counts"], valid.sum(dim=1, dtype=torch.int32))
         first_window, _, first_kw = picked[0]
         assert kw["schedule_state"] is first_kw["schedule_state"]
         assert torch.equal(window, first_window)

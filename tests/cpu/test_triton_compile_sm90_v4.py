@@ -199,6 +199,7 @@ def test_v4_paged_index_compiles(rate, dense):
     _compile(
         k._pick_slots,
         {"pick_ptr": "*i64", "table_ptr": "*i64", "visible_ptr": "*i64", "out_ptr": "*i32",
+         "count_ptr": "*i32",
          **{name: "i32" for name in ("K", "stride_p", "stride_t", "stride_o")}},  # fmt: skip
         {"BLOCK_K": 512},
         num_warps=4,

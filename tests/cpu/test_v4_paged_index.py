@@ -81,9 +81,11 @@ def test_interpreted_pick_slots_is_the_torch_form(triton_interpreter, k):
     picked[1] = -1  # a row with no entry yet
     picked[2, : k // 2] = -1
     visible = torch.tensor([600, 0, 599, 300, 1])
-    want = torch_form.pick_slots(picked, table, visible)
-    got = kernel.launch_pick_slots(picked, table, visible)
+    want, want_counts = torch_form.pick_slots(picked, table, visible)
+    got, counts = kernel.launch_pick_slots(picked, table, visible)
     assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want)
+    assert counts.dtype == torch.int32 and torch.equal(counts, want_counts)
+    assert torch.equal(counts, (want >= 0).sum(dim=1, dtype=torch.int32))
     assert torch.equal(want[1], torch.full((k,), -1, dtype=torch.int32))
     unseen = picked >= visible[:, None]
     assert unseen.any() and (want[unseen] == -1).all()

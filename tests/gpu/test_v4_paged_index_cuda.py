@@ -46,6 +46,8 @@ def test_pick_slots_gives_the_torch_forms_integers(rows):
     picked = torch.randint(-1, 65536, (rows, 512), generator=g, device="cuda")
     picked[0, 256:] = -1
     visible = torch.randint(0, 65537, (rows,), generator=g, device="cuda")
-    got = kernel.pick_slots(picked, table, visible)
-    want = torch_form.pick_slots(picked, table, visible)
+    (got, counts), (want, want_counts) = (
+        f.pick_slots(picked, table, visible) for f in (kernel, torch_form)
+    )
     assert got.dtype == torch.int32 and torch.equal(got, want)
+    assert torch.equal(counts, want_counts)

@@ -48,9 +48,9 @@ GPU_LAUNCHES = {
     "hc_mix": 2,  # _project, _finish
 }
 # FlashMLA's V4 FP8 call: its kernel and split combine each call; a set of ids packed (argsort,
-# gather, sum, pad, its view; a CSA layer's picks, in order already: sum, pad) once per state
+# gather, sum, pad, its view; a CSA layer's picks, counted already: none) once per state
 # that keeps it; the schedule once per state (or per schedule_state where given)
-KERNEL_LAUNCHES, PACK_LAUNCHES, IN_ORDER_PACK_LAUNCHES, SCHEDULE_LAUNCHES = 2, 5, 2, 1
+KERNEL_LAUNCHES, PACK_LAUNCHES, IN_ORDER_PACK_LAUNCHES, SCHEDULE_LAUNCHES = 2, 5, 0, 1
 FREE = {"empty", "empty_strided", "empty_like", "detach", "alias", "lift_fresh", "_unsafe_view"}
 SMALL = dict(
     hidden_size=512, moe_intermediate_size=128, n_routed_experts=16, num_attention_heads=16,
@@ -92,7 +92,7 @@ def fp8_attention_launches(kwargs: dict[str, Any]) -> int:
     """sparse_sink_attention_fp8's launches, what FlashMLA's backend keeps in its states
     (stages/kernels/flash_mla_v4.py) counted once per state."""
     schedule = kwargs.get("schedule_state")
-    comp_pack = IN_ORDER_PACK_LAUNCHES if kwargs.get("comp_valid_first") else PACK_LAUNCHES
+    comp_pack = IN_ORDER_PACK_LAUNCHES if kwargs.get("comp_counts") is not None else PACK_LAUNCHES
     kept_things = (
         (kwargs.get("window_state"), PACK_LAUNCHES),
         (kwargs.get("state"), comp_pack + (SCHEDULE_LAUNCHES if schedule is None else 0)),

@@ -108,14 +108,15 @@ class V4Backend(AttentionBackend[V4Plan]):
                     layer, x, q_resid, angles, plan, cache.addresses(), local
                 )
                 return self.split_fp8(layer, q, traced, indices, plan, cache, local)
-            window, comp, shared = self.fp8_slots(layer, x, q_resid, angles, plan, cache, local)
-            picked = layer.indexer is not None and comp is not None
-            # a CSA layer's picks: -1 last in each row (the rule's order), and as many in each
-            # row as every CSA layer of the forward picks (min(k, visible)): one schedule
+            window, comp, shared, counts = self.fp8_slots(
+                layer, x, q_resid, angles, plan, cache, local
+            )
+            # a CSA layer's picks: -1 last in each row (the rule's order), counted, and as many
+            # in each row as every CSA layer of the forward picks (min(k, visible)): one schedule
             extra: dict[str, Any] = {}
-            if picked:
+            if counts is not None:
                 schedule = plan.fp8_shared.setdefault(-layer.rate, {})
-                extra = dict(comp_valid_first=True, schedule_state=schedule)
+                extra = dict(comp_counts=counts, schedule_state=schedule)
             out: torch.Tensor = _op(kernels.sparse_sink_attention_fp8)(
                 q, cache.pages(local, KV), window, cache.pages(local, COMP), comp,
                 layer.sinks, scale, state=shared, window_state=plan.fp8_window_state, **extra,
@@ -133,27 +134,29 @@ class V4Backend(AttentionBackend[V4Plan]):
         plan: V4Plan,
         cache: V4Cache,
         local: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any] | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any] | None, torch.Tensor | None]:
         """(window [T, W], comp [T, E] or None) slot ids (-1: none) of the FP8 pages each query
-        attends, and the state the layers of its kind share this forward: the window slots
-        every layer shares; an HCA layer's entries (every visible one, the same for each layer
-        of its rate); a CSA layer's, the ones its indexer picked."""
+        attends, the state the layers of its kind share this forward (the window slots every
+        layer shares; an HCA layer's entries, every visible one, the same for each layer of its
+        rate), and a CSA layer's count of picks in each row ([T] int32, its picks' slots first
+        in comp; else None)."""
         window = self.window_slots(plan)
         rp = plan.rates.get(layer.rate)
         if rp is None or not rp.max_entries:  # sliding, or no entry yet: the window alone
-            return window, None, plan.fp8_shared.setdefault(0, {})
+            return window, None, plan.fp8_shared.setdefault(0, {}), None
         if layer.indexer is not None:
             table = rp.entry_table  # decode-only rows: each row's own entry table
             picked = layer.indexer.select(
                 x, q_resid, angles, rp, cache, local, hide_unseen=table is None
             )
             if table is not None:
-                pick_slots = _op(layer.kernels.v4_pick_slots)
-                return window, pick_slots(picked, table, rp.visible), None
+                slots, counts = _op(layer.kernels.v4_pick_slots)(picked, table, rp.visible)
+                return window, slots, None, counts
             # entry e of the token's row at rp.entry_slots[token_base - Nw + e]
             first = rp.token_base[:, None] - plan.window_slots.shape[0]
             chosen = rp.entry_slots[(first + picked).clamp(min=0)]
-            return window, torch.where(picked < 0, -1, chosen).int(), None
+            counts = (picked >= 0).sum(dim=1, dtype=torch.int32)
+            return window, torch.where(picked < 0, -1, chosen).int(), None, counts
         shared = plan.fp8_shared.setdefault(layer.rate, {})
         if SLOTS not in shared:
             if rp.dense_indices is None:
@@ -162,7 +165,7 @@ class V4Backend(AttentionBackend[V4Plan]):
             at = (pool.long() - plan.window_slots.shape[0]).clamp(min=0)
             shared[SLOTS] = torch.where(pool >= 0, rp.entry_slots[at], -1).int()
         comp: torch.Tensor = shared[SLOTS]
-        return window, comp, shared
+        return window, comp, shared, None
 
     @staticmethod
     def window_slots(plan: V4Plan) -> torch.Tensor:
