@@ -1,10 +1,10 @@
 """DeepGEMM, built from source on the GPU host, beside our Triton FP8 kernels (issue 35's "FP8
-GEMMs at FP8 rates") at DeepSeek-V4-Flash's shapes. Host run (DeepGEMM's source and its build
-script stay out of git, in .gpu-deepgemm/): here, `bash .gpu-deepgemm/pack_deepgemm.sh` packs the
+GEMMs at FP8 rates") at DeepSeek-V4-Flash's shapes. Host run (DeepGEMM's source archive stays out
+of git; the scripts are in .gpu-deepgemm/): here, `bash .gpu-deepgemm/pack_deepgemm.sh` packs the
 fetched snapshots into .gpu-deepgemm/deepgemm-src.tar.xz; the device call carries
 [".gpu-deepgemm"] and runs `bash .gpu-deepgemm/deepgemm_build.sh .gpu-deepgemm/deepgemm-src.tar.xz
-/tmp/dg` (builds deep_gemm._C, writes /tmp/dg/env.sh), then `. /tmp/dg/env.sh; python3 -m
-app.bench.deepgemm --out $OUT/deepgemm.json`. If deep_gemm does not import, or its first kernel
+/tmp/dg` (builds deep_gemm._C with Ubuntu's g++, writes /tmp/dg/env.sh), then `. /tmp/dg/env.sh;
+python3 -m app.bench.deepgemm --out $OUT/deepgemm.json`. If deep_gemm does not import, or its first kernel
 does not run (a child process tries one: probe_kernel), the JSON says why.
 
 - Grouped W8A8 MoE GEMMs at 4K and 8K-token chunks (256 experts, top-6 on random router logits,
