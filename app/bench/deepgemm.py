@@ -4,8 +4,8 @@ of git; the scripts are in .gpu-deepgemm/): here, `bash .gpu-deepgemm/pack_deepg
 fetched snapshots into .gpu-deepgemm/deepgemm-src.tar.xz; the device call carries
 [".gpu-deepgemm"] and runs `bash .gpu-deepgemm/deepgemm_build.sh .gpu-deepgemm/deepgemm-src.tar.xz
 /tmp/dg` (builds deep_gemm._C with Ubuntu's g++, writes /tmp/dg/env.sh), then `. /tmp/dg/env.sh;
-python3 -m app.bench.deepgemm --out $OUT/deepgemm.json`. If deep_gemm does not import, or its first kernel
-does not run (a child process tries one: probe_kernel), the JSON says why.
+python3 -m app.bench.deepgemm --out $OUT/deepgemm.json`. If deep_gemm does not import, or its
+first kernel does not run (a child process tries one: probe_kernel), the JSON says why.
 
 - Grouped W8A8 MoE GEMMs at 4K and 8K-token chunks (256 experts, top-6 on random router logits,
   hidden 4096, width 2048): ``m_grouped_fp8_gemm_nt_contiguous`` against
