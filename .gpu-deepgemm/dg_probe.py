@@ -20,9 +20,8 @@ import sys
 libc = ctypes.CDLL(None)
 libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), None, 2, 0)  # _IONBF, before any C output
 
-import torch  # noqa: E402
-
 import deep_gemm  # noqa: E402
+import torch  # noqa: E402
 from deep_gemm.utils import per_block_cast_to_fp8, per_token_cast_to_fp8  # noqa: E402
 
 calls = sys.argv[1:] or ["cublaslt", "bf16_gemm_nt", "fp8_gemm_nt"]
@@ -33,7 +32,8 @@ print(
     f"num_sms {deep_gemm.get_num_sms()}; pid {os.getpid()}",
     flush=True,
 )
-print("env:", {k: v for k, v in sorted(os.environ.items()) if k.startswith(("DG_", "CUDA_HOME"))}, flush=True)
+dg_env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("DG_", "CUDA_HOME"))}
+print("env:", dg_env, flush=True)
 
 m, n, k = int(os.environ.get("DG_PROBE_M", "256")), 512, 1024
 a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -41,7 +41,10 @@ b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
 ref = a.float() @ b.float().t()
 d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 sf = torch.rand(m, k // 128, device="cuda", dtype=torch.float32)
-mn_major = getattr(deep_gemm, "get_mn_major_tma_aligned_tensor", None) or deep_gemm._C.get_mn_major_tma_aligned_tensor
+mn_major = (
+    getattr(deep_gemm, "get_mn_major_tma_aligned_tensor", None)
+    or deep_gemm._C.get_mn_major_tma_aligned_tensor
+)
 
 
 def gemm_err() -> str:
