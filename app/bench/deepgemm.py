@@ -12,7 +12,8 @@ first kernel does not run (a child process tries one: probe_kernel), the JSON sa
   ``triton_moe_fp8.grouped_gemm``, each on its own moe_routing layout (DeepGEMM's M alignment, 128
   on SM90; our tiles_for's BLOCK_M) of the same FP8 operands; DeepGEMM on the layout's sync-free
   row bound and (``deepgemm-trimmed``) on the rows in use. Then the whole routed-expert step:
-  ``triton_moe_fp8.moe_experts`` against its steps with DeepGEMM's GEMMs and torch glue.
+  ``triton_moe_fp8.moe_experts`` against the deepgemm backend (stages/kernels/deepgemm_moe.py:
+  DeepGEMM's GEMMs inside our quantizers, layout and combine), whose bits should be the same.
 - Dense W8A8 linears (fp8.py's V4_DECODE_LINEARS at M = 4096, 8192): ``fp8_gemm_nt`` against the
   Triton persistent GEMM on the same FP8 operands, and from bf16 (our quantizer first) beside
   fp8_gemm.linear and linear_scaled_mm (cuBLASLt).
@@ -52,18 +53,6 @@ REPS = 10
 SPIN_MS = 2.0  # each timed call waits behind a spin this long: its launch stays off the clock
 # a kernel JIT-compiled ahead of the timings: ("dense", M, N, K, 1) or ("grouped", rows, N, K, E)
 JitJob = tuple[str, int, int, int, int]
-
-
-def contiguous_layout(
-    pair_of_row: torch.Tensor, tile_expert: torch.Tensor, block_m: int
-) -> torch.Tensor:
-    """DeepGEMM's grouped_layout (m_indices, int32 [rows]) of a moe_routing.Routing built with
-    block_m = DeepGEMM's M alignment: each row's expert, -1 on padding rows and the unused tail
-    (DeepGEMM reads a block's expert from its first row and skips a block or half block whose
-    first row is -1)."""
-    tile = torch.arange(pair_of_row.numel(), device=pair_of_row.device) // block_m
-    expert = tile_expert.long().index_select(0, tile)
-    return torch.where(pair_of_row >= 0, expert, -1).int()
 
 
 def by_pair(c: torch.Tensor, pair_of_row: torch.Tensor, pairs: int) -> torch.Tensor:
@@ -226,7 +215,7 @@ def grouped_row(
 ) -> dict[str, Any]:
     """One grouped GEMM on both kernels, each on its routing layout: row i of the layout reads
     act's row pair_of_row[i] // per."""
-    from stages.kernels import triton_moe_fp8
+    from stages.kernels import deepgemm_moe, triton_moe_fp8
     from stages.kernels.triton_gemm import num_sms
 
     t, pairs = lay["x"].shape[0], lay["ids"].numel()
@@ -244,7 +233,7 @@ def grouped_row(
     want = by_pair(ours(), r.pair_of_row, pairs)
     rd, used = lay["deepgemm"], lay["used"]
     qd, qds = gather(*act, rd.pair_of_row.clamp(min=0).long() // per)
-    m_idx = contiguous_layout(rd.pair_of_row, rd.tile_expert, rd.block_m)
+    m_idx = deepgemm_moe.contiguous_layout(rd.pair_of_row, rd.tile_expert, rd.block_m)
     c = torch.empty(qd.shape[0], n, dtype=torch.bfloat16, device="cuda")
     try:  # DeepGEMM's own transpose of the activation scales to MN-major, TMA-aligned
         sfa = dg.get_mn_major_tma_aligned_tensor(qds)
@@ -285,48 +274,19 @@ def sum_row(t: int, gemm_rows: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def dg_moe(
-    dg: Any,
-    x: torch.Tensor,
-    w8: tuple[torch.Tensor, ...],
-    ids: torch.Tensor,
-    wt: torch.Tensor,
-    block_m: int,
-) -> torch.Tensor:
-    """triton_moe_fp8._moe's steps with DeepGEMM's grouped GEMMs (no host sync: the layout's
-    full row bound), the routing weights and the top-k sum in torch."""
-    from stages.kernels import triton_fp8_act
-    from stages.kernels.moe_routing import route_and_gather
-
-    gq, gs, dq, ds = w8
-    t, k = ids.shape
-    xq, xs = triton_fp8_act.quantize_act(x)
-    r, a = route_and_gather(xq.view(torch.uint8), ids, wt, gq.shape[0], block_m)
-    a_s = xs.index_select(0, (r.pair_of_row.clamp(min=0) // k).long())
-    m_idx = contiguous_layout(r.pair_of_row, r.tile_expert, block_m)
-    h = torch.empty(a.shape[0], gq.shape[1], dtype=x.dtype, device=x.device)
-    dg.m_grouped_fp8_gemm_nt_contiguous((a.view(fp8_ref.FP8), a_s), (gq, gs), h, m_idx)
-    hq, hs = triton_fp8_act.swiglu_quantize_act(h)
-    y = torch.empty(a.shape[0], dq.shape[1], dtype=x.dtype, device=x.device)
-    dg.m_grouped_fp8_gemm_nt_contiguous((hq, hs), (dq, ds), y, m_idx)
-    y = (y.float() * r.row_weight[:, None]).to(x.dtype)
-    return (
-        by_pair(y, r.pair_of_row, t * k).view(t, k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
-    )
-
-
 def moe_step_row(dg: Any, lay: dict[str, Any], w8: tuple[torch.Tensor, ...]) -> dict[str, Any]:
-    """The whole routed-expert step (bf16 in, bf16 out) on each kernel."""
-    from stages.kernels import triton_moe_fp8
+    """The whole routed-expert step (bf16 in, bf16 out) on each moe_experts_fp8 backend: the
+    same bits expected (deepgemm_vs_triton's rel_err 0)."""
+    from stages.kernels import deepgemm_moe, triton_moe_fp8
 
     _e, k, hidden, inter = V4_FLASH
     gq, gs, dq, ds = w8
     x, ids, wt = lay["x"], lay["ids"], lay["wt"]
-    t, block = x.shape[0], lay["deepgemm"].block_m
+    t = x.shape[0]
     flops = 2.0 * t * k * 3 * hidden * inter
     fns: dict[str, Callable[[], torch.Tensor]] = {
         "triton-persistent": lambda: triton_moe_fp8.moe_experts(x, gq, gs, dq, ds, ids, wt),
-        "deepgemm+torch": lambda: dg_moe(dg, x, w8, ids, wt, block),
+        "deepgemm": lambda: deepgemm_moe.moe_experts(x, gq, gs, dq, ds, ids, wt),
     }
     row: dict[str, Any] = {"tokens": t, "pairs": t * k, "moe_step": "bf16 -> bf16"}
     for label, fn in fns.items():
@@ -336,6 +296,7 @@ def moe_step_row(dg: Any, lay: dict[str, Any], w8: tuple[torch.Tensor, ...]) -> 
     if all("error" not in row[label] for label in fns):
         ours, theirs = (fn() for fn in fns.values())
         row["deepgemm_vs_triton"] = errors(theirs, ours)
+        row["same_bits"] = bool(torch.equal(ours.view(torch.int16), theirs.view(torch.int16)))
     print(json.dumps(row), flush=True)
     return row
 
@@ -395,7 +356,7 @@ def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
     for r in result.get("moe", []):
         if r.get("gemm") == "gate_up + down" or "moe_step" in r:
             what = f"moe {r.get('gemm', 'step')} @ {r['tokens']}"
-            picks.append((what, r.get("deepgemm", r.get("deepgemm+torch")), r["triton-persistent"]))
+            picks.append((what, r.get("deepgemm"), r["triton-persistent"]))
     for r in result.get("dense", []):
         what = f"dense {r['layer']} M={r['M']}"
         picks.append((what, r["deepgemm"].get("gemm"), r["triton-persistent"]["gemm"]))

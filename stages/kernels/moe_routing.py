@@ -33,6 +33,9 @@ class Routing:
     tile_expert: torch.Tensor  # [max_tiles] int32: the expert of each M tile
     num_tiles: torch.Tensor  # [1] int32: M tiles in use (the rest of the buffers is unused)
     block_m: int
+    # [pairs] int32: the row of each pair (undefined for a pick of id -1): where a combine reads
+    # a GEMM's rows in the layout's order (DeepGEMM's, which writes no pair slots)
+    row_of_pair: torch.Tensor
 
     @property
     def max_tiles(self) -> int:
@@ -70,9 +73,12 @@ def route(
     row_weight = torch.zeros(trash + 1, dtype=torch.float32, device=device)
     row_weight[dest] = topk_weights.reshape(-1).float()[order]
     pair_of_row, row_weight = pair_of_row[:trash], row_weight[:trash]
+    row_of_pair = torch.full((n,), -1, dtype=torch.int32, device=device)
+    row_of_pair[order] = torch.where(dest < trash, dest, -1).int()
     tile_idx = torch.arange(bound, device=device)
     tile_expert = torch.searchsorted(cum_tiles, tile_idx, right=True).clamp_(max=num_experts - 1)
-    return Routing(pair_of_row, row_weight, tile_expert.int(), cum_tiles[-1:].int(), block_m)
+    tiles_used = cum_tiles[-1:].int()
+    return Routing(pair_of_row, row_weight, tile_expert.int(), tiles_used, block_m, row_of_pair)
 
 
 def route_and_gather(
@@ -94,11 +100,15 @@ def route_and_gather_scaled(
     topk_weights: torch.Tensor,
     num_experts: int,
     block_m: int,
+    group_major: bool = False,
 ) -> tuple[Routing, torch.Tensor, torch.Tensor]:
     """route_and_gather of quantized rows x with their scales x_scale [T, S] fp32 gathered
     beside them by the same kernel: (the layout, rows [rows, H], scales [rows, S]; padding rows
-    of both unwritten)."""
-    r, a, scale = _route_gather(x, x_scale, topk_ids, topk_weights, num_experts, block_m)
+    of both unwritten). group_major: the scales are a view of a contiguous [S, rows] tensor
+    (MN-major, the layout DeepGEMM's SM90 GEMMs read)."""
+    r, a, scale = _route_gather(
+        x, x_scale, topk_ids, topk_weights, num_experts, block_m, group_major
+    )
     assert scale is not None
     return r, a, scale
 
@@ -110,6 +120,7 @@ def _route_gather(
     topk_weights: torch.Tensor,
     num_experts: int,
     block_m: int,
+    group_major: bool = False,
 ) -> tuple[Routing, torch.Tensor, torch.Tensor | None]:
     import triton
 
@@ -122,11 +133,16 @@ def _route_gather(
     num_tiles = torch.empty(1, dtype=torch.int32, device=device)
     pair_of_row = torch.empty(bound * block_m, dtype=torch.int32, device=device)  # _plan: -1
     row_weight = torch.empty(bound * block_m, dtype=torch.float32, device=device)
+    row_of_pair = torch.empty(n, dtype=torch.int32, device=device)
     a = torch.empty(bound * block_m, hidden, dtype=x.dtype, device=device)
     scales = x_scale.contiguous() if x_scale is not None else None
     a_scale = None
     if scales is not None:
-        a_scale = torch.empty(bound * block_m, scales.shape[1], dtype=scales.dtype, device=device)
+        shape = (bound * block_m, scales.shape[1])
+        if group_major:
+            a_scale = torch.empty(shape[::-1], dtype=scales.dtype, device=device).t()
+        else:
+            a_scale = torch.empty(shape, dtype=scales.dtype, device=device)
     plan_outs = (tile_start, tile_expert, num_tiles, pair_of_row, num_experts, bound, block_m)
     plan_blocks = dict(BLOCK_T=32, BLOCK_R=1024)
     if n <= ONE_PROGRAM_PAIRS:  # a decode batch: count and plan in one program, no fill
@@ -152,6 +168,7 @@ def _route_gather(
         a,
         pair_of_row,
         row_weight,
+        row_of_pair,
         tile_start,
         cursors,
         a if scales is None else scales,
@@ -161,13 +178,16 @@ def _route_gather(
         k,
         block_m,
         0 if scales is None else scales.shape[1],
+        0 if a_scale is None else a_scale.stride(0),
+        0 if a_scale is None else a_scale.stride(1),
         BLOCK_P=pairs,
         BLOCK_H=256,
         SCALES=scales is not None,
         BLOCK_S=triton.next_power_of_2(1 if scales is None else scales.shape[1]),
         **pdl.options(ids),
     )
-    return Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m), a, a_scale
+    r = Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m, row_of_pair)
+    return r, a, a_scale
 
 
 try:
@@ -302,6 +322,7 @@ if triton is not None:
         a_ptr,
         pair_ptr,
         row_weight_ptr,
+        row_of_pair_ptr,
         tile_start_ptr,
         fill_ptr,
         scale_ptr,
@@ -311,6 +332,8 @@ if triton is not None:
         TOPK,
         BLOCK_M,
         S,
+        stride_asr,
+        stride_ass,
         BLOCK_P: tl.constexpr,
         BLOCK_H: tl.constexpr,
         SCALES: tl.constexpr,
@@ -324,6 +347,7 @@ if triton is not None:
         rank = tl.atomic_add(fill_ptr + expert, 1, mask=keep)
         dest = tl.load(tile_start_ptr + expert, mask=keep, other=0) * BLOCK_M + rank
         tl.store(pair_ptr + dest, pairs, mask=keep)
+        tl.store(row_of_pair_ptr + pairs, dest, mask=keep)
         weight = tl.load(w_ptr + pairs, mask=keep, other=0.0).to(tl.float32)
         tl.store(row_weight_ptr + dest, weight, mask=keep)
         token = (pairs // TOPK).to(tl.int64)
@@ -337,4 +361,5 @@ if triton is not None:
             cols = tl.arange(0, BLOCK_S)
             both = keep[:, None] & (cols[None, :] < S)
             v = tl.load(scale_ptr + token[:, None] * S + cols[None, :], mask=both)
-            tl.store(a_scale_ptr + dest[:, None] * S + cols[None, :], v, mask=both)
+            out = a_scale_ptr + dest[:, None] * stride_asr + cols[None, :] * stride_ass
+            tl.store(out, v, mask=both)

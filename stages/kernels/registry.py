@@ -156,9 +156,11 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",
     },
     # Routed experts with FP8 weights: a grouped persistent W8A8 Triton GEMM, or (torch) each
-    # expert's GEMMs on the chosen fp8_linear.
+    # expert's GEMMs on the chosen fp8_linear; deepgemm: a prefill chunk's two grouped GEMMs on
+    # DeepGEMM's (built from source: it is not on the package index), the same bits.
     "moe_experts_fp8": {
         "torch": "stages.kernels.fp8_ref:moe_experts",
+        "deepgemm": "stages.kernels.deepgemm_moe:moe_experts",
         "triton-persistent": "stages.kernels.triton_moe_fp8:moe_experts",
         "triton-persistent-sm1": "stages.kernels.triton_moe_fp8:moe_experts_sm1",
     },
@@ -216,7 +218,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     # (docs/PERFORMANCE.md, session 19)
     "fp8_linear": ("scaled-mm", "gemv-scaled-mm", "triton-persistent", "torch"),
     "fp8_swiglu_linear": ("scaled-mm", "gemv-scaled-mm", "triton-persistent", "torch"),
-    "moe_experts_fp8": ("triton-persistent", "torch"),
+    "moe_experts_fp8": ("deepgemm", "triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
     "mla_prefill_fp8": ("flash-mla-bf16", "flash-mla", "torch"),

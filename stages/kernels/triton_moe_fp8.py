@@ -15,8 +15,9 @@ bf16 product never goes to memory and only the layout's real rows are written (t
 most rows of a decode batch's layout, is skipped). Its bits are the unfused path's (the GEMM's
 result rounded to the activations' dtype, then triton_fp8_act.swiglu_quantize_act over the layout's
 live rows only), which serves more tokens and an intermediate width off the 128 grid. The down GEMM
-scales each row by its routing weight and stores it at its (token, k) slot, as triton_moe's does;
-the k slots of a token are summed.
+stores each row at its (token, k) slot, rounded to the activations' dtype as an expert's output is
+(fp8_ref.moe_experts); the combine weighs a token's k slots in fp32 and sums them. The GEMMs'
+rows are computed alike whatever the batch, so a token's output does not depend on it.
 
 Anything not on CUDA goes to fp8_ref.moe_experts, counted and logged once
 (stages/kernels/fallbacks.py); an empty batch does too, uncounted.
@@ -125,7 +126,8 @@ def grouped_gemm(
 ) -> torch.Tensor:
     """W8A8 of the layout's rows with their tiles' experts: q [rows, K] fp8 with q_scale
     [rows, K / 128], w [E, N, K] fp8 with w_scale [E, N / 128, K / 128]. Returns c [rows, N]; or,
-    given ``pairs``, y [pairs, N]: each row times its routing weight at its pair's slot.
+    given ``pairs``, y [pairs, N]: each row at its pair's slot (the routing weight left to the
+    combine).
     tma: q's and w's tiles through Hopper TMA descriptors (the bf16 MoE's way) rather than
     pointer loads (contiguous, rows 16-byte aligned, else ValueError): the same products, summed
     alike."""
@@ -155,7 +157,6 @@ def grouped_gemm(
         r.tile_expert,
         r.num_tiles,
         r.pair_of_row,
-        r.row_weight,
         n,
         k,
         progs,
@@ -258,7 +259,7 @@ def _moe(
         h = _grouped(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, None, tiles)
         hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit, live=r.pair_of_row)
     y = _grouped(hq, hs, down, d_scale, r, grid, x.dtype, t * k, tiles)
-    return combine(y, topk_ids, x.dtype)
+    return combine(y, topk_ids, x.dtype, weights=topk_weights)
 
 
 def _grouped(
@@ -298,7 +299,7 @@ if triton is not None:
     @triton.jit  # type: ignore[untyped-decorator]
     def _grouped_w8a8(  # type: ignore[no-untyped-def]
         a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr,
-        weight_ptr, N, K, num_progs, stride_am, stride_as, stride_we, stride_wn, stride_wse,
+        N, K, num_progs, stride_am, stride_as, stride_we, stride_wn, stride_wse,
         stride_wsn, stride_cm, SCATTER: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         PDL: tl.constexpr = False,
@@ -334,7 +335,6 @@ if triton is not None:
                                BLOCK_M, BLOCK_N, BLOCK_K, True)
             if SCATTER:
                 pair = tl.load(pair_ptr + rows)
-                acc = acc * tl.load(weight_ptr + rows)[:, None]
                 dest = pair.to(tl.int64)
                 keep = (pair[:, None] >= 0) & (cols[None, :] < N)
             else:

@@ -238,3 +238,23 @@ def test_an_attention_backend_that_cannot_capture_says_so(caplog):
     refused = PagedKVBackend.capture_refusal(GraphSetting({"paged_decode": "triton"}, 24, "", ""))
     assert refused is not None and refused[0] == "paged_decode"
     assert refused[1].reason == "page_size"
+
+
+def test_deepgemm_moe_is_never_auto_off_sm90_and_a_cpu_call_is_counted():
+    """moe_experts_fp8's deepgemm backend (DeepGEMM, built from source, SM90 only): auto passes
+    it by on CPU, naming it is an error there, and a call handed CPU tensors runs the FP8
+    reference through triton-persistent's route, which says so."""
+    from stages.kernels import deepgemm_moe, fp8_ref
+
+    kernels = select_kernels("cpu", fp8_linear="auto")
+    assert kernels.names["moe_experts_fp8"] == "torch"
+    with pytest.raises(ValueError, match="'deepgemm' is not available on device 'cpu'"):
+        registry._select("moe_experts_fp8", "deepgemm", "cpu")
+    g = torch.Generator().manual_seed(2)
+    gate_up, gu_s = fp8_ref.quantize_weight(torch.randn(4, 256, 128, generator=g) / 20)
+    down, d_s = fp8_ref.quantize_weight(torch.randn(4, 128, 128, generator=g) / 20)
+    x, ids = torch.randn(3, 128, generator=g), torch.tensor([[0, 1], [2, -1], [3, 0]])
+    wt = torch.rand(3, 2, generator=g)
+    out = deepgemm_moe.moe_experts(x, gate_up, gu_s, down, d_s, ids, wt)
+    assert torch.equal(out, fp8_ref.moe_experts(x, gate_up, gu_s, down, d_s, ids, wt))
+    assert FALLBACKS.counts() == {("moe_experts_fp8", "triton-persistent", "device"): 1}

@@ -28,3 +28,30 @@ def test_interpreted_combine_matches_torchs_sum(triton_interpreter, t, k, hidden
         got.float(), want.float(), rtol=2**-7 if dtype != torch.float32 else 1e-6, atol=1e-6
     )
     assert (got != want).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("by_row", [False, True], ids=["at-pairs", "by-row"])
+def test_interpreted_combine_weighs_picks_as_the_reference(triton_interpreter, by_row):
+    """weights: each pick's row times its routing weight in fp32, as torch_ref.per_expert
+    weighs an expert's bf16 output; rows: each pick's row read where the routing layout put it
+    (row_of_pair: DeepGEMM's GEMM writes no pair slots), the same bits as read at the pairs."""
+    from stages.kernels import triton_moe_combine
+
+    t, k, hidden = 7, 3, 600
+    gen = torch.Generator().manual_seed(11)
+    y = torch.randn(t * k, hidden, generator=gen).bfloat16()
+    ids = torch.randint(0, 8, (t, k), generator=gen)
+    ids[2, 1] = -1
+    weights = torch.rand(t, k, generator=gen)
+    want = (y.view(t, k, hidden).float() * weights[..., None]).masked_fill((ids < 0)[..., None], 0)
+    want = want.sum(dim=1).bfloat16()
+    at_pairs = triton_moe_combine.combine(y, ids, torch.bfloat16, weights=weights)
+    torch.testing.assert_close(at_pairs.float(), want.float(), rtol=2**-7, atol=1e-6)
+    if by_row:  # the same rows shuffled into a layout of 40 rows, read back through rows
+        perm = torch.randperm(40, generator=gen)[: t * k]
+        layout = torch.full((40, hidden), float("nan")).bfloat16()
+        layout[perm] = y
+        got = triton_moe_combine.combine(
+            layout, ids, torch.bfloat16, weights=weights, rows=perm.int()
+        )
+        assert torch.equal(got.view(torch.int16), at_pairs.view(torch.int16))

@@ -140,6 +140,11 @@ def test_interpreted_routing_matches_reference_layout(triton_interpreter, one_pr
         pair = mine[used].long()
         torch.testing.assert_close(r.row_weight[span][used], weights.reshape(-1)[pair])
         torch.testing.assert_close(a[span][used], x[pair // 3], atol=0, rtol=0)
+        rows = torch.arange(m * 16, (m + 1) * 16)[used]
+        assert torch.equal(r.row_of_pair.long()[pair], rows)  # the inverse of pair_of_row
+    real = ref.pair_of_row >= 0
+    assert torch.equal(ref.row_of_pair.long()[ref.pair_of_row[real].long()], real.nonzero()[:, 0])
+    assert int(ref.row_of_pair[30 * 3 + 1]) == -1
 
 
 def test_interpreted_scaled_routing_copies_each_rows_scales(triton_interpreter):
@@ -153,9 +158,14 @@ def test_interpreted_scaled_routing_copies_each_rows_scales(triton_interpreter):
     weights = torch.rand(40, 2, generator=g)
     rows = torch.randint(0, 256, (40, 384), generator=g, dtype=torch.uint8)
     scales = torch.rand(40, 3, generator=g)
-    r, a, a_scale = route_and_gather_scaled(rows, scales, ids, weights, 5, 16)
-    used = r.pair_of_row >= 0
-    pair = r.pair_of_row[used].long()
-    assert sorted(pair.tolist()) == [p for p in range(80) if p != 7]
-    assert torch.equal(a[used], rows[pair // 2])
-    assert torch.equal(a_scale[used], scales[pair // 2])
+    for group_major in (False, True):  # row-major scales, or [S, rows] (DeepGEMM's SM90 layout)
+        r, a, a_scale = route_and_gather_scaled(rows, scales, ids, weights, 5, 16, group_major)
+        used = r.pair_of_row >= 0
+        pair = r.pair_of_row[used].long()
+        assert sorted(pair.tolist()) == [p for p in range(80) if p != 7]
+        assert torch.equal(a[used], rows[pair // 2])
+        assert torch.equal(a_scale[used], scales[pair // 2])
+        assert a_scale.stride() == ((1, a.shape[0]) if group_major else (3, 1))
+        # each pair's row, the inverse of pair_of_row
+        row = used.nonzero().flatten()
+        assert torch.equal(r.row_of_pair.long()[pair], row)

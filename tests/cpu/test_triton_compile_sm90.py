@@ -95,6 +95,7 @@ def test_moe_routing_compiles():
                 "a_ptr": "*u8" if scales else "*bf16",
                 "pair_ptr": "*i32",
                 "row_weight_ptr": "*fp32",
+                "row_of_pair_ptr": "*i32",
                 "tile_start_ptr": "*i32",
                 "fill_ptr": "*i32",
                 "scale_ptr": "*fp32",
@@ -104,6 +105,8 @@ def test_moe_routing_compiles():
                 "TOPK": "i32",
                 "BLOCK_M": "i32",
                 "S": "i32",
+                "stride_asr": "i32",
+                "stride_ass": "i32",
             },
             {"BLOCK_P": 16, "BLOCK_H": 256, "SCALES": scales, "BLOCK_S": 32},
         )
@@ -258,7 +261,6 @@ def test_fp8_grouped_gemm_compiles(scatter, tiles, tma):
             "tile_expert_ptr": "*i32",
             "num_tiles_ptr": "*i32",
             "pair_ptr": "*i32",
-            "weight_ptr": "*fp32",
             **{s: "i32" for s in ("N", "K", "num_progs", *strides)},
         },
         {
@@ -404,7 +406,6 @@ def test_mxfp4_moe_gemm_compiles(swiglu, tiles, dot_scaled):
             "tile_expert_ptr": "*i32",
             "num_tiles_ptr": "*i32",
             "pair_ptr": "*i32",
-            "weight_ptr": "*fp32",
             **{s: "i32" for s in ("N", "K", "num_progs", *strides)},
             "LIMIT": "fp32",
         },
@@ -427,7 +428,10 @@ def test_mxfp4_moe_gemm_compiles(swiglu, tiles, dot_scaled):
     assert registers_and_spills(kernel)[1] == 0
 
 
-def test_moe_combine_compiles():
+@pytest.mark.parametrize("weighted,by_row", [(False, False), (True, False), (True, True)])
+def test_moe_combine_compiles(weighted, by_row):
+    """The combine as each grouped MoE calls it: rows pre-weighted at their pairs (bf16,
+    MXFP4), weighted here (FP8), read where DeepGEMM's GEMM left them (by row)."""
     from stages.kernels import triton_moe_combine as c
 
     _compile(
@@ -436,8 +440,11 @@ def test_moe_combine_compiles():
             "y_ptr": "*bf16",
             "ids_ptr": "*i64",
             "out_ptr": "*bf16",
+            "w_ptr": "*fp32",
+            "row_ptr": "*i32",
             **{name: "i32" for name in ("T", "H", "stride_y", "stride_ids", "stride_out")},
         },
-        {"K": 6, "BLOCK_T": c.BLOCK_T, "BLOCK_H": c.BLOCK_H},
+        {"K": 6, "WEIGHTED": weighted, "BY_ROW": by_row, "BLOCK_T": c.BLOCK_T,
+         "BLOCK_H": c.BLOCK_H},  # fmt: skip
         num_warps=4,
     )

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 31, call 1 (one H100 or H200; carry .gpu, .whl/sgl_flash_mla-*.whl, .tfw, .commit,
+# .gpu-deepgemm): DeepGEMM built from source (Ubuntu's g++), then the deepgemm moe_experts_fp8
+# backend (stages/kernels/deepgemm_moe.py): its GPU tests (bits equal to triton-persistent's,
+# the FP8 reference, alone against batched across the prefill threshold) beside the FP8 MoE and
+# combine tests the unweighted down rows touch; the MoE step both ways (app.bench.deepgemm); the
+# 256K last chunk by groups without deep_gemm on the path (triton-persistent) and with it
+# (deepgemm, auto's first); the FP8 TTFT rows with it if time is left.
+set -u
+. docs/bench/scripts/host_env.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+D=${DEADLINE:-575}
+LIMIT=120 step build_dg env DG_CXX=/usr/bin/g++ bash .gpu-deepgemm/deepgemm_build.sh \
+  .gpu-deepgemm/deepgemm-src.tar.xz /tmp/dg
+# with_dg CMD...: CMD with deep_gemm importable (its env.sh), JIT logs quiet (a file: timeout
+# runs programs, not shell functions)
+printf '#!/usr/bin/env bash\n. /tmp/dg/env.sh && export DG_JIT_DEBUG=0 DG_JIT_PRINT_COMPILER_COMMAND=0 && exec "$@"\n' > /tmp/with_dg
+chmod +x /tmp/with_dg
+LIMIT=150 step gpu_tests /tmp/with_dg python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
+  tests/gpu/test_deepgemm_moe_cuda.py tests/gpu/test_moe_combine_cuda.py \
+  tests/gpu/test_fp8_kernels.py -k "deepgemm or combine or experts or grouped or swiglu"
+LIMIT=90 step dg_bench /tmp/with_dg python3 -m app.bench.deepgemm --skip-dense --out "$R/deepgemm.json"
+CASE=deepseek-v4-flash:8:262144:8192:512:512
+LIMIT=75 step breakdown_triton python3 -m app.bench.deepseek_breakdown --linear auto \
+  --quantization fp8 --kv-cache-dtype fp8 --cases $CASE --out "$R/breakdown_triton.json"
+LIMIT=75 step breakdown_deepgemm /tmp/with_dg python3 -m app.bench.deepseek_breakdown --linear auto \
+  --quantization fp8 --kv-cache-dtype fp8 --cases $CASE --out "$R/breakdown_deepgemm.json"
+left=$((D - SECONDS))
+[ $left -gt 100 ] && LIMIT=$((left - 10)) step ttft_fp8_deepgemm /tmp/with_dg python3 -m app.cli \
+  bench suite --only ttft-v4-flash-fp8 --device cuda --timeout $((left - 20)) --out "$R/suite"
+grep -h "^| " $R/*.log
+tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"  # one file back (a call returns a few files only)

@@ -1,0 +1,126 @@
+"""Routed experts with FP8 weights whose prefill GEMMs run on DeepGEMM's grouped contiguous
+kernel (``m_grouped_fp8_gemm_nt_contiguous``, SM90): the moe_experts_fp8 contract of
+stages/kernels/triton_moe_fp8.py, and the same bits.
+
+DeepGEMM (https://github.com/deepseek-ai/DeepGEMM) is not on the package index: it is built from
+its source against the local torch and CUDA (`.gpu-deepgemm/deepgemm_build.sh` does it on our
+GPU host) and JIT-compiles its kernels at first use. Where ``deep_gemm`` imports on an SM90 GPU
+with a 128-row contiguous alignment (PREFILL_TILES' M tile), "auto" takes this backend.
+
+A prefill chunk (triton_moe_fp8.tiles_for's prefill tiles) goes through our kernels around
+DeepGEMM's two GEMMs: the 1 x 128 quantizer, the routing layout with the rows' scales written
+MN-major (what DeepGEMM's SM90 kernels read), the SwiGLU quantizer over the live rows (scales
+MN-major too), and the combine, which reads each pick's down row where the layout put it
+(Routing.row_of_pair) and weighs it. DeepGEMM's K loop promotes each 128-wide block's product
+to fp32 with the two scales as ours does, and a row's result does not depend on the other rows
+of its block, so its gate/up and down rows equal triton_moe_fp8's bit for bit (measured on an
+H100: docs/PERFORMANCE.md, session 30); a token's output is the same whichever backend serves
+it, alone or batched. A decode batch (fewer rows than the prefill tiles take, CUDA graphs)
+stays on the Triton kernels, logged once and counted as a route by design.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import torch
+
+from stages.kernels import fp8_ref, triton_fp8_act, triton_moe_fp8
+from stages.kernels.fallbacks import record_fallback
+from stages.kernels.moe_routing import route_and_gather_scaled
+from stages.kernels.triton_moe_combine import combine
+
+BACKEND = "deepgemm"
+
+
+@functools.lru_cache(maxsize=1)
+def _deep_gemm() -> Any:
+    return importlib.import_module("deep_gemm")
+
+
+def is_available(device: str = "cuda") -> bool:
+    """deep_gemm imports, the GPU is SM90 (the kernels with fp32 block scales) and its
+    contiguous layout aligns M to PREFILL_TILES' 128-row tile."""
+    if not triton_moe_fp8.is_available(device):
+        return False
+    if torch.cuda.get_device_capability()[0] != 9:
+        return False
+    try:
+        dg = _deep_gemm()
+    except ImportError:  # not built here
+        return False
+    return int(dg.get_mk_alignment_for_contiguous_layout()) == triton_moe_fp8.PREFILL_TILES[0]
+
+
+def contiguous_layout(
+    pair_of_row: torch.Tensor, tile_expert: torch.Tensor, block_m: int
+) -> torch.Tensor:
+    """DeepGEMM's grouped_layout (m_indices, int32 [rows]) of a moe_routing.Routing built with
+    block_m = DeepGEMM's M alignment: each row's expert, -1 on padding rows and the unused tail
+    (DeepGEMM reads a block's expert from its first row and skips a block or half block whose
+    first row is -1)."""
+    tile = torch.arange(pair_of_row.numel(), device=pair_of_row.device) // block_m
+    expert = tile_expert.long().index_select(0, tile)
+    return torch.where(pair_of_row >= 0, expert, -1).int()
+
+
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gu_scale: torch.Tensor,
+    down: torch.Tensor,
+    d_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    fp8_linear: Any = None,
+    limit: float | None = None,
+) -> torch.Tensor:
+    t, k = topk_ids.shape
+    if x.is_cuda and t:  # off CUDA triton_moe_fp8 counts the input; no rows is no work
+        declined = _declined(t * k, gate_up)
+        if declined is None:
+            return _prefill(x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit)
+        record_fallback("moe_experts_fp8", BACKEND, *declined)
+    return triton_moe_fp8.moe_experts(
+        x, gate_up, gu_scale, down, d_scale, topk_ids, topk_weights, limit=limit
+    )
+
+
+def _declined(pairs: int, gate_up: torch.Tensor) -> tuple[str, str] | None:
+    """(reason, detail) where the Triton kernels take this call, else None."""
+    experts, width, hidden = gate_up.shape
+    if triton_moe_fp8.tiles_for(pairs, experts) != triton_moe_fp8.PREFILL_TILES:
+        return "few_rows", f"{pairs} (token, expert) rows: a decode batch -> triton-persistent"
+    if hidden % fp8_ref.BLOCK or width % (2 * fp8_ref.BLOCK):
+        return "shape", f"experts [{width}, {hidden}] off the 128 grid -> triton-persistent"
+    return None
+
+
+def _prefill(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    gu_scale: torch.Tensor,
+    down: torch.Tensor,
+    d_scale: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    limit: float | None,
+) -> torch.Tensor:
+    dg = _deep_gemm()
+    block_m = triton_moe_fp8.PREFILL_TILES[0]
+    xq, xs = triton_fp8_act.quantize_act(x)
+    r, a, a_scale = route_and_gather_scaled(
+        xq.view(torch.uint8), xs, topk_ids, topk_weights, gate_up.shape[0], block_m, True
+    )
+    m_indices = contiguous_layout(r.pair_of_row, r.tile_expert, block_m)
+    rows = a.shape[0]
+    h = torch.empty(rows, gate_up.shape[1], dtype=x.dtype, device=x.device)
+    dg.m_grouped_fp8_gemm_nt_contiguous(
+        (a.view(fp8_ref.FP8), a_scale), (gate_up, gu_scale.float()), h, m_indices
+    )
+    hq, hs = triton_fp8_act.swiglu_quantize_act(h, limit, group_major=True, live=r.pair_of_row)
+    y = torch.empty(rows, down.shape[1], dtype=x.dtype, device=x.device)
+    dg.m_grouped_fp8_gemm_nt_contiguous((hq, hs), (down, d_scale.float()), y, m_indices)
+    return combine(y, topk_ids, x.dtype, weights=topk_weights, rows=r.row_of_pair)
