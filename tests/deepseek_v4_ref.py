@@ -75,7 +75,9 @@ SECOND_V4 = dict(
     sliding_window=5,
     o_groups=3,
     o_lora_rank=6,
-    index_n_heads=8,
+    # a power of four: 4**-0.5 rides on the indexer's softmax scale (TINY_V4's two heads take
+    # the head weights' cast and product)
+    index_n_heads=4,
     index_head_dim=8,
     index_topk=4,
     swiglu_limit=1.0,

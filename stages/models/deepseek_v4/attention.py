@@ -10,6 +10,7 @@ angle (K is also V), and a grouped low-rank projection maps the heads to the hid
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -127,10 +128,15 @@ class Indexer(GroupCompressor):
         t = x.shape[0]
         q = self.q_b_proj(q_resid).view(t, self.heads, self.width)
         q = apply_rope(q, angles, self.kernels)
-        weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
+        weights = self.scorer.weights_proj(x)
         keys = cache.component(local, INDEX_KEYS)  # scored in place, FP8 or not
         score, top_k = _op(self.kernels.indexer_logits_rows), _op(self.kernels.index_topk)
         k, scale = min(self.topk, plan.max_entries), self.width**-0.5
+        head_scale = self.heads**-0.5
+        if math.frexp(head_scale)[0] == 0.5:  # a power of two (64 heads: 1/8) rides on the
+            scale *= head_scale  # softmax scale exactly: no cast and product launched for it
+        else:
+            weights = weights.float() * head_scale
         if len(plan.select) == 1 and plan.select[0][0] == slice(0, t):  # decode: one tile
             logits, maxima = scores_with_maxima(score, q, keys, weights, scale, plan.select[0][1])
             picked = top_k(logits, k, maxima=maxima)
