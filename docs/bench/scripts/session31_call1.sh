@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Session 31, call 1 (one H100 or H200; carry .gpu, .whl/sgl_flash_mla-*.whl, .tfw, .commit,
-# .gpu-deepgemm): DeepGEMM built from source (Ubuntu's g++), then the deepgemm moe_experts_fp8
+# Session 31, call 1 (one H100 or H200; carry .whl/sgl_flash_mla-*.whl, .tfw, .commit,
+# .gpu-deepgemm: Ray's .gpu comes with call 2, the carry's 64 MiB holding not all of them):
+# DeepGEMM built from source (Ubuntu's g++), then the deepgemm moe_experts_fp8
 # backend (stages/kernels/deepgemm_moe.py): its GPU tests (bits equal to triton-persistent's,
 # the FP8 reference, alone against batched across the prefill threshold) beside the FP8 MoE and
 # combine tests the unweighted down rows touch; the MoE step both ways (app.bench.deepgemm); the
 # 256K last chunk by groups without deep_gemm on the path (triton-persistent) and with it
-# (deepgemm, auto's first); the FP8 TTFT rows with it if time is left.
+# (deepgemm, auto's first). Call 2 (session31_call2.sh) runs the TTFT rows on the warm machine.
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -25,8 +26,5 @@ LIMIT=75 step breakdown_triton python3 -m app.bench.deepseek_breakdown --linear 
   --quantization fp8 --kv-cache-dtype fp8 --cases $CASE --out "$R/breakdown_triton.json"
 LIMIT=75 step breakdown_deepgemm /tmp/with_dg python3 -m app.bench.deepseek_breakdown --linear auto \
   --quantization fp8 --kv-cache-dtype fp8 --cases $CASE --out "$R/breakdown_deepgemm.json"
-left=$((D - SECONDS))
-[ $left -gt 100 ] && LIMIT=$((left - 10)) step ttft_fp8_deepgemm /tmp/with_dg python3 -m app.cli \
-  bench suite --only ttft-v4-flash-fp8 --device cuda --timeout $((left - 20)) --out "$R/suite"
 grep -h "^| " $R/*.log
 tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"  # one file back (a call returns a few files only)
