@@ -215,7 +215,8 @@ def grouped_row(
 ) -> dict[str, Any]:
     """One grouped GEMM on both kernels, each on its routing layout: row i of the layout reads
     act's row pair_of_row[i] // per."""
-    from stages.kernels import deepgemm_moe, triton_moe_fp8
+    from stages.kernels import triton_moe_fp8
+    from stages.kernels.moe_routing import contiguous_layout
     from stages.kernels.triton_gemm import num_sms
 
     t, pairs = lay["x"].shape[0], lay["ids"].numel()
@@ -233,7 +234,7 @@ def grouped_row(
     want = by_pair(ours(), r.pair_of_row, pairs)
     rd, used = lay["deepgemm"], lay["used"]
     qd, qds = gather(*act, rd.pair_of_row.clamp(min=0).long() // per)
-    m_idx = deepgemm_moe.contiguous_layout(rd.pair_of_row, rd.tile_expert, rd.block_m)
+    m_idx = contiguous_layout(rd.pair_of_row, rd.tile_expert, rd.block_m)
     c = torch.empty(qd.shape[0], n, dtype=torch.bfloat16, device="cuda")
     try:  # DeepGEMM's own transpose of the activation scales to MN-major, TMA-aligned
         sfa = dg.get_mn_major_tma_aligned_tensor(qds)

@@ -9,7 +9,8 @@ with a 128-row contiguous alignment (PREFILL_TILES' M tile), "auto" takes this b
 
 A prefill chunk (triton_moe_fp8.tiles_for's prefill tiles) goes through our kernels around
 DeepGEMM's two GEMMs: the 1 x 128 quantizer, the routing layout with the rows' scales written
-MN-major (what DeepGEMM's SM90 kernels read), the SwiGLU quantizer over the live rows (scales
+MN-major (what DeepGEMM's SM90 kernels read) and each row's expert (its m_indices), the SwiGLU
+quantizer over the live rows (scales
 MN-major too), and the combine, which reads each pick's down row where the layout put it
 (Routing.row_of_pair) and weighs it. DeepGEMM's K loop promotes each 128-wide block's product
 to fp32 with the two scales as ours does, and a row's result does not depend on the other rows
@@ -52,18 +53,6 @@ def is_available(device: str = "cuda") -> bool:
     except ImportError:  # not built here
         return False
     return int(dg.get_mk_alignment_for_contiguous_layout()) == triton_moe_fp8.PREFILL_TILES[0]
-
-
-def contiguous_layout(
-    pair_of_row: torch.Tensor, tile_expert: torch.Tensor, block_m: int
-) -> torch.Tensor:
-    """DeepGEMM's grouped_layout (m_indices, int32 [rows]) of a moe_routing.Routing built with
-    block_m = DeepGEMM's M alignment: each row's expert, -1 on padding rows and the unused tail
-    (DeepGEMM reads a block's expert from its first row and skips a block or half block whose
-    first row is -1)."""
-    tile = torch.arange(pair_of_row.numel(), device=pair_of_row.device) // block_m
-    expert = tile_expert.long().index_select(0, tile)
-    return torch.where(pair_of_row >= 0, expert, -1).int()
 
 
 def moe_experts(
@@ -114,7 +103,8 @@ def _prefill(
     r, a, a_scale = route_and_gather_scaled(
         xq.view(torch.uint8), xs, topk_ids, topk_weights, gate_up.shape[0], block_m, True
     )
-    m_indices = contiguous_layout(r.pair_of_row, r.tile_expert, block_m)
+    m_indices = r.expert_of_row
+    assert m_indices is not None  # deepgemm=True: the routing kernels wrote it
     rows = a.shape[0]
     h = torch.empty(rows, gate_up.shape[1], dtype=x.dtype, device=x.device)
     dg.m_grouped_fp8_gemm_nt_contiguous(

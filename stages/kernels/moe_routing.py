@@ -36,6 +36,8 @@ class Routing:
     # [pairs] int32: the row of each pair (undefined for a pick of id -1): where a combine reads
     # a GEMM's rows in the layout's order (DeepGEMM's, which writes no pair slots)
     row_of_pair: torch.Tensor
+    # [rows] int32, if asked for: each row's expert, -1 on padding (DeepGEMM's m_indices)
+    expert_of_row: torch.Tensor | None = None
 
     @property
     def max_tiles(self) -> int:
@@ -81,6 +83,19 @@ def route(
     return Routing(pair_of_row, row_weight, tile_expert.int(), tiles_used, block_m, row_of_pair)
 
 
+def contiguous_layout(
+    pair_of_row: torch.Tensor, tile_expert: torch.Tensor, block_m: int
+) -> torch.Tensor:
+    """Each row's expert, -1 on padding rows and the unused tail (int32 [rows]), from a layout's
+    pairs and tiles with torch ops: what route_and_gather_scaled(deepgemm=True) writes as
+    Routing.expert_of_row, DeepGEMM's grouped_layout (m_indices) for a layout built with
+    block_m = its M alignment (DeepGEMM reads a block's expert from its first row and skips a
+    block or half block whose first row is -1)."""
+    tile = torch.arange(pair_of_row.numel(), device=pair_of_row.device) // block_m
+    expert = tile_expert.long().index_select(0, tile)
+    return torch.where(pair_of_row >= 0, expert, -1).int()
+
+
 def route_and_gather(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -100,15 +115,13 @@ def route_and_gather_scaled(
     topk_weights: torch.Tensor,
     num_experts: int,
     block_m: int,
-    group_major: bool = False,
+    deepgemm: bool = False,
 ) -> tuple[Routing, torch.Tensor, torch.Tensor]:
     """route_and_gather of quantized rows x with their scales x_scale [T, S] fp32 gathered
     beside them by the same kernel: (the layout, rows [rows, H], scales [rows, S]; padding rows
-    of both unwritten). group_major: the scales are a view of a contiguous [S, rows] tensor
-    (MN-major, the layout DeepGEMM's SM90 GEMMs read)."""
-    r, a, scale = _route_gather(
-        x, x_scale, topk_ids, topk_weights, num_experts, block_m, group_major
-    )
+    of both unwritten). deepgemm: DeepGEMM's SM90 operands, the scales a view of a contiguous
+    [S, rows] tensor (MN-major) and each row's expert (Routing.expert_of_row, its m_indices)."""
+    r, a, scale = _route_gather(x, x_scale, topk_ids, topk_weights, num_experts, block_m, deepgemm)
     assert scale is not None
     return r, a, scale
 
@@ -120,7 +133,7 @@ def _route_gather(
     topk_weights: torch.Tensor,
     num_experts: int,
     block_m: int,
-    group_major: bool = False,
+    deepgemm: bool = False,
 ) -> tuple[Routing, torch.Tensor, torch.Tensor | None]:
     import triton
 
@@ -134,17 +147,21 @@ def _route_gather(
     pair_of_row = torch.empty(bound * block_m, dtype=torch.int32, device=device)  # _plan: -1
     row_weight = torch.empty(bound * block_m, dtype=torch.float32, device=device)
     row_of_pair = torch.empty(n, dtype=torch.int32, device=device)
+    # (without DeepGEMM's operands the kernels store none: pair_of_row stands in as the pointer)
+    expert_of_row = torch.empty_like(pair_of_row) if deepgemm else pair_of_row
     a = torch.empty(bound * block_m, hidden, dtype=x.dtype, device=device)
     scales = x_scale.contiguous() if x_scale is not None else None
     a_scale = None
     if scales is not None:
         shape = (bound * block_m, scales.shape[1])
-        if group_major:
+        if deepgemm:
             a_scale = torch.empty(shape[::-1], dtype=scales.dtype, device=device).t()
         else:
             a_scale = torch.empty(shape, dtype=scales.dtype, device=device)
-    plan_outs = (tile_start, tile_expert, num_tiles, pair_of_row, num_experts, bound, block_m)
-    plan_blocks = dict(BLOCK_T=32, BLOCK_R=1024)
+    plan_outs = (
+        tile_start, tile_expert, num_tiles, pair_of_row, expert_of_row, num_experts, bound, block_m
+    )  # fmt: skip
+    plan_blocks = dict(BLOCK_T=32, BLOCK_R=1024, EXPERT_ROWS=deepgemm)
     if n <= ONE_PROGRAM_PAIRS:  # a decode batch: count and plan in one program, no fill
         cursors = torch.empty(num_experts, dtype=torch.int32, device=device)
         _count_plan[(1,)](
@@ -169,6 +186,7 @@ def _route_gather(
         pair_of_row,
         row_weight,
         row_of_pair,
+        expert_of_row,
         tile_start,
         cursors,
         a if scales is None else scales,
@@ -183,10 +201,12 @@ def _route_gather(
         BLOCK_P=pairs,
         BLOCK_H=256,
         SCALES=scales is not None,
+        EXPERT_ROWS=deepgemm,
         BLOCK_S=triton.next_power_of_2(1 if scales is None else scales.shape[1]),
         **pdl.options(ids),
     )
-    r = Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m, row_of_pair)
+    expert_rows = expert_of_row if deepgemm else None
+    r = Routing(pair_of_row, row_weight, tile_expert, num_tiles, block_m, row_of_pair, expert_rows)
     return r, a, a_scale
 
 
@@ -216,12 +236,14 @@ if triton is not None:
         tile_expert_ptr,
         num_tiles_ptr,
         pair_ptr,
+        expert_row_ptr,
         E,
         MAX_TILES,
         BLOCK_M,
         BLOCK_E: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_R: tl.constexpr,
+        EXPERT_ROWS: tl.constexpr,
         PDL: tl.constexpr = False,
     ):
         enter(PDL)
@@ -234,11 +256,13 @@ if triton is not None:
             tile_expert_ptr,
             num_tiles_ptr,
             pair_ptr,
+            expert_row_ptr,
             E,
             MAX_TILES,
             BLOCK_M,
             BLOCK_T,
             BLOCK_R,
+            EXPERT_ROWS,
         )
 
     @triton.jit  # type: ignore[untyped-decorator]
@@ -250,6 +274,7 @@ if triton is not None:
         tile_expert_ptr,
         num_tiles_ptr,
         pair_ptr,
+        expert_row_ptr,
         E,
         MAX_TILES,
         BLOCK_M,
@@ -257,6 +282,7 @@ if triton is not None:
         BLOCK_E: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_R: tl.constexpr,
+        EXPERT_ROWS: tl.constexpr,
         PDL: tl.constexpr = False,
     ):
         """_count and _plan of up to BLOCK_N pairs in one program: the counts a histogram (a
@@ -275,11 +301,13 @@ if triton is not None:
             tile_expert_ptr,
             num_tiles_ptr,
             pair_ptr,
+            expert_row_ptr,
             E,
             MAX_TILES,
             BLOCK_M,
             BLOCK_T,
             BLOCK_R,
+            EXPERT_ROWS,
         )
 
     @triton.jit  # type: ignore[untyped-decorator]
@@ -290,11 +318,13 @@ if triton is not None:
         tile_expert_ptr,
         num_tiles_ptr,
         pair_ptr,
+        expert_row_ptr,
         E,
         MAX_TILES,
         BLOCK_M,
         BLOCK_T: tl.constexpr,
         BLOCK_R: tl.constexpr,
+        EXPERT_ROWS: tl.constexpr,
     ):
         """The layout from each expert's pair count (counts [BLOCK_E], 0 past E)."""
         real = es < E
@@ -310,9 +340,10 @@ if triton is not None:
             tl.store(tile_expert_ptr + ms, expert, mask=ms < MAX_TILES)
         for r0 in range(0, MAX_TILES * BLOCK_M, BLOCK_R):  # every row a padding row until
             rows = r0 + tl.arange(0, BLOCK_R)  # _scatter places the pairs
-            tl.store(
-                pair_ptr + rows, tl.full((BLOCK_R,), -1, tl.int32), mask=rows < MAX_TILES * BLOCK_M
-            )
+            none = tl.full((BLOCK_R,), -1, tl.int32)
+            tl.store(pair_ptr + rows, none, mask=rows < MAX_TILES * BLOCK_M)
+            if EXPERT_ROWS:
+                tl.store(expert_row_ptr + rows, none, mask=rows < MAX_TILES * BLOCK_M)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _scatter(  # type: ignore[no-untyped-def]
@@ -323,6 +354,7 @@ if triton is not None:
         pair_ptr,
         row_weight_ptr,
         row_of_pair_ptr,
+        expert_row_ptr,
         tile_start_ptr,
         fill_ptr,
         scale_ptr,
@@ -338,6 +370,7 @@ if triton is not None:
         BLOCK_H: tl.constexpr,
         SCALES: tl.constexpr,
         BLOCK_S: tl.constexpr,
+        EXPERT_ROWS: tl.constexpr,
         PDL: tl.constexpr = False,
     ):
         enter(PDL)
@@ -348,6 +381,8 @@ if triton is not None:
         dest = tl.load(tile_start_ptr + expert, mask=keep, other=0) * BLOCK_M + rank
         tl.store(pair_ptr + dest, pairs, mask=keep)
         tl.store(row_of_pair_ptr + pairs, dest, mask=keep)
+        if EXPERT_ROWS:
+            tl.store(expert_row_ptr + dest, expert, mask=keep)
         weight = tl.load(w_ptr + pairs, mask=keep, other=0.0).to(tl.float32)
         tl.store(row_weight_ptr + dest, weight, mask=keep)
         token = (pairs // TOPK).to(tl.int64)

@@ -150,7 +150,7 @@ def test_interpreted_routing_matches_reference_layout(triton_interpreter, one_pr
 def test_interpreted_scaled_routing_copies_each_rows_scales(triton_interpreter):
     """route_and_gather_scaled (the FP8 MoE's): each pair's quantized row (as bytes) and its
     1 x 128 scales land in the same row of the layout; a pick of id -1 gets neither."""
-    from stages.kernels.moe_routing import route_and_gather_scaled
+    from stages.kernels.moe_routing import contiguous_layout, route_and_gather_scaled
 
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(0, 5, (40, 2), generator=g)
@@ -158,14 +158,19 @@ def test_interpreted_scaled_routing_copies_each_rows_scales(triton_interpreter):
     weights = torch.rand(40, 2, generator=g)
     rows = torch.randint(0, 256, (40, 384), generator=g, dtype=torch.uint8)
     scales = torch.rand(40, 3, generator=g)
-    for group_major in (False, True):  # row-major scales, or [S, rows] (DeepGEMM's SM90 layout)
-        r, a, a_scale = route_and_gather_scaled(rows, scales, ids, weights, 5, 16, group_major)
+    for deepgemm in (False, True):  # DeepGEMM's: scales [S, rows] (MN-major), each row's expert
+        r, a, a_scale = route_and_gather_scaled(rows, scales, ids, weights, 5, 16, deepgemm)
         used = r.pair_of_row >= 0
         pair = r.pair_of_row[used].long()
         assert sorted(pair.tolist()) == [p for p in range(80) if p != 7]
         assert torch.equal(a[used], rows[pair // 2])
         assert torch.equal(a_scale[used], scales[pair // 2])
-        assert a_scale.stride() == ((1, a.shape[0]) if group_major else (3, 1))
+        assert a_scale.stride() == ((1, a.shape[0]) if deepgemm else (3, 1))
         # each pair's row, the inverse of pair_of_row
         row = used.nonzero().flatten()
         assert torch.equal(r.row_of_pair.long()[pair], row)
+        if deepgemm:  # m_indices: the torch form's, -1 on padding and past the tiles in use
+            want = contiguous_layout(r.pair_of_row, r.tile_expert, 16)
+            assert r.expert_of_row is not None and torch.equal(r.expert_of_row, want)
+        else:
+            assert r.expert_of_row is None

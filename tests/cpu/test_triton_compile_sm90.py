@@ -59,7 +59,9 @@ def test_moe_gemms_compile(flatten, warp_specialize):
     )
 
 
-def test_moe_routing_compiles():
+@pytest.mark.parametrize("deepgemm", [False, True], ids=["triton", "deepgemm-operands"])
+def test_moe_routing_compiles(deepgemm):
+    """The layout's kernels, and with DeepGEMM's operands (each row's expert written too)."""
     from stages.kernels import moe_routing
 
     _compile(
@@ -70,6 +72,7 @@ def test_moe_routing_compiles():
         "tile_expert_ptr": "*i32",
         "num_tiles_ptr": "*i32",
         "pair_ptr": "*i32",
+        "expert_row_ptr": "*i32",
         "E": "i32",
         "MAX_TILES": "i32",
         "BLOCK_M": "i32",
@@ -77,13 +80,14 @@ def test_moe_routing_compiles():
     _compile(
         moe_routing._plan,
         {"counters_ptr": "*i32", **plan_args},
-        {"BLOCK_E": 256, "BLOCK_T": 32, "BLOCK_R": 1024},
+        {"BLOCK_E": 256, "BLOCK_T": 32, "BLOCK_R": 1024, "EXPERT_ROWS": deepgemm},
     )
     for block_n in (16, 4096):  # a one-row decode step's 7 pairs, a 512-row step's 3,584
         _compile(
             moe_routing._count_plan,
             {"ids_ptr": "*i64", "cursors_ptr": "*i32", "N": "i32", **plan_args},
-            {"BLOCK_N": block_n, "BLOCK_E": 512, "BLOCK_T": 32, "BLOCK_R": 1024},
+            {"BLOCK_N": block_n, "BLOCK_E": 512, "BLOCK_T": 32, "BLOCK_R": 1024,
+             "EXPERT_ROWS": deepgemm},  # fmt: skip
         )
     for scales in (False, True):  # bf16 rows, or FP8 rows (bytes) with their scales
         _compile(
@@ -96,6 +100,7 @@ def test_moe_routing_compiles():
                 "pair_ptr": "*i32",
                 "row_weight_ptr": "*fp32",
                 "row_of_pair_ptr": "*i32",
+                "expert_row_ptr": "*i32",
                 "tile_start_ptr": "*i32",
                 "fill_ptr": "*i32",
                 "scale_ptr": "*fp32",
@@ -108,7 +113,8 @@ def test_moe_routing_compiles():
                 "stride_asr": "i32",
                 "stride_ass": "i32",
             },
-            {"BLOCK_P": 16, "BLOCK_H": 256, "SCALES": scales, "BLOCK_S": 32},
+            {"BLOCK_P": 16, "BLOCK_H": 256, "SCALES": scales, "BLOCK_S": 32,
+             "EXPERT_ROWS": deepgemm and scales},  # fmt: skip
         )
 
 

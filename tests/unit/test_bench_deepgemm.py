@@ -1,6 +1,6 @@
-"""The DeepGEMM backend's and bench's layout glue (stages/kernels/deepgemm_moe.py,
-app/bench/deepgemm.py), on CPU: our routing layout (stages/kernels/moe_routing.route) read as
-DeepGEMM's contiguous grouped_layout, and rows put back at their (token, k) slots."""
+"""The DeepGEMM bench's layout glue (app/bench/deepgemm.py), on CPU: our routing layout
+(stages/kernels/moe_routing.route) read as DeepGEMM's contiguous grouped_layout
+(moe_routing.contiguous_layout), and rows put back at their (token, k) slots."""
 
 import pytest
 import torch
@@ -8,8 +8,7 @@ import torch
 from app.bench.deepgemm import by_pair, gather
 from app.bench.deepgemm_probe import probe_kernel
 from stages.kernels import fp8_ref
-from stages.kernels.deepgemm_moe import contiguous_layout
-from stages.kernels.moe_routing import route
+from stages.kernels.moe_routing import contiguous_layout, route
 
 
 def routed(tokens, experts, k, block_m, seed, skip_expert=None):
