@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 31, call 6 (one H200, the session's last device time; carry .gpu, .whl, .commit,
+# .gpu-deepgemm: .tfw left out for the 64 MiB, nothing here imports transformers): DeepGEMM
+# built, then in order while time lasts: V4-Flash's FP8 TTFT rows with DeepGEMM's grouped GEMMs
+# in the MoE (64K-256K, then 512K and 1,040,384 tokens), the bf16 decode steps in graphs (the
+# 8-layer bf16 stage does not fit an H100), the bf16 TTFT rows (FP8 against bf16 at 256K).
+set -u
+. docs/bench/scripts/host_env.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+D=${DEADLINE:-575}
+LIMIT=110 step build_dg env DG_CXX=/usr/bin/g++ bash .gpu-deepgemm/deepgemm_build.sh \
+  .gpu-deepgemm/deepgemm-src.tar.xz /tmp/dg
+printf '#!/usr/bin/env bash\n. /tmp/dg/env.sh && export DG_JIT_DEBUG=0 DG_JIT_PRINT_COMPILER_COMMAND=0 && exec "$@"\n' > /tmp/with_dg
+chmod +x /tmp/with_dg
+# run NAME SECONDS CMD...: CMD if SECONDS are left before the deadline
+run() { local name=$1 need=$2; shift 2; local left=$((D - SECONDS))
+  if [ $left -gt $need ]; then LIMIT=$((left - 5 < need ? left - 5 : need)) step "$name" "$@"; else echo "skipped $name ($left s left)"; fi; }
+run ttft_fp8_deepgemm 150 /tmp/with_dg python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
+  --device cuda --timeout 140 --out "$R/suite_fp8"
+run ttft_1m_fp8_deepgemm 200 /tmp/with_dg python3 -m app.cli bench suite --only \
+  ttft-v4-flash-1m-fp8 --device cuda --timeout 190 --out "$R/suite_1m_fp8"
+run v4_decode_bf16 70 python3 -m app.bench.v4_decode --context 512 --rows 1,16,512 \
+  --out "$R/v4_decode_bf16.json"
+run ttft_bf16 110 python3 -m app.cli bench suite --only ttft-v4-flash --device cuda \
+  --timeout 100 --out "$R/suite_bf16"
+run v4_decode_fp8 40 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
+  --kv-cache-dtype fp8 --rows 1,16,512 --out "$R/v4_decode_fp8.json"
+grep -h "^| " $R/*.log
+tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
