@@ -102,8 +102,8 @@ class Coordinator:
             raise
 
     async def warm_up(self) -> None:
-        """Stages build their attention kernels (and compile the indexer's top-k) for a long
-        lone prompt's chunk shapes."""
+        """Stages build their attention kernels (and compile the indexer's top-k and the routed
+        experts' kernels) for a long lone prompt's chunk shapes."""
         c, s = self.config, self._started.config
         length = c.warmup_len
         if length is None:

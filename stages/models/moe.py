@@ -184,7 +184,21 @@ class MoE(nn.Module):
             weights, ids = self.gate(x, token_ids, **picks)
         else:
             weights, ids = self.gate(x, **picks)
-        weights, ids = ex.local_routes(weights, ids)
+        out = self.routed(x, *ex.local_routes(weights, ids))
+        if slot is not None and not in_stack:
+            out = out + self._stacked_shared(x)
+        shared = self.shared_experts
+        if shared is not None:
+            out = out + shared(x, reduce=False)
+        out = self.tp.all_reduce(out)
+        if shared is not None and shared.unreduced_bias is not None:  # once, after the sum
+            out = out + shared.unreduced_bias
+        return out
+
+    def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum [T, H] for this rank's picks (ids -1: another
+        rank's), on the kernel of the experts' form."""
+        ex = self.experts
         options: dict[str, Any] = {}
         if self.swiglu_limit is not None:
             options["limit"] = self.swiglu_limit
@@ -200,16 +214,7 @@ class MoE(nn.Module):
                 options["fp8_linear"] = self.kernels.fp8_linear
         else:
             run, mats = self.kernels.moe_experts, (ex.gate_up_proj, ex.down_proj)
-        out = cast(Callable[..., torch.Tensor], run)(x, *mats, ids, weights, **options)
-        if slot is not None and not in_stack:
-            out = out + self._stacked_shared(x)
-        shared = self.shared_experts
-        if shared is not None:
-            out = out + shared(x, reduce=False)
-        out = self.tp.all_reduce(out)
-        if shared is not None and shared.unreduced_bias is not None:  # once, after the sum
-            out = out + shared.unreduced_bias
-        return out
+        return cast(Callable[..., torch.Tensor], run)(x, *mats, ids, weights, **options)
 
     def _stacked_shared(self, x: torch.Tensor) -> torch.Tensor:
         """The stack's shared expert as dense GEMMs on its slot (what SwiGLU computes)."""
