@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from stages.kernels.cudnn_attention import diagonal_sizes
 from stages.models.families import ChunkAttentionDims
+
+if TYPE_CHECKING:
+    from stages.stage_context import StageModel
 
 
 def warm_up_stage(
@@ -52,7 +55,7 @@ def warm_up_stage(
 
 @torch.inference_mode()
 def warm_up_experts(
-    model: torch.nn.Module, lengths: list[int], dtype: torch.dtype, device: torch.device
+    model: StageModel, lengths: list[int], dtype: torch.dtype, device: torch.device
 ) -> dict[str, float]:
     """One call of the routed experts' kernel at each of these chunk lengths, over zero inputs
     routed by the stage's first MoE that routes by scores (a hash layer's table needs token
