@@ -203,8 +203,9 @@ class EngineConfig(Options):
     )
     warmup_len: int | None = option(
         None,
-        "At startup, build the attention kernels (cuDNN graphs) for every chunk of a "
-        "prompt this long, so the first long requests do not pay for them; 0 = none.",
+        "At startup, build the attention kernels (cuDNN graphs), the indexer's top-k and "
+        "the routed experts' kernels (Triton's, DeepGEMM's JIT) for every chunk of a prompt "
+        "this long, so the first long requests do not pay for them; 0 = none.",
         doc_default="the longest prompt that fits",
         minimum=0,
     )
