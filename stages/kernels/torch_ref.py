@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 
 def is_available(device: str) -> bool:
@@ -33,12 +32,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     if q.is_cuda and dv < q.shape[-1]:
         return attention(q, k, F.pad(v, (0, q.shape[-1] - dv)), scale)[..., :dv]
     q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, seq, D]
-    mask = causal_lower_right(t, length) if t > 1 else None  # one query sees every key
+    mask = _lower_right(t, length, q.device) if t > 1 else None  # one query sees every key
     # GQA: query head h reads KV head h // (Hq / Hkv), shared in place instead of repeated.
     out = F.scaled_dot_product_attention(
         q_, k_, v_, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
     return out[0].transpose(0, 1)
+
+
+def _lower_right(t: int, length: int, device: torch.device) -> torch.Tensor | Any:
+    """The bottom-right causal mask: on CUDA torch's CausalBias, which SDPA runs on its flash or
+    memory-efficient kernels (imported here: torch.nn.attention.bias imports torch._dynamo, ~1.7 s
+    of every process's start on 2 cores); elsewhere the boolean mask CausalBias materializes off
+    CUDA, the same bits."""
+    if device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(t, length)
+    return torch.ones(t, length, dtype=torch.bool, device=device).tril(length - t)
 
 
 def decode_attention(

@@ -32,6 +32,24 @@ def test_reference_matches_naive(t, length, hq, hkv):
     torch.testing.assert_close(out, naive_attention(q, k, v, 16 ** -0.5), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("t,length", [(2, 2), (5, 13), (3, 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_mask_is_torchs_causal_bias_bit_for_bit(t, length, dtype):
+    """Off CUDA the reference builds the bottom-right mask itself (torch.nn.attention.bias
+    imports torch._dynamo, seconds of every stage process's start): the bits of SDPA under
+    torch's causal_lower_right, which materializes that mask off CUDA."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    g = torch.Generator().manual_seed(t + length)
+    q = torch.randn(t, 4, 16, generator=g).to(dtype)
+    k, v = (torch.randn(length, 2, 16, generator=g).to(dtype) for _ in range(2))
+    q_, k_, v_ = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q_, k_, v_, attn_mask=causal_lower_right(t, length), scale=0.25, enable_gqa=True
+    )[0].transpose(0, 1)
+    assert torch.equal(torch_ref.attention(q, k, v, 0.25), want)
+
+
 def test_chunk_differs_from_top_left_causal():
     # The bug this guards against: is_causal=True on a chunk after the first.
     g = torch.Generator().manual_seed(0)
