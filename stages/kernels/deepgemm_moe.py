@@ -10,12 +10,12 @@ with a 128-row contiguous alignment (PREFILL_TILES' M tile), "auto" takes this b
 A prefill chunk (triton_moe_fp8.tiles_for's prefill tiles) goes through our kernels around
 DeepGEMM's two GEMMs: the 1 x 128 quantizer, the routing layout with the rows' scales written
 MN-major (what DeepGEMM's SM90 kernels read) and each row's expert (its m_indices), the SwiGLU
-quantizer over the live rows (scales
-MN-major too), and the combine, which reads each pick's down row where the layout put it
-(Routing.row_of_pair) and weighs it. DeepGEMM's K loop promotes each 128-wide block's product
-to fp32 with the two scales as ours does, and a row's result does not depend on the other rows
-of its block, so its gate/up and down rows equal triton_moe_fp8's bit for bit (measured on an
-H100: docs/PERFORMANCE.md, session 30); a token's output is the same whichever backend serves
+quantizer over the live rows (scales MN-major too), and the combine, which reads each pick's
+down row where the layout put it (Routing.row_of_pair) and weighs it. DeepGEMM's K loop
+promotes each 128-wide block's product to fp32 with the two scales as ours does, and a row's
+result does not depend on the other rows of its block, so its gate/up and down rows equal
+triton_moe_fp8's bit for bit, and so does the whole step (measured on an H100:
+docs/PERFORMANCE.md, sessions 30 and 31); a token's output is the same whichever backend serves
 it, alone or batched. A decode batch (fewer rows than the prefill tiles take, CUDA graphs)
 stays on the Triton kernels, logged once and counted as a route by design.
 """
