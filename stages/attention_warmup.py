@@ -6,23 +6,21 @@
   them (docs/PERFORMANCE.md, "First requests");
 - the sparse-attention indexer's Triton top-k: its compiled launches (1-2 s each) for lines up
   to the longest prompt's (stages/kernels/triton_topk.py, warm_up);
-- the routed experts at each chunk length (warm_up_experts): the grouped MoE's Triton launches
-  at its prefill tiles and, where moe_experts_fp8 is deepgemm, DeepGEMM's kernels, which its
-  JIT compiles with nvcc at first use."""
+- the routed experts at each chunk length (the stage's warm_up_experts,
+  stages/models/moe.py): the grouped MoE's Triton launches at its prefill tiles and, where
+  moe_experts_fp8 is deepgemm, DeepGEMM's kernels, which its JIT compiles with nvcc at first
+  use."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from stages.kernels.cudnn_attention import diagonal_sizes
 from stages.models.families import ChunkAttentionDims
-
-if TYPE_CHECKING:
-    from stages.stage_context import StageModel
 
 
 def warm_up_stage(
@@ -51,30 +49,6 @@ def warm_up_stage(
         out["top_k_widths"] = float(triton_topk.warm_up(k, widest, device))
         out["seconds"] = out.get("seconds", 0.0) + time.perf_counter() - t0
     return out
-
-
-@torch.inference_mode()
-def warm_up_experts(
-    model: StageModel, lengths: list[int], dtype: torch.dtype, device: torch.device
-) -> dict[str, float]:
-    """One call of the routed experts' kernel at each of these chunk lengths, over zero inputs
-    routed by the stage's first MoE that routes by scores (a hash layer's table needs token
-    ids; every layer's experts have the same shapes): the compiles and JIT a prefill chunk of
-    that length would otherwise pay in its TTFT (the coordinator warms up CUDA stages only)."""
-    from stages.models.moe import MoE
-
-    moes = (m for m in model.modules() if isinstance(m, MoE))
-    moe = next((m for m in moes if not getattr(m.gate, "routes_by_token", False)), None)
-    if moe is None or not lengths:
-        return {}
-    t0 = time.perf_counter()
-    hidden = moe.experts.down_proj.shape[1]  # [E, H, I] (MXFP4: [E, H, I / 2])
-    for n in lengths:
-        x = torch.zeros(n, hidden, dtype=dtype, device=device)
-        moe.routed(x, *moe.experts.local_routes(*moe.gate(x)))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return {"expert_lengths": float(len(lengths)), "expert_seconds": time.perf_counter() - t0}
 
 
 @torch.inference_mode()

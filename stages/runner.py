@@ -263,14 +263,14 @@ class StageRunner:
     def warm_up(self, chunks: list[tuple[int, int]]) -> dict[str, float]:
         """What a long lone prompt's chunks would otherwise build in its TTFT
         (stages/attention_warmup.py): attention, the top-k, the routed experts."""
-        from stages.attention_warmup import warm_up_experts, warm_up_stage
+        from stages.attention_warmup import warm_up_stage
 
         out = warm_up_stage(
             self.family, self.rank_args, self.kernels, self._kv is not None, chunks, self.dtype,
             self.device, self.layer_range,
         )  # fmt: skip
         lengths = sorted({n for _prefix, n in chunks})
-        out.update(warm_up_experts(self.model, lengths, self.dtype, self.device))
+        out.update(self.model.warm_up_experts(lengths, self.dtype, self.device))
         return out
 
     def connect(self, host: str, port: int, store: TCPStore | None = None) -> None:

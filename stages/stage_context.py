@@ -117,6 +117,10 @@ class StageModel(Protocol):
 
     def checkpoint_sources(self) -> Sources: ...
 
+    def warm_up_experts(
+        self, lengths: list[int], dtype: torch.dtype, device: torch.device
+    ) -> dict[str, float]: ...
+
     # the nn.Module parts the loader and the bench read
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]: ...
 

@@ -10,6 +10,8 @@ gate and up projections (DeepSeek-V4).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from typing import Any, Callable, cast
 
 import torch
@@ -227,3 +229,26 @@ class MoE(nn.Module):
         return project_swiglu(
             self.kernels, gate_up, self.swiglu_limit, ex.down_proj[slot], down_scale
         )
+
+
+@torch.inference_mode()
+def warm_up_experts(
+    modules: Iterable[nn.Module], lengths: list[int], dtype: torch.dtype, device: torch.device
+) -> dict[str, float]:
+    """One call of the routed experts' kernel at each of these chunk lengths, over zero inputs
+    routed by the first of `modules` that is a MoE routing by scores (a hash layer's table
+    needs token ids; every layer's experts have the same shapes): the compiles and JIT a
+    prefill chunk of that length would otherwise pay in its TTFT (the coordinator warms up CUDA
+    stages only)."""
+    moes = (m for m in modules if isinstance(m, MoE))
+    moe = next((m for m in moes if not getattr(m.gate, "routes_by_token", False)), None)
+    if moe is None or not lengths:
+        return {}
+    t0 = time.perf_counter()
+    hidden = moe.experts.down_proj.shape[1]  # [E, H, I] (MXFP4: [E, H, I / 2])
+    for n in lengths:
+        x = torch.zeros(n, hidden, dtype=dtype, device=device)
+        moe.routed(x, *moe.experts.local_routes(*moe.gate(x)))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return {"expert_lengths": float(len(lengths)), "expert_seconds": time.perf_counter() - t0}

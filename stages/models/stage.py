@@ -14,6 +14,7 @@ from torch import nn
 from stages.attention.base import AttentionBackend
 from stages.model_config import ModelArgs
 from stages.models.layers import RMSNorm, VocabEmbedding, vocab_logits
+from stages.models.moe import warm_up_experts
 from stages.stage_context import Sources, StageContext
 
 if TYPE_CHECKING:
@@ -85,6 +86,13 @@ class Stage(nn.Module):
     @property
     def num_local_layers(self) -> int:
         return self.ctx.num_local_layers
+
+    def warm_up_experts(
+        self, lengths: list[int], dtype: torch.dtype, device: torch.device
+    ) -> dict[str, float]:
+        """The routed experts' kernels at each chunk length (stages/models/moe.py); {} for a
+        stage without a MoE routed by scores."""
+        return warm_up_experts(self.modules(), lengths, dtype, device)
 
     def checkpoint_sources(self) -> Sources:
         """Parameters not stored under their own name (fused or stacked) -> their pieces."""

@@ -80,10 +80,9 @@ def test_sparse_and_v4_families_have_no_dense_chunk_attention():
 
 @pytest.mark.parametrize("arch", ["v2", "v4"])
 def test_experts_warm_up_calls_the_routed_kernel_at_each_chunk_length(arch):
-    """warm_up_experts: the stage's routed-expert kernel once a chunk length, on zero rows of
-    the hidden size with the router's picks (V4: its first score-routed layer, past the hash
-    ones); a dense model has none to warm."""
-    from stages.attention_warmup import warm_up_experts
+    """Stage.warm_up_experts: the stage's routed-expert kernel once a chunk length, on zero
+    rows of the hidden size with the router's picks (V4: its first score-routed layer, past the
+    hash ones); a dense model has none to warm."""
     from tests.deepseek_v4_ref import TINY_V4
 
     config = V2 if arch == "v2" else dict(TINY_V4, model_type="deepseek_v4")
@@ -99,9 +98,9 @@ def test_experts_warm_up_calls_the_routed_kernel_at_each_chunk_length(arch):
     kernels = dataclasses.replace(base, moe_experts=moe_experts)
     layers = args.num_hidden_layers
     model = build_stage_model(args, None, 0, layers, True, True, kernels, torch.bfloat16, "cpu")
-    got = warm_up_experts(model, [7, 16], torch.bfloat16, torch.device("cpu"))
+    got = model.warm_up_experts([7, 16], torch.bfloat16, torch.device("cpu"))
     k = config["num_experts_per_tok"]
     assert calls == [(7, 64, 7, k), (16, 64, 16, k)] and got["expert_lengths"] == 2
     dense = build_stage_model(ModelArgs.from_hf_dict(LLAMA), None, 0, 2, True, True, base,
                               torch.bfloat16, "cpu")  # fmt: skip
-    assert warm_up_experts(dense, [7], torch.bfloat16, torch.device("cpu")) == {}
+    assert dense.warm_up_experts([7], torch.bfloat16, torch.device("cpu")) == {}
