@@ -2,10 +2,9 @@
 kernel (``m_grouped_fp8_gemm_nt_contiguous``, SM90): the moe_experts_fp8 contract of
 stages/kernels/triton_moe_fp8.py, and the same bits.
 
-DeepGEMM (https://github.com/deepseek-ai/DeepGEMM) is not on the package index: it is built from
-its source against the local torch and CUDA (`.gpu-deepgemm/deepgemm_build.sh` does it on our
-GPU host) and JIT-compiles its kernels at first use. Where ``deep_gemm`` imports on an SM90 GPU
-with a 128-row contiguous alignment (PREFILL_TILES' M tile), "auto" takes this backend.
+DeepGEMM is built from its source (stages/kernels/deepgemm.py). Where ``deep_gemm`` imports on
+an SM90 GPU with a 128-row contiguous alignment (PREFILL_TILES' M tile), "auto" takes this
+backend.
 
 A prefill chunk (triton_moe_fp8.tiles_for's prefill tiles) goes through our kernels around
 DeepGEMM's two GEMMs: the 1 x 128 quantizer, the routing layout with the rows' scales written
@@ -22,13 +21,11 @@ stays on the Triton kernels, logged once and counted as a route by design.
 
 from __future__ import annotations
 
-import functools
-import importlib
 from typing import Any
 
 import torch
 
-from stages.kernels import fp8_ref, triton_fp8_act, triton_moe_fp8
+from stages.kernels import deepgemm, fp8_ref, triton_fp8_act, triton_moe_fp8
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import route_and_gather_scaled
 from stages.kernels.triton_moe_combine import combine
@@ -36,23 +33,13 @@ from stages.kernels.triton_moe_combine import combine
 BACKEND = "deepgemm"
 
 
-@functools.lru_cache(maxsize=1)
-def _deep_gemm() -> Any:
-    return importlib.import_module("deep_gemm")
-
-
 def is_available(device: str = "cuda") -> bool:
     """deep_gemm imports, the GPU is SM90 (the kernels with fp32 block scales) and its
     contiguous layout aligns M to PREFILL_TILES' 128-row tile."""
-    if not triton_moe_fp8.is_available(device):
+    if not triton_moe_fp8.is_available(device) or not deepgemm.sm90_loaded(device):
         return False
-    if torch.cuda.get_device_capability()[0] != 9:
-        return False
-    try:
-        dg = _deep_gemm()
-    except ImportError:  # not built here
-        return False
-    return int(dg.get_mk_alignment_for_contiguous_layout()) == triton_moe_fp8.PREFILL_TILES[0]
+    alignment = deepgemm.load().get_mk_alignment_for_contiguous_layout()
+    return int(alignment) == triton_moe_fp8.PREFILL_TILES[0]
 
 
 def moe_experts(
@@ -97,7 +84,7 @@ def _prefill(
     topk_weights: torch.Tensor,
     limit: float | None,
 ) -> torch.Tensor:
-    dg = _deep_gemm()
+    dg = deepgemm.load()
     block_m = triton_moe_fp8.PREFILL_TILES[0]
     xq, xs = triton_fp8_act.quantize_act(x)
     r, a, a_scale = route_and_gather_scaled(

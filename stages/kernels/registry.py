@@ -62,6 +62,7 @@ BACKENDS: dict[str, dict[str, str]] = {
     "indexer_logits_rows": {
         "torch": "stages.kernels.indexer_select:logits_rows_reference",
         "triton": "stages.kernels.triton_indexer:indexer_logits_rows",
+        "deepgemm": "stages.kernels.deepgemm_indexer:indexer_logits_rows",
     },
     # The indexer's top-k under the selection rule (indexer_select.top_k_positions): torch's
     # top-k then the rule's order, or a threshold from group maxima and a Triton compaction of

@@ -260,3 +260,47 @@ def test_interpreted_query_quantizer_matches_the_torch_rule(triton_interpreter):
     want_values, q_scale = fp8_indexer.quantize_queries(q.bfloat16())
     assert torch.equal(values.view(torch.uint8), want_values.view(torch.uint8))
     assert torch.equal(weights, w * 0.125 * q_scale)
+
+
+def test_deepgemm_backend_gathers_each_chunk_rows_keys_and_ranges():
+    """stages/kernels/deepgemm_indexer.py hands DeepGEMM the chunk rows' keys one row after
+    another (each Lmax long) and each token the range of the keys it sees; decode rows' tokens
+    get none (their lines are the Triton decode kernel's)."""
+    from stages.kernels import deepgemm_indexer, fp8_indexer
+
+    _q, keys, _w, g = _inputs(5, ties=True)
+    rows, _t = _rows(g)
+    plan = decode_plan(rows, "cpu")
+    assert plan.chunk_rows == [r for r, row in enumerate(rows) if row[1] > 1]
+    pages = fp8_indexer.pack(keys, 4)
+    values, scales, start, end = deepgemm_indexer.gathered_keys(pages, plan)
+    gathered = fp8_indexer.dequantize(values, scales)
+    for token in range(plan.token_row.shape[0]):
+        r = int(plan.token_row[token])
+        off, n, first, slots = rows[r]
+        if n == 1:
+            assert start[token] == end[token] == 0
+            continue
+        span = slice(int(start[token]), int(end[token]))
+        assert span.stop - span.start == first + token - off + 1
+        assert torch.equal(gathered[span], fp8_indexer.read(pages, slots[: span.stop - span.start]))
+
+
+def test_interpreted_deepgemm_finish_pass(triton_interpreter):
+    """The pass after DeepGEMM's scores: the chunk tokens' columns past what each sees (left
+    unwritten by the kernel) become -inf, and the group maxima are those of the lines."""
+    from stages.kernels import deepgemm_indexer
+
+    q, keys, weights, g = _inputs(5, ties=True)
+    rows, t = _rows(g)
+    plan = decode_plan(rows, "cpu")
+    ref = logits_rows_reference(q[:t], keys, weights[:t], 0.25, plan)
+    chunk = torch.tensor([rows[int(r)][1] > 1 for r in plan.token_row])
+    raw = torch.where(ref == float("-inf"), torch.rand(ref.shape, generator=g) * 50, ref)
+    maxima = maxima_buffer(t, ref.shape[1], "cpu")
+    maxima.fill_(7.0)
+    deepgemm_indexer._finish_lines(raw, plan, maxima)
+    assert torch.equal(raw[chunk], ref[chunk])
+    want = group_maxima(ref, torch.empty_like(maxima))
+    assert torch.equal(maxima[chunk], want[chunk])
+    assert (maxima[~chunk] == 7.0).all()  # decode lines: the decode kernel's to write
