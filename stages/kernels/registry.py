@@ -199,7 +199,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "mla_decode": ("flash-mla", "torch"),
     "mla_sparse": ("flash-mla", "torch"),
     "indexer_logits": ("triton", "torch"),
-    "indexer_logits_rows": ("triton", "torch"),
+    "indexer_logits_rows": ("deepgemm", "triton", "torch"),
     "index_topk": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
     "sparse_sink_attention": ("flash-mla", "torch"),
