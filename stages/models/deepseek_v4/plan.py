@@ -160,8 +160,8 @@ class V4Plan:
                     rows.select_tiles(most, rate)
                 ):
                     host[f"{rate}.tile{i}"] = np.concatenate((chunk.ravel(), decode.ravel()))
-                    chunk_rows = sorted(set(chunk[:, 0].tolist()))
-                    tiles[rate].append((span, row_tokens, chunk.size, decode.size, chunk_rows))
+                    tile_rows = sorted(set(chunk[:, 0].tolist()))
+                    tiles[rate].append((span, row_tokens, chunk.size, decode.size, tile_rows))
         names = list(host)
         flat = torch.from_numpy(np.concatenate([host[n].reshape(-1) for n in names]))
         if device.type == "cuda":
@@ -185,7 +185,7 @@ class V4Plan:
                 key_slots = torch.zeros(rows.count * most, dtype=torch.int32, device=flat.device)
                 key_slots[parts[f"{rate}.key_dest"]] = parts[f"{rate}.entry_slots"].int()
                 token_row = parts["token_row"]
-                for i, (span, row_tokens, nc, nd, chunk_rows) in enumerate(tiles[rate]):
+                for i, (span, row_tokens, nc, nd, tile_rows) in enumerate(tiles[rate]):
                     packed = parts[f"{rate}.tile{i}"].int()
                     plan = SelectPlan(
                         token_index=torch.arange(span.start, span.stop, device=flat.device),
@@ -195,7 +195,7 @@ class V4Plan:
                         chunk_tiles=packed[:nc].view(-1, 3),
                         decode_tiles=packed[nc : nc + nd].view(-1, 2),
                         row_tokens=row_tokens,
-                        chunk_rows=chunk_rows,
+                        chunk_rows=tile_rows,
                     )
                     select.append((span, plan))
             plans[rate] = RatePlan(
