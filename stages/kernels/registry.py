@@ -199,7 +199,8 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "mla_decode": ("flash-mla", "torch"),
     "mla_sparse": ("flash-mla", "torch"),
     "indexer_logits": ("triton", "torch"),
-    "indexer_logits_rows": ("deepgemm", "triton", "torch"),
+    # deepgemm: no faster through the engine (docs/PERFORMANCE.md, session 32), kept for its bench
+    "indexer_logits_rows": ("triton", "deepgemm", "torch"),
     "index_topk": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
     "sparse_sink_attention": ("flash-mla", "torch"),
