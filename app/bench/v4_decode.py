@@ -6,6 +6,12 @@ CUDA graphs (DecodeGraphs' replay of V4Plan.paged), per number of rows.
     python -m app.bench.v4_decode --rows 1,16,64,256,512 --context 512 \
         [--quantization fp8 --kv-cache-dtype fp8] [--linear auto] [--out FILE]
 
+With ``--stacks`` the graphs' step is also run once without capture (``eager=True``: the same
+buffers and kernels) under the profiler with Python stacks, and each launch of a kernel outside
+Triton, the GEMMs and attention is counted by its torch op and the innermost stages/ frame that
+called it (``launch_sources``): where a step's small launches come from, the fusions'
+candidates.
+
 Per rows: milliseconds per step (host and device: N steps back to back, synchronized at the
 ends), tokens/s of the stage, and for one step of each path the profiled CUDA kernels' sum and
 launch count (the step against its own kernels) with the top kernels. The cache is not
@@ -60,6 +66,7 @@ def run(
     linear: str = "auto",
     fp8_linear: str | None = None,
     shared_expert: str = "auto",
+    stacks: bool = False,
 ) -> dict[str, Any]:
     config = v4_flash_bench_config()
     args = stage_args(config)
@@ -85,21 +92,27 @@ def run(
         args, range(layers), num_blocks, block, torch.bfloat16, "cuda", kv_cache_dtype
     )
     tables = {str(r): list(range(r * per_row, (r + 1) * per_row)) for r in range(max_rows)}
-    graphs = DecodeGraphs(
-        cast(Any, model),
-        kv,
-        num_slots=max_rows,
-        max_model_len=max_model_len,
-        scratch_slot=(num_blocks - 1) * block,
-        hidden_shape=args.family.hidden_shape(args),
-        dtype=torch.bfloat16,
-        device=torch.device("cuda"),
-        is_first=True,
-        max_rows=max_rows,
-        eager=False,
-    )
+    graph_options: dict[str, Any] = {
+        "model": cast(Any, model),
+        "kv": kv,
+        "num_slots": max_rows,
+        "max_model_len": max_model_len,
+        "scratch_slot": (num_blocks - 1) * block,
+        "hidden_shape": args.family.hidden_shape(args),
+        "dtype": torch.bfloat16,
+        "device": torch.device("cuda"),
+        "is_first": True,
+        "max_rows": max_rows,
+        "eager": False,
+    }
+    graphs = DecodeGraphs(**graph_options)
     graphs.update_tables([(r, 0, tuple(tables[str(r)])) for r in range(max_rows)])
     capture = graphs.capture()
+    uncaptured = None
+    if stacks:  # the same buffers and kernels, run without capture for the profiler's stacks
+        uncaptured = DecodeGraphs(**{**graph_options, "eager": True})
+        uncaptured.update_tables([(r, 0, tuple(tables[str(r)])) for r in range(max_rows)])
+        uncaptured.capture()
     out: dict[str, Any] = {
         "shape": "deepseek-v4-flash",
         "layers": layers,
@@ -147,9 +160,45 @@ def run(
                     "launches_by_group": prof["launches_by_group"],
                     "most_launched": prof["most_launched"],
                 }
+            if uncaptured is not None:
+                plain = uncaptured
+
+                def uncaptured_step(
+                    n: int = n, rows: tuple[Row, ...] = rows, key: Any = key
+                ) -> object:
+                    return plain.run(key, rows, ids[:n], tables)
+
+                result["launch_sources"] = launch_sources(uncaptured_step)
             out["rows"][str(n)] = result
             print(json.dumps({"rows": n, **{k: v for k, v in result.items()}})[:600], flush=True)
     return out
+
+
+# kernels whose launches are not the question (each is one op's own kernel)
+_OWN_KERNELS = ("triton", "gemm", "nvjet", "cublas", "flash", "mla", "sparse", "cutlass")
+
+
+def launch_sources(step: Callable[[], object], top: int = 40) -> list[dict[str, Any]]:
+    """One run of `step` under the profiler with Python stacks: launches of torch ops (not the
+    Triton, GEMM and attention kernels) counted by (op, the innermost stages/ frame)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p:
+        step()
+        torch.cuda.synchronize()
+    counts: dict[tuple[str, str], int] = {}
+    for evt in p.events():
+        if not evt.name.startswith("aten::") or not evt.kernels:
+            continue
+        if all(any(k in kern.name.lower() for k in _OWN_KERNELS) for kern in evt.kernels):
+            continue
+        frame = next((f for f in evt.stack if "stages/" in f), evt.stack[0] if evt.stack else "")
+        key = (evt.name, frame.split("stages/")[-1])
+        counts[key] = counts.get(key, 0) + len(evt.kernels)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [{"launches": c, "op": op, "frame": frame} for (op, frame), c in ranked]
 
 
 def main() -> None:
@@ -170,6 +219,9 @@ def main() -> None:
         default="auto",
         help="V4's shared expert in the routed experts' grouped kernel or a SwiGLU beside them",
     )
+    p.add_argument(
+        "--stacks", action="store_true", help="count the small launches by op and calling frame"
+    )
     p.add_argument("--out", default=None)
     add_no_pdl_flag(p)
     a = p.parse_args()
@@ -184,6 +236,7 @@ def main() -> None:
         a.linear,
         a.fp8_linear,
         a.shared_expert,
+        a.stacks,
     )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:

@@ -3,7 +3,8 @@
 # .gpu-deepgemm: .tfw left out for the 64 MiB, nothing here imports transformers): DeepGEMM
 # built, then in order while time lasts: V4-Flash's FP8 TTFT rows with DeepGEMM's grouped GEMMs
 # in the MoE (64K-256K, then 512K and 1,040,384 tokens), the bf16 decode steps in graphs (the
-# 8-layer bf16 stage does not fit an H100), the bf16 TTFT rows (FP8 against bf16 at 256K).
+# 8-layer bf16 stage does not fit an H100), the bf16 TTFT rows (FP8 against bf16 at 256K), the
+# FP8 decode steps with their small launches' sources (--stacks, added in session 32).
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -23,7 +24,7 @@ run v4_decode_bf16 70 python3 -m app.bench.v4_decode --context 512 --rows 1,16,5
   --out "$R/v4_decode_bf16.json"
 run ttft_bf16 110 python3 -m app.cli bench suite --only ttft-v4-flash --device cuda \
   --timeout 100 --out "$R/suite_bf16"
-run v4_decode_fp8 40 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
-  --kv-cache-dtype fp8 --rows 1,16,512 --out "$R/v4_decode_fp8.json"
+run v4_decode_fp8 50 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
+  --kv-cache-dtype fp8 --rows 1,16,512 --stacks --out "$R/v4_decode_fp8.json"
 grep -h "^| " $R/*.log
 tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
