@@ -102,12 +102,15 @@ def gathered_keys(
         rows = torch.unique(plan.chunk_tiles[:, 0]).tolist()
     lmax = plan.key_slots.shape[1]
     values, scales = fp8_indexer.split(pages)
-    device = pages.device
-    chunk_rows = torch.tensor(rows, dtype=torch.long, device=device)
+    # the chunk rows, then each row's first key among the gathered (-1: not gathered)
+    place = torch.full((plan.key_slots.shape[0],), -1, dtype=torch.long)
+    place[rows] = torch.arange(len(rows)) * lmax
+    host = torch.cat((torch.tensor(rows, dtype=torch.long), place))
+    if pages.is_cuda:  # one pinned copy: a pageable one makes the host wait
+        host = host.pin_memory().to(pages.device, non_blocking=True)
+    chunk_rows, place = host[: len(rows)], host[len(rows) :]
     slots = plan.key_slots.index_select(0, chunk_rows).view(-1).long()
     block, entry = slots // pages.shape[1], slots % pages.shape[1]
-    place = torch.full((plan.key_slots.shape[0],), -1, dtype=torch.long, device=device)
-    place[chunk_rows] = torch.arange(len(rows), device=device) * lmax
     first = place[plan.token_row]
     scored = first >= 0
     start = torch.where(scored, first, 0).int()
