@@ -7,7 +7,7 @@ per query: the chunk rows' keys are gathered out of the pages (fp8_indexer's blo
 row after another, each padded to Lmax, so a token's range starts at its row's place and spans
 the keys it sees. Its "compressed" output (max_seqlen_k = Lmax) is then the contract's
 [Ts, Lmax] lines, a token's scores at its row's positions; the columns past what a token sees
-are left unwritten, and one Triton pass (`_finish`) sets them to -inf and writes the group
+are left unwritten, and one Triton pass (`_finish_lines`) sets them to -inf and writes the group
 maxima the top-k reads, as the Triton chunk kernel does while scoring.
 
 The arithmetic is the Triton kernel's: queries quantized by the same kernel (their scales and
@@ -60,7 +60,6 @@ def indexer_logits_rows(
     plan: Any,
     maxima: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    ts, heads, dim = q.shape
     declined = _declined(q, keys, plan)
     if declined is not None:
         if declined[0]:
