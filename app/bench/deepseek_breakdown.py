@@ -84,8 +84,6 @@ GROUPS = [
     ("_plan", "moe routing"),
     ("rows_kernel", "indexer scores"),
     ("chunk_kernel", "indexer scores"),
-    ("mqa_logits", "indexer scores"),  # DeepGEMM's (deepgemm_indexer), and its finish pass:
-    ("finish_kernel", "indexer scores"),
     ("deep_gemm::sm90_fp8_gemm", "moe GEMMs (DeepGEMM)"),
     ("_project", "hyper-connections (Triton)"),
     ("_finish", "hyper-connections (Triton)"),

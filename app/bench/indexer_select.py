@@ -9,8 +9,6 @@ kernels (stages/kernels/triton_topk.py), whose picks must equal torch's under th
         --rate 4 --out docs/bench/indexer_v4_256k.json   # V4's CSA at the 256K last chunk
     python -m app.bench.indexer_select --chunk-launches --cases 1x8192:262144 --rate 4 \
         --out /tmp/chunk_launches.json   # the chunk kernel's launches over FP8 keys
-    python -m app.bench.indexer_select --deepgemm --cases 1x8192:262144 --rate 4 --topk 512 \
-        --out /tmp/dg_logits.json   # DeepGEMM's fp8_mqa_logits beside the chunk kernel
 
 Each row also times the last step alone, the rule's top-k of k + 8k candidates a line: torch's
 top_k_positions against the one-program kernel (stages/kernels/triton_rule_topk.py).
@@ -69,14 +67,9 @@ def main() -> None:
     p.add_argument(
         "--chunk-launches", action="store_true", help="sweep the chunk kernel's launches instead"
     )
-    p.add_argument(
-        "--deepgemm", action="store_true", help="DeepGEMM's fp8_mqa_logits beside the kernel"
-    )
     p.add_argument("--out", required=True)
     a = p.parse_args()
     case = chunk_launch_rows if a.chunk_launches else case_row
-    if a.deepgemm:
-        from app.bench.indexer_deepgemm import deepgemm_row as case
     results = [case(c, a.topk, a.rate, not a.no_loop) for c in a.cases.split(",")]
     with open(a.out, "w") as f:
         json.dump({"env": {"torch": torch.__version__}, "rows": results}, f, indent=1)

@@ -1,5 +1,5 @@
 """DeepGEMM (https://github.com/deepseek-ai/DeepGEMM), loaded once for the backends that call
-it (deepgemm_moe, deepgemm_indexer). It is not on the package index: it is built from its source
+it (deepgemm_moe). It is not on the package index: it is built from its source
 against the local torch and CUDA (`.gpu-deepgemm/deepgemm_build.sh` does it on our GPU host) and
 JIT-compiles its kernels at first use. The backends here take its SM90 kernels only (fp32
 scales; SM100's take other layouts)."""

@@ -57,7 +57,6 @@ class SelectPlan:
     chunk_tiles: torch.Tensor  # [n, 3] int32: (row, first token in Ts, tokens <= CHUNK_TILE)
     decode_tiles: torch.Tensor  # [m, 2] int32: (row, token in Ts) of each decode row
     row_tokens: list[tuple[int, int, int]]  # host copy: (first token in Ts, tokens, keys)
-    chunk_rows: list[int] | None = None  # host copy: the rows in chunk_tiles (None: not kept)
 
     @classmethod
     def build(
@@ -73,7 +72,6 @@ class SelectPlan:
         dest: list[int] = []
         row_tokens: list[tuple[int, int, int]] = []
         chunk: list[tuple[int, int, int]] = []
-        chunk_rows: list[int] = []
         decode: list[tuple[int, int]] = []
         first = 0
         for r, (off, n, start, _slots, decode_row) in enumerate(rows):
@@ -83,7 +81,6 @@ class SelectPlan:
             if decode_row:
                 decode.append((r, first))
             else:
-                chunk_rows.append(r)
                 chunk += [
                     (r, first + t0, min(CHUNK_TILE, n - t0)) for t0 in range(0, n, CHUNK_TILE)
                 ]
@@ -106,7 +103,6 @@ class SelectPlan:
             host[t0 : t0 + 3 * nc].int().view(nc, 3),
             host[t0 + 3 * nc : t0 + 3 * nc + 2 * nd].int().view(nd, 2),
             row_tokens,
-            chunk_rows,
         )
 
 

@@ -62,7 +62,6 @@ BACKENDS: dict[str, dict[str, str]] = {
     "indexer_logits_rows": {
         "torch": "stages.kernels.indexer_select:logits_rows_reference",
         "triton": "stages.kernels.triton_indexer:indexer_logits_rows",
-        "deepgemm": "stages.kernels.deepgemm_indexer:indexer_logits_rows",
     },
     # The indexer's top-k under the selection rule (indexer_select.top_k_positions): torch's
     # top-k then the rule's order, or a threshold from group maxima and a Triton compaction of
@@ -199,8 +198,7 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "mla_decode": ("flash-mla", "torch"),
     "mla_sparse": ("flash-mla", "torch"),
     "indexer_logits": ("triton", "torch"),
-    # deepgemm: no faster through the engine (docs/PERFORMANCE.md, session 32), kept for its bench
-    "indexer_logits_rows": ("triton", "deepgemm", "torch"),
+    "indexer_logits_rows": ("triton", "torch"),
     "index_topk": ("triton", "torch"),
     "moe_experts": ("triton-persistent", "torch"),
     "sparse_sink_attention": ("flash-mla", "torch"),

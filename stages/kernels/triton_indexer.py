@@ -316,8 +316,6 @@ def indexer_logits_rows(
     config: ChunkConfig | None = None,
     decode: DecodeConfig = DECODE_CONFIG,
     maxima: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    chunks: bool = True,
 ) -> torch.Tensor:
     """indexer_select.logits_rows_reference's contract: q [Ts, Hi, D], keys the layer's key
     pages ([blocks, E, D] in q's dtype, or [blocks, E, D + 4] uint8: FP8 keys in
@@ -326,8 +324,7 @@ def indexer_logits_rows(
     group's maximum by the same launches, which spares the top-k a pass over the scores.
     Chunk rows and decode rows are one launch each. config / decode: the kernels' launches
     (benches sweep them; config by default CHUNK_CONFIG_FP8 over FP8 keys, else
-    CHUNK_CONFIG). out: the [Ts, Lmax] lines to write (a fresh buffer by default); chunks False:
-    the decode rows' lines only (stages/kernels/deepgemm_indexer.py scores the chunks')."""
+    CHUNK_CONFIG)."""
     from stages.kernels import fp8_indexer_layout, indexer_select
 
     ts, heads, dim = q.shape
@@ -353,8 +350,7 @@ def indexer_logits_rows(
     config = config or (CHUNK_CONFIG_FP8 if fp8 else CHUNK_CONFIG)
     values, scales, entries, stride_kb, stride_sb = _key_views(keys, dim)
     q, weights = q.contiguous(), weights.contiguous()
-    if out is None:
-        out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
+    out = torch.empty(ts, lmax, dtype=torch.float32, device=q.device)
     group = indexer_select.MAXIMA_GROUP if maxima is not None else 0
     if maxima is None:
         maxima = out  # not written: GROUP 0 compiles the maxima out
@@ -372,7 +368,7 @@ def indexer_logits_rows(
         out.stride(0),
         maxima.stride(0),
     )
-    if chunks and plan.chunk_tiles.shape[0]:
+    if plan.chunk_tiles.shape[0]:
         grid = (plan.chunk_tiles.shape[0], -(-lmax // config.block_l))
         chunk_kernel[grid](
             *args,

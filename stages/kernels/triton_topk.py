@@ -286,9 +286,7 @@ def top_k_positions(
     width = scores.shape[-1]
     if width < 2 * (k + group * k):  # short lines: no fewer candidates to gain
         return _rule(scores, k)
-    flat = scores.reshape(-1, width).float()
-    if flat.stride(-1) != 1:  # lines may be padded apart (the kernels take the line stride)
-        flat = flat.contiguous()
+    flat = scores.reshape(-1, width).float().contiguous()
     lines, groups = flat.shape[0], -(-width // group)
     slots = k + group * k
     values = torch.full((lines, slots), float("-inf"), device=flat.device)

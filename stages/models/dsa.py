@@ -141,7 +141,6 @@ class SparseRows:
             chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=slots.device),
             decode_tiles=torch.stack((rows, rows), dim=1).int(),
             row_tokens=[(r, 1, width) for r in range(batch.num_tokens)],
-            chunk_rows=[],
         )
         return cls(slots.new_full((batch.num_tokens, topk), -1), plan)
 

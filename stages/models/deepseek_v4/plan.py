@@ -130,7 +130,7 @@ class V4Plan:
                                            win_len[chunk_rows])[1]  # fmt: skip
         shapes: dict[int, dict[str, int]] = {}
         chunk_widths: dict[int, int] = {}
-        tiles: dict[int, list[tuple[slice, list[tuple[int, int, int]], int, int, list[int]]]] = {}
+        tiles: dict[int, list[tuple[slice, list[tuple[int, int, int]], int, int]]] = {}
         for rate, (_, selects) in rates.items():
             per_block = block_size // rate
             counts = rows.ends // rate
@@ -160,8 +160,7 @@ class V4Plan:
                     rows.select_tiles(most, rate)
                 ):
                     host[f"{rate}.tile{i}"] = np.concatenate((chunk.ravel(), decode.ravel()))
-                    tile_rows = sorted(set(chunk[:, 0].tolist()))
-                    tiles[rate].append((span, row_tokens, chunk.size, decode.size, tile_rows))
+                    tiles[rate].append((span, row_tokens, chunk.size, decode.size))
         names = list(host)
         flat = torch.from_numpy(np.concatenate([host[n].reshape(-1) for n in names]))
         if device.type == "cuda":
@@ -185,7 +184,7 @@ class V4Plan:
                 key_slots = torch.zeros(rows.count * most, dtype=torch.int32, device=flat.device)
                 key_slots[parts[f"{rate}.key_dest"]] = parts[f"{rate}.entry_slots"].int()
                 token_row = parts["token_row"]
-                for i, (span, row_tokens, nc, nd, tile_rows) in enumerate(tiles[rate]):
+                for i, (span, row_tokens, nc, nd) in enumerate(tiles[rate]):
                     packed = parts[f"{rate}.tile{i}"].int()
                     plan = SelectPlan(
                         token_index=torch.arange(span.start, span.stop, device=flat.device),
@@ -195,7 +194,6 @@ class V4Plan:
                         chunk_tiles=packed[:nc].view(-1, 3),
                         decode_tiles=packed[nc : nc + nd].view(-1, 2),
                         row_tokens=row_tokens,
-                        chunk_rows=tile_rows,
                     )
                     select.append((span, plan))
             plans[rate] = RatePlan(
@@ -262,7 +260,6 @@ class V4Plan:
                     chunk_tiles=torch.zeros(0, 3, dtype=torch.int32, device=dev),
                     decode_tiles=torch.stack((rows, rows), dim=1).int(),
                     row_tokens=[(i, 1, most) for i in range(n)],
-                    chunk_rows=[],
                 )
                 select.append((slice(0, n), plan))
             plans[rate] = RatePlan(
