@@ -22,25 +22,10 @@ from typing import Any
 from app.bench.load import decode_parts
 from app.bench.roofline import decode_distance, prefill_distance
 from app.bench.suite_rows import ROWS, Row, select
+from app.bench.target import commit
 from app.model_cost import H200_HBM_TBS, HBM_TBS, expert_bytes_held
 
 Figure = dict[str, Any]  # label, value, unit, higher_is_better, distance
-
-
-def commit() -> str:
-    if os.environ.get("PPSERVE_COMMIT"):  # a GPU host given the tree without .git
-        return os.environ["PPSERVE_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"  # the GPU host may get the tree without .git
 
 
 def command(row: Row, out: str) -> list[str]:
@@ -190,19 +175,67 @@ def run_row(row: Row, out_dir: str, timeout: float | None = None) -> dict[str, A
         except subprocess.TimeoutExpired as e:
             rc, tail = 124, f"timed out after {e.timeout} s"
         raw = json.load(open(raw_path)) if os.path.exists(raw_path) else None
-    env = _environment()
+    result = _result(row, raw, _environment(), commit(), datetime.date.today().isoformat())
+    result.update(returncode=rc, wall_s=round(time.perf_counter() - t0, 1))
+    if rc:
+        result["output_tail"] = tail
+    _write(result, out_dir)
+    return result
+
+
+def adopt(row: Row, raw_path: str, out_dir: str, date: str | None = None) -> dict[str, Any]:
+    """The row's result from a run of its bench made outside the suite (a device call that ran
+    the bench directly, keeping its log): the bench's own JSON, its command holding the row's
+    arguments, its environment naming the commit (or PPSERVE_COMMIT here). Written to
+    OUT_DIR/NAME.json as run_row writes it, with `adopted_from`."""
+    with open(raw_path) as f:
+        raw = json.load(f)
+    ran = str(raw.get("command", ""))
+    words = ran.split()
+    missing = [
+        " ".join(pair)
+        for pair in _arg_pairs(row.args)
+        if not any(words[i : i + len(pair)] == pair for i in range(len(words)))
+    ]
+    if missing:
+        raise ValueError(f"{raw_path} did not run row {row.name}: its command lacks {missing}")
+    env = raw.get("environment") or {}
+    at = env.get("commit") or os.environ.get("PPSERVE_COMMIT")
+    if not at:
+        raise ValueError(f"{raw_path} names no commit: set PPSERVE_COMMIT to the one that ran")
+    day = date or datetime.date.fromtimestamp(os.path.getmtime(raw_path)).isoformat()
+    result = _result(row, raw, env, at, day)
+    result.update(command=ran, returncode=0, adopted_from=raw_path)
+    _write(result, out_dir)
+    return result
+
+
+def _arg_pairs(args: tuple[str, ...]) -> list[list[str]]:
+    """A row's arguments as [flag, value] (a flag alone where no value follows)."""
+    pairs: list[list[str]] = []
+    for a in args:
+        if a.startswith("--") or not pairs:
+            pairs.append([a])
+        else:
+            pairs[-1].append(a)
+    return pairs
+
+
+def _result(
+    row: Row, raw: dict[str, Any] | None, env: dict[str, Any], at: str, date: str
+) -> dict[str, Any]:
     result: dict[str, Any] = {
         "row": row.name,
         "shape": row.shape,
         "hardware": measured_hardware(row, env),
         "row_hardware": row.hardware,
         "target": row.target,
-        "date": datetime.date.today().isoformat(),
-        "commit": commit(),
+        "date": date,
+        "commit": at,
         "environment": env,
         "command": f"python -m app.bench.{row.module} " + " ".join(row.args),
-        "returncode": rc,
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "returncode": 0,
+        "wall_s": None,
         "figures": [],
         "raw": raw,
     }
@@ -210,12 +243,13 @@ def run_row(row: Row, out_dir: str, timeout: float | None = None) -> dict[str, A
         result["figures"] = figures(row, raw, result["hardware"]) if raw else []
     except (KeyError, TypeError, ZeroDivisionError) as e:  # a killed run's partial output
         result["error"] = f"could not read the figures: {e!r}"
-    if rc:
-        result["output_tail"] = tail
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{row.name}.json"), "w") as f:
-        json.dump(result, f, indent=1)
     return result
+
+
+def _write(result: dict[str, Any], out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{result['row']}.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def _environment() -> dict[str, Any]:
@@ -279,9 +313,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="print the rows and exit")
     p.add_argument("--timeout", type=float, default=None, help="seconds a row may run")
     p.add_argument("--report", nargs="+", metavar="PATH", help="table of these results")
+    p.add_argument(
+        "--adopt",
+        nargs="+",
+        metavar="ROW=RAW.json",
+        help="write each row's result (to --out) from its bench's JSON of a run made outside "
+        "the suite, then print their lines of the table",
+    )
+    p.add_argument("--date", default=None, help="--adopt: the runs' date (default: the files')")
     a = p.parse_args(argv)
     if a.report:
         print(report(load_results(a.report)))
+        return 0
+    if a.adopt:
+        by_name = {r.name: r for r in ROWS}
+        adopted = []
+        for item in a.adopt:
+            name, _, path = item.partition("=")
+            if name not in by_name or not path:
+                p.error(f"--adopt takes ROW=RAW.json with a row of the manifest, got {item!r}")
+            try:
+                adopted.append(adopt(by_name[name], path, a.out, a.date))
+            except (OSError, ValueError) as e:
+                p.error(str(e))
+        print(report(adopted))
         return 0
     rows = select(a.only.split(",") if a.only else None, a.device)
     if a.list:

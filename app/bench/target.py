@@ -359,8 +359,59 @@ def start_local_ray(pp: int, device: str) -> bool:
     return True
 
 
+def commit() -> str:
+    """The tree's commit: PPSERVE_COMMIT where set (a GPU host given the tree without .git),
+    else git's."""
+    if os.environ.get("PPSERVE_COMMIT"):
+        return os.environ["PPSERVE_COMMIT"]
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# kernel libraries that auto picks where they import: module -> its distributions' names
+KERNEL_LIBRARIES = {
+    "flash_mla": ("sgl-flash-mla", "flash-mla", "flash_mla"),
+    "deep_gemm": ("deep-gemm", "deep_gemm"),
+    "flashinfer": ("flashinfer-python",),
+}
+
+
+def kernel_libraries() -> dict[str, str | None]:
+    """Each kernel library's version where it is importable ("present" without package
+    metadata, as a source build on the path), else None: which kernels a figure ran on. Found
+    without importing them (deep_gemm's import loads its extension)."""
+    import importlib.metadata
+    import importlib.util
+
+    found: dict[str, str | None] = {}
+    for module, dists in KERNEL_LIBRARIES.items():
+        if importlib.util.find_spec(module) is None:
+            found[module] = None
+            continue
+        found[module] = "present"
+        for dist in dists:
+            try:
+                found[module] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return found
+
+
 def environment() -> dict[str, Any]:
-    """Versions and devices, written into every result file."""
+    """Versions, devices, the commit and the kernel libraries, written into every result
+    file."""
     import ray
     import torch
 
@@ -368,6 +419,8 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "ray": ray.__version__,
+        "commit": commit(),
+        "kernel_libraries": kernel_libraries(),
     }
     if torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

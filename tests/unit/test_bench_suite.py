@@ -192,3 +192,50 @@ def test_a_row_is_labelled_with_the_chip_that_ran_it():
     on_h200 = suite.figures(row, raw, "1xH200")[0]["distance"]["of_hbm"]
     on_h100 = suite.figures(row, raw, "1xH100")[0]["distance"]["of_hbm"]
     assert on_h100 == pytest.approx(on_h200 * 4.8 / 3.35, abs=2e-3)
+
+
+SESSION32_DG = "docs/bench/session32/call3/ttft_fp8_deepgemm.json"  # the engine bench's JSON
+
+
+def test_adopt_a_run_of_the_rows_bench_made_outside_the_suite(tmp_path, monkeypatch, capsys):
+    """A device call that ran the engine bench directly (its log kept): its JSON becomes the
+    row's result, labelled with the chip and commit that ran it, as run_row writes it."""
+    root = Path(__file__).resolve().parents[2]
+    raw_path = str(root / SESSION32_DG)
+    monkeypatch.setenv("PPSERVE_COMMIT", "fb273e6")
+    out = str(tmp_path / "latest")
+    assert suite.main(["--adopt", f"ttft-v4-flash-fp8={raw_path}", "--out", out,
+                       "--date", "2026-12-07"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[2].startswith("| TTFT 64K pp1 auto auto fp8 | 0.793 s |")
+    assert "| 2026-12-07 | fb273e6 | 1xH100 | `ttft-v4-flash-fp8` |" in lines[4]
+    [written] = suite.load_results([out])
+    assert written["adopted_from"] == raw_path and written["returncode"] == 0
+    assert written["command"].startswith("python -m app.bench --model-shape deepseek-v4-flash")
+    assert suite.report([written]).splitlines() == lines
+
+
+def test_adopt_refuses_another_rows_run_and_a_run_without_its_commit(tmp_path, monkeypatch):
+    root = Path(__file__).resolve().parents[2]
+    raw_path = str(root / SESSION32_DG)
+    rows = {r.name: r for r in ROWS}
+    monkeypatch.setenv("PPSERVE_COMMIT", "fb273e6")
+    with pytest.raises(ValueError, match="--quantization none"):
+        suite.adopt(rows["ttft-v4-flash"], raw_path, str(tmp_path))  # the bf16 row
+    monkeypatch.delenv("PPSERVE_COMMIT")
+    with pytest.raises(ValueError, match="names no commit"):
+        suite.adopt(rows["ttft-v4-flash-fp8"], raw_path, str(tmp_path))
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit):
+        suite.main(["--adopt", f"no-such-row={raw_path}", "--out", str(tmp_path)])
+
+
+def test_environment_names_the_commit_and_the_kernel_libraries(monkeypatch):
+    from app.bench import target
+
+    monkeypatch.setenv("PPSERVE_COMMIT", "deadbeef")
+    env = target.environment()
+    assert env["commit"] == "deadbeef"
+    libs = env["kernel_libraries"]
+    assert set(libs) == set(target.KERNEL_LIBRARIES)
+    assert libs["deep_gemm"] is None  # not built on a CPU machine
