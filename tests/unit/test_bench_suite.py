@@ -132,6 +132,13 @@ def test_report_table_one_line_per_figure_in_manifest_order(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines() == table
 
 
+def test_value_text_keeps_a_short_latencys_digits():
+    assert suite.value_text(fig("ITL p50 auto fp8 1 rows", 2.9339, "ms")) == "2.93 ms"
+    assert suite.value_text(fig("ITL p50 auto 512 rows", 117.18, "ms")) == "117 ms"
+    assert suite.value_text(fig("decode auto 64 rows", 6654.2, "tok/s")) == "6,654 tok/s"
+    assert suite.value_text(fig("TTFT 64K", 0.7761)) == "0.776 s"
+
+
 def test_performance_doc_opens_with_the_generated_table():
     # the headline table is `ppserve bench suite --report docs/bench/latest`, never hand-edited
     root = Path(__file__).resolve().parents[2]
