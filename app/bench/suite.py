@@ -164,23 +164,30 @@ def measured_hardware(row: Row, env: dict[str, Any]) -> str:
 
 
 def run_row(row: Row, out_dir: str, timeout: float | None = None) -> dict[str, Any]:
-    """Run one row; its result (also written to OUT_DIR/NAME.json), failed or not."""
+    """Run one row; its result (also written to OUT_DIR/NAME.json), failed or not, and the
+    bench's whole output in OUT_DIR/NAME.log (a timed-out run's too, up to where it stopped)."""
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = os.path.join(tmp, "raw.json")
         cmd = command(row, raw_path)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-4000:]
-        except subprocess.TimeoutExpired as e:
-            rc, tail = 124, f"timed out after {e.timeout} s"
+            rc, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:  # what it wrote until then stays in its log
+            rc, output = 124, _text(e.stdout) + _text(e.stderr) + f"\ntimed out after {e.timeout} s"
         raw = json.load(open(raw_path)) if os.path.exists(raw_path) else None
     result = _result(row, raw, _environment(), commit(), datetime.date.today().isoformat())
     result.update(returncode=rc, wall_s=round(time.perf_counter() - t0, 1))
     if rc:
-        result["output_tail"] = tail
+        result["output_tail"] = output[-4000:]
     _write(result, out_dir)
+    with open(os.path.join(out_dir, f"{row.name}.log"), "w") as f:
+        f.write(output)
     return result
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
 
 
 def adopt(row: Row, raw_path: str, out_dir: str, date: str | None = None) -> dict[str, Any]:

@@ -10,8 +10,12 @@ from app.bench import compare, suite
 def test_smoke_subset_runs_and_reads_back(tmp_path, capsys):
     out = tmp_path / "suite"
     assert suite.main(["--only", "smoke", "--out", str(out), "--timeout", "120"]) == 0
-    files = sorted(p.name for p in out.iterdir())
+    files = sorted(p.name for p in out.glob("*.json"))
     assert files == ["smoke-decode.json", "smoke-ttft.json"]
+    # each bench's whole output beside its result: what a device call keeps when a row fails
+    logs = sorted(p.name for p in out.glob("*.log"))
+    assert logs == ["smoke-decode.log", "smoke-ttft.log"]
+    assert "TTFT" in (out / "smoke-ttft.log").read_text()
     for name in files:
         r = json.loads((out / name).read_text())
         assert r["returncode"] == 0 and r["raw"] and r["figures"]

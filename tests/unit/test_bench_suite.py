@@ -246,3 +246,18 @@ def test_environment_names_the_commit_and_the_kernel_libraries(monkeypatch):
     libs = env["kernel_libraries"]
     assert set(libs) == set(target.KERNEL_LIBRARIES)
     assert libs["deep_gemm"] is None  # not built on a CPU machine
+
+
+def test_a_timed_out_row_keeps_what_its_bench_wrote(tmp_path, monkeypatch):
+    """Session 32's suite row timed out on a fresh machine's compiles with no output at all:
+    the bench's output up to the kill now stays in the row's log (and its result's tail)."""
+    import sys
+
+    script = "print('compiling the kernels', flush=True); import time; time.sleep(60)"
+    monkeypatch.setattr(suite, "command", lambda row, out: [sys.executable, "-c", script])
+    row = next(r for r in ROWS if r.name == "smoke-ttft")
+    result = suite.run_row(row, str(tmp_path), timeout=3)
+    assert result["returncode"] == 124 and result["figures"] == []
+    log = (tmp_path / "smoke-ttft.log").read_text()
+    assert "compiling the kernels" in log and "timed out after 3" in log
+    assert "compiling the kernels" in result["output_tail"]
