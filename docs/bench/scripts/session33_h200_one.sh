@@ -3,8 +3,8 @@
 # most wanted first, each run only while time is left: DeepGEMM built; V4-Flash FP8 TTFT at
 # 512K and 1,040,384 tokens with DeepGEMM's grouped GEMMs in the MoE (an H200-only row); the
 # same at 64K-256K; the bf16 decode steps in graphs (the bf16 stage does not fit an H100); the
-# FP8 decode steps with their small launches' sources (--stacks). The engine bench runs
-# directly, its log kept; `ppserve bench suite --adopt ROW=JSON` makes its JSON a row's result.
+# FP8 decode steps with their small launches' sources (--stacks). The suite keeps each row's
+# JSON (for docs/bench/latest, its environment naming deep_gemm) and whole log.
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -16,12 +16,9 @@ chmod +x /tmp/with_dg
 # run NAME SECONDS CMD...: CMD if SECONDS are left before the deadline
 run() { local name=$1 need=$2; shift 2; local left=$((D - SECONDS))
   if [ $left -gt $need ]; then LIMIT=$((left - 5 < need ? left - 5 : need)) step "$name" "$@"; else echo "skipped $name ($left s left)"; fi; }
-ENGINE="python3 -m app.bench.engine --model-shape deepseek-v4-flash --pp 1 --linear auto
-  --modes auto --reps 1 --quantization fp8 --kv-cache-dtype fp8"
-run ttft_1m_fp8_deepgemm 230 /tmp/with_dg $ENGINE --runs 524288:8192,1040384:8192 \
-  --out "$R/ttft_1m_fp8_deepgemm.json"
-run ttft_fp8_deepgemm 160 /tmp/with_dg $ENGINE --runs 65536:8192,131072:8192,262144:8192 \
-  --out "$R/ttft_fp8_deepgemm.json"
+SUITE="python3 -m app.cli bench suite --device cuda --out $R/suite"
+run ttft_1m_fp8_deepgemm 230 /tmp/with_dg $SUITE --only ttft-v4-flash-1m-fp8 --timeout 220
+run ttft_fp8_deepgemm 160 /tmp/with_dg $SUITE --only ttft-v4-flash-fp8 --timeout 150
 run v4_decode_bf16 75 python3 -m app.bench.v4_decode --context 512 --rows 1,16,512 \
   --out "$R/v4_decode_bf16.json"
 run v4_decode_fp8 60 python3 -m app.bench.v4_decode --context 512 --quantization fp8 \
