@@ -7,7 +7,9 @@ e4m3's 448 under a power-of-two scale (the same scale, from the same bits, in bo
   matches ``flat.index_copy_(0, slots, fp8_latent.quantize(values))``.
 - ``write_v4(pages, values, slots)``: DeepSeek-V4's 584-byte layout
   (stages/kernels/fp8_v4_layout.py), 448 no-rope values in 7 tiles of 64 and the rope values in
-  the block's value rows, the e8m0 scales after them; matches ``fp8_v4.write_reference``.
+  the block's value rows, the e8m0 scales after them; matches ``fp8_v4.write_reference``. Its
+  ``rows``: up to two more per-token rows (the compressors' inputs) copied into their
+  components at the same slots by the same launch, as ``dst.index_copy_(0, slots, src)``.
 - ``write_indexer_key(pages, keys, slots)``: the FP8 indexer key (stages/kernels/fp8_indexer.py,
   V3.2's and V4's), the key as one tile in its block's value rows, its float32 scale after them;
   matches ``fp8_indexer.write_reference``.
@@ -82,10 +84,26 @@ def write_indexer_key(pages: torch.Tensor, keys: torch.Tensor, slots: torch.Tens
     )
 
 
-def write_v4(pages: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
-    """pages [blocks, P, 1, 584] (fp8_v4.allocate), values [T, 512] (any float), slots [T]."""
+MAX_ROWS = 2  # rows write_v4 copies beside the entry (a CSA layer's comp_in and index_in)
+
+
+def write_v4(
+    pages: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    rows: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
+) -> None:
+    """pages [blocks, P, 1, 584] (fp8_v4.allocate), values [T, 512] (any float), slots [T]; rows:
+    (dst [S, W], src [T, W]) pairs, dst contiguous, src of dst's dtype, each src row written
+    to dst[slot] in the same launch."""
+    if len(rows) > MAX_ROWS or any(
+        d.dtype != s.dtype or d.shape[1:] != s.shape[1:] or not d.is_contiguous() for d, s in rows
+    ):
+        raise ValueError(f"write_v4 copies up to {MAX_ROWS} rows into contiguous [S, W] of theirs")
     if _torch_path("fp8_v4_write", pages, values.shape[0]):
         fp8_v4.write_reference(pages, values, slots)
+        for dst, src in rows:
+            dst.index_copy_(0, slots, src)
         return
     if values.shape[-1] != fp8_v4_layout.HEAD_DIM:
         raise ValueError(
@@ -93,6 +111,9 @@ def write_v4(pages: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> 
             f"got {values.shape[-1]}"
         )
     v = values if values.stride(-1) == 1 else values.contiguous()  # rows may be strided
+    srcs = [s if s.stride(-1) == 1 else s.contiguous() for _, s in rows]
+    copies = [(d, s, s.stride(0), d.shape[1]) for (d, _), s in zip(rows, srcs)]
+    copies += [(v, v, 0, 0)] * (MAX_ROWS - len(copies))  # unused: never touched
     _quantize_write_v4[(v.shape[0],)](
         v,
         slots.contiguous(),
@@ -102,10 +123,14 @@ def write_v4(pages: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> 
         v.stride(0),
         pages.stride(0),
         pages.shape[1],
+        *(arg for copy in copies for arg in copy),
         NOPE=fp8_v4_layout.NOPE,
         ROPE=fp8_v4_layout.ROPE,
         TILE=fp8_v4_layout.TILE,
         FP8_MAX=fp8_latent.FP8_MAX,
+        COPIES=len(rows),
+        BLOCK_0=triton.next_power_of_2(max(copies[0][3], 1)),
+        BLOCK_1=triton.next_power_of_2(max(copies[1][3], 1)),
         num_warps=4,
         **pdl.options(pages),
     )
@@ -196,12 +221,24 @@ if triton is not None:
         stride_v,
         block_stride,
         entries,
+        dst_0,
+        src_0,
+        stride_0,
+        width_0,
+        dst_1,
+        src_1,
+        stride_1,
+        width_1,
         NOPE: tl.constexpr,
         ROPE: tl.constexpr,
         TILE: tl.constexpr,
         FP8_MAX: tl.constexpr,
+        COPIES: tl.constexpr = 0,
+        BLOCK_0: tl.constexpr = 1,
+        BLOCK_1: tl.constexpr = 1,
         PDL: tl.constexpr = False,
     ):
+        """COPIES: the token's rows of src_0 (and src_1) stored at its slot of dst_0 (dst_1)."""
         enter(PDL)
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -219,3 +256,11 @@ if triton is not None:
         r = tl.arange(0, ROPE)
         rope = tl.load(v_ptr + t * stride_v + NOPE + r).to(tl.bfloat16)
         tl.store(rope_ptr + (row + NOPE) // 2 + r, rope)
+        if COPIES >= 1:
+            c = tl.arange(0, BLOCK_0)
+            x0 = tl.load(src_0 + t * stride_0 + c, mask=c < width_0)
+            tl.store(dst_0 + slot * width_0 + c, x0, mask=c < width_0)
+        if COPIES >= 2:
+            c = tl.arange(0, BLOCK_1)
+            x1 = tl.load(src_1 + t * stride_1 + c, mask=c < width_1)
+            tl.store(dst_1 + slot * width_1 + c, x1, mask=c < width_1)

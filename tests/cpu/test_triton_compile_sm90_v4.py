@@ -218,3 +218,28 @@ def test_rope_angles_compiles():
         num_warps=1,
         enable_fp_fusion=False,
     )  # fmt: skip
+
+
+def test_fp8_latent_write_with_rows_compiles():
+    """The V4 FP8 latent's write with the token's compressor inputs copied beside it (a CSA
+    layer's comp_in and index_in at V4-Flash's widths): each copy adds its stores."""
+    from stages.kernels import fp8_latent, fp8_v4_layout, triton_fp8_latent
+
+    pointers = ("v_ptr", "q_ptr", "byte_ptr", "rope_ptr", "dst_0", "src_0", "dst_1", "src_1")
+    types = {"v_ptr": "*bf16", "slot_ptr": "*i64", "q_ptr": "*fp8e4nv", "byte_ptr": "*u8",
+             "rope_ptr": "*bf16", "dst_0": "*bf16", "src_0": "*bf16", "dst_1": "*bf16",
+             "src_1": "*bf16"}  # fmt: skip
+    scalars = ("stride_v", "block_stride", "entries", "stride_0", "width_0", "stride_1", "width_1")
+    stores = []
+    for copies in (0, 1, 2):
+        kernel = _compile(
+            triton_fp8_latent._quantize_write_v4,
+            {**types, **{name: "i32" for name in scalars}},
+            {"NOPE": fp8_v4_layout.NOPE, "ROPE": fp8_v4_layout.ROPE, "TILE": fp8_v4_layout.TILE,
+             "FP8_MAX": fp8_latent.FP8_MAX, "COPIES": copies, "BLOCK_0": 2048, "BLOCK_1": 512,
+             "PDL": True},
+            aligned=(*pointers, "stride_v", "stride_0", "width_0", "stride_1", "width_1"),
+            num_warps=4,
+        )  # fmt: skip
+        stores.append(kernel.asm["ptx"].count("st.global"))
+    assert stores[0] < stores[1] < stores[2], stores

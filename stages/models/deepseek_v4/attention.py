@@ -242,12 +242,14 @@ class V4Attention(nn.Module):
         q = self.q_b_proj(q_resid).view(t, self.heads, a.head_dim)
         q = apply_rope(q, angles.tokens, self.kernels, norm_eps=a.rms_norm_eps)
         kv = apply_rope(parts[1], angles.tokens, self.kernels, norm=self.kv_norm)
-        cache.write(local, KV, kv, slot_mapping)
+        rows = {KV: kv}
+        if self.compressor is not None:
+            rows[COMP_IN] = parts[2]
+            if self.indexer is not None:
+                rows[INDEX_IN] = parts[3]
+        cache.write_token_rows(local, rows, slot_mapping)  # one launch on FP8 pages
         if self.compressor is not None:
             groups = plan.rates[self.rate].groups
-            cache.write(local, COMP_IN, parts[2], slot_mapping)
-            if self.indexer is not None:
-                cache.write(local, INDEX_IN, parts[3], slot_mapping)
             if groups.count:
                 group_angles = angles.groups[self.rate]
                 self.compressor.complete_groups(groups, cache, local, COMP_IN, COMP, group_angles)

@@ -105,6 +105,23 @@ class V4Cache:
         flat = self.flat(local_layer, name)
         flat.index_copy_(0, slots, values.to(flat.dtype))
 
+    def write_token_rows(
+        self, local_layer: int, rows: dict[str, torch.Tensor], slots: torch.Tensor
+    ) -> None:
+        """What every token writes, by component (its latent `kv`, the compressors' inputs):
+        on FP8 pages one launch for all of them (the latent quantized, the inputs copied
+        beside it, triton_fp8_latent.write_v4's rows), else one write each."""
+        plain = [name for name in rows if name != KV]
+        if KV in self.packed and not set(plain) & set(self.packed):
+            copies = []
+            for name in plain:
+                flat = self.flat(local_layer, name)
+                copies.append((flat, rows[name].to(flat.dtype)))
+            triton_fp8_latent.write_v4(self.layers[local_layer][KV], rows[KV], slots, tuple(copies))
+            return
+        for name, values in rows.items():
+            self.write(local_layer, name, values, slots)
+
     def read(self, local_layer: int, name: str, slots: torch.Tensor) -> torch.Tensor:
         if self.tracing and name in (KV, COMP):
             return self._address(name, slots)[:, None]
