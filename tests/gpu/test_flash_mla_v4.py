@@ -178,3 +178,25 @@ def test_fused_v4_quantize_on_write_matches_torch_pack(entries):
     fp8_v4.write_reference(ref, values, slots)
     assert torch.equal(fused.view(torch.uint8), ref.view(torch.uint8))
     assert torch.equal(fp8_v4.read(fused, slots).float(), fp8_v4.read(ref, slots).float())
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+def test_fused_v4_write_with_rows_matches_torch(copies):
+    """The latent's write with a CSA layer's compressor and indexer inputs copied beside it at
+    the same slots (V4-Flash's widths, strided columns of one projection): the same bytes as
+    the torch pack and index_copy_, the other slots untouched."""
+    g = torch.Generator(device="cuda").manual_seed(copies)
+    blocks, entries, n = 16, 64, 300
+    values = torch.randn(n, 512, generator=g, device="cuda").bfloat16()
+    slots = torch.randperm(blocks * entries, generator=g, device="cuda")[:n]
+    parts = torch.randn(n, 2048 + 512, generator=g, device="cuda").bfloat16().split([2048, 512], 1)
+    fused, ref = fp8_v4.allocate(blocks, entries, "cuda"), fp8_v4.allocate(blocks, entries, "cuda")
+    dsts = [torch.randn(blocks * entries, w, generator=g, device="cuda").bfloat16()
+            for w in (2048, 512)][:copies]  # fmt: skip
+    rows = tuple(zip(dsts, parts))
+    want = [d.clone().index_copy_(0, slots, s) for d, s in rows]
+    triton_fp8_latent.write_v4(fused, values, slots, rows)
+    fp8_v4.write_reference(ref, values, slots)
+    assert torch.equal(fused.view(torch.uint8), ref.view(torch.uint8))
+    for (got, _), expected in zip(rows, want):
+        assert torch.equal(got, expected)
