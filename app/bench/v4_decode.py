@@ -178,25 +178,34 @@ def run(
 _OWN_KERNELS = ("triton", "gemm", "nvjet", "cublas", "flash", "mla", "sparse", "cutlass")
 
 
-def launch_sources(step: Callable[[], object], top: int = 40) -> list[dict[str, Any]]:
+def launch_sources(
+    step: Callable[[], object], top: int = 40, cuda: bool = True
+) -> list[dict[str, Any]]:
     """One run of `step` under the profiler with Python stacks: launches of torch ops (not the
-    Triton, GEMM and attention kernels) counted by (op, the innermost stages/ frame)."""
+    Triton, GEMM and attention kernels) counted by (op, the innermost stages/ frame). cuda=False
+    (a CPU step, the tests'): each op counted once, as it has no kernels."""
+    from torch._C._profiler import _ExperimentalConfig
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p:
-        step()
+    if cuda:
         torch.cuda.synchronize()
+    # verbose: without it the events carry no Python stacks (torch 2.11-2.13), every frame ""
+    config = _ExperimentalConfig(verbose=True)
+    with profile(activities=activities, with_stack=True, experimental_config=config) as p:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
     counts: dict[tuple[str, str], int] = {}
     for evt in p.events():
-        if not evt.name.startswith("aten::") or not evt.kernels:
+        if not evt.name.startswith("aten::") or (cuda and not evt.kernels):
             continue
-        if all(any(k in kern.name.lower() for k in _OWN_KERNELS) for kern in evt.kernels):
+        if cuda and all(any(k in kern.name.lower() for k in _OWN_KERNELS) for kern in evt.kernels):
             continue
         frame = next((f for f in evt.stack if "stages/" in f), evt.stack[0] if evt.stack else "")
         key = (evt.name, frame.split("stages/")[-1])
-        counts[key] = counts.get(key, 0) + len(evt.kernels)
+        counts[key] = counts.get(key, 0) + (len(evt.kernels) if cuda else 1)
     ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
     return [{"launches": c, "op": op, "frame": frame} for (op, frame), c in ranked]
 
