@@ -379,11 +379,10 @@ def commit() -> str:
         return "unknown"
 
 
-# kernel libraries that auto picks where they import: module -> its distributions' names
+# kernel libraries the registry's auto picks where they import: module -> its distributions
 KERNEL_LIBRARIES = {
     "flash_mla": ("sgl-flash-mla", "flash-mla", "flash_mla"),
     "deep_gemm": ("deep-gemm", "deep_gemm"),
-    "flashinfer": ("flashinfer-python",),
 }
 
 
