@@ -97,9 +97,13 @@ def write_v4(
     (dst [S, W], src [T, W]) pairs, dst contiguous, src of dst's dtype, each src row written
     to dst[slot] in the same launch."""
     if len(rows) > MAX_ROWS or any(
-        d.dtype != s.dtype or d.shape[1:] != s.shape[1:] or not d.is_contiguous() for d, s in rows
-    ):
-        raise ValueError(f"write_v4 copies up to {MAX_ROWS} rows into contiguous [S, W] of theirs")
+        d.dim() != 2 or d.dtype != s.dtype or d.shape[1:] != s.shape[1:] or not d.is_contiguous()
+        or s.shape[0] != values.shape[0]
+        for d, s in rows
+    ):  # fmt: skip
+        raise ValueError(
+            f"write_v4 copies up to {MAX_ROWS} [T, W] rows into contiguous [S, W] of their dtype"
+        )
     if _torch_path("fp8_v4_write", pages, values.shape[0]):
         fp8_v4.write_reference(pages, values, slots)
         for dst, src in rows:

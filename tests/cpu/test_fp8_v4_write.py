@@ -40,8 +40,10 @@ def test_interpreted_write_with_rows_is_the_torch_path(triton_interpreter, monke
 
 def test_rows_it_does_not_take_are_refused():
     pages, values, slots, rows = _case(2)
-    with pytest.raises(ValueError, match="up to 2 rows"):
+    with pytest.raises(ValueError, match="up to 2"):
         triton_fp8_latent.write_v4(pages, values, slots, rows + rows[:1])
     dst, src = rows[0]
-    with pytest.raises(ValueError, match="up to 2 rows"):
+    with pytest.raises(ValueError, match="up to 2"):
         triton_fp8_latent.write_v4(pages, values, slots, ((dst.float(), src),))
+    with pytest.raises(ValueError, match="up to 2"):  # a source row short: no row per token
+        triton_fp8_latent.write_v4(pages, values, slots, ((dst, src[:4]),))
