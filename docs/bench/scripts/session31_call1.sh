@@ -10,13 +10,8 @@
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-D=${DEADLINE:-575}
-LIMIT=120 step build_dg env DG_CXX=/usr/bin/g++ bash .gpu-deepgemm/deepgemm_build.sh \
-  .gpu-deepgemm/deepgemm-src.tar.xz /tmp/dg
-# with_dg CMD...: CMD with deep_gemm importable (its env.sh), JIT logs quiet (a file: timeout
-# runs programs, not shell functions)
-printf '#!/usr/bin/env bash\n. /tmp/dg/env.sh && export DG_JIT_DEBUG=0 DG_JIT_PRINT_COMPILER_COMMAND=0 && exec "$@"\n' > /tmp/with_dg
-chmod +x /tmp/with_dg
+DEADLINE=${DEADLINE:-575}
+use_deepgemm 120
 LIMIT=150 step gpu_tests /tmp/with_dg python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
   tests/gpu/test_deepgemm_moe_cuda.py tests/gpu/test_moe_combine_cuda.py \
   tests/gpu/test_fp8_kernels.py -k "deepgemm or combine or experts or grouped or swiglu"

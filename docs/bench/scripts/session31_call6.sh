@@ -8,14 +8,8 @@
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-D=${DEADLINE:-575}
-LIMIT=110 step build_dg env DG_CXX=/usr/bin/g++ bash .gpu-deepgemm/deepgemm_build.sh \
-  .gpu-deepgemm/deepgemm-src.tar.xz /tmp/dg
-printf '#!/usr/bin/env bash\n. /tmp/dg/env.sh && export DG_JIT_DEBUG=0 DG_JIT_PRINT_COMPILER_COMMAND=0 && exec "$@"\n' > /tmp/with_dg
-chmod +x /tmp/with_dg
-# run NAME SECONDS CMD...: CMD if SECONDS are left before the deadline
-run() { local name=$1 need=$2; shift 2; local left=$((D - SECONDS))
-  if [ $left -gt $need ]; then LIMIT=$((left - 5 < need ? left - 5 : need)) step "$name" "$@"; else echo "skipped $name ($left s left)"; fi; }
+DEADLINE=${DEADLINE:-575}
+use_deepgemm 110
 run ttft_fp8_deepgemm 150 /tmp/with_dg python3 -m app.cli bench suite --only ttft-v4-flash-fp8 \
   --device cuda --timeout 140 --out "$R/suite_fp8"
 run ttft_1m_fp8_deepgemm 200 /tmp/with_dg python3 -m app.cli bench suite --only \

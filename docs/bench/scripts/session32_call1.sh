@@ -13,14 +13,8 @@
 set -u
 . docs/bench/scripts/host_env.sh
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$GPU"
-D=${DEADLINE:-575}
-test -f /tmp/dg/env.sh || LIMIT=110 step build_dg env DG_CXX=/usr/bin/g++ \
-  bash .gpu-deepgemm/deepgemm_build.sh .gpu-deepgemm/deepgemm-src.tar.xz /tmp/dg
-printf '#!/usr/bin/env bash\n. /tmp/dg/env.sh && export DG_JIT_DEBUG=0 DG_JIT_PRINT_COMPILER_COMMAND=0 && exec "$@"\n' > /tmp/with_dg
-chmod +x /tmp/with_dg
-# run NAME SECONDS CMD...: CMD if SECONDS are left before the deadline
-run() { local name=$1 need=$2; shift 2; local left=$((D - SECONDS))
-  if [ $left -gt $need ]; then LIMIT=$((left - 5 < need ? left - 5 : need)) step "$name" "$@"; else echo "skipped $name ($left s left)"; fi; }
+DEADLINE=${DEADLINE:-575}
+use_deepgemm 110
 run dg_indexer_tests 70 /tmp/with_dg python3 -m pytest -rA -q -m gpu -p no:cacheprovider \
   tests/gpu/test_deepgemm_indexer_cuda.py
 run indexer_dg 90 /tmp/with_dg python3 -m app.bench.indexer_select --deepgemm --rate 4 \

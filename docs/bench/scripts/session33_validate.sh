@@ -7,9 +7,7 @@
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-D=${DEADLINE:-440}
-run() { local name=$1 need=$2; shift 2; local left=$((D - SECONDS))
-  if [ $left -gt $need ]; then LIMIT=$((left - 5 < need ? left - 5 : need)) step "$name" "$@"; else echo "skipped $name ($left s left)"; fi; }
+DEADLINE=${DEADLINE:-440}
 mkdir -p /tmp/base && tar -C . --exclude=./.gpu --exclude=./.whl -cf - . | tar -C /tmp/base -xf -
 cp .s33base/attention.py .s33base/cache.py /tmp/base/stages/models/deepseek_v4/
 run write_test 90 python3 -m pytest -q -x tests/gpu/test_flash_mla_v4.py -k fused_v4
