@@ -5,9 +5,13 @@
   the weight scales as the checkpoint stores them. Where (K / 128) % 4 != 0 torch 2.11 refuses
   them (it wants the K-block count rounded up to 4), and K or N off the 128 grid it does not
   take: those shapes go to the Triton kernel.
-- ``linear_gemv_scaled_mm`` / ``swiglu_linear_gemv_scaled_mm``: up to
-  triton_fp8_gemv.GEMV_ROWS rows (a decode step of a few requests) the Triton GEMV with the
-  quantizer (and the swiglu) inside it, more rows the scaled_mm ones.
+- ``linear_decode_scaled_mm`` / ``swiglu_linear_decode_scaled_mm``: up to
+  triton_fp8_decode_linear.DECODE_ROWS rows (a decode step) the Triton tensor-core kernel with
+  the weights as the MMA's wide side and the quantizer (and the swiglu) inside it, more rows
+  the scaled_mm ones.
+- ``linear_gemv_scaled_mm`` / ``swiglu_linear_gemv_scaled_mm``: the same split at
+  triton_fp8_gemv.GEMV_ROWS rows with a CUDA-core GEMV (by name only: slower, and its rows'
+  bits follow the batch's size).
 - ``linear`` / ``linear_sm1``: stages/kernels/triton_gemm.py's persistent pointer-load GEMM
   (grid = SMs, or SMs - 1 leaving an SM to a waiting NCCL recv) in its block-scaled mode, with
   128-wide N and K tiles: each K tile is one activation group and one weight block, so its
@@ -28,7 +32,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stages.kernels import fp8_ref, triton_fp8_act, triton_fp8_gemv, triton_gemm
+from stages.kernels import (
+    fp8_ref,
+    triton_fp8_act,
+    triton_fp8_decode_linear,
+    triton_fp8_gemv,
+    triton_gemm,
+)
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.triton_gemm import GemmConfig, num_sms
 
@@ -72,6 +82,33 @@ def linear_scaled_mm(
     q, scale_a = triton_fp8_act.quantize_act(_flat(x), rows_multiple=16, group_major=True)
     out = _scaled_mm(q, scale_a, weight, scale_inv, bias, x.dtype)[: _flat(x).shape[0]]
     return out.reshape(*x.shape[:-1], n)
+
+
+def linear_decode_scaled_mm(
+    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    if _decode_takes(x, weight):
+        return triton_fp8_decode_linear.linear(x, weight, scale_inv, bias)
+    return linear_scaled_mm(x, weight, scale_inv, bias)
+
+
+def swiglu_linear_decode_scaled_mm(
+    gate_up: torch.Tensor,
+    limit: float | None,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if _decode_takes(gate_up, weight):
+        return triton_fp8_decode_linear.swiglu_linear(gate_up, limit, weight, scale_inv, bias)
+    return swiglu_linear_scaled_mm(gate_up, limit, weight, scale_inv, bias)
+
+
+def _decode_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the decode linear takes x's rows (on CUDA, with triton)."""
+    n, k = weight.shape
+    rows = _flat(x).shape[0]
+    return x.is_cuda and triton is not None and triton_fp8_decode_linear.takes(rows, n, k)
 
 
 def linear_gemv_scaled_mm(

@@ -141,6 +141,7 @@ BACKENDS: dict[str, dict[str, str]] = {
     # W8A8 linears over block-scaled FP8 weights (128 x 128 scales, activations in 1 x 128).
     "fp8_linear": {
         "torch": "stages.kernels.fp8_ref:linear",
+        "decode-scaled-mm": "stages.kernels.fp8_gemm:linear_decode_scaled_mm",
         "gemv-scaled-mm": "stages.kernels.fp8_gemm:linear_gemv_scaled_mm",
         "scaled-mm": "stages.kernels.fp8_gemm:linear_scaled_mm",
         "triton-persistent": "stages.kernels.fp8_gemm:linear",
@@ -150,6 +151,7 @@ BACKENDS: dict[str, dict[str, str]] = {
     # quantizer (the same backends as fp8_linear, chosen with it).
     "fp8_swiglu_linear": {
         "torch": "stages.kernels.fp8_ref:swiglu_linear",
+        "decode-scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_decode_scaled_mm",
         "gemv-scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_gemv_scaled_mm",
         "scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_scaled_mm",
         "triton-persistent": "stages.kernels.fp8_gemm:swiglu_linear",
@@ -213,11 +215,17 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "v4_window_index": ("triton", "torch"),
     "v4_rate_index": ("triton", "torch"),
     "v4_pick_slots": ("triton", "torch"),
-    # the GEMV of a few rows by name only: slower than cuBLASLt on the H100 (one row 3.16 against
-    # 2.76 ms a V4 step, four 7.07 against 4.43) and its rows differ from the GEMMs' batched
-    # (docs/PERFORMANCE.md, session 19)
-    "fp8_linear": ("scaled-mm", "gemv-scaled-mm", "triton-persistent", "torch"),
-    "fp8_swiglu_linear": ("scaled-mm", "gemv-scaled-mm", "triton-persistent", "torch"),
+    # a decode step's rows on the tensor-core decode kernel, more on cuBLASLt; the CUDA-core GEMV
+    # of a few rows by name only: slower than cuBLASLt on the H100 (one row 3.16 against 2.76 ms
+    # a V4 step) and its rows differ from the GEMMs' batched (docs/PERFORMANCE.md, session 19)
+    "fp8_linear": ("decode-scaled-mm", "scaled-mm", "gemv-scaled-mm", "triton-persistent", "torch"),
+    "fp8_swiglu_linear": (
+        "decode-scaled-mm",
+        "scaled-mm",
+        "gemv-scaled-mm",
+        "triton-persistent",
+        "torch",
+    ),
     "moe_experts_fp8": ("deepgemm", "triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),

@@ -190,6 +190,34 @@ def test_fp8_gemv_compiles_pipelined_without_spills(rows, swiglu):
     assert registers_and_spills(kernel)[1] == 0
 
 
+@pytest.mark.parametrize("swiglu", [False, True], ids=["linear", "swiglu-linear"])
+@pytest.mark.parametrize("block_x", [16, 32])
+def test_fp8_decode_linear_compiles_to_pipelined_wgmma(block_x, swiglu):
+    """The W8A8 decode linear: the weights' K steps in flight (cp.async) into Hopper's
+    warpgroup MMA (the Triton GEMMs' instruction, so their bits), the quantizer's IEEE division
+    and e4m3 cast, PDL's wait, no register spilled."""
+    from stages.kernels import fp8_ref
+    from stages.kernels import triton_fp8_decode_linear as d
+
+    ints = ("M", "N", "K", "stride_xm", "stride_wn", "stride_wsn", "stride_om")
+    kernel = _compile(
+        d._swap_ab_w8a8,
+        {"X": "*bf16", "W": "*fp8e4nv", "WS": "*fp32", "BIAS": "*bf16", "OUT": "*bf16",
+         **dict.fromkeys(ints, "i32"), "limit": "fp32"},
+        {"HAS_BIAS": False, "SWIGLU": swiglu, "HAS_LIMIT": swiglu, "CUDA_EXP": True,
+         "BLOCK_X": block_x, "BLOCK_W": d.BLOCK_W, "BLOCK_K": fp8_ref.BLOCK,
+         "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX, "MIN_SCALE": fp8_ref.MIN_SCALE, "STAGES": d.STAGES,
+         "PDL": True},
+        aligned=("X", "W", "WS", "OUT", "N", "K", "stride_xm", "stride_wn", "stride_om"),
+        num_warps=d.WARPS,
+    )  # fmt: skip
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "e4m3" in ptx and "mma.sync" not in ptx
+    assert "cp.async" in ptx and "div.rn.f32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert "griddepcontrol.wait" in ptx
+    assert registers_and_spills(kernel)[1] == 0
+
+
 @pytest.mark.parametrize("dim", [128, 64, 100])
 def test_fp8_indexer_key_write_compiles(dim):
     from stages.kernels import fp8_latent, triton_fp8_latent

@@ -95,7 +95,7 @@ def test_fp8_graphed_decode_equals_eager_and_the_general_path(cfg, fp8_weights, 
     )
     assert kernels.names["mla_sparse_fp8"] == "flash-mla"
     if fp8_weights:
-        assert kernels.names["fp8_linear"] == "scaled-mm"
+        assert kernels.names["fp8_linear"] == "decode-scaled-mm"
         assert kernels.names["moe_experts_fp8"] == "triton-persistent"
     assert DEEPSEEK.paged_decode_graphs(GraphSetting(kernels.names, 64, kv_cache_dtype, "bfloat16"))
     steps = decode_case(

@@ -29,6 +29,7 @@ pytestmark = [
 ]
 TOL = 1e-2
 BACKENDS = {
+    "decode-scaled-mm": fp8_gemm.linear_decode_scaled_mm,  # tensor cores up to 32 rows
     "gemv-scaled-mm": fp8_gemm.linear_gemv_scaled_mm,  # a Triton GEMV up to 4 rows
     "scaled-mm": fp8_gemm.linear_scaled_mm,
     "triton-persistent": fp8_gemm.linear,
@@ -224,6 +225,10 @@ def test_fused_swiglu_quantizer_matches_the_unfused_path(m, inter, limit):
 
 
 SWIGLU_BACKENDS = {
+    "decode-scaled-mm": (
+        fp8_gemm.swiglu_linear_decode_scaled_mm,
+        fp8_gemm.linear_decode_scaled_mm,
+    ),
     "gemv-scaled-mm": (fp8_gemm.swiglu_linear_gemv_scaled_mm, fp8_gemm.linear_gemv_scaled_mm),
     "scaled-mm": (fp8_gemm.swiglu_linear_scaled_mm, fp8_gemm.linear_scaled_mm),
     "triton-persistent": (fp8_gemm.swiglu_linear, fp8_gemm.linear),
