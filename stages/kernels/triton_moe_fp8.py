@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from stages.kernels import fp8_ref, pdl, triton_fp8_act
+from stages.kernels import fp8_ref, pdl, triton_fp8_act, triton_moe_fp8_decode
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.moe_routing import Routing, route_and_gather_scaled
 from stages.kernels.triton_gemm import num_sms
@@ -58,6 +58,10 @@ PREFILL_TMA = True
 # then sweeping the layout's expert padding too (it reads only live rows since); between 1 and
 # 64 not measured.
 UNFUSED_SWIGLU_FROM = 64
+# Below this many tokens (a decode step) the experts' weight rows are the MMA's wide side
+# (triton_moe_fp8_decode: 16-row tiles, the same bits a row); not with an SM left to NCCL, whose
+# persistent grid the swapped kernels do not keep.
+SWAPPED_BELOW = 64
 # The fused gate/up's launch (warps, stages): gate's and up's columns in one [64, 256] product
 # a K step on 8 warps (no spill, 160 KB of shared memory at 4 stages, compiled for sm_90). On an
 # H100 it took V4-Flash's FP8 decode step from 2.54 to 2.45 ms at one row and from 9.45 to 8.52
@@ -245,7 +249,8 @@ def _moe(
     t, k = topk_ids.shape
     grid = num_sms(x.device) - sm_margin
     tiles = tiles_for(t * k, gate_up.shape[0])
-    block_m = tiles[0]
+    swapped = t < SWAPPED_BELOW and gate_up.shape[1] % (2 * BLOCK) == 0 and not sm_margin
+    block_m = triton_moe_fp8_decode.DECODE_BLOCK_M if swapped else tiles[0]
     xq, xs = triton_fp8_act.quantize_act(x)
     # the FP8 rows travel as bytes (the gather copies them unchanged) with their scales; padding
     # rows stay unwritten: their results are never stored at a pair's slot
@@ -253,6 +258,11 @@ def _moe(
         xq.view(torch.uint8), xs, topk_ids, topk_weights, gate_up.shape[0], block_m
     )
     a = a.view(fp8_ref.FP8)
+    if swapped:
+        y = triton_moe_fp8_decode.moe(
+            a, a_scale, gate_up, gu_scale, down, d_scale, r, x.dtype, limit, t * k
+        )
+        return combine(y, topk_ids, x.dtype, weights=topk_weights)
     if t < UNFUSED_SWIGLU_FROM and gate_up.shape[1] % (2 * BLOCK) == 0:
         hq, hs = gate_up_swiglu(a, a_scale, gate_up, gu_scale, r, grid, x.dtype, limit)
     else:  # more rows, or a gate/up column group straddling the halves: GEMM, then quantizer

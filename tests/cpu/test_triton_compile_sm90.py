@@ -372,6 +372,70 @@ def test_fp8_gate_up_swiglu_compiles_without_spilling():
     assert "div.rn.f32" in kernel.asm["ptx"]
 
 
+@pytest.mark.parametrize("block_n", [128, 64])
+def test_fp8_moe_swapped_gate_up_compiles_to_pipelined_wgmma(block_n):
+    """The decode experts' gate/up with the weight rows as the MMA's wide side, 128-wide groups
+    quantized in the epilogue or 64-wide ones stored (triton_moe_fp8_decode's SPLIT)."""
+    from stages.kernels import fp8_ref
+    from stages.kernels import triton_moe_fp8_decode as d
+
+    warps, stages = d.GATE_UP_LAUNCH
+    strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn")
+    kernel = _compile(
+        d._swapped_gate_up,
+        {
+            **{p: "*fp8e4nv" for p in ("a_ptr", "w_ptr", "q_ptr")},
+            **{p: "*fp32" for p in ("as_ptr", "ws_ptr", "qs_ptr")},
+            **{p: "*i32" for p in ("tile_expert_ptr", "num_tiles_ptr", "pair_ptr")},
+            **{s: "i32" for s in ("INTER", "K", *strides, "stride_qm", "stride_qsm")},
+            "limit": "fp32",
+        },
+        {
+            "HAS_LIMIT": True, "CUDA_EXP": True, "H_DTYPE": triton.language.bfloat16,
+            "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX, "MIN_SCALE": fp8_ref.MIN_SCALE,
+            "BLOCK_X": d.DECODE_BLOCK_M, "BLOCK_N": block_n, "BLOCK_K": 128,
+            "STORE_H": block_n < 128, "STAGES": stages, "PDL": True,
+        },
+        aligned=("a_ptr", "as_ptr", "w_ptr", "ws_ptr", "q_ptr", "INTER", "K", "stride_am",
+                 "stride_we", "stride_wn", "stride_qm"),
+        num_warps=warps,
+    )  # fmt: skip
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async" in ptx and "griddepcontrol.wait" in ptx
+    assert kernel.metadata.shared <= SM90_SHARED_BYTES, kernel.metadata.shared
+    assert registers_and_spills(kernel)[1] == 0
+
+
+@pytest.mark.parametrize("quantize", [False, True])
+def test_fp8_moe_swapped_down_compiles_to_pipelined_wgmma(quantize):
+    from stages.kernels import fp8_ref
+    from stages.kernels import triton_moe_fp8_decode as d
+
+    warps, stages = d.DOWN_LAUNCH
+    strides = ("stride_am", "stride_as", "stride_we", "stride_wn", "stride_wse", "stride_wsn")
+    kernel = _compile(
+        d._swapped_down,
+        {
+            "a_ptr": "*bf16" if quantize else "*fp8e4nv", "w_ptr": "*fp8e4nv", "c_ptr": "*bf16",
+            "as_ptr": "*bf16" if quantize else "*fp32", "ws_ptr": "*fp32",
+            **{p: "*i32" for p in ("tile_expert_ptr", "num_tiles_ptr", "pair_ptr")},
+            **{s: "i32" for s in ("N", "K", *strides, "stride_cm")},
+        },
+        {
+            "QUANTIZE": quantize, "INV_FP8_MAX": 1 / fp8_ref.FP8_MAX,
+            "MIN_SCALE": fp8_ref.MIN_SCALE, "BLOCK_X": d.DECODE_BLOCK_M, "BLOCK_W": d.BLOCK_W,
+            "BLOCK_K": 128, "STAGES": stages, "PDL": True,
+        },
+        aligned=("a_ptr", "as_ptr", "w_ptr", "ws_ptr", "c_ptr", "N", "K", "stride_am",
+                 "stride_we", "stride_wn", "stride_cm"),
+        num_warps=warps,
+    )  # fmt: skip
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async" in ptx
+    assert ("div.rn.f32" in ptx) == quantize
+    assert registers_and_spills(kernel)[1] == 0
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_fp8_activation_quantizer_compiles_with_ieee_division(dtype):
     """triton_fp8_act's kernel; its divisions are IEEE-rounded (div.rn: fp8_ref's bits), not
