@@ -35,7 +35,7 @@ from app.bench.deepseek_breakdown import add_no_pdl_flag, profiled
 from app.bench.target import kv_block_size, stage_args, v4_flash_bench_config
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
-from stages.kernels import pdl, triton_moe_fp8, triton_moe_fp8_decode
+from stages.kernels import pdl, triton_moe_fp8
 from stages.kernels.registry import fp8_backend_for, moe_backend_for, select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
@@ -125,7 +125,6 @@ def run(
         # kernels_ms over-counts (stages/kernels/pdl.py); the step time does not
         "pdl": pdl.ENABLED,
         "moe_swapped_below": triton_moe_fp8.SWAPPED_BELOW,
-        "moe_split": triton_moe_fp8_decode.SPLIT,
         "rows": {},
     }
     ids = torch.randint(3, args.vocab_size, (max_rows,), device="cuda")
@@ -235,10 +234,10 @@ def main() -> None:
     )
     p.add_argument(
         "--moe-decode",
-        choices=("swapped", "swapped-fused", "tiles"),
+        choices=("swapped", "tiles"),
         default="swapped",
-        help="a decode step's FP8 experts: weight rows as the MMA's wide side (64-wide gate/up "
-        "groups, or 128-wide quantized in their epilogue), or the grouped kernels' 64-row tiles",
+        help="a decode step's FP8 experts: weight rows as the MMA's wide side, or the grouped "
+        "kernels' 64-row tiles",
     )
     p.add_argument("--out", default=None)
     add_no_pdl_flag(p)
@@ -246,7 +245,6 @@ def main() -> None:
     pdl.ENABLED = not a.no_pdl
     if a.moe_decode == "tiles":
         triton_moe_fp8.SWAPPED_BELOW = 0
-    triton_moe_fp8_decode.SPLIT = a.moe_decode == "swapped"
     out = run(
         [int(x) for x in a.rows.split(",")],
         a.context,

@@ -11,10 +11,10 @@ a down program BLOCK_W of the expert's output rows, so each K step promotes a [2
 16] block. The products are the grouped GEMMs' (each 128-wide K step's fp32 product on the
 tensor cores times the activation's and the weight's scales, summed in K order), the gate/up
 epilogue the same (rounded to the activations' dtype, swiglu_steps, the 1 x 128 quantizer), the
-down rows stored at their (token, k) slots. With SPLIT the gate/up programs take 64-wide groups
-and store the SwiGLU unquantized; the down kernel quantizes it as it reads it (the same bits:
-the 1 x 128 quantizer of the same rounded values). The grids are fixed by the layout's tile bound (a
-CUDA graph captures them); a program past the tiles in use returns.
+down rows stored at their (token, k) slots (64-wide gate/up groups, twice the programs, with the
+down kernel quantizing the SwiGLU as it read it were slower: a tile quantized inside the K loop
+goes through shared memory before its MMA, docs/PERFORMANCE.md). The grids are fixed by the
+layout's tile bound (a CUDA graph captures them); a program past the tiles in use returns.
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ from stages.kernels.moe_routing import Routing
 BLOCK = fp8_ref.BLOCK
 DECODE_BLOCK_M = 16  # the layout's rows a tile: the MMA's narrow side
 BLOCK_W = 64  # a down program's weight rows
-# the gate/up programs' column groups 64 wide (the SwiGLU stored unquantized, the down kernel
-# quantizing it): twice the programs of 128-wide groups (112 at one token of V4-Flash: 7 picks x
-# 16 groups, on 132 SMs)
-SPLIT = True
 GATE_UP_LAUNCH = (4, 4)  # (warps, stages): 32 KB of gate and up weights a stage
 DOWN_LAUNCH = (4, 6)  # 8 KB of weights a stage
 
@@ -46,15 +42,9 @@ def moe(
     dtype: torch.dtype,
     limit: float | None,
     pairs: int,
-    split: bool | None = None,
 ) -> torch.Tensor:
     """The routed rows' expert outputs y [pairs, H] (each at its pair's slot) from the layout's
-    FP8 rows. split (default SPLIT): the gate/up programs take 64-wide column groups (twice the
-    programs) and store the SwiGLU in `dtype`, which the down kernel quantizes as it reads it;
-    else 128-wide ones, quantized in their epilogue. The same bits either way."""
-    if SPLIT if split is None else split:
-        h = gate_up_swiglu_rows(a, a_scale, gate_up, gu_scale, r, dtype, limit)
-        return down_quantizing(h, w_down, d_scale, r, pairs)
+    FP8 rows."""
     hq, hs = gate_up_swiglu(a, a_scale, gate_up, gu_scale, r, dtype, limit)
     return down(hq, hs, w_down, d_scale, r, dtype, pairs)
 
@@ -69,56 +59,24 @@ def gate_up_swiglu(
     limit: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """triton_moe_fp8.gate_up_swiglu's contract over a layout of DECODE_BLOCK_M-row tiles."""
-    rows, inter = q.shape[0], gate_up.shape[1] // 2
-    hq = torch.empty(rows, inter, dtype=fp8_ref.FP8, device=q.device)
-    hs = torch.empty(rows, inter // BLOCK, dtype=torch.float32, device=q.device)
-    _gate_up(q, q_scale, gate_up, gu_scale, r, dtype, limit, hq, hs, BLOCK)
-    return hq, hs
-
-
-def gate_up_swiglu_rows(
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    gate_up: torch.Tensor,
-    gu_scale: torch.Tensor,
-    r: Routing,
-    dtype: torch.dtype,
-    limit: float | None = None,
-) -> torch.Tensor:
-    """The real rows' torch_ref.swiglu(gate, up) in `dtype`, [rows, I] (what gate_up_swiglu
-    quantizes), from 64-wide column groups."""
-    h = torch.empty(q.shape[0], gate_up.shape[1] // 2, dtype=dtype, device=q.device)
-    _gate_up(q, q_scale, gate_up, gu_scale, r, dtype, limit, h, h, BLOCK // 2)
-    return h
-
-
-def _gate_up(
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    gate_up: torch.Tensor,
-    gu_scale: torch.Tensor,
-    r: Routing,
-    dtype: torch.dtype,
-    limit: float | None,
-    out: torch.Tensor,
-    out_scale: torch.Tensor,
-    block_n: int,
-) -> None:
-    k, inter = q.shape[1], gate_up.shape[1] // 2
+    rows, k = q.shape
+    inter = gate_up.shape[1] // 2
     if inter % BLOCK or r.block_m != DECODE_BLOCK_M:
         raise ValueError(f"takes I on the 128 grid and {DECODE_BLOCK_M}-row tiles")
+    hq = torch.empty(rows, inter, dtype=fp8_ref.FP8, device=q.device)
+    hs = torch.empty(rows, inter // BLOCK, dtype=torch.float32, device=q.device)
     ws = gu_scale.float().contiguous()
     warps, stages = GATE_UP_LAUNCH
-    _swapped_gate_up[(r.max_tiles, inter // block_n)](
-        q, q_scale, gate_up, ws, out, out_scale, r.tile_expert, r.num_tiles, r.pair_of_row,
-        inter, k, q.stride(0), q_scale.stride(0), gate_up.stride(0), gate_up.stride(1),
-        ws.stride(0), ws.stride(1), out.stride(0), out_scale.stride(0),
+    _swapped_gate_up[(r.max_tiles, inter // BLOCK)](
+        q, q_scale, gate_up, ws, hq, hs, r.tile_expert, r.num_tiles, r.pair_of_row, inter, k,
+        q.stride(0), q_scale.stride(0), gate_up.stride(0), gate_up.stride(1), ws.stride(0),
+        ws.stride(1), hq.stride(0), hs.stride(0),
         0.0 if limit is None else triton_fp8_act.rounded(limit, dtype),
         HAS_LIMIT=limit is not None, CUDA_EXP=q.is_cuda, H_DTYPE=_TL_DTYPES[dtype],
         INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE, BLOCK_X=r.block_m,
-        BLOCK_N=block_n, BLOCK_K=BLOCK, STORE_H=block_n < BLOCK, STAGES=stages,
-        num_warps=warps, **pdl.options(out),
+        BLOCK_N=BLOCK, BLOCK_K=BLOCK, STAGES=stages, num_warps=warps, **pdl.options(hq),
     )  # fmt: skip
+    return hq, hs
 
 
 def down(
@@ -132,27 +90,6 @@ def down(
 ) -> torch.Tensor:
     """triton_moe_fp8.grouped_gemm(..., pairs=pairs)'s contract (each real row at its pair's
     slot) over a layout of DECODE_BLOCK_M-row tiles."""
-    return _down(q, q_scale, w, w_scale, r, dtype, pairs, quantize=False)
-
-
-def down_quantizing(
-    h: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, r: Routing, pairs: int
-) -> torch.Tensor:
-    """down() of h's rows quantized in 1 x 128 groups as the kernel reads them
-    (triton_fp8_act's arithmetic), in h's dtype."""
-    return _down(h, h, w, w_scale, r, h.dtype, pairs, quantize=True)
-
-
-def _down(
-    q: torch.Tensor,
-    q_scale: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    r: Routing,
-    dtype: torch.dtype,
-    pairs: int,
-    quantize: bool,
-) -> torch.Tensor:
     k = q.shape[1]
     n = w.shape[1]
     if k % BLOCK or r.block_m != DECODE_BLOCK_M:
@@ -163,7 +100,6 @@ def _down(
     _swapped_down[(r.max_tiles, triton.cdiv(n, BLOCK_W))](
         q, q_scale, w, ws, c, r.tile_expert, r.num_tiles, r.pair_of_row, n, k, q.stride(0),
         q_scale.stride(0), w.stride(0), w.stride(1), ws.stride(0), ws.stride(1), c.stride(0),
-        QUANTIZE=quantize, INV_FP8_MAX=1 / fp8_ref.FP8_MAX, MIN_SCALE=fp8_ref.MIN_SCALE,
         BLOCK_X=r.block_m, BLOCK_W=BLOCK_W, BLOCK_K=BLOCK, STAGES=stages, num_warps=warps,
         **pdl.options(c),
     )  # fmt: skip
@@ -190,13 +126,11 @@ if triton is not None:
         stride_qm, stride_qsm, limit, HAS_LIMIT: tl.constexpr, CUDA_EXP: tl.constexpr,
         H_DTYPE: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
         BLOCK_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        STORE_H: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
+        STAGES: tl.constexpr, PDL: tl.constexpr = False,
     ):
-        """Tile program_id(0)'s rows at gate columns n * BLOCK_N + [0, BLOCK_N) and the same up
+        """Tile program_id(0)'s rows at gate columns n * 128 + [0, 128) and the same up
         columns (program_id(1) = n), their weight rows interleaved g0 u0 g1 u1 ... as
-        triton_moe_fp8._gate_up_side_by_side's, each K step's product scaled per weight row.
-        STORE_H: the SwiGLU stored in H_DTYPE at q_ptr, else (BLOCK_N = 128, one group)
-        quantized into q_ptr and qs_ptr."""
+        triton_moe_fp8._gate_up_side_by_side's, each K step's product scaled per weight row."""
         enter(PDL)
         tile = tl.program_id(0)
         if tile >= tl.load(num_tiles_ptr):
@@ -208,8 +142,8 @@ if triton is not None:
         both = tl.reshape(tl.join(cols, INTER + cols), (2 * BLOCK_N,))
         is_gate = (tl.arange(0, 2 * BLOCK_N) % 2) == 0
         w_rows = w_ptr + expert * stride_we + both[:, None] * stride_wn
-        gate_scales = ws_ptr + expert * stride_wse + (n * BLOCK_N // BLOCK_K) * stride_wsn
-        up_scales = gate_scales + (INTER // BLOCK_K) * stride_wsn
+        gate_scales = ws_ptr + expert * stride_wse + n * stride_wsn
+        up_scales = gate_scales + (INTER // BLOCK_N) * stride_wsn
         a_rows = a_ptr + rows[:, None] * stride_am
         a_scales = as_ptr + rows * stride_as
         acc = tl.zeros((2 * BLOCK_N, BLOCK_X), dtype=tl.float32)
@@ -224,24 +158,18 @@ if triton is not None:
         gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N, 2, BLOCK_X)), (2, 0, 1)))
         h = swiglu_steps(gate.to(H_DTYPE), up.to(H_DTYPE), limit, HAS_LIMIT, CUDA_EXP)
         real = tl.load(pair_ptr + rows) >= 0
-        if STORE_H:
-            tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], h.to(H_DTYPE),
-                     mask=real[:, None])
-        else:
-            _quantize_store(h, rows, cols, n, real, real, q_ptr, qs_ptr, INTER, stride_qm,
-                            stride_qsm, 1, INV_FP8_MAX, MIN_SCALE)
+        _quantize_store(h, rows, cols, n, real, real, q_ptr, qs_ptr, INTER, stride_qm,
+                        stride_qsm, 1, INV_FP8_MAX, MIN_SCALE)
 
     @triton.jit  # type: ignore[untyped-decorator]
     def _swapped_down(  # type: ignore[no-untyped-def]
         a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, tile_expert_ptr, num_tiles_ptr, pair_ptr, N, K,
         stride_am, stride_as, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
-        QUANTIZE: tl.constexpr, INV_FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
         BLOCK_X: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
         STAGES: tl.constexpr, PDL: tl.constexpr = False,
     ):
         """Tile program_id(0)'s rows at output columns program_id(1) * BLOCK_W + [0, BLOCK_W),
-        each real row stored at its pair's slot. QUANTIZE: a_ptr's rows are in c's dtype,
-        quantized a K step at a time (triton_fp8_act's arithmetic; as_ptr unused)."""
+        each real row stored at its pair's slot."""
         enter(PDL)
         tile = tl.program_id(0)
         if tile >= tl.load(num_tiles_ptr):
@@ -261,13 +189,8 @@ if triton is not None:
         for ki in tl.range(0, K // BLOCK_K, num_stages=STAGES):
             ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)
             w = tl.load(w_rows + ks[None, :])
-            if QUANTIZE:
-                x = tl.load(a_rows + ks[None, :]).to(tl.float32)
-                a_s = tl.maximum(tl.max(tl.abs(x), axis=1), MIN_SCALE) * INV_FP8_MAX
-                a = tl.div_rn(x, tl.broadcast_to(a_s[:, None], x.shape)).to(tl.float8e4nv)
-            else:
-                a = tl.load(a_rows + ks[None, :])
-                a_s = tl.load(a_scales + ki)
+            a = tl.load(a_rows + ks[None, :])
+            a_s = tl.load(a_scales + ki)
             acc += tl.dot(w, tl.trans(a)) * (a_s[None, :] * tl.load(w_scales + ki))
         pair = tl.load(pair_ptr + rows)
         keep = (pair[None, :] >= 0) & col_ok[:, None]

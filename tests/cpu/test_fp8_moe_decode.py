@@ -85,20 +85,3 @@ def test_layouts_of_other_tiles_are_refused():
         swapped.down(q, torch.ones(64, 1), q.new_zeros(2, 128, 128), torch.ones(2, 1, 1), r,
                      torch.bfloat16, 1)  # fmt: skip
 
-
-@pytest.mark.parametrize("t,k,experts,n,inter", [(1, 3, 4, 256, 128), (19, 2, 4, 192, 256)])
-def test_split_gate_up_and_quantizing_down_equal_the_fused_pair(triton_interpreter, t, k,
-                                                                experts, n, inter):  # fmt: skip
-    """SPLIT's pair (64-wide gate/up groups storing the SwiGLU, the down kernel quantizing it)
-    against the 128-wide groups quantized in the epilogue: the same output at every pair."""
-    from stages.kernels import triton_moe_fp8_decode as swapped
-
-    g = torch.Generator().manual_seed(t * 3 + n)
-    hidden = 256
-    r, a, a_scale = _layout(t, k, experts, hidden, g)
-    gate_up = _ints(g, experts, 2 * inter, hidden)
-    gu_scale = _pow2(g, experts, 2 * inter // 128, hidden // 128)
-    w, w_scale = _ints(g, experts, n, inter), _pow2(g, experts, -(-n // 128), inter // 128)
-    args = (a, a_scale, gate_up, gu_scale, w, w_scale, r, torch.bfloat16, 0.5, t * k)
-    fused = swapped.moe(*args, split=False)
-    assert torch.equal(swapped.moe(*args, split=True), fused) and bool(fused.abs().sum() > 0)
