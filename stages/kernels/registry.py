@@ -215,9 +215,9 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "v4_window_index": ("triton", "torch"),
     "v4_rate_index": ("triton", "torch"),
     "v4_pick_slots": ("triton", "torch"),
-    # a decode step's rows on the tensor-core decode kernel, more on cuBLASLt; the CUDA-core GEMV
-    # of a few rows by name only: slower than cuBLASLt on the H100 (one row 3.16 against 2.76 ms
-    # a V4 step) and its rows differ from the GEMMs' batched (docs/PERFORMANCE.md, session 19)
+    # up to 32 rows the decode kernel (the same bits as cuBLASLt's unsplit GEMM; with the swapped
+    # experts a one-row V4 step 2.23 against 2.35 ms on an H100, session 34), more cuBLASLt; the
+    # CUDA-core GEMV by name only: slower, and its rows differ from the GEMMs' (session 19)
     "fp8_linear": ("decode-scaled-mm", "scaled-mm", "gemv-scaled-mm", "triton-persistent", "torch"),
     "fp8_swiglu_linear": (
         "decode-scaled-mm",
