@@ -264,7 +264,7 @@ def gemm_rows(
     from stages.kernels import fp8_gemm
 
     backends = {
-        "gemv-scaled-mm": fp8_gemm.linear_gemv_scaled_mm,
+        "decode-scaled-mm": fp8_gemm.linear_decode_scaled_mm,
         "scaled-mm": fp8_gemm.linear_scaled_mm,
         "triton-persistent": fp8_gemm.linear,
         "triton-persistent-sm1": fp8_gemm.linear_sm1,

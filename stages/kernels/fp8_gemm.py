@@ -7,11 +7,8 @@
   take: those shapes go to the Triton kernel.
 - ``linear_decode_scaled_mm`` / ``swiglu_linear_decode_scaled_mm``: up to
   triton_fp8_decode_linear.DECODE_ROWS rows (a decode step) the Triton tensor-core kernel with
-  the weights as the MMA's wide side and the quantizer (and the swiglu) inside it, more rows
-  the scaled_mm ones.
-- ``linear_gemv_scaled_mm`` / ``swiglu_linear_gemv_scaled_mm``: the same split at
-  triton_fp8_gemv.GEMV_ROWS rows with a CUDA-core GEMV (by name only: slower, and its rows'
-  bits follow the batch's size).
+  the weights as the MMA's wide side (its rows quantized first, as for cuBLASLt), more rows the
+  scaled_mm ones.
 - ``linear`` / ``linear_sm1``: stages/kernels/triton_gemm.py's persistent pointer-load GEMM
   (grid = SMs, or SMs - 1 leaving an SM to a waiting NCCL recv) in its block-scaled mode, with
   128-wide N and K tiles: each K tile is one activation group and one weight block, so its
@@ -32,13 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stages.kernels import (
-    fp8_ref,
-    triton_fp8_act,
-    triton_fp8_decode_linear,
-    triton_fp8_gemv,
-    triton_gemm,
-)
+from stages.kernels import fp8_ref, triton_fp8_act, triton_fp8_decode_linear, triton_gemm
 from stages.kernels.fallbacks import record_fallback
 from stages.kernels.triton_gemm import GemmConfig, num_sms
 
@@ -109,33 +100,6 @@ def _decode_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     n, k = weight.shape
     rows = _flat(x).shape[0]
     return x.is_cuda and triton is not None and triton_fp8_decode_linear.takes(rows, n, k)
-
-
-def linear_gemv_scaled_mm(
-    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    if _gemv_takes(x, weight):
-        return triton_fp8_gemv.linear(x, weight, scale_inv, bias)
-    return linear_scaled_mm(x, weight, scale_inv, bias)
-
-
-def swiglu_linear_gemv_scaled_mm(
-    gate_up: torch.Tensor,
-    limit: float | None,
-    weight: torch.Tensor,
-    scale_inv: torch.Tensor,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    if _gemv_takes(gate_up, weight):
-        return triton_fp8_gemv.swiglu_linear(gate_up, limit, weight, scale_inv, bias)
-    return swiglu_linear_scaled_mm(gate_up, limit, weight, scale_inv, bias)
-
-
-def _gemv_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the GEMV of a few rows takes x's rows (on CUDA, with triton)."""
-    n, k = weight.shape
-    rows = _flat(x).shape[0]
-    return x.is_cuda and triton is not None and triton_fp8_gemv.takes(rows, n, k)
 
 
 def swiglu_linear_scaled_mm(

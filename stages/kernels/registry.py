@@ -142,7 +142,6 @@ BACKENDS: dict[str, dict[str, str]] = {
     "fp8_linear": {
         "torch": "stages.kernels.fp8_ref:linear",
         "decode-scaled-mm": "stages.kernels.fp8_gemm:linear_decode_scaled_mm",
-        "gemv-scaled-mm": "stages.kernels.fp8_gemm:linear_gemv_scaled_mm",
         "scaled-mm": "stages.kernels.fp8_gemm:linear_scaled_mm",
         "triton-persistent": "stages.kernels.fp8_gemm:linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:linear_sm1",
@@ -152,7 +151,6 @@ BACKENDS: dict[str, dict[str, str]] = {
     "fp8_swiglu_linear": {
         "torch": "stages.kernels.fp8_ref:swiglu_linear",
         "decode-scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_decode_scaled_mm",
-        "gemv-scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_gemv_scaled_mm",
         "scaled-mm": "stages.kernels.fp8_gemm:swiglu_linear_scaled_mm",
         "triton-persistent": "stages.kernels.fp8_gemm:swiglu_linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",
@@ -216,16 +214,9 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     "v4_rate_index": ("triton", "torch"),
     "v4_pick_slots": ("triton", "torch"),
     # up to 32 rows the decode kernel (the same bits as cuBLASLt's unsplit GEMM; with the swapped
-    # experts a one-row V4 step 2.23 against 2.35 ms on an H100, session 34), more cuBLASLt; the
-    # CUDA-core GEMV by name only: slower, and its rows differ from the GEMMs' (session 19)
-    "fp8_linear": ("decode-scaled-mm", "scaled-mm", "gemv-scaled-mm", "triton-persistent", "torch"),
-    "fp8_swiglu_linear": (
-        "decode-scaled-mm",
-        "scaled-mm",
-        "gemv-scaled-mm",
-        "triton-persistent",
-        "torch",
-    ),
+    # experts a one-row V4 step 2.23 against 2.35 ms on an H100, session 34), more cuBLASLt
+    "fp8_linear": ("decode-scaled-mm", "scaled-mm", "triton-persistent", "torch"),
+    "fp8_swiglu_linear": ("decode-scaled-mm", "scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("deepgemm", "triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),

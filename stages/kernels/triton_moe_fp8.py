@@ -8,7 +8,9 @@ contiguous one, built on the device with no host sync): the tokens are quantized
 tiles (the count stays on the device) with a grid of SMs, or SMs - 1 leaving an SM to a waiting
 NCCL recv, so a call is sync-free with fixed grids (CUDA graphs capture it). The K loop is
 stages.kernels.triton_gemm's block-scaled one: each 128-wide K tile is one activation group and
-one weight block. Below UNFUSED_SWIGLU_FROM tokens the gate/up GEMM ends in torch_ref.swiglu's
+one weight block. Below SWAPPED_BELOW tokens (a decode step) triton_moe_fp8_decode's kernels
+take the layout in 16-row tiles with the experts' weight rows as the MMA's wide side, the same
+bits a row. Otherwise, below UNFUSED_SWIGLU_FROM tokens the gate/up GEMM ends in torch_ref.swiglu's
 steps (with DeepSeek-V4's clamp where given) and the 1 x 128 quantizer of the down GEMM's input:
 each program computes a row tile's gate and up columns of one 128-wide group side by side, so the
 bf16 product never goes to memory and only the layout's real rows are written (the expert padding,

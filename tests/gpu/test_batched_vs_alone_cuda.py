@@ -43,7 +43,7 @@ Asserted, and why not more:
   decode rows beside them. Measured at 62fbb9b: all 256 steps kept at once and staggered,
   the largest step 0.031 nats (before the split: 51 and 65 of 256); under the bound at
   1d259d7, the same. A backend that computes a row differently by the batch's size fails it:
-  the W8A8 GEMV of up to four rows (gemv-scaled-mm, now by name only) parted V4's W8A8 and FP8
+  the W8A8 GEMV of up to four rows (session 19's, since removed) parted V4's W8A8 and FP8
   requests from their lone runs within 1-4 steps (session 19, H100; docs/PERFORMANCE.md).
 - Unbounded, graphed == eager only, the tables printed: V3.2 over the FP8 KV cache and V3.2 with
   W8A8. FlashMLA's sparse FP8 decode kernel plans its splits by the batch: a decode row

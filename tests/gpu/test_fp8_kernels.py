@@ -30,7 +30,6 @@ pytestmark = [
 TOL = 1e-2
 BACKENDS = {
     "decode-scaled-mm": fp8_gemm.linear_decode_scaled_mm,  # tensor cores up to 32 rows
-    "gemv-scaled-mm": fp8_gemm.linear_gemv_scaled_mm,  # a Triton GEMV up to 4 rows
     "scaled-mm": fp8_gemm.linear_scaled_mm,
     "triton-persistent": fp8_gemm.linear,
     "triton-persistent-sm1": fp8_gemm.linear_sm1,
@@ -51,7 +50,7 @@ SHAPES = [
     (3, 1024, 4096),
     (1, 32768, 1024),
     (9, 576, 7168),
-    # the GEMV's: two and four rows, V4's projections
+    # the decode linear's: two and four rows, V4's projections
     (2, 32768, 1024),
     (4, 4096, 8192),
 ]
@@ -229,7 +228,6 @@ SWIGLU_BACKENDS = {
         fp8_gemm.swiglu_linear_decode_scaled_mm,
         fp8_gemm.linear_decode_scaled_mm,
     ),
-    "gemv-scaled-mm": (fp8_gemm.swiglu_linear_gemv_scaled_mm, fp8_gemm.linear_gemv_scaled_mm),
     "scaled-mm": (fp8_gemm.swiglu_linear_scaled_mm, fp8_gemm.linear_scaled_mm),
     "triton-persistent": (fp8_gemm.swiglu_linear, fp8_gemm.linear),
     "triton-persistent-sm1": (fp8_gemm.swiglu_linear_sm1, fp8_gemm.linear_sm1),

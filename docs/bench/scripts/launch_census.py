@@ -26,7 +26,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from app.bench.target import v4_flash_bench_config
 from stages.decode_graphs import DecodeGraphs
 from stages.forward_batch import ForwardBatch
-from stages.kernels import triton_fp8_gemv
 from stages.kernels.registry import select_kernels
 from stages.kv_cache import make_kv_cache
 from stages.loader import build_stage_model
@@ -36,7 +35,7 @@ from stages.protocol import Row
 
 # GPU launches of one call of each registry op's CUDA backend (the rest: 1)
 GPU_LAUNCHES = {
-    "fp8_linear": 2,  # the 1 x 128 quantizer, cuBLASLt's GEMM (up to GEMV_ROWS: the GEMV alone)
+    "fp8_linear": 2,  # the 1 x 128 quantizer, the decode kernel or cuBLASLt's GEMM
     "fp8_swiglu_linear": 2,  # the swiglu-quantizer, cuBLASLt's GEMM
     # a decode batch's: the quantizer, routing (count and plan in one program, the scatter with
     # the scales), the gate/up GEMM with the swiglu-quantizer in its epilogue, the down GEMM,
@@ -160,14 +159,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--out")
-    p.add_argument("--gemv", action="store_true", help="count the GEMV backend's W8A8 linears")
     a = p.parse_args()
     config = dict(v4_flash_bench_config(), **SMALL)
     config.pop("quantization_config", None)
     args = ModelArgs.from_hf_dict(config)
-    # the W8A8 GEMV with its quantizer inside (--gemv: the gemv-scaled-mm backend, by name)
-    gemv = a.gemv and a.rows <= triton_fp8_gemv.GEMV_ROWS
-    census = Census(dict(GPU_LAUNCHES, **({"fp8_linear": 1} if gemv else {})))
+    census = Census(GPU_LAUNCHES)
     count_writes(census)
     kernels = wrapped(census, select_kernels("cpu", fp8_linear="torch"))
     layers = args.num_hidden_layers
