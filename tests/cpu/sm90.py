@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+# an H100/H200 block's shared memory (227 KB): a kernel over it compiles but fails at launch
+SM90_SHARED_BYTES = 232_448
+# an SM's: its shared memory (228 KB, each resident block also reserving 1 KB) and registers
+SM90_SM_SHARED_BYTES = 233_472
+SM90_REGISTERS = 65_536
+
 
 def compile_sm90(
     fn: Any,
