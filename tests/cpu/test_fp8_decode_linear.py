@@ -71,3 +71,42 @@ def test_shapes_it_does_not_take_are_refused():
     w, s = fp8_ref.quantize_weight(torch.randn(64, 256))
     with pytest.raises(ValueError, match="1 to 32 rows"):
         d.linear(torch.randn(d.DECODE_ROWS + 1, 256), w, s)
+
+
+@pytest.mark.parametrize("m", [1, 6])
+def test_interpreted_grouped_linear_is_each_group_alone(triton_interpreter, m):
+    """fp8_grouped_linear (DeepSeek-V4's grouped output projection) on the decode linear: group
+    g's output has the bits of the plain decode linear on its K columns and its N weight rows,
+    and is within FP8 tolerance of fp8_ref.grouped_linear."""
+    from stages.kernels import triton_fp8_decode_linear as d
+
+    groups, n, k = 3, 128, 256
+    x, w, s = _operands(m, groups * n, groups * k, m + 40)
+    w, s = w[:, :k].contiguous(), s[:, : k // 128].contiguous()
+    xg = x.view(m, groups, k)
+    got = d.grouped_linear(xg, w, s)
+    assert got.shape == (m, groups, n) and got.dtype == x.dtype
+    for g in range(groups):
+        rows = slice(g * n, (g + 1) * n)
+        alone = d.linear(xg[:, g].contiguous(), w[rows], s[g * n // 128 : (g + 1) * n // 128])
+        assert torch.equal(got[:, g], alone), g
+    want = fp8_ref.grouped_linear(xg, w, s)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_interpreted_grouped_gemm_matches_the_decode_rows(triton_interpreter):
+    """Past a decode step's rows the groups run on the pointer GEMM (one quantizer, a launch a
+    group into its slice of the result): each row the bits it gets alone on the decode linear,
+    so a request batched past 32 rows keeps its lone run's output."""
+    from stages.kernels import fp8_gemm
+    from stages.kernels import triton_fp8_decode_linear as d
+
+    groups, n, k, m = 2, 128, 256, 5
+    x, w, s = _operands(m, groups * n, groups * k, 3)
+    w, s = w[:, :k].contiguous(), s[:, : k // 128].contiguous()
+    xg = x.view(m, groups, k)
+    batch = fp8_gemm.grouped_gemm(xg, w, s, grid=3)
+    for row in (0, 2, 4):
+        assert torch.equal(d.grouped_linear(xg[row : row + 1], w, s)[0], batch[row]), row
+    with pytest.raises(ValueError, match="128 grid"):
+        fp8_gemm.grouped_gemm(x.view(m, 4, 128), w[:192], s[:2], grid=3)

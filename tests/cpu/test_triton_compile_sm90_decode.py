@@ -23,7 +23,8 @@ def test_fp8_decode_linear_compiles_to_pipelined_wgmma(block_x):
     register spilled."""
     from stages.kernels import triton_fp8_decode_linear as d
 
-    ints = ("M", "N", "K", "stride_xm", "stride_xsm", "stride_wn", "stride_wsn", "stride_om")
+    ints = ("M", "N", "K", "GROUP_N", "stride_xm", "stride_xsm", "stride_wn", "stride_wsn",
+            "stride_om")  # fmt: skip
     kernel = _compile(
         d._swap_ab_w8a8,
         {"X": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "WS": "*fp32", "BIAS": "*bf16",
