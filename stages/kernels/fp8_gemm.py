@@ -14,9 +14,8 @@
   128-wide N and K tiles: each K tile is one activation group and one weight block, so its
   partial product takes one scale per row times one per tile.
 
-``grouped_linear`` / ``grouped_linear_sm1`` / ``grouped_linear_decode`` (the fp8_grouped_linear
-op: fp8_ref.grouped_linear's contract, DeepSeek-V4's grouped output projection) run each group
-on the pointer GEMM, or a decode step's rows on the decode linear.
+``grouped_linear`` (the fp8_grouped_linear op: fp8_ref.grouped_linear's contract, DeepSeek-V4's
+grouped output projection) runs on the decode linear's kernel at every row count.
 
 ``swiglu_linear_scaled_mm`` / ``swiglu_linear`` / ``swiglu_linear_sm1`` (the fp8_swiglu_linear op:
 fp8_ref.swiglu_linear's contract) take a SwiGLU's gate | up and fold its swiglu into the
@@ -185,58 +184,13 @@ def swiglu_linear_sm1(
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    return _grouped(x, weight, scale_inv, sm_margin=0, decode=False)
-
-
-def grouped_linear_sm1(
-    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor
-) -> torch.Tensor:
-    return _grouped(x, weight, scale_inv, sm_margin=1, decode=False)
-
-
-def grouped_linear_decode(
-    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor
-) -> torch.Tensor:
-    return _grouped(x, weight, scale_inv, sm_margin=0, decode=True)
-
-
-def _grouped(
-    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, sm_margin: int, decode: bool
-) -> torch.Tensor:
-    """fp8_ref.grouped_linear's contract: a decode step's rows (decode) on the decode linear,
-    more rows one quantizer launch and a pointer GEMM a group, each written straight into its
-    [T, N] slice of the [T, G, N] result. Not cuBLASLt's: it may split K at some row counts,
-    which would give a row in a batch other bits than alone; the pointer GEMM never does."""
-    t, g, k = x.shape
-    n = weight.shape[0] // g
+    """fp8_ref.grouped_linear's contract on the decode linear's kernel at every row count
+    (triton_fp8_decode_linear.grouped_linear says why); every fp8_linear backend's choice."""
     if triton is None or not x.is_cuda:
         reason = "device" if not x.is_cuda else "no_triton"
-        backend = "decode-scaled-mm" if decode else "triton-persistent" + "-sm1" * sm_margin
-        record_fallback("fp8_grouped_linear", backend, reason, f"{x.device} -> fp8_ref")
+        record_fallback("fp8_grouped_linear", "triton", reason, f"{x.device} -> fp8_ref")
         return fp8_ref.grouped_linear(x, weight, scale_inv)
-    if decode and triton_fp8_decode_linear.takes(t, n, k):
-        return triton_fp8_decode_linear.grouped_linear(x, weight, scale_inv)
-    return grouped_gemm(x, weight, scale_inv, num_sms(x.device) - sm_margin)
-
-
-def grouped_gemm(
-    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, grid: int
-) -> torch.Tensor:
-    """_grouped's rows past a decode step: one quantizer, a pointer GEMM a group."""
-    t, g, k = x.shape
-    n = weight.shape[0] // g
-    if n % BLOCK or k % BLOCK or n * g != weight.shape[0]:
-        raise ValueError(f"a group's rows ({weight.shape[0]} / {g}) and K {k} on the 128 grid")
-    q, s = triton_fp8_act.quantize_act(x.reshape(t, g * k))
-    scales = scale_inv.float().contiguous()
-    out = torch.empty(t, g, n, dtype=x.dtype, device=x.device)
-    kb, nb = k // BLOCK, n // BLOCK
-    for i in range(g):
-        triton_gemm.launch_ptr(
-            q[:, i * k : (i + 1) * k], weight[i * n : (i + 1) * n], None, out[:, i], grid,
-            TILES, s[:, i * kb : (i + 1) * kb], scales[i * nb : (i + 1) * nb],
-        )  # fmt: skip
-    return out
+    return triton_fp8_decode_linear.grouped_linear(x, weight, scale_inv)
 
 
 def _triton_linear(

@@ -155,15 +155,15 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent": "stages.kernels.fp8_gemm:swiglu_linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",
     },
-    # A block-diagonal W8A8 linear (DeepSeek-V4's grouped output projection), the same backend
-    # names as fp8_linear (chosen with it): a decode step's rows on the decode linear, more a
-    # pointer GEMM a group (fp8_gemm._grouped says why not cuBLASLt).
+    # A block-diagonal W8A8 linear (DeepSeek-V4's grouped output projection), chosen with
+    # fp8_linear: every CUDA backend name runs the decode linear's kernel at every row count
+    # (triton_fp8_decode_linear.grouped_linear says why).
     "fp8_grouped_linear": {
         "torch": "stages.kernels.fp8_ref:grouped_linear",
-        "decode-scaled-mm": "stages.kernels.fp8_gemm:grouped_linear_decode",
-        "scaled-mm": "stages.kernels.fp8_gemm:grouped_linear",
-        "triton-persistent": "stages.kernels.fp8_gemm:grouped_linear",
-        "triton-persistent-sm1": "stages.kernels.fp8_gemm:grouped_linear_sm1",
+        **dict.fromkeys(
+            ("decode-scaled-mm", "scaled-mm", "triton-persistent", "triton-persistent-sm1"),
+            "stages.kernels.fp8_gemm:grouped_linear",
+        ),
     },
     # Routed experts with FP8 weights: a grouped persistent W8A8 Triton GEMM, or (torch) each
     # expert's GEMMs on the chosen fp8_linear; deepgemm: a prefill chunk's two grouped GEMMs on

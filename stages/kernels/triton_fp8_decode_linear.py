@@ -27,6 +27,7 @@ DECODE_ROWS = 32  # rows a call takes; more go to the GEMMs
 BLOCK_W = 64  # weight rows a program: the MMA's M (one warpgroup's wgmma)
 STAGES = 6  # K steps in flight a program (8 KB of weights each)
 WARPS = 4
+GROUPED_BLOCK_X = 64  # rows a program past DECODE_ROWS (grouped_linear only)
 
 
 def takes(rows: int, n: int, k: int) -> bool:
@@ -42,14 +43,20 @@ def linear(
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """fp8_ref.grouped_linear's contract: x [T, G, K] (at most DECODE_ROWS rows), group g's
-    rows of weight [G * N, K] -> [T, G, N]. A program's weight rows lie in one group (BLOCK_W
-    divides N), whose K columns of the row it reads."""
+    """fp8_ref.grouped_linear's contract: x [T, G, K] (any T), group g's rows of weight
+    [G * N, K] -> [T, G, N]. A program's weight rows lie in one group (BLOCK_W divides N),
+    whose K columns of the row it reads; past DECODE_ROWS rows the programs also tile the rows
+    (GROUPED_BLOCK_X a program, the weight tiles read again from L2). One kernel at every row
+    count, so a row has the same bits alone, in a decode batch and in a prefill chunk: the
+    pointer GEMM a group took a 512-row step 1 ms longer than the bf16 bmm (8 launches of 32
+    tiles a layer), and cuBLASLt may split K at some row counts."""
     t, g, k = x.shape
     n = weight.shape[0] // g
-    if n % fp8_ref.BLOCK or n * g != weight.shape[0]:
-        raise ValueError(f"a group's rows {weight.shape[0]} / {g} must be on the 128 grid")
-    out = _launch(x.reshape(t, g * k), weight, scale_inv, None, False, None, groups=g)
+    if n % fp8_ref.BLOCK or n * g != weight.shape[0] or k % fp8_ref.BLOCK or t < 1:
+        raise ValueError(f"a group's rows ({weight.shape[0]} / {g}) and K {k} on the 128 grid")
+    block_x = None if t <= DECODE_ROWS else GROUPED_BLOCK_X
+    flat = x.reshape(t, g * k)
+    out = _launch(flat, weight, scale_inv, None, False, None, groups=g, block_x=block_x)
     return out.view(t, g, n)
 
 
@@ -75,13 +82,16 @@ def _launch(
     block_w: int = BLOCK_W,
     stages: int = STAGES,
     groups: int = 1,
+    block_x: int | None = None,
 ) -> torch.Tensor:
     """groups > 1: x's rows are groups blocks of K, the weight's rows groups blocks of N /
-    groups (block-diagonal)."""
+    groups (block-diagonal). block_x: rows a program, any number of rows (None: all of at most
+    DECODE_ROWS rows in one program)."""
     n, k = weight.shape
     flat = x.reshape(-1, x.shape[-1])
     m = flat.shape[0]
-    if flat.shape[1] != (2 * k if swiglu else k) * groups or not takes(m, n, k):
+    fits = takes(m, n, k) if block_x is None else k % fp8_ref.BLOCK == 0
+    if flat.shape[1] != (2 * k if swiglu else k) * groups or not fits:
         raise ValueError(f"the FP8 decode linear takes 1 to {DECODE_ROWS} rows, K on the 128 grid")
     if fp8_ref.BLOCK % block_w:
         raise ValueError(f"BLOCK_W {block_w} must divide the scale block {fp8_ref.BLOCK}")
@@ -91,10 +101,11 @@ def _launch(
         q, q_scale = triton_fp8_act.quantize_act(flat)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     scales = scale_inv.float().contiguous()
-    _swap_ab_w8a8[(triton.cdiv(n, block_w),)](
+    block_x = block_x or max(16, triton.next_power_of_2(m))
+    _swap_ab_w8a8[(triton.cdiv(n, block_w), triton.cdiv(m, block_x))](
         q, q_scale, weight, scales, weight if bias is None else bias, out, m, n, k, n // groups,
         q.stride(0), q_scale.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_X=max(16, triton.next_power_of_2(m)), BLOCK_W=block_w,
+        HAS_BIAS=bias is not None, BLOCK_X=block_x, BLOCK_W=block_w,
         BLOCK_K=fp8_ref.BLOCK, STAGES=stages, num_warps=WARPS, **pdl.options(x),
     )  # fmt: skip
     return out.view(*x.shape[:-1], n)
@@ -127,7 +138,7 @@ if triton is not None:
         w_rows = W + tl.where(col_ok, cols, 0).to(tl.int64)[:, None] * stride_wn
         # BLOCK_W divides the scale block: one weight scale a K step for the whole tile
         w_scales = WS + (tl.program_id(0) * BLOCK_W // BLOCK_K).to(tl.int64) * stride_wsn
-        rows = tl.arange(0, BLOCK_X)
+        rows = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
         row_ok = rows < M
         x_rows = X + rows.to(tl.int64)[:, None] * stride_xm + group * K
         x_scales = XS + rows.to(tl.int64) * stride_xsm + group * (K // BLOCK_K)

@@ -94,19 +94,21 @@ def test_interpreted_grouped_linear_is_each_group_alone(triton_interpreter, m):
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
 
 
-def test_interpreted_grouped_gemm_matches_the_decode_rows(triton_interpreter):
-    """Past a decode step's rows the groups run on the pointer GEMM (one quantizer, a launch a
-    group into its slice of the result): each row the bits it gets alone on the decode linear,
-    so a request batched past 32 rows keeps its lone run's output."""
-    from stages.kernels import fp8_gemm
+def test_interpreted_grouped_rows_past_a_decode_step_keep_their_bits(triton_interpreter):
+    """Past 32 rows the grouped linear's programs also tile the rows (64 a program): each row
+    has the bits it gets alone, so a request batched past a decode step, or in a prefill
+    chunk, keeps its lone run's output."""
     from stages.kernels import triton_fp8_decode_linear as d
 
-    groups, n, k, m = 2, 128, 256, 5
+    groups, n, k, m = 2, 128, 256, 70
     x, w, s = _operands(m, groups * n, groups * k, 3)
     w, s = w[:, :k].contiguous(), s[:, : k // 128].contiguous()
     xg = x.view(m, groups, k)
-    batch = fp8_gemm.grouped_gemm(xg, w, s, grid=3)
-    for row in (0, 2, 4):
+    batch = d.grouped_linear(xg, w, s)
+    for row in (0, 33, 63, 64, 69):
         assert torch.equal(d.grouped_linear(xg[row : row + 1], w, s)[0], batch[row]), row
+    torch.testing.assert_close(
+        batch.float(), fp8_ref.grouped_linear(xg, w, s).float(), rtol=1e-2, atol=1e-2
+    )
     with pytest.raises(ValueError, match="128 grid"):
-        fp8_gemm.grouped_gemm(x.view(m, 4, 128), w[:192], s[:2], grid=3)
+        d.grouped_linear(x.view(m, 4, 128), w[:192], s[:2])

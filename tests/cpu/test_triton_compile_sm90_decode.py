@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 triton = pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("block_x", [16, 32])
+@pytest.mark.parametrize("block_x", [16, 32, 64])
 def test_fp8_decode_linear_compiles_to_pipelined_wgmma(block_x):
     """The W8A8 decode linear: the weights' and the quantized rows' K steps in flight (cp.async)
     into Hopper's warpgroup MMA (the Triton GEMMs' instruction, so their bits), PDL's wait, no
