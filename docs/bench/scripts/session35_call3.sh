@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Session 35, call 3, one H200 (or H100; carry .gpu, .whl, .commit, .gpu-deepgemm): o_a kept in
+# Session 35, call 3, one H200 (or H100; carry .gpu, .whl, .commit): o_a kept in
 # FP8 on the decode linear's kernel at every row count (call 2's pointer GEMM a group was 1 ms
 # slower at 512 rows). Its GPU test; o_a alone at decode and prefill row counts against the
 # bf16 bmm; the FP8 V4-Flash decode step in graphs at 1, 16, 512 rows, the tree against a copy
 # holding o_a in bf16; the bf16 decode step (an H200's: the bf16 stage does not fit an H100);
-# DeepGEMM built and the FP8 TTFT rows at 64K-256K through the suite with its grouped GEMMs.
+# the FP8 TTFT rows at 64K-256K through the suite (DeepGEMM left out: the carry's 64 MiB).
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -19,9 +19,8 @@ run decode_fp8_before 40 env -C $B PYTHONPATH=/tmp/site:$B $DEC --quantization f
   --kv-cache-dtype fp8 --out "$R/decode_fp8_before.json"
 run decode_fp8_tree_2 40 $DEC --quantization fp8 --kv-cache-dtype fp8 --out "$R/decode_fp8_tree_2.json"
 run decode_bf16 80 $DEC --out "$R/decode_bf16.json"
-use_deepgemm 110
 SUITE="python3 -m app.cli bench suite --device cuda --out $R/suite"
-run ttft_fp8_deepgemm 160 /tmp/with_dg $SUITE --only ttft-v4-flash-fp8 --timeout 150
+run ttft_fp8 160 $SUITE --only ttft-v4-flash-fp8 --timeout 150
 grep -h "passed\|failed\|Error\|TTFT\|ttft" $R/*.log | cut -c1-240 | head -20
 python3 - "$R" <<'PY'
 import glob, json, sys
