@@ -8,7 +8,7 @@
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-DEADLINE=${DEADLINE:-575}
+DEADLINE=${DEADLINE:-430}  # what the session's device budget had left
 B=/tmp/before_o_a; rm -rf $B; mkdir -p $B; cp -a app stages docs $B/
 sed -i 's/fp8=fp8_o_a, tp=tp/fp8=False, tp=tp/' $B/stages/models/deepseek_v4/attention.py
 run kernel_tests 60 python3 -m pytest -q tests/gpu/test_fp8_decode_linear_cuda.py
@@ -17,8 +17,8 @@ DEC="python3 -m app.bench.v4_decode --context 512 --rows 1,16,512"
 run decode_fp8_tree 100 $DEC --quantization fp8 --kv-cache-dtype fp8 --out "$R/decode_fp8_tree.json"
 run decode_fp8_before 40 env -C $B PYTHONPATH=/tmp/site:$B $DEC --quantization fp8 \
   --kv-cache-dtype fp8 --out "$R/decode_fp8_before.json"
-run decode_fp8_tree_2 40 $DEC --quantization fp8 --kv-cache-dtype fp8 --out "$R/decode_fp8_tree_2.json"
-run decode_bf16 80 $DEC --out "$R/decode_bf16.json"
+nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && \
+  run decode_bf16 80 $DEC --out "$R/decode_bf16.json"
 SUITE="python3 -m app.cli bench suite --device cuda --out $R/suite"
 run ttft_fp8 160 $SUITE --only ttft-v4-flash-fp8 --timeout 150
 grep -h "passed\|failed\|Error\|TTFT\|ttft" $R/*.log | cut -c1-240 | head -20
