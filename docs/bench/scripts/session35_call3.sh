@@ -4,6 +4,7 @@
 # slower at 512 rows). Its GPU test; o_a alone at decode and prefill row counts against the
 # bf16 bmm; the FP8 V4-Flash decode step in graphs at 1, 16, 512 rows, the tree against a copy
 # holding o_a in bf16; the bf16 decode step (an H200's: the bf16 stage does not fit an H100);
+# V4's staggered, batched W8A8 and FP8 requests against each alone (FLASH_V4's o_a is FP8);
 # the FP8 TTFT rows at 64K-256K through the suite (DeepGEMM left out: the carry's 64 MiB).
 set -u
 . docs/bench/scripts/host_env.sh
@@ -19,6 +20,8 @@ run decode_fp8_before 40 env -C $B PYTHONPATH=/tmp/site:$B $DEC --quantization f
   --kv-cache-dtype fp8 --out "$R/decode_fp8_before.json"
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && \
   run decode_bf16 80 $DEC --out "$R/decode_bf16.json"
+run batched 160 python3 -m pytest -q -x tests/gpu/test_batched_vs_alone_cuda.py \
+  -k "v4 and (fp8 or w8a8)" -rA
 SUITE="python3 -m app.cli bench suite --device cuda --out $R/suite"
 run ttft_fp8 160 $SUITE --only ttft-v4-flash-fp8 --timeout 150
 grep -h "passed\|failed\|Error\|TTFT\|ttft" $R/*.log | cut -c1-240 | head -20
