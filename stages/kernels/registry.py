@@ -156,8 +156,8 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",
     },
     # A block-diagonal W8A8 linear (DeepSeek-V4's grouped output projection), chosen with
-    # fp8_linear: every CUDA backend name runs the decode linear's kernel at every row count
-    # (triton_fp8_decode_linear.grouped_linear says why).
+    # fp8_linear: every CUDA backend name runs fp8_gemm.grouped_linear (the decode linear's
+    # kernel, a prefill chunk's rows the pointer GEMM a group: the same bits).
     "fp8_grouped_linear": {
         "torch": "stages.kernels.fp8_ref:grouped_linear",
         **dict.fromkeys(

@@ -46,10 +46,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tenso
     """fp8_ref.grouped_linear's contract: x [T, G, K] (any T), group g's rows of weight
     [G * N, K] -> [T, G, N]. A program's weight rows lie in one group (BLOCK_W divides N),
     whose K columns of the row it reads; past DECODE_ROWS rows the programs also tile the rows
-    (GROUPED_BLOCK_X a program, the weight tiles read again from L2). One kernel at every row
-    count, so a row has the same bits alone, in a decode batch and in a prefill chunk: the
-    pointer GEMM a group took a 512-row step 1 ms longer than the bf16 bmm (8 launches of 32
-    tiles a layer), and cuBLASLt may split K at some row counts."""
+    (GROUPED_BLOCK_X a program, the weight tiles read again from L2), so one kernel gives a row
+    its bits alone and in any decode batch."""
     t, g, k = x.shape
     n = weight.shape[0] // g
     if n % fp8_ref.BLOCK or n * g != weight.shape[0] or k % fp8_ref.BLOCK or t < 1:

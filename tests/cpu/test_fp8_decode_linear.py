@@ -112,3 +112,19 @@ def test_interpreted_grouped_rows_past_a_decode_step_keep_their_bits(triton_inte
     )
     with pytest.raises(ValueError, match="128 grid"):
         d.grouped_linear(x.view(m, 4, 128), w[:192], s[:2])
+
+
+def test_interpreted_grouped_gemm_of_a_prefill_chunk_keeps_the_rows_bits(triton_interpreter):
+    """A prefill chunk's rows (fp8_gemm.GROUPED_GEMM_ROWS and more) run the pointer GEMM a
+    group, one quantizer launch, each group written into its slice of the result: each row the
+    bits it gets alone on the decode linear."""
+    from stages.kernels import fp8_gemm
+    from stages.kernels import triton_fp8_decode_linear as d
+
+    groups, n, k, m = 2, 128, 256, 5
+    x, w, s = _operands(m, groups * n, groups * k, 3)
+    w, s = w[:, :k].contiguous(), s[:, : k // 128].contiguous()
+    xg = x.view(m, groups, k)
+    batch = fp8_gemm.grouped_gemm(xg, w, s, grid=3)
+    for row in (0, 2, 4):
+        assert torch.equal(d.grouped_linear(xg[row : row + 1], w, s)[0], batch[row]), row

@@ -58,14 +58,16 @@ def test_swiglu_rows_equal_the_unfused_linear(limit):
 
 
 def test_grouped_output_projection_rows_keep_their_bits():
-    """fp8_grouped_linear at V4-Flash's o_a (8 groups of 4096 -> 1024), the decode linear's
-    kernel tiling the rows past 32: a row's bits the same alone (1 row), in a decode step (16,
-    32) and in batches past it (33, 512, a prefill chunk's 4,096); near fp8_ref.grouped_linear."""
+    """fp8_grouped_linear at V4-Flash's o_a (8 groups of 4096 -> 1024): a row's bits the same
+    alone (1 row) and in decode batches (16, 32; 33 and 512 with the programs tiling the rows),
+    all on the decode linear's kernel, as in a prefill chunk's 4,096 rows on the pointer GEMM a
+    group; near fp8_ref.grouped_linear."""
     g = torch.Generator(device="cuda").manual_seed(11)
     groups, n, k = 8, 1024, 4096
     x = torch.randn(4096, groups, k, generator=g, device="cuda").bfloat16()
     w = torch.randn(groups * n, k, generator=g, device="cuda") * 0.05
     wq, ws = fp8_ref.quantize_weight(w)
+    assert x.shape[0] >= fp8_gemm.GROUPED_GEMM_ROWS
     batched = fp8_gemm.grouped_linear(x, wq, ws)
     for rows in (1, 16, 32, 33, 512):
         got = fp8_gemm.grouped_linear(x[:rows], wq, ws)

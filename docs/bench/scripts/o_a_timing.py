@@ -1,9 +1,10 @@
 """V4-Flash's grouped output projection (o_a: 8 groups of 4096 -> 1024) at decode and prefill
-row counts on the device: the FP8 grouped linear (fp8_gemm.grouped_linear) against the bf16
-batched GEMM the stage ran before (V4Attention._grouped_output's bmm), each timed by CUDA events
-over a CUDA graph of REPS calls on weight copies that together pass the L2.
+row counts on the device: the FP8 grouped linear's two paths (the decode linear's kernel, its
+programs tiling the rows past 32; the pointer GEMM a group) against the bf16 batched GEMM the
+stage ran before (V4Attention._grouped_output's bmm), each timed by CUDA events over a CUDA
+graph of REPS calls on weight copies that together pass the L2.
 
-    python docs/bench/scripts/o_a_timing.py --rows 1,16,64,512,8192 --out o_a.json
+    python docs/bench/scripts/o_a_timing.py --rows 1,16,64,512,2048,8192 --out o_a.json
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 
 import torch
 
-from stages.kernels import fp8_gemm, fp8_ref
+from stages.kernels import fp8_gemm, fp8_ref, triton_fp8_decode_linear
 
 GROUPS, N, K = 8, 1024, 4096
 COPIES = 4  # 4 x 67 MB bf16 (4 x 34 MB FP8) weight copies: past the 50 MB L2
@@ -47,7 +48,7 @@ def timed_ms(fn) -> float:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--rows", default="1,16,64,512,8192")
+    p.add_argument("--rows", default="1,16,64,512,2048,8192")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     w = [torch.randn(GROUPS * N, K, device="cuda") * 0.02 for _ in range(COPIES)]
@@ -57,14 +58,18 @@ def main() -> None:
     result = {}
     for rows in (int(r) for r in args.rows.split(",")):
         x = torch.randn(rows, GROUPS, K, device="cuda").bfloat16()
-        fp8 = timed_ms(lambda i: fp8_gemm.grouped_linear(x, *wq[i]))
-        bf16 = timed_ms(lambda i: bmm(x, wb[i]))
+        grid = torch.cuda.get_device_properties(0).multi_processor_count
+        times = {
+            "fp8_decode_kernel": timed_ms(
+                lambda i: triton_fp8_decode_linear.grouped_linear(x, *wq[i])
+            ),
+            "fp8_pointer_gemm": timed_ms(lambda i: fp8_gemm.grouped_gemm(x, *wq[i], grid)),
+            "bf16_bmm": timed_ms(lambda i: bmm(x, wb[i])),
+        }
         flop = 2 * rows * GROUPS * N * K
         result[rows] = {
-            "fp8_ms": round(fp8, 4),
-            "bf16_bmm_ms": round(bf16, 4),
-            "fp8_tflops": round(flop / fp8 / 1e9, 1),
-            "bf16_tflops": round(flop / bf16 / 1e9, 1),
+            **{f"{name}_ms": round(ms, 4) for name, ms in times.items()},
+            **{f"{name}_tflops": round(flop / ms / 1e9, 1) for name, ms in times.items()},
         }
         print(rows, result[rows], flush=True)
     if args.out:
