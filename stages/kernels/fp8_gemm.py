@@ -14,10 +14,6 @@
   128-wide N and K tiles: each K tile is one activation group and one weight block, so its
   partial product takes one scale per row times one per tile.
 
-``grouped_linear`` (the fp8_grouped_linear op: fp8_ref.grouped_linear's contract, DeepSeek-V4's
-grouped output projection) runs a decode batch's rows on the decode linear's kernel and a
-prefill chunk's on the pointer GEMM, a launch a group.
-
 ``swiglu_linear_scaled_mm`` / ``swiglu_linear`` / ``swiglu_linear_sm1`` (the fp8_swiglu_linear op:
 fp8_ref.swiglu_linear's contract) take a SwiGLU's gate | up and fold its swiglu into the
 activations' quantizer.
@@ -38,9 +34,6 @@ from stages.kernels.fallbacks import record_fallback
 from stages.kernels.triton_gemm import GemmConfig, num_sms
 
 BLOCK = fp8_ref.BLOCK
-# grouped_linear's rows from which each group runs as its own GEMM (a prefill chunk's); fewer
-# stay on the decode linear's kernel (a guess between 512 and 4,096 rows: neither was timed)
-GROUPED_GEMM_ROWS = 2048
 # 64 rows per tile (decode batches are short); N and K tiles are the scales' 128 blocks
 TILES = GemmConfig(
     block_m=64, block_n=BLOCK, block_k=BLOCK, group_m=8, num_stages=3, num_warps=4, tma=False
@@ -185,44 +178,6 @@ def swiglu_linear_sm1(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return _triton_linear(gate_up, weight, scale_inv, bias, sm_margin=1, swiglu_limit=(limit,))
-
-
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """fp8_ref.grouped_linear's contract, every fp8_linear backend's choice: below
-    GROUPED_GEMM_ROWS rows the decode linear's kernel (its programs tiling the rows past 32),
-    from there (prefill chunks) the pointer GEMM a group. Both sum each 128-wide K step's
-    product in K order, so a row has the same bits on either (measured on an H100, session 35);
-    not cuBLASLt's, which may split K at some row counts. The pointer GEMM a group took a
-    512-row decode step 1 ms longer than the bf16 bmm (8 launches of 32 tiles a layer)."""
-    if triton is None or not x.is_cuda:
-        reason = "device" if not x.is_cuda else "no_triton"
-        record_fallback("fp8_grouped_linear", "triton", reason, f"{x.device} -> fp8_ref")
-        return fp8_ref.grouped_linear(x, weight, scale_inv)
-    if x.shape[0] < GROUPED_GEMM_ROWS:
-        return triton_fp8_decode_linear.grouped_linear(x, weight, scale_inv)
-    return grouped_gemm(x, weight, scale_inv, num_sms(x.device))
-
-
-def grouped_gemm(
-    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, grid: int
-) -> torch.Tensor:
-    """grouped_linear's rows of a prefill chunk: one quantizer launch, then the pointer GEMM a
-    group on `grid` programs, each writing straight into its [T, N] slice of the [T, G, N]
-    result."""
-    t, g, k = x.shape
-    n = weight.shape[0] // g
-    if n % BLOCK or k % BLOCK or n * g != weight.shape[0]:
-        raise ValueError(f"a group's rows ({weight.shape[0]} / {g}) and K {k} on the 128 grid")
-    q, s = triton_fp8_act.quantize_act(x.reshape(t, g * k))
-    scales = scale_inv.float().contiguous()
-    out = torch.empty(t, g, n, dtype=x.dtype, device=x.device)
-    kb, nb = k // BLOCK, n // BLOCK
-    for i in range(g):
-        triton_gemm.launch_ptr(
-            q[:, i * k : (i + 1) * k], weight[i * n : (i + 1) * n], None, out[:, i], grid,
-            TILES, s[:, i * kb : (i + 1) * kb], scales[i * nb : (i + 1) * nb],
-        )  # fmt: skip
-    return out
 
 
 def _triton_linear(

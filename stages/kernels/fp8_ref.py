@@ -95,18 +95,6 @@ def linear(
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
 
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """A block-diagonal W8A8 linear: x [T, G, K] with group g's rows of weight [G * N, K] (N on
-    the 128 grid, so no scale block spans two groups) -> [T, G, N] in x's dtype. DeepSeek-V4's
-    grouped output projection (o_a) as the fp8_grouped_linear op."""
-    t, g, k = x.shape
-    n = weight.shape[0] // g
-    q, s = quantize_act(x.reshape(t * g, k))
-    a = dequantize_act(q, s).view(t, g, k)
-    w = dequantize_weight(weight, scale_inv).view(g, n, k)
-    return torch.einsum("tgk,gnk->tgn", a, w).to(x.dtype).contiguous()
-
-
 def swiglu_linear(
     gate_up: torch.Tensor,
     limit: float | None,

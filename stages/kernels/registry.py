@@ -155,16 +155,6 @@ BACKENDS: dict[str, dict[str, str]] = {
         "triton-persistent": "stages.kernels.fp8_gemm:swiglu_linear",
         "triton-persistent-sm1": "stages.kernels.fp8_gemm:swiglu_linear_sm1",
     },
-    # A block-diagonal W8A8 linear (DeepSeek-V4's grouped output projection), chosen with
-    # fp8_linear: every CUDA backend name runs fp8_gemm.grouped_linear (the decode linear's
-    # kernel, a prefill chunk's rows the pointer GEMM a group: the same bits).
-    "fp8_grouped_linear": {
-        "torch": "stages.kernels.fp8_ref:grouped_linear",
-        **dict.fromkeys(
-            ("decode-scaled-mm", "scaled-mm", "triton-persistent", "triton-persistent-sm1"),
-            "stages.kernels.fp8_gemm:grouped_linear",
-        ),
-    },
     # Routed experts with FP8 weights: a grouped persistent W8A8 Triton GEMM, or (torch) each
     # expert's GEMMs on the chosen fp8_linear; deepgemm: a prefill chunk's two grouped GEMMs on
     # DeepGEMM's (built from source: it is not on the package index), the same bits.
@@ -227,7 +217,6 @@ PRIORITY: dict[str, tuple[str, ...]] = {
     # experts a one-row V4 step 2.23 against 2.35 ms on an H100, session 34), more cuBLASLt
     "fp8_linear": ("decode-scaled-mm", "scaled-mm", "triton-persistent", "torch"),
     "fp8_swiglu_linear": ("decode-scaled-mm", "scaled-mm", "triton-persistent", "torch"),
-    "fp8_grouped_linear": ("decode-scaled-mm", "triton-persistent", "torch"),
     "moe_experts_fp8": ("deepgemm", "triton-persistent", "torch"),
     "moe_experts_mxfp4": ("triton-persistent", "torch"),
     "mla_sparse_fp8": ("flash-mla", "torch"),
@@ -303,9 +292,6 @@ class Kernels:
     # (gate_up [..., 2I], limit | None, weight [N, I] fp8, scale_inv, bias) -> [..., N]:
     # fp8_linear(torch_ref.swiglu(gate, up, limit), ...), set with fp8_linear
     fp8_swiglu_linear: Callable[..., Any] | None = None
-    # (x [T, G, K], weight [G * N, K] fp8, scale_inv [G * N/128, K/128]) -> [T, G, N]: group
-    # g's rows of x times its N rows of weight (fp8_ref.grouped_linear), set with fp8_linear
-    fp8_grouped_linear: Callable[..., Any] | None = None
     # moe_experts with FP8 weights and their scales (fp8_ref.moe_experts's arguments, limit
     # included)
     moe_experts_fp8: Callable[..., Any] | None = None
@@ -408,7 +394,6 @@ def select_kernels(
     optional = {
         "fp8_linear": fp8_linear,
         "fp8_swiglu_linear": fp8_linear,
-        "fp8_grouped_linear": fp8_linear,
         "mla_sparse_fp8": mla_sparse_fp8,
         "mla_prefill_fp8": mla_prefill_fp8,
         "moe_experts_fp8": None if fp8_linear is None else moe_backend_for(fp8_linear),

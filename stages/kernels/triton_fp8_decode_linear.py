@@ -27,7 +27,6 @@ DECODE_ROWS = 32  # rows a call takes; more go to the GEMMs
 BLOCK_W = 64  # weight rows a program: the MMA's M (one warpgroup's wgmma)
 STAGES = 6  # K steps in flight a program (8 KB of weights each)
 WARPS = 4
-GROUPED_BLOCK_X = 64  # rows a program past DECODE_ROWS (grouped_linear only)
 
 
 def takes(rows: int, n: int, k: int) -> bool:
@@ -40,22 +39,6 @@ def linear(
     """x [..., K] (at most DECODE_ROWS rows), weight [N, K] e4m3, scale_inv [ceil(N/128), K/128]
     -> [..., N] in x's dtype."""
     return _launch(x, weight, scale_inv, bias, swiglu=False, limit=None)
-
-
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """fp8_ref.grouped_linear's contract: x [T, G, K] (any T), group g's rows of weight
-    [G * N, K] -> [T, G, N]. A program's weight rows lie in one group (BLOCK_W divides N),
-    whose K columns of the row it reads; past DECODE_ROWS rows the programs also tile the rows
-    (GROUPED_BLOCK_X a program, the weight tiles read again from L2), so one kernel gives a row
-    its bits alone and in any decode batch."""
-    t, g, k = x.shape
-    n = weight.shape[0] // g
-    if n % fp8_ref.BLOCK or n * g != weight.shape[0] or k % fp8_ref.BLOCK or t < 1:
-        raise ValueError(f"a group's rows ({weight.shape[0]} / {g}) and K {k} on the 128 grid")
-    block_x = None if t <= DECODE_ROWS else GROUPED_BLOCK_X
-    flat = x.reshape(t, g * k)
-    out = _launch(flat, weight, scale_inv, None, False, None, groups=g, block_x=block_x)
-    return out.view(t, g, n)
 
 
 def swiglu_linear(
@@ -79,17 +62,11 @@ def _launch(
     limit: float | None,
     block_w: int = BLOCK_W,
     stages: int = STAGES,
-    groups: int = 1,
-    block_x: int | None = None,
 ) -> torch.Tensor:
-    """groups > 1: x's rows are groups blocks of K, the weight's rows groups blocks of N /
-    groups (block-diagonal). block_x: rows a program, any number of rows (None: all of at most
-    DECODE_ROWS rows in one program)."""
     n, k = weight.shape
     flat = x.reshape(-1, x.shape[-1])
     m = flat.shape[0]
-    fits = takes(m, n, k) if block_x is None else k % fp8_ref.BLOCK == 0
-    if flat.shape[1] != (2 * k if swiglu else k) * groups or not fits:
+    if flat.shape[1] != (2 * k if swiglu else k) or not takes(m, n, k):
         raise ValueError(f"the FP8 decode linear takes 1 to {DECODE_ROWS} rows, K on the 128 grid")
     if fp8_ref.BLOCK % block_w:
         raise ValueError(f"BLOCK_W {block_w} must divide the scale block {fp8_ref.BLOCK}")
@@ -99,11 +76,10 @@ def _launch(
         q, q_scale = triton_fp8_act.quantize_act(flat)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     scales = scale_inv.float().contiguous()
-    block_x = block_x or max(16, triton.next_power_of_2(m))
-    _swap_ab_w8a8[(triton.cdiv(n, block_w), triton.cdiv(m, block_x))](
-        q, q_scale, weight, scales, weight if bias is None else bias, out, m, n, k, n // groups,
-        q.stride(0), q_scale.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_X=block_x, BLOCK_W=block_w,
+    _swap_ab_w8a8[(triton.cdiv(n, block_w),)](
+        q, q_scale, weight, scales, weight if bias is None else bias, out, m, n, k, q.stride(0),
+        q_scale.stride(0), weight.stride(0), scales.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_X=max(16, triton.next_power_of_2(m)), BLOCK_W=block_w,
         BLOCK_K=fp8_ref.BLOCK, STAGES=stages, num_warps=WARPS, **pdl.options(x),
     )  # fmt: skip
     return out.view(*x.shape[:-1], n)
@@ -121,25 +97,22 @@ if triton is not None:
     # fmt: off
     @triton.jit  # type: ignore[untyped-decorator]
     def _swap_ab_w8a8(  # type: ignore[no-untyped-def]
-        X, XS, W, WS, BIAS, OUT, M, N, K, GROUP_N, stride_xm, stride_xsm, stride_wn,
-        stride_wsn, stride_om, HAS_BIAS: tl.constexpr, BLOCK_X: tl.constexpr,
-        BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-        PDL: tl.constexpr = False,
+        X, XS, W, WS, BIAS, OUT, M, N, K, stride_xm, stride_xsm, stride_wn, stride_wsn,
+        stride_om, HAS_BIAS: tl.constexpr, BLOCK_X: tl.constexpr, BLOCK_W: tl.constexpr,
+        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
     ):
         """out[:, cols].T = W[cols] @ X.T, K step by K step: X [M, K] e4m3 with its 1 x 128
-        scales XS [M, K / 128]; with groups (GROUP_N < N), weight rows [g GROUP_N, (g + 1)
-        GROUP_N) read X's g-th block of K columns."""
+        scales XS [M, K / 128]."""
         enter(PDL)
-        group = (tl.program_id(0) * BLOCK_W // GROUP_N).to(tl.int64)
         cols = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
         col_ok = cols < N
         w_rows = W + tl.where(col_ok, cols, 0).to(tl.int64)[:, None] * stride_wn
         # BLOCK_W divides the scale block: one weight scale a K step for the whole tile
         w_scales = WS + (tl.program_id(0) * BLOCK_W // BLOCK_K).to(tl.int64) * stride_wsn
-        rows = tl.program_id(1) * BLOCK_X + tl.arange(0, BLOCK_X)
+        rows = tl.arange(0, BLOCK_X)
         row_ok = rows < M
-        x_rows = X + rows.to(tl.int64)[:, None] * stride_xm + group * K
-        x_scales = XS + rows.to(tl.int64) * stride_xsm + group * (K // BLOCK_K)
+        x_rows = X + rows.to(tl.int64)[:, None] * stride_xm
+        x_scales = XS + rows.to(tl.int64) * stride_xsm
         acc = tl.zeros((BLOCK_W, BLOCK_X), dtype=tl.float32)
         for ki in tl.range(0, K // BLOCK_K, num_stages=STAGES):
             ks = ki * BLOCK_K + tl.arange(0, BLOCK_K)

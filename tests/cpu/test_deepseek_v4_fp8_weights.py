@@ -18,12 +18,9 @@ from stages.kernels.fp8_ref import SCALE_SUFFIX
 from stages.model_config import load_model_args
 from tests.deepseek_v4_ref import TINY_V4, write_checkpoint, write_fp8_copy
 
-# TINY_V4 with 128-wide hidden, expert and output-group widths (the W8A8 blocks: o_a's two
-# groups of 2 heads x 64 -> 128); its swiglu_limit of 0.5 clamps most gate and up values, so a
-# path that dropped the clamp would show
-FP8_WEIGHTS_V4 = dict(
-    TINY_V4, hidden_size=128, moe_intermediate_size=128, head_dim=64, o_lora_rank=128
-)
+# TINY_V4 with 128-wide hidden and expert widths (the W8A8 blocks); its swiglu_limit of 0.5
+# clamps most gate and up values, so a path that dropped the clamp would show
+FP8_WEIGHTS_V4 = dict(TINY_V4, hidden_size=128, moe_intermediate_size=128)
 PROMPT = torch.randint(2, 128, (21,), generator=torch.Generator().manual_seed(5)).tolist()
 BLOCK = 16
 # This random 4-layer model amplifies rounding about tenfold: bf16 alone puts its logits 0.047
@@ -59,15 +56,6 @@ def weight_only(x, weight, scale_inv, bias=None):
     return torch.nn.functional.linear(x, w, bias)
 
 
-def grouped_weight_only(x, weight, scale_inv):
-    """The unquantized stage's grouped product (V4Attention._grouped_output's bmm)."""
-    t, g, k = x.shape
-    w = fp8_ref.dequantize_weight(weight, scale_inv).to(x.dtype).view(g, -1, k)
-    out = x.new_empty(t, g, w.shape[1])
-    torch.bmm(x.transpose(0, 1), w.transpose(1, 2), out=out.transpose(0, 1))
-    return out
-
-
 def test_v4_keeps_fp8_linears_and_experts(checkpoint):
     kept = chain(checkpoint, fp8_weights=True)
     stage = kept.stages[0]
@@ -77,7 +65,6 @@ def test_v4_keeps_fp8_linears_and_experts(checkpoint):
         assert mlp.experts.fp8 and f"layers.{layer}.mlp.experts.gate_up_proj" in fp8
         assert f"layers.{layer}.mlp.shared_experts.down_proj.weight" in fp8
         assert f"layers.{layer}.self_attn.q_b_proj.weight" in fp8
-        assert f"layers.{layer}.self_attn.o_a_proj.weight" in fp8
     assert all(n + SCALE_SUFFIX in dict(stage.named_parameters()) for n in fp8)
 
     # the unquantized stage holding the FP8 weights dequantized: the same logits exactly when
@@ -91,12 +78,7 @@ def test_v4_keeps_fp8_linears_and_experts(checkpoint):
     want = logits(plain)
     for module in stage.modules():
         if hasattr(module, "kernels"):
-            module.kernels = replace(
-                module.kernels,
-                fp8_linear=weight_only,
-                fp8_swiglu_linear=None,
-                fp8_grouped_linear=grouped_weight_only,
-            )
+            module.kernels = replace(module.kernels, fp8_linear=weight_only, fp8_swiglu_linear=None)
     assert torch.equal(logits(kept), want)
 
     # W8A8: each linear's input quantized in 1 x 128 groups

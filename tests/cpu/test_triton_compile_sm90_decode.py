@@ -16,15 +16,14 @@ pytestmark = pytest.mark.slow
 triton = pytest.importorskip("triton")
 
 
-@pytest.mark.parametrize("block_x", [16, 32, 64])
+@pytest.mark.parametrize("block_x", [16, 32])
 def test_fp8_decode_linear_compiles_to_pipelined_wgmma(block_x):
     """The W8A8 decode linear: the weights' and the quantized rows' K steps in flight (cp.async)
     into Hopper's warpgroup MMA (the Triton GEMMs' instruction, so their bits), PDL's wait, no
     register spilled."""
     from stages.kernels import triton_fp8_decode_linear as d
 
-    ints = ("M", "N", "K", "GROUP_N", "stride_xm", "stride_xsm", "stride_wn", "stride_wsn",
-            "stride_om")  # fmt: skip
+    ints = ("M", "N", "K", "stride_xm", "stride_xsm", "stride_wn", "stride_wsn", "stride_om")
     kernel = _compile(
         d._swap_ab_w8a8,
         {"X": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "WS": "*fp32", "BIAS": "*bf16",

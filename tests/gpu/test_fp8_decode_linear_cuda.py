@@ -55,22 +55,3 @@ def test_swiglu_rows_equal_the_unfused_linear(limit):
     for rows in (1, 32):
         got = triton_fp8_decode_linear.swiglu_linear(gate_up[:rows], limit, wq, ws)
         assert torch.equal(got, triton_fp8_decode_linear.linear(h[:rows], wq, ws))
-
-
-def test_grouped_output_projection_rows_keep_their_bits():
-    """fp8_grouped_linear at V4-Flash's o_a (8 groups of 4096 -> 1024): a row's bits the same
-    alone (1 row) and in decode batches (16, 32; 33 and 512 with the programs tiling the rows),
-    all on the decode linear's kernel, as in a prefill chunk's 4,096 rows on the pointer GEMM a
-    group; near fp8_ref.grouped_linear."""
-    g = torch.Generator(device="cuda").manual_seed(11)
-    groups, n, k = 8, 1024, 4096
-    x = torch.randn(4096, groups, k, generator=g, device="cuda").bfloat16()
-    w = torch.randn(groups * n, k, generator=g, device="cuda") * 0.05
-    wq, ws = fp8_ref.quantize_weight(w)
-    assert x.shape[0] >= fp8_gemm.GROUPED_GEMM_ROWS
-    batched = fp8_gemm.grouped_linear(x, wq, ws)
-    for rows in (1, 16, 32, 33, 512):
-        got = fp8_gemm.grouped_linear(x[:rows], wq, ws)
-        assert torch.equal(got, batched[:rows]), (rows, (got - batched[:rows]).abs().max())
-    ref = fp8_ref.grouped_linear(x[:512].float(), wq, ws)
-    assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2

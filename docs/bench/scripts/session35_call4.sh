@@ -2,7 +2,8 @@
 # Session 35, call 4, one H100 or H200 (carry .gpu, .whl, .commit), what the device time left
 # allows of call 3: o_a's GPU test (its bits in decode batches and a prefill chunk); o_a alone
 # at 1-8,192 rows on each FP8 path against the bf16 bmm; the FP8 V4-Flash decode step in graphs
-# at 1, 16, 512 rows, the tree and a copy holding o_a in bf16.
+# at 1, 16, 512 rows, the tree and a copy holding o_a in bf16. Ran at 937e73e, whose
+# docs/bench/scripts/o_a_timing.py and FP8 o_a were removed after it (docs/PERFORMANCE.md).
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader

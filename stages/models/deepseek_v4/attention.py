@@ -187,12 +187,10 @@ class V4Attention(nn.Module):
         )
         self.kv_norm = V4RMSNorm(d, a.rms_norm_eps, device)
         # grouped output projection: o_groups blocks of heads * d / o_groups -> o_lora_rank, one
-        # block-diagonal product over the groups (FP8 where the stage keeps FP8 weights and
-        # the groups' rows are on the 128 grid)
+        # batched matmul over the groups, so held in dtype (an FP8 checkpoint's is dequantized)
         o_in, o_out = heads * d // a.o_groups, a.o_groups * a.o_lora_rank
-        fp8_o_a = a.o_lora_rank % 128 == 0 and o_in % 128 == 0
         self.o_a_proj = Linear(
-            o_in, o_out, False, kernels, dtype, device, fp8=fp8_o_a, tp=tp, split="column"
+            o_in, o_out, False, kernels, dtype, device, fp8=False, tp=tp, split="column"
         )
         self.o_b_proj = Linear(o_out, h, False, kernels, dtype, device, tp=tp, split="row")
         self.sinks = nn.Parameter(torch.empty(self.heads, dtype=torch.float32, device=device))
@@ -262,24 +260,15 @@ class V4Attention(nn.Module):
         # the window and compressed keys, on bf16 or FP8 pages: the stage's backend
         out = self.backend.forward(self, x, q, q_resid, angles.tokens, plan, cache, local)
         out = apply_rope(out, angles.inverse, self.kernels)
-        result: torch.Tensor = self.o_b_proj(self._grouped_output(out).view(t, -1))
-        return result
-
-    def _grouped_output(self, out: torch.Tensor) -> torch.Tensor:
-        """o_a_proj's block-diagonal product: [t, heads, d] -> [t, groups, o_lora_rank]."""
-        t, g, o_a = out.shape[0], self.groups, self.o_a_proj
-        if o_a.weight_scale_inv is not None:
-            grouped_fp8: torch.Tensor = _op(self.kernels.fp8_grouped_linear)(
-                out.reshape(t, g, -1), o_a.weight, o_a.weight_scale_inv
-            )
-            return grouped_fp8
-        w = o_a.weight.view(g, self.a.o_lora_rank, -1)
+        g = self.groups
+        w = self.o_a_proj.weight.view(g, a.o_lora_rank, -1)
         # one batched GEMM over the groups (einsum "tgi,goi->tgo"), written straight into the
         # [t, g, o] rows o_b_proj reads: einsum's [g, t, o] result took a copy to get there
-        grouped = out.new_empty(t, g, self.a.o_lora_rank)
+        grouped = out.new_empty(t, g, a.o_lora_rank)
         torch.bmm(out.reshape(t, g, -1).transpose(0, 1), w.transpose(1, 2),
                   out=grouped.transpose(0, 1))  # fmt: skip
-        return grouped
+        result: torch.Tensor = self.o_b_proj(grouped.view(t, -1))
+        return result
 
 
 def _op(fn: Callable[..., torch.Tensor] | None) -> Callable[..., torch.Tensor]:
