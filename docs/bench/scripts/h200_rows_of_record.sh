@@ -6,7 +6,7 @@
 # decode: the V4-Flash decode steps in graphs (FP8 and bf16 at 1/16/512 rows: the bf16 stage
 # does not fit an H100), the decode linear's shapes against cuBLASLt, DeepGEMM built, the FP8
 # TTFT rows at 64K-256K through the suite with its grouped GEMMs in the MoE. ttft: the 512K and
-# 1,040,384-token rows the same way, then the suite's decode rows of the other models (issue
+# 1,040,384-token rows the same way, the 256K last chunk by groups (DeepGEMM's MoE), then the suite's decode rows of the other models (issue
 # 34's "no slower": V3.2-bench at 512 rows, Llama-8B at 64). Each step only while time is left.
 set -u
 . docs/bench/scripts/host_env.sh
@@ -26,6 +26,9 @@ case "${1:-decode}" in
   ttft)
     use_deepgemm 110
     run ttft_1m_fp8_deepgemm 240 /tmp/with_dg $SUITE --only ttft-v4-flash-1m-fp8 --timeout 230
+    run breakdown_fp8_deepgemm 70 /tmp/with_dg python3 -m app.bench.deepseek_breakdown \
+      --linear auto --quantization fp8 --kv-cache-dtype fp8 \
+      --cases deepseek-v4-flash:8:262144:8192:512:512 --out "$R/breakdown_fp8_dg.json"
     run decode_others 200 $SUITE --only decode-v32-512,decode-llama8b-64 --timeout 190 ;;
 esac
 grep -ih "ttft\|error\|Traceback\|ms a step\|tok/s" $R/*.log | cut -c1-240 | head -40
