@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 34's last target, "V3.2-bench, V2-Lite and Llama decode no slower than today", as an A/B
+# on one GPU of either kind (H100 or H200: the three fit 80 GB): the tree the issue measured
+# (8a07cde) against this one, each row run on both trees in turn with the same `bench load`
+# arguments (the suite's decode rows, 256 outputs a request so the ramp weighs less). Compare
+# tokens_per_s, stage_forward_s and wall_per_microbatch_s (the old bench has no steady-state
+# figure). Before the call, here:
+#   git archive 8a07cde app stages pyproject.toml | xz -9 > .gpu/old-8a07cde.tar.xz
+# then carry .gpu .whl .commit:  bash docs/bench/scripts/no_slower_ab.sh
+set -u
+. docs/bench/scripts/host_env.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+DEADLINE=${DEADLINE:-575}
+OLD=/tmp/old-8a07cde
+mkdir -p $OLD && (test -d $OLD/app || tar -C $OLD -xJf .gpu/old-8a07cde.tar.xz)
+D="--pp 1 --device cuda --parts decode --reps 1 --decode-modes auto --run-ahead --no-reference
+   --quantization none --kv-cache-dtype auto --decode-tokens 256"
+# python -m puts the working directory first on sys.path, and Ray's workers take the driver's:
+# the old tree runs from its own folder with the new one off PYTHONPATH.
+old() { env -C $OLD PYTHONPATH=/tmp/site PPSERVE_COMMIT=8a07cde python3 -m app.bench.load "$@"; }
+export -f old; export OLD
+for row in "deepseek-v32-bench 512 --kv-blocks memory" \
+           "deepseek-v2-lite 512 --kv-blocks memory" "llama8b 64"; do
+  set -- $row; shape=$1 rows=$2; shift 2
+  A="--model-shape $shape $D --decode-concurrency $rows $*"
+  run "${shape}_new" 90 python3 -m app.bench.load $A --out "$R/${shape}_new.json"
+  run "${shape}_old" 90 bash -c "old $A --out $R/${shape}_old.json"
+done
+python3 - "$R" <<'EOF'
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    s = json.load(open(f))["decode"]["summary"]["auto"]
+    print(os.path.basename(f), {k: round(s[k], 4) for k in
+          ("tokens_per_s", "stage_forward_s", "wall_per_microbatch_s") if k in s})
+EOF
+grep -ih "error\|Traceback" $R/*.log | cut -c1-240 | head -20
+tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
