@@ -13,8 +13,8 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 DEADLINE=${DEADLINE:-575}
 OLD=/tmp/old-8a07cde
 mkdir -p $OLD && (test -d $OLD/app || tar -C $OLD -xJf .gpu/old-8a07cde.tar.xz)
-D="--pp 1 --device cuda --parts decode --reps 1 --decode-modes auto --run-ahead --no-reference
-   --quantization none --kv-cache-dtype auto --decode-tokens 256"
+D="--pp 1 --device cuda --parts decode --reps 1 --decode-modes auto --run-ahead --no-reference"
+D="$D --quantization none --kv-cache-dtype auto --decode-tokens 256"
 # python -m puts the working directory first on sys.path, and Ray's workers take the driver's:
 # the old tree runs from its own folder with the new one off PYTHONPATH.
 old() { env -C $OLD PYTHONPATH=/tmp/site PPSERVE_COMMIT=8a07cde python3 -m app.bench.load "$@"; }
