@@ -2,11 +2,21 @@
 # Issue 34's last target, "V3.2-bench, V2-Lite and Llama decode no slower than today", as an A/B
 # on one GPU of either kind (H100 or H200: the three fit 80 GB): the tree the issue measured
 # (8a07cde) against this one, each row run on both trees in turn with the same `bench load`
-# arguments (the suite's decode rows, 256 outputs a request so the ramp weighs less). Compare
-# tokens_per_s, stage_forward_s and wall_per_microbatch_s (the old bench has no steady-state
-# figure). Before the call, here:
-#   git archive 8a07cde app stages pyproject.toml | xz -9 > .gpu/old-8a07cde.tar.xz
-# then carry .gpu .whl .commit:  bash docs/bench/scripts/no_slower_ab.sh
+# arguments (the suite's decode rows, 256 outputs a request so the ramp weighs less).
+# The old tree gets this tree's harness first: dcae6e0 made the decode part stream every token
+# (steady-state tok/s, ITL), which alone made the tiny model's microbatch ~1.5x longer on the CPU;
+# with both trees streaming they were within 3 % there (docs/PERFORMANCE.md, session 36).
+# Compare steady_tokens_per_s, itl_p50_ms and stage_forward_s.
+# Here, once:                                  bash docs/bench/scripts/no_slower_ab.sh pack
+# then on the host, carry .gpu .whl .commit:  bash docs/bench/scripts/no_slower_ab.sh
+if [ "${1:-}" = pack ]; then
+  set -euo pipefail
+  d=$(mktemp -d)
+  git archive 8a07cde app stages pyproject.toml | tar -C "$d" -x
+  git show dcae6e0 -- app/bench/load.py app/bench/target.py | patch -d "$d" -p1 -s
+  tar -C "$d" -cJf .gpu/old-8a07cde.tar.xz . && rm -rf "$d" && ls -la .gpu/old-8a07cde.tar.xz
+  exit 0
+fi
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -30,8 +40,8 @@ python3 - "$R" <<'EOF'
 import glob, json, os, sys
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     s = json.load(open(f))["decode"]["summary"]["auto"]
-    print(os.path.basename(f), {k: round(s[k], 4) for k in
-          ("tokens_per_s", "stage_forward_s", "wall_per_microbatch_s") if k in s})
+    keys = ("steady_tokens_per_s", "itl_p50_ms", "stage_forward_s", "tokens_per_s")
+    print(os.path.basename(f), {k: round(s[k], 4) for k in keys if s.get(k) is not None})
 EOF
 grep -ih "error\|Traceback" $R/*.log | cut -c1-240 | head -20
 tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
