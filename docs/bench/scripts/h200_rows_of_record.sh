@@ -6,8 +6,9 @@
 # decode: the V4-Flash decode steps in graphs (FP8 and bf16 at 1/16/512 rows: the bf16 stage
 # does not fit an H100), the decode linear's shapes against cuBLASLt, DeepGEMM built, the FP8
 # TTFT rows at 64K-256K through the suite with its grouped GEMMs in the MoE. ttft: the 512K and
-# 1,040,384-token rows the same way, the 256K last chunk by groups (DeepGEMM's MoE), then the suite's decode rows of the other models (issue
-# 34's "no slower": V3.2-bench at 512 rows, Llama-8B at 64). Each step only while time is left.
+# 1,040,384-token rows the same way, the 256K last chunk by groups (DeepGEMM's MoE), then the
+# suite's decode rows of the other models (V3.2-bench at 512 rows, Llama-8B at 64; issue 34's
+# "no slower" A/B is no_slower_ab.sh). Each step only while time is left.
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
