@@ -4,7 +4,7 @@
 # (8a07cde) against this one, each row run on both trees in turn with the same `bench load`
 # arguments (the suite's decode rows, 256 outputs a request so the ramp weighs less).
 # The old tree gets this tree's harness first: dcae6e0 made the decode part stream every token
-# (steady-state tok/s, ITL), which alone made the tiny model's microbatch ~1.5x longer on the CPU;
+# (steady-state tok/s, ITL), which alone made the tiny model's microbatch ~1.4x longer on the CPU;
 # with both trees streaming they were within 3 % there (docs/PERFORMANCE.md, session 36).
 # Compare steady_tokens_per_s, itl_p50_ms and stage_forward_s.
 # Here, once:                                  bash docs/bench/scripts/no_slower_ab.sh pack
