@@ -3,6 +3,7 @@
 # .gpu-deepgemm; .gpu's Ray stripped by strip_raysite.sh, else the carry passes 64 MiB):
 #   bash docs/bench/scripts/h200_rows_of_record.sh decode   # then, warm, within 30 s:
 #   bash docs/bench/scripts/h200_rows_of_record.sh ttft
+# (`v4rows`: only the V4-Flash decode steps, FP8 then bf16, for a call shared with the A/B.)
 # decode: the V4-Flash decode steps in graphs (FP8 and bf16 at 1/16/512 rows: the bf16 stage
 # does not fit an H100), the decode linear's shapes against cuBLASLt, DeepGEMM built, the FP8
 # TTFT rows at 64K-256K through the suite with its grouped GEMMs in the MoE. ttft: the 512K and
@@ -15,7 +16,12 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 DEADLINE=${DEADLINE:-575}
 SUITE="python3 -m app.cli bench suite --device cuda --out $R/suite"
 DEC="python3 -m app.bench.v4_decode --context 512 --rows 1,16,512"
-case "${1:-decode}" in
+PART=${1:-decode}
+case "$PART" in
+  v4rows)
+    run v4_decode_fp8 100 $DEC --quantization fp8 --kv-cache-dtype fp8 \
+      --out "$R/v4_decode_fp8.json"
+    run v4_decode_bf16 80 $DEC --out "$R/v4_decode_bf16.json" ;;
   decode)
     run v4_decode_fp8 100 $DEC --quantization fp8 --kv-cache-dtype fp8 \
       --out "$R/v4_decode_fp8.json"
@@ -33,4 +39,4 @@ case "${1:-decode}" in
     run decode_others 200 $SUITE --only decode-v32-512,decode-llama8b-64 --timeout 190 ;;
 esac
 grep -ih "ttft\|error\|Traceback\|ms a step\|tok/s" $R/*.log | cut -c1-240 | head -40
-tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
+tar czf "$OUT/rows_$PART.tgz" -C "$OUT" r && rm -rf "$R"

@@ -8,7 +8,8 @@
 # with both trees streaming they were within 3 % there (docs/PERFORMANCE.md, session 36).
 # Compare steady_tokens_per_s, itl_p50_ms and stage_forward_s.
 # Here, once:                                  bash docs/bench/scripts/no_slower_ab.sh pack
-# then on the host, carry .gpu .whl .commit:  bash docs/bench/scripts/no_slower_ab.sh
+# then on the host, carry .gpu .whl .commit:  bash docs/bench/scripts/no_slower_ab.sh [SHAPE...]
+# (SHAPE: deepseek-v32-bench, deepseek-v2-lite, llama8b; all three by default.)
 if [ "${1:-}" = pack ]; then
   set -euo pipefail
   d=$(mktemp -d)
@@ -29,9 +30,13 @@ D="$D --quantization none --kv-cache-dtype auto --decode-tokens 256"
 # the old tree runs from its own folder with the new one off PYTHONPATH.
 old() { env -C $OLD PYTHONPATH=/tmp/site PPSERVE_COMMIT=8a07cde python3 -m app.bench.load "$@"; }
 export -f old; export OLD
-for row in "deepseek-v32-bench 512 --kv-blocks memory" \
-           "deepseek-v2-lite 512 --kv-blocks memory" "llama8b 64"; do
-  set -- $row; shape=$1 rows=$2; shift 2
+SHAPES=${*:-deepseek-v32-bench deepseek-v2-lite llama8b}
+for shape in $SHAPES; do
+  case $shape in
+    llama8b) set -- 64 ;;
+    *) set -- 512 --kv-blocks memory ;;
+  esac
+  rows=$1; shift
   A="--model-shape $shape $D --decode-concurrency $rows $*"
   run "${shape}_new" 90 python3 -m app.bench.load $A --out "$R/${shape}_new.json"
   run "${shape}_old" 90 bash -c "old $A --out $R/${shape}_old.json"
@@ -44,4 +49,4 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     print(os.path.basename(f), {k: round(s[k], 4) for k in keys if s.get(k) is not None})
 EOF
 grep -ih "error\|Traceback" $R/*.log | cut -c1-240 | head -20
-tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
+tar czf "$OUT/ab_$(echo $SHAPES | tr -c a-z0-9 _).tgz" -C "$OUT" r && rm -rf "$R"
