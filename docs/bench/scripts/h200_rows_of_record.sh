@@ -3,7 +3,7 @@
 # .gpu-deepgemm; .gpu's Ray stripped by strip_raysite.sh, else the carry passes 64 MiB):
 #   bash docs/bench/scripts/h200_rows_of_record.sh decode   # then, warm, within 30 s:
 #   bash docs/bench/scripts/h200_rows_of_record.sh ttft
-# (`v4rows`: the V4-Flash decode steps, FP8 then bf16, then the engine's bf16 rows.)
+# (`v4rows`: the V4-Flash decode steps, FP8 then bf16; `v4engine`: the engine's bf16 rows.)
 # decode: the V4-Flash decode steps in graphs (FP8 and bf16 at 1/16/512 rows: the bf16 stage
 # does not fit an H100), the decode linear's shapes against cuBLASLt, DeepGEMM built, the FP8
 # TTFT rows at 64K-256K through the suite with its grouped GEMMs in the MoE. ttft: the 512K and
@@ -21,7 +21,8 @@ case "$PART" in
   v4rows)
     run v4_decode_fp8 100 $DEC --quantization fp8 --kv-cache-dtype fp8 \
       --out "$R/v4_decode_fp8.json"
-    run v4_decode_bf16 80 $DEC --out "$R/v4_decode_bf16.json"
+    run v4_decode_bf16 80 $DEC --out "$R/v4_decode_bf16.json" ;;
+  v4engine)
     run engine_v4_bf16_512 200 $SUITE --only decode-v4-flash-512 --timeout 190
     run engine_v4_bf16_itl 150 $SUITE --only decode-v4-flash-itl --timeout 140 ;;
   decode)

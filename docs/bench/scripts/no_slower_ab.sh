@@ -10,20 +10,23 @@
 # Here, once:                                  bash docs/bench/scripts/no_slower_ab.sh pack
 # then on the host, carry .gpu .whl .commit:  bash docs/bench/scripts/no_slower_ab.sh [SHAPE...]
 # (SHAPE: deepseek-v32-bench, deepseek-v2-lite, llama8b; all three by default.)
+# `pack own` packs 8a07cde as it was (its own harness: no streaming, the figures the issue
+# quotes) as old-8a07cde-own; on the host OLD_HARNESS=own runs that one, TREES picks the trees.
 if [ "${1:-}" = pack ]; then
   set -euo pipefail
-  d=$(mktemp -d)
+  d=$(mktemp -d) name=old-8a07cde${2:+-$2}
   git archive 8a07cde app stages pyproject.toml | tar -C "$d" -x
-  git show dcae6e0 -- app/bench/load.py app/bench/target.py | patch -d "$d" -p1 -s
-  tar -C "$d" -cJf .gpu/old-8a07cde.tar.xz . && rm -rf "$d" && ls -la .gpu/old-8a07cde.tar.xz
+  test "${2:-}" = own || git show dcae6e0 -- app/bench/load.py app/bench/target.py |
+    patch -d "$d" -p1 -s
+  tar -C "$d" -cJf .gpu/$name.tar.xz . && rm -rf "$d" && ls -la .gpu/$name.tar.xz
   exit 0
 fi
 set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 DEADLINE=${DEADLINE:-575}
-OLD=/tmp/old-8a07cde
-mkdir -p $OLD && (test -d $OLD/app || tar -C $OLD -xJf .gpu/old-8a07cde.tar.xz)
+OLD=/tmp/old-8a07cde${OLD_HARNESS:+-$OLD_HARNESS} TREES=${TREES:-new old}
+mkdir -p $OLD && (test -d $OLD/app || tar -C $OLD -xJf .gpu/${OLD#/tmp/}.tar.xz)
 D="--pp 1 --device cuda --parts decode --reps 1 --decode-modes auto --run-ahead --no-reference"
 D="$D --quantization none --kv-cache-dtype auto --decode-tokens 256"
 # python -m puts the working directory first on sys.path, and Ray's workers take the driver's:
@@ -38,8 +41,10 @@ for shape in $SHAPES; do
   esac
   rows=$1; shift
   A="--model-shape $shape $D --decode-concurrency $rows $*"
-  run "${shape}_new" 90 python3 -m app.bench.load $A --out "$R/${shape}_new.json"
-  run "${shape}_old" 90 bash -c "old $A --out $R/${shape}_old.json"
+  case $TREES in *new*)
+    run "${shape}_new" 90 python3 -m app.bench.load $A --out "$R/${shape}_new.json" ;; esac
+  o=old${OLD_HARNESS:+_$OLD_HARNESS}
+  case $TREES in *old*) run "${shape}_$o" 90 bash -c "old $A --out $R/${shape}_$o.json" ;; esac
 done
 python3 - "$R" <<'EOF'
 import glob, json, os, sys
@@ -49,4 +54,4 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     print(os.path.basename(f), {k: round(s[k], 4) for k in keys if s.get(k) is not None})
 EOF
 grep -ih "error\|Traceback" $R/*.log | cut -c1-240 | head -20
-tar czf "$OUT/ab_$(echo $SHAPES | tr -c a-z0-9 _).tgz" -C "$OUT" r && rm -rf "$R"
+tar czf "$OUT/ab_${OLD_HARNESS:-}$(echo $SHAPES | tr -c a-z0-9 _).tgz" -C "$OUT" r && rm -rf "$R"
