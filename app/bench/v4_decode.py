@@ -67,8 +67,11 @@ def run(
     fp8_linear: str | None = None,
     shared_expert: str = "auto",
     stacks: bool = False,
+    routed_experts: int | None = None,
 ) -> dict[str, Any]:
     config = v4_flash_bench_config()
+    if routed_experts:  # a few rows read only their picked experts: fewer fit a smaller GPU
+        config = dict(config, n_routed_experts=routed_experts)
     args = stage_args(config)
     if shared_expert != "auto":  # in the routed experts' stack, or a SwiGLU beside them
         fused = dataclasses.replace(
@@ -116,6 +119,7 @@ def run(
     out: dict[str, Any] = {
         "shape": "deepseek-v4-flash",
         "layers": layers,
+        "routed_experts": config["n_routed_experts"],
         "context": context,
         "fp8_weights": fp8_weights,
         "kv_cache_dtype": kv_cache_dtype,
@@ -239,6 +243,13 @@ def main() -> None:
         help="a decode step's FP8 experts: weight rows as the MMA's wide side, or the grouped "
         "kernels' 64-row tiles",
     )
+    p.add_argument(
+        "--routed-experts",
+        type=int,
+        default=None,
+        help="routed experts a layer (the shape's 256 by default): a one-row step reads its 6 "
+        "picks and the shared expert whatever the count, and the bf16 stage with 128 fits 80 GB",
+    )
     p.add_argument("--out", default=None)
     add_no_pdl_flag(p)
     a = p.parse_args()
@@ -256,6 +267,7 @@ def main() -> None:
         a.fp8_linear,
         a.shared_expert,
         a.stacks,
+        a.routed_experts,
     )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
