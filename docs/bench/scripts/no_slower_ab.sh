@@ -9,6 +9,8 @@
 # Compare steady_tokens_per_s, itl_p50_ms and stage_forward_s.
 # Here, once:                                  bash docs/bench/scripts/no_slower_ab.sh pack
 # then on the host, carry .gpu .whl .commit:  bash docs/bench/scripts/no_slower_ab.sh [SHAPE...]
+# (.whl holds llguidance's wheel beside sgl-flash-mla's: 8a07cde imports it at start-up;
+# `pip download --no-deps llguidance -d .whl`.)
 # (SHAPE: deepseek-v32-bench, deepseek-v2-lite, llama8b; all three by default.)
 # `pack own` packs 8a07cde as it was (its own harness: no streaming, the figures the issue
 # quotes) as old-8a07cde-own; on the host OLD_HARNESS=own runs that one, TREES picks the trees.
@@ -25,8 +27,9 @@ set -u
 . docs/bench/scripts/host_env.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 DEADLINE=${DEADLINE:-575}
-OLD=/tmp/old-8a07cde${OLD_HARNESS:+-$OLD_HARNESS} TREES=${TREES:-new old}
-mkdir -p $OLD && (test -d $OLD/app || tar -C $OLD -xJf .gpu/${OLD#/tmp/}.tar.xz)
+NAME=old-8a07cde${OLD_HARNESS:+-$OLD_HARNESS} TREES=${TREES:-new old}
+OLD=/tmp/$NAME
+mkdir -p $OLD && (test -d $OLD/app || tar -C $OLD -xJf .gpu/$NAME.tar.xz)
 D="--pp 1 --device cuda --parts decode --reps 1 --decode-modes auto --run-ahead --no-reference"
 D="$D --quantization none --kv-cache-dtype auto --decode-tokens 256"
 # python -m puts the working directory first on sys.path, and Ray's workers take the driver's:

@@ -5,6 +5,7 @@
 # 6 picks and the shared expert whatever the count. The FP8 stage at 128 and at 256 experts on
 # the same machine shows what the count changes at one and 16 rows.
 set -u
+# no .gpu carried: host_env's unpacking of its Ray fails, and is kept quiet
 . docs/bench/scripts/host_env.sh 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 DEADLINE=${DEADLINE:-575}
