@@ -70,7 +70,12 @@ def run(
     routed_experts: int | None = None,
 ) -> dict[str, Any]:
     config = v4_flash_bench_config()
-    if routed_experts:  # a few rows read only their picked experts: fewer fit a smaller GPU
+    if routed_experts is not None:  # a few rows read only their picks: fewer fit a smaller GPU
+        if routed_experts < config["num_experts_per_tok"]:
+            raise ValueError(
+                f"--routed-experts {routed_experts}: a token picks "
+                f"{config['num_experts_per_tok']} of them"
+            )
         config = dict(config, n_routed_experts=routed_experts)
     args = stage_args(config)
     if shared_expert != "auto":  # in the routed experts' stack, or a SwiGLU beside them

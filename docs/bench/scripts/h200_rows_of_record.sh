@@ -3,7 +3,8 @@
 # .gpu-deepgemm; .gpu's Ray stripped by strip_raysite.sh, else the carry passes 64 MiB):
 #   bash docs/bench/scripts/h200_rows_of_record.sh decode   # then, warm, within 30 s:
 #   bash docs/bench/scripts/h200_rows_of_record.sh ttft
-# (`v4rows`: the V4-Flash decode steps, FP8 then bf16; `v4engine`: the engine's bf16 rows.)
+# (`v4rows`: the V4-Flash decode steps, FP8 then bf16; `v4engine`: the engine's bf16 rows.
+# Several parts in one call run in turn: `h200_rows_of_record.sh v4rows v4engine`.)
 # decode: the V4-Flash decode steps in graphs (FP8 and bf16 at 1/16/512 rows: the bf16 stage
 # does not fit an H100), the decode linear's shapes against cuBLASLt, DeepGEMM built, the FP8
 # TTFT rows at 64K-256K through the suite with its grouped GEMMs in the MoE. ttft: the 512K and
@@ -16,7 +17,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 DEADLINE=${DEADLINE:-575}
 SUITE="python3 -m app.cli bench suite --device cuda --out $R/suite"
 DEC="python3 -m app.bench.v4_decode --context 512 --rows 1,16,512"
-PART=${1:-decode}
+for PART in "${@:-decode}"; do
 case "$PART" in
   v4rows)
     run v4_decode_fp8 100 $DEC --quantization fp8 --kv-cache-dtype fp8 \
@@ -42,4 +43,5 @@ case "$PART" in
     run decode_others 200 $SUITE --only decode-v32-512,decode-llama8b-64 --timeout 190 ;;
 esac
 grep -ih "ttft\|error\|Traceback\|ms a step\|tok/s" $R/*.log | cut -c1-240 | head -40
-tar czf "$OUT/rows_$PART.tgz" -C "$OUT" r && rm -rf "$R"
+tar czf "$OUT/rows_$PART.tgz" -C "$OUT" r && rm -rf "$R" && mkdir -p "$R"
+done
